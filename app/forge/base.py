@@ -1,0 +1,121 @@
+"""What every forge shares: the normalised webhook event, what it asks of us, and the errors.
+
+Parsing a webhook is a pure function of (headers, body, secret): no I/O, no clock unless passed in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+class WebhookError(Exception):
+    """A delivery we refuse; `status` is the HTTP answer. Set after verification: who sent it."""
+
+    status = 400
+    delivery_id: str | None = None
+    event: str | None = None
+
+
+class WebhookUnauthorized(WebhookError):
+    status = 401
+
+
+class WebhookMalformed(WebhookError):
+    status = 400
+
+
+class WebhookUnsupportedMedia(WebhookMalformed):
+    status = 415
+
+
+Intent = Literal["start", "cancel", "recheck", "ignore"]
+
+
+@dataclass(frozen=True)
+class WebhookEvent:
+    """One verified delivery, reduced to what FrogFix acts on."""
+
+    forge: Literal["gitlab", "gitea"]
+    delivery_id: str
+    event: str
+    intent: Intent
+    reason: str
+    action: str | None = None
+    project: str | None = None
+    project_id: str | None = None
+    issue: int | None = None
+    issue_url: str | None = None
+    clone_url: str | None = None
+    title: str | None = None
+    body: str | None = None
+    sender: str | None = None
+    labels: tuple[str, ...] = field(default_factory=tuple)
+
+
+class HeaderView:
+    """Case-insensitive read-only headers (HTTP header names are case-insensitive)."""
+
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        self._h = {k.lower(): v for k, v in headers.items()}
+
+    def get(self, *names: str) -> str | None:
+        for name in names:
+            value = self._h.get(name.lower())
+            if value is not None:
+                return value
+        return None
+
+
+def body_digest_id(body: bytes) -> str:
+    """A stable delivery id for forges too old to send one: the same bytes are the same delivery."""
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def decode_json_object(body: bytes, content_type: str | None) -> dict[str, Any]:
+    """The JSON object in a body (JSON, or a form with `payload=` as Gitea can be set to send)."""
+    media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media == "application/x-www-form-urlencoded":
+        from urllib.parse import parse_qs
+
+        try:
+            fields = parse_qs(body.decode("utf-8"), strict_parsing=False)
+        except UnicodeDecodeError as exc:
+            raise WebhookMalformed("form body is not UTF-8") from exc
+        if "payload" not in fields:
+            raise WebhookMalformed("form body has no 'payload' field")
+        body = fields["payload"][0].encode("utf-8")
+    elif media not in ("application/json", "text/json") and not media.endswith("+json"):
+        raise WebhookUnsupportedMedia(f"unsupported content type {media!r}; send application/json")
+    if not body.strip():
+        raise WebhookMalformed("empty body")
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise WebhookMalformed(f"body is not valid JSON: {str(exc)[:200]}") from exc
+    if not isinstance(data, dict):
+        raise WebhookMalformed(f"JSON body must be an object, not {type(data).__name__}")
+    return data
+
+
+def obj(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise WebhookMalformed(f"{what} must be a JSON object")
+    return value
+
+
+def text_or_none(value: Any, limit: int = 1_000_000) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        value = str(value)
+    return value[:limit]
+
+
+def positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value > 2**31 - 1:
+        raise WebhookMalformed(f"{what} must be a positive integer")
+    return value

@@ -1,0 +1,251 @@
+"""Every SQL statement about jobs and deliveries, and the job state transitions.
+
+Callers own the transaction (one commit per request or task step); these functions only
+read and write inside the session they are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from app.forge.base import WebhookEvent
+from app.models import (
+    ACTIVE_PREDICATE,
+    ACTIVE_STATUSES,
+    FINAL_STATUSES,
+    Job,
+    JobEvent,
+    JobStatus,
+    WebhookDelivery,
+    utcnow,
+)
+
+
+class UnknownJob(LookupError):
+    """No job has that id."""
+
+
+class InvalidTransition(ValueError):
+    """The job is not in a state that allows the change asked for."""
+
+
+@dataclass(frozen=True)
+class IntakeResult:
+    """What the webhook endpoint answers, and whether a task must be sent after the commit."""
+
+    outcome: str
+    reason: str
+    job_id: int | None = None
+    enqueue: bool = False
+
+
+def _insert(session: Session) -> Any:
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
+def record_delivery(session: Session, event: WebhookEvent) -> IntakeResult:
+    """Insert the delivery (unique per forge + delivery id) and act on it; only a new row acts."""
+    ins = _insert(session)
+    inserted = session.execute(
+        ins(WebhookDelivery)
+        .values(
+            forge=event.forge, delivery_id=event.delivery_id, event=event.event, action=event.action,
+            project=event.project, issue=event.issue, outcome="received", reason=event.reason[:2000],
+            received_at=utcnow(),
+        )
+        .on_conflict_do_nothing(index_elements=["forge", "delivery_id"])
+        .returning(WebhookDelivery.id)
+    ).scalar_one_or_none()
+    if inserted is None:
+        return IntakeResult("duplicate", "this delivery was already received")
+
+    result = _act(session, event)
+    session.execute(
+        update(WebhookDelivery)
+        .where(WebhookDelivery.id == inserted)
+        .values(outcome=result.outcome, reason=result.reason[:2000], job_id=result.job_id)
+    )
+    return result
+
+
+def record_malformed(session: Session, forge: str, delivery_id: str, event: str, reason: str) -> None:
+    """Keep an authenticated but unusable delivery, so nothing sent to us is silently lost."""
+    session.execute(
+        _insert(session)(WebhookDelivery)
+        .values(forge=forge, delivery_id=delivery_id[:255], event=event[:64] or "(none)", outcome="malformed",
+                reason=reason[:2000], received_at=utcnow())
+        .on_conflict_do_nothing(index_elements=["forge", "delivery_id"])
+    )
+
+
+def active_job(session: Session, forge: str, project: str, issue: int) -> Job | None:
+    return session.execute(
+        select(Job).where(
+            Job.forge == forge, Job.project == project, Job.issue == issue, Job.status.in_(ACTIVE_STATUSES)
+        )
+    ).scalar_one_or_none()
+
+
+def _act(session: Session, event: WebhookEvent) -> IntakeResult:
+    if event.intent == "ignore" or event.project is None or event.issue is None:
+        return IntakeResult("ignored", event.reason)
+    if event.intent == "start":
+        return _start(session, event)
+    job = active_job(session, event.forge, event.project, event.issue)
+    if job is None:
+        return IntakeResult("ignored", f"{event.reason}; no active job")
+    if event.intent == "cancel":
+        request_cancel(session, job, f"{event.reason} (delivery {event.delivery_id})")
+        return IntakeResult("cancelled_job", event.reason, job.id)
+    add_event(session, job.id, "label_hint", f"{event.reason}; the pipeline re-reads the labels", None)
+    return IntakeResult("noted", event.reason, job.id)
+
+
+def _start(session: Session, event: WebhookEvent) -> IntakeResult:
+    assert event.project is not None and event.issue is not None
+    now = utcnow()
+    job_id = session.execute(
+        _insert(session)(Job)
+        .values(
+            forge=event.forge, project=event.project, project_id=event.project_id, issue=event.issue,
+            issue_url=event.issue_url, clone_url=event.clone_url, title=event.title, body=event.body,
+            trigger_user=event.sender, status=JobStatus.queued.value, attempt=0, delivery_id=event.delivery_id,
+            cancel_requested=False, enqueue_count=0, created_at=now, updated_at=now,
+        )
+        .on_conflict_do_nothing(index_elements=["forge", "project", "issue"], index_where=text(ACTIVE_PREDICATE))
+        .returning(Job.id)
+    ).scalar_one_or_none()
+    if job_id is None:
+        existing = active_job(session, event.forge, event.project, event.issue)
+        return IntakeResult("already_active", "a job for this issue is already active",
+                            existing.id if existing else None)
+    add_event(session, job_id, "created", event.reason,
+              {"delivery_id": event.delivery_id, "trigger_user": event.sender})
+    return IntakeResult("job_created", event.reason, job_id, enqueue=True)
+
+
+def add_event(session: Session, job_id: int, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    session.add(JobEvent(job_id=job_id, at=utcnow(), kind=kind, message=message[:10_000], data=data))
+
+
+def get_job(session: Session, job_id: int) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise UnknownJob(f"no job with id {job_id}")
+    return job
+
+
+def job_events(session: Session, job_id: int) -> list[JobEvent]:
+    return list(session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars())
+
+
+def request_cancel(session: Session, job: Job, why: str) -> None:
+    """A queued job is cancelled at once; a running one is asked to stop at its next check."""
+    if job.status == JobStatus.queued.value:
+        session.execute(
+            update(Job).where(Job.id == job.id, Job.status == JobStatus.queued.value)
+            .values(status=JobStatus.cancelled.value, finished_at=utcnow(), updated_at=utcnow(), error=why[:2000])
+        )
+        add_event(session, job.id, "cancelled", why)
+    elif job.status in ACTIVE_STATUSES:
+        session.execute(update(Job).where(Job.id == job.id).values(cancel_requested=True, updated_at=utcnow()))
+        add_event(session, job.id, "cancel_requested", why)
+    else:
+        raise InvalidTransition(f"job {job.id} is already {job.status}")
+
+
+def claim_job(session: Session, job_id: int) -> bool:
+    """queued -> running, guarded: of two deliveries of the same task, only one wins."""
+    now = utcnow()
+    result = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued.value)
+        .values(status=JobStatus.running.value, attempt=Job.attempt + 1, started_at=now, updated_at=now)
+    )
+    return bool(result.rowcount)
+
+
+def set_status(session: Session, job_id: int, status: JobStatus, *, error: str | None = None,
+               expected: tuple[str, ...] = ACTIVE_STATUSES, **values: Any) -> bool:
+    """Move an active job to `status` (guarded by `expected`); final states stamp finished_at."""
+    now = utcnow()
+    changes: dict[str, Any] = {"status": status.value, "updated_at": now, **values}
+    if error is not None:
+        changes["error"] = error[:10_000]
+    if status.value in FINAL_STATUSES:
+        changes["finished_at"] = now
+    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(expected)).values(**changes))
+    return bool(result.rowcount)
+
+
+def jobs_due_for_enqueue(session: Session, older_than: timedelta, limit: int = 500) -> list[int]:
+    """Queued jobs never sent, or sent long ago without being claimed (a lost message)."""
+    cutoff = utcnow() - older_than
+    rows = session.execute(
+        select(Job.id)
+        .where(Job.status == JobStatus.queued.value,
+               or_(Job.last_enqueued_at.is_(None), Job.last_enqueued_at < cutoff))
+        .order_by(Job.id)
+        .limit(limit)
+    )
+    return [r[0] for r in rows]
+
+
+def mark_enqueued(session: Session, job_id: int) -> None:
+    session.execute(
+        update(Job).where(Job.id == job_id)
+        .values(last_enqueued_at=utcnow(), enqueue_count=Job.enqueue_count + 1)
+    )
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    status: str | None = None
+    forge: str | None = None
+    project: str | None = None
+
+
+def list_jobs(session: Session, flt: JobFilter, limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
+    """Newest first, with the total matching count."""
+    conditions = []
+    if flt.status:
+        conditions.append(Job.status == flt.status)
+    if flt.forge:
+        conditions.append(Job.forge == flt.forge)
+    if flt.project:
+        conditions.append(Job.project == flt.project)
+    where = and_(*conditions) if conditions else None
+    query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+    count = select(func.count()).select_from(Job)
+    if where is not None:
+        query, count = query.where(where), count.where(where)
+    return list(session.execute(query).scalars()), int(session.execute(count).scalar_one())
+
+
+def count_jobs_by_status(session: Session) -> dict[str, int]:
+    return {s: int(n) for s, n in session.execute(select(Job.status, func.count()).group_by(Job.status))}
+
+
+def count_deliveries(session: Session) -> dict[tuple[str, str], int]:
+    rows = session.execute(
+        select(WebhookDelivery.forge, WebhookDelivery.outcome, func.count())
+        .group_by(WebhookDelivery.forge, WebhookDelivery.outcome)
+    )
+    return {(f, o): int(n) for f, o, n in rows}
+
+
+def oldest_queued_age(session: Session, now: datetime | None = None) -> float:
+    oldest = session.execute(select(func.min(Job.created_at)).where(Job.status == JobStatus.queued.value)).scalar()
+    if oldest is None:
+        return 0.0
+    if oldest.tzinfo is None:
+        from datetime import UTC
+
+        oldest = oldest.replace(tzinfo=UTC)
+    return max(0.0, ((now or utcnow()) - oldest).total_seconds())

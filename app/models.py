@@ -1,0 +1,144 @@
+"""ORM models: jobs, webhook deliveries, and each job's event timeline."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class JobStatus(str, enum.Enum):
+    queued = "queued"
+    running = "running"
+    verifying = "verifying"
+    publishing = "publishing"
+    done = "done"
+    no_fix = "no_fix"
+    failed = "failed"
+    cancelled = "cancelled"
+    rejected = "rejected"
+
+
+ACTIVE_STATUSES: tuple[str, ...] = ("queued", "running", "verifying", "publishing")
+FINAL_STATUSES: tuple[str, ...] = ("done", "no_fix", "failed", "cancelled", "rejected")
+# SQL text of the partial-index predicate; shared by the model, the migration and the upsert.
+ACTIVE_PREDICATE = "status IN ('queued', 'running', 'verifying', 'publishing')"
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON}
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        # At most one active job per issue, enforced by the database itself.
+        Index(
+            "uq_jobs_active_issue", "forge", "project", "issue", unique=True,
+            sqlite_where=text(ACTIVE_PREDICATE), postgresql_where=text(ACTIVE_PREDICATE),
+        ),
+        Index("ix_jobs_status_created", "status", "created_at"),
+        Index("ix_jobs_created", "created_at"),
+        Index("ix_jobs_project", "project"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    forge: Mapped[str] = mapped_column(String(16))
+    project: Mapped[str] = mapped_column(String(255))
+    project_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    issue: Mapped[int] = mapped_column(Integer)
+    issue_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    clone_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    title: Mapped[str | None] = mapped_column(Text, nullable=True)
+    body: Mapped[str | None] = mapped_column(Text, nullable=True)
+    trigger_user: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued.value)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    base_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    branch: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    mr_url: Mapped[str | None] = mapped_column(Text, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    delivery_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    enqueue_count: Mapped[int] = mapped_column(Integer, default=0)
+    last_enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    events: Mapped[list[JobEvent]] = relationship(back_populates="job", order_by="JobEvent.id")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "forge": self.forge,
+            "project": self.project,
+            "issue": self.issue,
+            "issue_url": self.issue_url,
+            "title": self.title,
+            "status": self.status,
+            "trigger_user": self.trigger_user,
+            "attempt": self.attempt,
+            "base_commit": self.base_commit,
+            "branch": self.branch,
+            "mr_url": self.mr_url,
+            "error": self.error,
+            "cancel_requested": self.cancel_requested,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
+        }
+
+
+class WebhookDelivery(Base):
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        UniqueConstraint("forge", "delivery_id", name="uq_deliveries_forge_delivery"),
+        Index("ix_deliveries_received", "received_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    forge: Mapped[str] = mapped_column(String(16))
+    delivery_id: Mapped[str] = mapped_column(String(255))
+    event: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    project: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    issue: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    outcome: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    kind: Mapped[str] = mapped_column(String(64))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+    job: Mapped[Job] = relationship(back_populates="events")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "at": _iso(self.at), "kind": self.kind, "message": self.message, "data": self.data}
+
+
+def _iso(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:  # SQLite hands back naive datetimes; they were written as UTC.
+        value = value.replace(tzinfo=UTC)
+    return value.isoformat()

@@ -1,0 +1,82 @@
+"""The Celery app and the task names. The web layer sends tasks by name; worker/tasks.py registers them.
+
+Embedded default: kombu's filesystem transport under the data folder, so no broker server is
+needed. Production: Redis via FROGFIX_BROKER_URL.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+
+from app.logs import get_logger
+from app.settings import Settings, get_settings
+
+RUN_JOB = "frogfix.run_job"
+SWEEP = "frogfix.sweep_queued"
+HARD_TIME_LIMIT_MARGIN_S = 600
+
+celery_app = Celery("frogfix")
+log = get_logger("frogfix.queue")
+
+
+def broker_folder(settings: Settings) -> Path:
+    return settings.data_dir / "broker"
+
+
+def configure_celery(settings: Settings | None = None) -> Celery:
+    """(Re)configure the shared Celery app from settings; safe to call more than once."""
+    s = settings or get_settings()
+    hard_limit = s.job_timeout_seconds + HARD_TIME_LIMIT_MARGIN_S
+    options: dict[str, Any] = {}
+    if s.embedded_broker:
+        folder = broker_folder(s)
+        for sub in ("queue", "processed"):
+            (folder / sub).mkdir(parents=True, exist_ok=True)
+        options = {
+            "data_folder_in": str(folder / "queue"),
+            "data_folder_out": str(folder / "queue"),
+            "processed_folder": str(folder / "processed"),
+            "store_processed": False,
+        }
+    elif s.resolved_broker_url().startswith(("redis://", "rediss://")):
+        # A message not acked within this window is redelivered; it must outlast the hard limit.
+        options = {"visibility_timeout": hard_limit + 600, "socket_connect_timeout": 5, "socket_timeout": 10}
+    celery_app.conf.update(
+        broker_url=s.resolved_broker_url(),
+        broker_transport_options=options,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=5,
+        task_ignore_result=True,
+        result_backend=None,
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_soft_time_limit=s.job_timeout_seconds + 120,
+        task_time_limit=hard_limit,
+        task_default_queue="frogfix",
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+    )
+    return celery_app
+
+
+def send_run_job(job_id: int) -> bool:
+    """Send `frogfix.run_job(job_id)`; False (and a log line) when the broker is unreachable.
+
+    Called only after the job row is committed. A job whose send failed stays queued and the
+    sweep sends it again, so a broker outage loses nothing.
+    """
+    try:
+        celery_app.send_task(RUN_JOB, args=[job_id], retry=False)
+    except Exception as exc:  # kombu raises many kinds of connection errors
+        log.warning("enqueue_failed", job_id=job_id, error=f"{type(exc).__name__}: {exc}"[:500])
+        return False
+    return True
+
+
+configure_celery()

@@ -1,0 +1,88 @@
+"""All configuration, read from `FROGFIX_*` environment variables (or a `.env` file).
+
+The names are a contract (DESIGN.md): other parts, deploy/ and operators rely on them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path.home() / ".frogfix"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FROGFIX_", env_file=".env", extra="ignore")
+
+    data_dir: Path = DEFAULT_DATA_DIR
+    database_url: str = ""  # empty: SQLite file in data_dir
+    broker_url: str = ""  # empty: embedded filesystem broker in data_dir (no server)
+
+    model_base_url: str = "http://127.0.0.1:30000/v1"
+    model_name: str = "FrogNano-4B-2609"
+    model_api_key: SecretStr = SecretStr("EMPTY")
+    model_temperature: float = 0.6
+    model_top_p: float = 0.95
+    model_top_k: int = 20
+    model_min_p: float = 0.0
+    model_repetition_penalty: float = 1.0
+    model_timeout_seconds: float = 600.0
+    model_max_retries: int = 4
+
+    leaf_max_steps: int = 150
+    leaf_max_context_tokens: int = 131_072
+    leaf_max_completion_tokens: int = 8_192
+    job_timeout_seconds: float = 10_800.0
+    prompts_dir: Path | None = None  # replaceable system prompt and task template
+
+    gitlab_url: str = ""
+    gitlab_token: SecretStr = SecretStr("")
+    gitlab_webhook_secret: SecretStr = SecretStr("")
+    gitlab_signing_token: SecretStr = SecretStr("")  # Standard Webhooks `whsec_...`, optional
+    gitlab_allow_confidential: bool = False
+    gitea_url: str = ""
+    gitea_token: SecretStr = SecretStr("")
+    gitea_webhook_secret: SecretStr = SecretStr("")
+
+    admin_token: SecretStr = SecretStr("")
+    sandbox: Literal["local", "kubernetes"] = "local"
+    trigger_label: str = "frognano-fix"
+
+    max_webhook_bytes: int = Field(default=1024 * 1024)
+    requeue_after_seconds: float = 300.0  # a job queued longer than this is sent again by the sweep
+    sweep_interval_seconds: float = 30.0
+    log_level: str = "INFO"
+
+    def resolved_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'frogfix.db'}"
+
+    def resolved_broker_url(self) -> str:
+        return self.broker_url or "filesystem://"
+
+    @property
+    def embedded_broker(self) -> bool:
+        return not self.broker_url or self.broker_url.startswith("filesystem")
+
+    def secret_values(self) -> list[str]:
+        """Every configured secret, so logs and forge posts can redact them."""
+        values = [
+            self.model_api_key, self.gitlab_token, self.gitlab_webhook_secret, self.gitlab_signing_token,
+            self.gitea_token, self.gitea_webhook_secret, self.admin_token,
+        ]
+        return [v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6 and v.get_secret_value() != "EMPTY"]
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def reset_settings_cache() -> None:
+    """Tests and `manage.py` change the environment; this makes the next read see it."""
+    get_settings.cache_clear()

@@ -1,0 +1,51 @@
+"""The requeue sweep: send again every job left queued too long (never sent, or its message lost)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+from app import jobs
+from app.db import session_scope
+from app.logs import get_logger
+from app.queue import send_run_job
+from app.settings import get_settings
+
+log = get_logger("frogfix.sweep")
+
+
+def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int, int]:
+    """Returns (jobs found due, jobs sent). Stops at the first failed send: the broker is down."""
+    s = get_settings()
+    age = timedelta(seconds=s.requeue_after_seconds if older_than_s is None else older_than_s)
+    with session_scope() as session:
+        due = jobs.jobs_due_for_enqueue(session, age, limit)
+    sent = 0
+    for job_id in due:
+        if not send_run_job(job_id):
+            break
+        with session_scope() as session:
+            jobs.mark_enqueued(session, job_id)
+        sent += 1
+    if due:
+        log.info("sweep", due=len(due), sent=sent)
+    return len(due), sent
+
+
+class SweepThread(threading.Thread):
+    """Runs the sweep every `interval` seconds until stopped; a failing sweep never kills it."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="frogfix-sweep", daemon=True)
+        self.interval = interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                sweep_once()
+            except Exception as exc:
+                log.warning("sweep_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+
+    def stop(self) -> None:
+        self.stopped.set()

@@ -1,0 +1,41 @@
+"""The FastAPI application: webhooks, the JSON API, health and metrics."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.logs import configure_logging
+from app.settings import get_settings
+from app.sweep import SweepThread
+from app.web import api, health, webhooks
+
+
+def create_app(run_sweep: bool | None = None) -> FastAPI:
+    settings = get_settings()
+    configure_logging(settings.log_level, settings.secret_values())
+    sweep_enabled = settings.sweep_interval_seconds > 0 if run_sweep is None else run_sweep
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        sweeper = SweepThread(settings.sweep_interval_seconds) if sweep_enabled else None
+        if sweeper:
+            sweeper.start()
+        try:
+            yield
+        finally:
+            if sweeper:
+                sweeper.stop()
+
+    app = FastAPI(
+        title="FrogFix",
+        version="0.1.0",
+        description="On-prem bug-fix bot: labelled issues become draft merge requests.",
+        lifespan=lifespan,
+    )
+    app.include_router(webhooks.router)
+    app.include_router(api.router)
+    app.include_router(health.router)
+    return app

@@ -1,0 +1,128 @@
+"""POST /webhooks/gitlab and /webhooks/gitea: verify, dedupe, record, commit, then enqueue.
+
+They answer fast and never 4xx an event that is valid but irrelevant (GitLab disables a
+hook after repeated 4xx answers); a 500 is never the answer to any input.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+
+from app import jobs
+from app.db import session_scope
+from app.forge.base import WebhookError, WebhookEvent, WebhookMalformed
+from app.forge.gitea import parse_gitea
+from app.forge.gitlab import parse_gitlab
+from app.logs import get_logger
+from app.queue import send_run_job
+from app.settings import get_settings
+
+router = APIRouter(tags=["webhooks"])
+log = get_logger("frogfix.webhooks")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_limited(request: Request, limit: int) -> bytes:
+    """The raw body, refusing anything over `limit` bytes before reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _answer(status: int, **body: Any) -> JSONResponse:
+    return JSONResponse(body, status_code=status)
+
+
+def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
+    """Parse (pure), then one transaction for the delivery and job, then enqueue after the commit."""
+    try:
+        event = parse()
+    except WebhookMalformed as exc:
+        log.info("webhook_refused", forge=forge, status=exc.status, error=str(exc), delivery_id=exc.delivery_id)
+        if exc.delivery_id:
+            try:
+                with session_scope() as session:
+                    jobs.record_malformed(session, forge, exc.delivery_id, exc.event or "", str(exc))
+            except SQLAlchemyError:
+                log.exception("record_malformed_failed", forge=forge)
+        return _answer(exc.status, error=str(exc))
+    except WebhookError as exc:
+        log.info("webhook_refused", forge=forge, status=exc.status, error=str(exc))
+        return _answer(exc.status, error=str(exc))
+    except Exception as exc:  # a parser bug must not become a 500 for the sender
+        log.exception("webhook_parse_bug", forge=forge)
+        return _answer(400, error=f"could not parse this delivery ({type(exc).__name__})")
+
+    with structlog.contextvars.bound_contextvars(delivery_id=event.delivery_id, forge=forge):
+        try:
+            with session_scope() as session:
+                result = jobs.record_delivery(session, event)
+        except SQLAlchemyError as exc:
+            log.error("webhook_db_error", error=f"{type(exc).__name__}: {exc}"[:500])
+            return _answer(503, error="the database is unavailable; the forge will retry this delivery")
+        enqueued = False
+        if result.enqueue and result.job_id is not None:
+            enqueued = send_run_job(result.job_id)
+            if enqueued:
+                try:
+                    with session_scope() as session:
+                        jobs.mark_enqueued(session, result.job_id)
+                except SQLAlchemyError:
+                    log.exception("mark_enqueued_failed", job_id=result.job_id)
+        log.info("webhook", outcome=result.outcome, reason=result.reason, job_id=result.job_id,
+                 intent=event.intent, project=event.project, issue=event.issue, enqueued=enqueued)
+    status = 202 if result.outcome == "job_created" else 200
+    return _answer(status, outcome=result.outcome, reason=result.reason, job_id=result.job_id,
+                   delivery_id=event.delivery_id)
+
+
+async def _receive(request: Request, forge: str, parse: Callable[[bytes], WebhookEvent]) -> JSONResponse:
+    limit = get_settings().max_webhook_bytes
+    try:
+        body = await read_limited(request, limit)
+    except BodyTooLarge:
+        log.info("webhook_refused", forge=forge, status=413)
+        return _answer(413, error=f"body larger than {limit} bytes")
+    return await run_in_threadpool(intake, forge, lambda: parse(body))
+
+
+@router.post("/webhooks/gitlab", summary="GitLab issue webhook")
+async def gitlab_webhook(request: Request) -> JSONResponse:
+    s = get_settings()
+    headers = dict(request.headers)
+    return await _receive(request, "gitlab", lambda body: parse_gitlab(
+        headers, body,
+        secret=s.gitlab_webhook_secret.get_secret_value(),
+        signing_token=s.gitlab_signing_token.get_secret_value(),
+        trigger_label=s.trigger_label,
+        allow_confidential=s.gitlab_allow_confidential,
+        now=time.time(),
+    ))
+
+
+@router.post("/webhooks/gitea", summary="Gitea / Forgejo issue webhook")
+async def gitea_webhook(request: Request) -> JSONResponse:
+    s = get_settings()
+    headers = dict(request.headers)
+    return await _receive(request, "gitea", lambda body: parse_gitea(
+        headers, body, secret=s.gitea_webhook_secret.get_secret_value(), trigger_label=s.trigger_label,
+    ))
