@@ -12,6 +12,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 _engines: dict[str, Engine] = {}
+_factories: dict[str, sessionmaker[Session]] = {}
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -49,13 +50,17 @@ def dispose_engines() -> None:
     for engine in _engines.values():
         engine.dispose()
     _engines.clear()
+    _factories.clear()
 
 
 @contextmanager
 def session_scope(url: str | None = None) -> Iterator[Session]:
     """A session that commits on success and rolls back on error: one commit per unit of work."""
-    factory = sessionmaker(bind=get_engine(url), expire_on_commit=False)
-    session = factory()
+    engine = get_engine(url)
+    key = str(engine.url)
+    if key not in _factories:
+        _factories[key] = sessionmaker(bind=engine, expire_on_commit=False)
+    session = _factories[key]()
     try:
         yield session
         session.commit()

@@ -7,10 +7,11 @@ read and write inside the session they are given.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, bindparam, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -45,43 +46,70 @@ class IntakeResult:
     enqueue: bool = False
 
 
-def _insert(session: Session) -> Any:
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+_JOBS = Job.__table__
+_DELIVERIES = WebhookDelivery.__table__
+_EVENTS = JobEvent.__table__
+
+
+@dataclass(frozen=True)
+class _IntakeStatements:
+    insert_delivery: Any
+    insert_job: Any
+    insert_event: Any
+    set_outcome: Any
+
+
+@lru_cache(maxsize=4)
+def _intake_statements(dialect: str) -> _IntakeStatements:
+    """Built once per dialect and executed with parameters, so each delivery skips SQL construction."""
+    ins = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return _IntakeStatements(
+        insert_delivery=ins(_DELIVERIES)
+        .on_conflict_do_nothing(index_elements=["forge", "delivery_id"])
+        .returning(_DELIVERIES.c.id),
+        insert_job=ins(_JOBS)
+        .on_conflict_do_nothing(index_elements=["forge", "project", "issue"], index_where=text(ACTIVE_PREDICATE))
+        .returning(_JOBS.c.id),
+        insert_event=_EVENTS.insert(),
+        set_outcome=_DELIVERIES.update()
+        .where(_DELIVERIES.c.id == bindparam("delivery_row"))
+        .values(outcome=bindparam("outcome"), reason=bindparam("reason"), job_id=bindparam("job_id")),
+    )
+
+
+def _statements(session: Session) -> _IntakeStatements:
+    return _intake_statements(session.get_bind().dialect.name)
 
 
 def record_delivery(session: Session, event: WebhookEvent) -> IntakeResult:
-    """Insert the delivery (unique per forge + delivery id) and act on it; only a new row acts."""
-    ins = _insert(session)
-    inserted = session.execute(
-        ins(WebhookDelivery)
-        .values(
-            forge=event.forge, delivery_id=event.delivery_id, event=event.event, action=event.action,
-            project=event.project, issue=event.issue, outcome="received", reason=event.reason[:2000],
-            received_at=utcnow(),
-        )
-        .on_conflict_do_nothing(index_elements=["forge", "delivery_id"])
-        .returning(WebhookDelivery.id)
-    ).scalar_one_or_none()
+    """Insert the delivery (unique per forge + delivery id) and act on it; only a new row acts.
+
+    A job created here is stamped as enqueued in the same transaction (the caller sends the task
+    right after the commit, and calls `enqueue_failed` if that send fails), which saves a commit
+    per delivery; if the process dies in between, the sweep sends it after the requeue delay.
+    """
+    st = _statements(session)
+    conn = session.connection()
+    inserted = conn.execute(st.insert_delivery, {
+        "forge": event.forge, "delivery_id": event.delivery_id, "event": event.event, "action": event.action,
+        "project": event.project, "issue": event.issue, "outcome": "received", "reason": event.reason[:2000],
+        "received_at": utcnow(),
+    }).scalar_one_or_none()
     if inserted is None:
         return IntakeResult("duplicate", "this delivery was already received")
 
     result = _act(session, event)
-    session.execute(
-        update(WebhookDelivery)
-        .where(WebhookDelivery.id == inserted)
-        .values(outcome=result.outcome, reason=result.reason[:2000], job_id=result.job_id)
-    )
+    conn.execute(st.set_outcome, {"delivery_row": inserted, "outcome": result.outcome,
+                                  "reason": result.reason[:2000], "job_id": result.job_id})
     return result
 
 
 def record_malformed(session: Session, forge: str, delivery_id: str, event: str, reason: str) -> None:
     """Keep an authenticated but unusable delivery, so nothing sent to us is silently lost."""
-    session.execute(
-        _insert(session)(WebhookDelivery)
-        .values(forge=forge, delivery_id=delivery_id[:255], event=event[:64] or "(none)", outcome="malformed",
-                reason=reason[:2000], received_at=utcnow())
-        .on_conflict_do_nothing(index_elements=["forge", "delivery_id"])
-    )
+    session.connection().execute(_statements(session).insert_delivery, {
+        "forge": forge, "delivery_id": delivery_id[:255], "event": event[:64] or "(none)", "outcome": "malformed",
+        "reason": reason[:2000], "received_at": utcnow(),
+    })
 
 
 def active_job(session: Session, forge: str, project: str, issue: int) -> Job | None:
@@ -110,28 +138,35 @@ def _act(session: Session, event: WebhookEvent) -> IntakeResult:
 def _start(session: Session, event: WebhookEvent) -> IntakeResult:
     assert event.project is not None and event.issue is not None
     now = utcnow()
-    job_id = session.execute(
-        _insert(session)(Job)
-        .values(
-            forge=event.forge, project=event.project, project_id=event.project_id, issue=event.issue,
-            issue_url=event.issue_url, clone_url=event.clone_url, title=event.title, body=event.body,
-            trigger_user=event.sender, status=JobStatus.queued.value, attempt=0, delivery_id=event.delivery_id,
-            cancel_requested=False, enqueue_count=0, created_at=now, updated_at=now,
-        )
-        .on_conflict_do_nothing(index_elements=["forge", "project", "issue"], index_where=text(ACTIVE_PREDICATE))
-        .returning(Job.id)
-    ).scalar_one_or_none()
+    st = _statements(session)
+    conn = session.connection()
+    job_id = conn.execute(st.insert_job, {
+        "forge": event.forge, "project": event.project, "project_id": event.project_id, "issue": event.issue,
+        "issue_url": event.issue_url, "clone_url": event.clone_url, "title": event.title, "body": event.body,
+        "trigger_user": event.sender, "status": JobStatus.queued.value, "attempt": 0,
+        "delivery_id": event.delivery_id, "cancel_requested": False, "enqueue_count": 1,
+        "last_enqueued_at": now, "created_at": now, "updated_at": now,
+    }).scalar_one_or_none()
     if job_id is None:
         existing = active_job(session, event.forge, event.project, event.issue)
         return IntakeResult("already_active", "a job for this issue is already active",
                             existing.id if existing else None)
-    add_event(session, job_id, "created", event.reason,
-              {"delivery_id": event.delivery_id, "trigger_user": event.sender})
+    conn.execute(st.insert_event, {"job_id": job_id, "at": now, "kind": "created", "message": event.reason,
+                                   "data": {"delivery_id": event.delivery_id, "trigger_user": event.sender}})
     return IntakeResult("job_created", event.reason, job_id, enqueue=True)
 
 
+def enqueue_failed(session: Session, job_id: int) -> None:
+    """Undo the optimistic enqueue stamp, so the next sweep sends the job at once."""
+    session.execute(
+        update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value)
+        .values(last_enqueued_at=None, enqueue_count=Job.enqueue_count - 1)
+    )
+
+
 def add_event(session: Session, job_id: int, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-    session.add(JobEvent(job_id=job_id, at=utcnow(), kind=kind, message=message[:10_000], data=data))
+    session.connection().execute(_statements(session).insert_event, {
+        "job_id": job_id, "at": utcnow(), "kind": kind, "message": message[:10_000], "data": data})
 
 
 def get_job(session: Session, job_id: int) -> Job:

@@ -62,7 +62,17 @@ def configure_celery(settings: Settings | None = None) -> Celery:
         worker_hijack_root_logger=False,
         worker_send_task_events=False,
     )
+    _drop_cached_connections()
     return celery_app
+
+
+def _drop_cached_connections() -> None:
+    """Celery pools broker connections with the options they were made with; forget them on reconfigure."""
+    # Not closed: kombu shares pools process-wide by connection parameters, and may hand them out again.
+    celery_app._pool = None
+    amqp = celery_app.__dict__.get("amqp")
+    if amqp is not None:
+        amqp._producer_pool = None
 
 
 def send_run_job(job_id: int) -> bool:

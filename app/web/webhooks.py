@@ -82,12 +82,12 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
         enqueued = False
         if result.enqueue and result.job_id is not None:
             enqueued = send_run_job(result.job_id)
-            if enqueued:
+            if not enqueued:
                 try:
                     with session_scope() as session:
-                        jobs.mark_enqueued(session, result.job_id)
-                except SQLAlchemyError:
-                    log.exception("mark_enqueued_failed", job_id=result.job_id)
+                        jobs.enqueue_failed(session, result.job_id)
+                except SQLAlchemyError:  # the stamp stays; the sweep sends it after the requeue delay
+                    log.exception("enqueue_failed_not_recorded", job_id=result.job_id)
         log.info("webhook", outcome=result.outcome, reason=result.reason, job_id=result.job_id,
                  intent=event.intent, project=event.project, issue=event.issue, enqueued=enqueued)
     status = 202 if result.outcome == "job_created" else 200

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything FrogFix and its tests need on a fresh Debian machine (run as root or with sudo).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+missing=()
+command -v git >/dev/null || missing+=(git)
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v runuser >/dev/null || missing+=(util-linux)
+if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  missing+=(postgresql)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install.sh: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
+echo "install.sh: ready"

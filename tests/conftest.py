@@ -1,0 +1,90 @@
+"""Shared fixtures: an isolated FrogFix configuration per test, real PostgreSQL and Redis servers."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.servers import Postgres, Redis, postgres_server, redis_server
+
+SHARED_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "forge"
+PAYLOADS = Path(__file__).resolve().parent / "payloads"
+
+GITLAB_SECRET = "gitlab-hook-secret-for-tests"
+GITEA_SECRET = "gitea-hook-secret-for-tests"
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+
+
+def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    """Point every cached piece (settings, engines, Celery) at a fresh configuration."""
+    for key, value in env.items():
+        monkeypatch.setenv(f"FROGFIX_{key.upper()}", value)
+    from app.db import dispose_engines
+    from app.queue import configure_celery
+    from app.settings import get_settings, reset_settings_cache
+
+    reset_settings_cache()
+    dispose_engines()
+    configure_celery(get_settings())
+
+
+@pytest.fixture
+def frogfix_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """Embedded defaults (SQLite + filesystem broker) in a temp folder, migrated to head."""
+    for key in list(os.environ):
+        if key.startswith("FROGFIX_"):
+            monkeypatch.delenv(key)
+    env = {
+        "data_dir": str(tmp_path / "data"),
+        "gitlab_webhook_secret": GITLAB_SECRET,
+        "gitea_webhook_secret": GITEA_SECRET,
+        "admin_token": ADMIN_TOKEN,
+        "sweep_interval_seconds": "0",
+    }
+    configure(monkeypatch, **env)
+    from app.migrate import upgrade
+    from app.settings import get_settings
+
+    upgrade(get_settings().resolved_database_url())
+    yield {"data_dir": tmp_path / "data", "monkeypatch": monkeypatch}
+    from app.db import dispose_engines
+
+    dispose_engines()
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Postgres]:
+    if shutil.which("initdb") is None and not list(Path("/usr/lib/postgresql").glob("*/bin/initdb")):
+        pytest.fail("PostgreSQL is not installed (apt-get install postgresql); .ci/run installs it")
+    with postgres_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def redis() -> Iterator[Redis]:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
+    with redis_server() as server:
+        yield server
+
+
+@pytest.fixture
+def client(frogfix_env: dict[str, Any]) -> Iterator[Any]:
+    from fastapi.testclient import TestClient
+
+    from app.web.main import create_app
+
+    with TestClient(create_app(run_sweep=False), raise_server_exceptions=False) as c:
+        yield c
+
+
+def shared_fixture(relative: str) -> Path:
+    path = SHARED_FIXTURES / relative
+    if not SHARED_FIXTURES.is_dir():
+        pytest.skip(f"the shared forge fixtures are not here ({SHARED_FIXTURES}); CI provides ../shared")
+    return path

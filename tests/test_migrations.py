@@ -1,0 +1,81 @@
+"""Migrations bring an empty database to head on SQLite and PostgreSQL, and match the models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+
+from app import migrate
+from app.models import Base
+
+
+def _check_schema(url: str) -> None:
+    migrate.upgrade(url)
+    assert migrate.current_revision(url) == "0001"
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+            assert diff == [], f"models and migrations disagree: {diff}"
+            tables = set(inspect(conn).get_table_names())
+            indexes = {i["name"]: i for i in inspect(conn).get_indexes("jobs")}
+        assert {"jobs", "webhook_deliveries", "job_events", "alembic_version"} <= tables
+        assert indexes["uq_jobs_active_issue"]["unique"]
+    finally:
+        engine.dispose()
+    migrate.downgrade(url, "base")
+    assert migrate.current_revision(url) is None
+    migrate.upgrade(url)
+    assert migrate.current_revision(url) == "0001"
+
+
+def test_sqlite_migrations(tmp_path: Path) -> None:
+    _check_schema(f"sqlite:///{tmp_path / 'nested' / 'm.db'}")
+
+
+def test_postgres_migrations(pg: Any) -> None:
+    _check_schema(pg.create_database("migrations"))
+
+
+def test_manage_migrate_on_an_empty_database(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
+    env["FROGFIX_DATA_DIR"] = str(tmp_path / "fresh")
+    out = subprocess.run([sys.executable, str(root / "manage.py"), "migrate"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "revision 0001" in out.stdout
+    assert (tmp_path / "fresh" / "frogfix.db").is_file()
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+def test_partial_unique_index_allows_finished_duplicates(where: str, tmp_path: Path, request: Any) -> None:
+    from sqlalchemy.exc import IntegrityError
+    from sqlalchemy.orm import Session
+
+    from app.models import Job
+
+    url = f"sqlite:///{tmp_path / 'p.db'}" if where == "sqlite" else request.getfixturevalue("pg").create_database("partial")
+    migrate.upgrade(url)
+    engine = create_engine(url)
+    try:
+        with Session(engine) as s:
+            for status in ("done", "failed", "queued"):
+                s.add(Job(forge="gitlab", project="a/b", issue=1, status=status, attempt=0, cancel_requested=False,
+                          enqueue_count=0))
+            s.commit()
+            s.add(Job(forge="gitlab", project="a/b", issue=1, status="running", attempt=0, cancel_requested=False,
+                      enqueue_count=0))
+            with pytest.raises(IntegrityError):
+                s.commit()
+    finally:
+        engine.dispose()
