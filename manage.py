@@ -16,7 +16,12 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-cli = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="FrogFix: labelled issues become draft MRs.")
+cli = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="FrogFix: labelled issues become draft MRs.",
+)
 
 
 def _settings():  # type: ignore[no-untyped-def]
@@ -54,8 +59,15 @@ def serve(
         worker_proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "worker", "--pool", "solo"])
         typer.echo(f"embedded broker: started a worker beside the app (pid {worker_proc.pid})")
     try:
-        uvicorn.run("app.web.main:create_app", factory=True, host=host, port=port, workers=workers,
-                    log_config=None, access_log=False)
+        uvicorn.run(
+            "app.web.main:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_config=None,
+            access_log=False,
+        )
     finally:
         if worker_proc is not None and worker_proc.poll() is None:
             worker_proc.send_signal(signal.SIGTERM)
@@ -79,8 +91,23 @@ def worker(
     configure_logging(settings.log_level, settings.secret_values())
     import worker.tasks  # noqa: F401  (registers the tasks)
 
-    celery_app.worker_main(["worker", "-l", loglevel, "-Q", "frogfix", "-c", str(concurrency), "-P", pool,
-                            "--without-gossip", "--without-mingle", "-n", f"frogfix@{os.uname().nodename}"])
+    celery_app.worker_main(
+        [
+            "worker",
+            "-l",
+            loglevel,
+            "-Q",
+            "frogfix",
+            "-c",
+            str(concurrency),
+            "-P",
+            pool,
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"frogfix@{os.uname().nodename}",
+        ]
+    )
 
 
 @cli.command()

@@ -7,12 +7,13 @@ read and write inside the session they are given.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from datetime import datetime, timedelta
-from typing import Any
+from functools import lru_cache
+from typing import Any, cast
 
-from sqlalchemy import and_, bindparam, func, or_, select, text, update
+from sqlalchemy import Table, and_, bindparam, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from app.forge.base import WebhookEvent
@@ -46,9 +47,9 @@ class IntakeResult:
     enqueue: bool = False
 
 
-_JOBS = Job.__table__
-_DELIVERIES = WebhookDelivery.__table__
-_EVENTS = JobEvent.__table__
+_JOBS = cast(Table, Job.__table__)
+_DELIVERIES = cast(Table, WebhookDelivery.__table__)
+_EVENTS = cast(Table, JobEvent.__table__)
 
 
 @dataclass(frozen=True)
@@ -90,26 +91,44 @@ def record_delivery(session: Session, event: WebhookEvent) -> IntakeResult:
     """
     st = _statements(session)
     conn = session.connection()
-    inserted = conn.execute(st.insert_delivery, {
-        "forge": event.forge, "delivery_id": event.delivery_id, "event": event.event, "action": event.action,
-        "project": event.project, "issue": event.issue, "outcome": "received", "reason": event.reason[:2000],
-        "received_at": utcnow(),
-    }).scalar_one_or_none()
+    inserted = conn.execute(
+        st.insert_delivery,
+        {
+            "forge": event.forge,
+            "delivery_id": event.delivery_id,
+            "event": event.event,
+            "action": event.action,
+            "project": event.project,
+            "issue": event.issue,
+            "outcome": "received",
+            "reason": event.reason[:2000],
+            "received_at": utcnow(),
+        },
+    ).scalar_one_or_none()
     if inserted is None:
         return IntakeResult("duplicate", "this delivery was already received")
 
     result = _act(session, event)
-    conn.execute(st.set_outcome, {"delivery_row": inserted, "outcome": result.outcome,
-                                  "reason": result.reason[:2000], "job_id": result.job_id})
+    conn.execute(
+        st.set_outcome,
+        {"delivery_row": inserted, "outcome": result.outcome, "reason": result.reason[:2000], "job_id": result.job_id},
+    )
     return result
 
 
 def record_malformed(session: Session, forge: str, delivery_id: str, event: str, reason: str) -> None:
     """Keep an authenticated but unusable delivery, so nothing sent to us is silently lost."""
-    session.connection().execute(_statements(session).insert_delivery, {
-        "forge": forge, "delivery_id": delivery_id[:255], "event": event[:64] or "(none)", "outcome": "malformed",
-        "reason": reason[:2000], "received_at": utcnow(),
-    })
+    session.connection().execute(
+        _statements(session).insert_delivery,
+        {
+            "forge": forge,
+            "delivery_id": delivery_id[:255],
+            "event": event[:64] or "(none)",
+            "outcome": "malformed",
+            "reason": reason[:2000],
+            "received_at": utcnow(),
+        },
+    )
 
 
 def active_job(session: Session, forge: str, project: str, issue: int) -> Job | None:
@@ -140,33 +159,60 @@ def _start(session: Session, event: WebhookEvent) -> IntakeResult:
     now = utcnow()
     st = _statements(session)
     conn = session.connection()
-    job_id = conn.execute(st.insert_job, {
-        "forge": event.forge, "project": event.project, "project_id": event.project_id, "issue": event.issue,
-        "issue_url": event.issue_url, "clone_url": event.clone_url, "title": event.title, "body": event.body,
-        "trigger_user": event.sender, "status": JobStatus.queued.value, "attempt": 0,
-        "delivery_id": event.delivery_id, "cancel_requested": False, "enqueue_count": 1,
-        "last_enqueued_at": now, "created_at": now, "updated_at": now,
-    }).scalar_one_or_none()
+    job_id = conn.execute(
+        st.insert_job,
+        {
+            "forge": event.forge,
+            "project": event.project,
+            "project_id": event.project_id,
+            "issue": event.issue,
+            "issue_url": event.issue_url,
+            "clone_url": event.clone_url,
+            "title": event.title,
+            "body": event.body,
+            "trigger_user": event.sender,
+            "status": JobStatus.queued.value,
+            "attempt": 0,
+            "delivery_id": event.delivery_id,
+            "cancel_requested": False,
+            "enqueue_count": 1,
+            "last_enqueued_at": now,
+            "created_at": now,
+            "updated_at": now,
+        },
+    ).scalar_one_or_none()
     if job_id is None:
         existing = active_job(session, event.forge, event.project, event.issue)
-        return IntakeResult("already_active", "a job for this issue is already active",
-                            existing.id if existing else None)
-    conn.execute(st.insert_event, {"job_id": job_id, "at": now, "kind": "created", "message": event.reason,
-                                   "data": {"delivery_id": event.delivery_id, "trigger_user": event.sender}})
+        return IntakeResult(
+            "already_active", "a job for this issue is already active", existing.id if existing else None
+        )
+    conn.execute(
+        st.insert_event,
+        {
+            "job_id": job_id,
+            "at": now,
+            "kind": "created",
+            "message": event.reason,
+            "data": {"delivery_id": event.delivery_id, "trigger_user": event.sender},
+        },
+    )
     return IntakeResult("job_created", event.reason, job_id, enqueue=True)
 
 
 def enqueue_failed(session: Session, job_id: int) -> None:
     """Undo the optimistic enqueue stamp, so the next sweep sends the job at once."""
     session.execute(
-        update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value)
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued.value)
         .values(last_enqueued_at=None, enqueue_count=Job.enqueue_count - 1)
     )
 
 
 def add_event(session: Session, job_id: int, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-    session.connection().execute(_statements(session).insert_event, {
-        "job_id": job_id, "at": utcnow(), "kind": kind, "message": message[:10_000], "data": data})
+    session.connection().execute(
+        _statements(session).insert_event,
+        {"job_id": job_id, "at": utcnow(), "kind": kind, "message": message[:10_000], "data": data},
+    )
 
 
 def get_job(session: Session, job_id: int) -> Job:
@@ -184,7 +230,8 @@ def request_cancel(session: Session, job: Job, why: str) -> None:
     """A queued job is cancelled at once; a running one is asked to stop at its next check."""
     if job.status == JobStatus.queued.value:
         session.execute(
-            update(Job).where(Job.id == job.id, Job.status == JobStatus.queued.value)
+            update(Job)
+            .where(Job.id == job.id, Job.status == JobStatus.queued.value)
             .values(status=JobStatus.cancelled.value, finished_at=utcnow(), updated_at=utcnow(), error=why[:2000])
         )
         add_event(session, job.id, "cancelled", why)
@@ -198,16 +245,26 @@ def request_cancel(session: Session, job: Job, why: str) -> None:
 def claim_job(session: Session, job_id: int) -> bool:
     """queued -> running, guarded: of two deliveries of the same task, only one wins."""
     now = utcnow()
-    result = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.queued.value)
-        .values(status=JobStatus.running.value, attempt=Job.attempt + 1, started_at=now, updated_at=now)
+    result = cast(
+        CursorResult[Any],
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.queued.value)
+            .values(status=JobStatus.running.value, attempt=Job.attempt + 1, started_at=now, updated_at=now)
+        ),
     )
     return bool(result.rowcount)
 
 
-def set_status(session: Session, job_id: int, status: JobStatus, *, error: str | None = None,
-               expected: tuple[str, ...] = ACTIVE_STATUSES, **values: Any) -> bool:
+def set_status(
+    session: Session,
+    job_id: int,
+    status: JobStatus,
+    *,
+    error: str | None = None,
+    expected: tuple[str, ...] = ACTIVE_STATUSES,
+    **values: Any,
+) -> bool:
     """Move an active job to `status` (guarded by `expected`); final states stamp finished_at."""
     now = utcnow()
     changes: dict[str, Any] = {"status": status.value, "updated_at": now, **values}
@@ -215,7 +272,10 @@ def set_status(session: Session, job_id: int, status: JobStatus, *, error: str |
         changes["error"] = error[:10_000]
     if status.value in FINAL_STATUSES:
         changes["finished_at"] = now
-    result = session.execute(update(Job).where(Job.id == job_id, Job.status.in_(expected)).values(**changes))
+    result = cast(
+        CursorResult[Any],
+        session.execute(update(Job).where(Job.id == job_id, Job.status.in_(expected)).values(**changes)),
+    )
     return bool(result.rowcount)
 
 
@@ -224,8 +284,7 @@ def jobs_due_for_enqueue(session: Session, older_than: timedelta, limit: int = 5
     cutoff = utcnow() - older_than
     rows = session.execute(
         select(Job.id)
-        .where(Job.status == JobStatus.queued.value,
-               or_(Job.last_enqueued_at.is_(None), Job.last_enqueued_at < cutoff))
+        .where(Job.status == JobStatus.queued.value, or_(Job.last_enqueued_at.is_(None), Job.last_enqueued_at < cutoff))
         .order_by(Job.id)
         .limit(limit)
     )
@@ -234,8 +293,7 @@ def jobs_due_for_enqueue(session: Session, older_than: timedelta, limit: int = 5
 
 def mark_enqueued(session: Session, job_id: int) -> None:
     session.execute(
-        update(Job).where(Job.id == job_id)
-        .values(last_enqueued_at=utcnow(), enqueue_count=Job.enqueue_count + 1)
+        update(Job).where(Job.id == job_id).values(last_enqueued_at=utcnow(), enqueue_count=Job.enqueue_count + 1)
     )
 
 
@@ -269,8 +327,9 @@ def count_jobs_by_status(session: Session) -> dict[str, int]:
 
 def count_deliveries(session: Session) -> dict[tuple[str, str], int]:
     rows = session.execute(
-        select(WebhookDelivery.forge, WebhookDelivery.outcome, func.count())
-        .group_by(WebhookDelivery.forge, WebhookDelivery.outcome)
+        select(WebhookDelivery.forge, WebhookDelivery.outcome, func.count()).group_by(
+            WebhookDelivery.forge, WebhookDelivery.outcome
+        )
     )
     return {(f, o): int(n) for f, o, n in rows}
 

@@ -14,7 +14,7 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class JobStatus(str, enum.Enum):
+class JobStatus(enum.StrEnum):
     queued = "queued"
     running = "running"
     verifying = "verifying"
@@ -41,8 +41,13 @@ class Job(Base):
     __table_args__ = (
         # At most one active job per issue, enforced by the database itself.
         Index(
-            "uq_jobs_active_issue", "forge", "project", "issue", unique=True,
-            sqlite_where=text(ACTIVE_PREDICATE), postgresql_where=text(ACTIVE_PREDICATE),
+            "uq_jobs_active_issue",
+            "forge",
+            "project",
+            "issue",
+            unique=True,
+            sqlite_where=text(ACTIVE_PREDICATE),
+            postgresql_where=text(ACTIVE_PREDICATE),
         ),
         Index("ix_jobs_status_created", "status", "created_at"),
         Index("ix_jobs_created", "created_at"),

@@ -72,10 +72,17 @@ class Settings(BaseSettings):
     def secret_values(self) -> list[str]:
         """Every configured secret, so logs and forge posts can redact them."""
         values = [
-            self.model_api_key, self.gitlab_token, self.gitlab_webhook_secret, self.gitlab_signing_token,
-            self.gitea_token, self.gitea_webhook_secret, self.admin_token,
+            self.model_api_key,
+            self.gitlab_token,
+            self.gitlab_webhook_secret,
+            self.gitlab_signing_token,
+            self.gitea_token,
+            self.gitea_webhook_secret,
+            self.admin_token,
         ]
-        return [v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6 and v.get_secret_value() != "EMPTY"]
+        return [
+            v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6 and v.get_secret_value() != "EMPTY"
+        ]
 
 
 @lru_cache(maxsize=1)

@@ -68,17 +68,28 @@ class Postgres:
 
     def start(self) -> None:
         subprocess.run(
-            self._as_owner(_pg_bin("pg_ctl"), "-D", str(self.datadir), "-l", str(self.datadir / "log.txt"),
-                           "-o", f"-p {self.port} -k {self.datadir} -c listen_addresses=127.0.0.1 "
-                                 "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-                                 "-c max_connections=300",
-                           "-w", "start"),
-            check=True, capture_output=True,
+            self._as_owner(
+                _pg_bin("pg_ctl"),
+                "-D",
+                str(self.datadir),
+                "-l",
+                str(self.datadir / "log.txt"),
+                "-o",
+                f"-p {self.port} -k {self.datadir} -c listen_addresses=127.0.0.1 "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+                "-c max_connections=300",
+                "-w",
+                "start",
+            ),
+            check=True,
+            capture_output=True,
         )
 
     def stop(self, mode: str = "fast") -> None:
-        subprocess.run(self._as_owner(_pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"),
-                       capture_output=True)
+        subprocess.run(
+            self._as_owner(_pg_bin("pg_ctl"), "-D", str(self.datadir), "-m", mode, "-w", "stop"),
+            capture_output=True,
+        )
 
 
 @contextmanager
@@ -90,8 +101,11 @@ def postgres_server() -> Iterator[Postgres]:
     if os.geteuid() == 0:
         shutil.chown(base, user)
     pg = Postgres(free_port(), datadir, user)
-    subprocess.run(pg._as_owner(_pg_bin("initdb"), "-D", str(datadir), "-U", "postgres", "-A", "trust",
-                                "--no-sync", "-E", "UTF8"), check=True, capture_output=True)
+    subprocess.run(
+        pg._as_owner(_pg_bin("initdb"), "-D", str(datadir), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8"),
+        check=True,
+        capture_output=True,
+    )
     pg.start()
     try:
         yield pg
@@ -114,9 +128,21 @@ class Redis:
         if exe is None:
             raise FileNotFoundError("redis-server not found: apt-get install redis-server")
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--protected-mode", "yes"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         wait_for_port(self.port)
 
@@ -143,8 +169,18 @@ def uvicorn_app(app: Any) -> Iterator[str]:
     import uvicorn
 
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False,
-                                           lifespan="on", limit_concurrency=1000, backlog=2048))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            limit_concurrency=1000,
+            backlog=2048,
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     wait_for_port(port)

@@ -23,13 +23,30 @@ def _seed(n: int) -> None:
     with session_scope() as s:
         for i in range(n):
             forge = "gitlab" if i % 2 == 0 else "gitea"
-            s.add(Job(forge=forge, project=f"team/p{i % 3}", issue=i + 1, status=["done", "failed", "queued"][i % 3],
-                      attempt=0, cancel_requested=False, enqueue_count=0,
-                      created_at=utcnow() - timedelta(minutes=n - i), updated_at=utcnow()))
+            s.add(
+                Job(
+                    forge=forge,
+                    project=f"team/p{i % 3}",
+                    issue=i + 1,
+                    status=["done", "failed", "queued"][i % 3],
+                    attempt=0,
+                    cancel_requested=False,
+                    enqueue_count=0,
+                    created_at=utcnow() - timedelta(minutes=n - i),
+                    updated_at=utcnow(),
+                )
+            )
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": ADMIN_TOKEN},
-                                     {"Authorization": f"Basic {ADMIN_TOKEN}"}])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": ADMIN_TOKEN},
+        {"Authorization": f"Basic {ADMIN_TOKEN}"},
+    ],
+)
 def test_api_requires_the_admin_token(client: Any, headers: dict[str, str]) -> None:
     assert client.get("/api/jobs", headers=headers).status_code == 401
     assert client.get("/api/jobs/1", headers=headers).status_code == 401
@@ -47,7 +64,17 @@ def test_list_jobs_newest_first_with_total_and_filters(client: Any) -> None:
     body = r.json()
     assert r.status_code == 200 and body["total"] == 12
     assert [j["issue"] for j in body["items"]] == list(range(12, 0, -1))
-    required = {"id", "forge", "project", "issue", "status", "trigger_user", "mr_url", "created_at", "updated_at"}
+    required = {
+        "id",
+        "forge",
+        "project",
+        "issue",
+        "status",
+        "trigger_user",
+        "mr_url",
+        "created_at",
+        "updated_at",
+    }
     assert required <= set(body["items"][0])
     page = client.get("/api/jobs", params={"limit": 5, "offset": 5}, headers=AUTH).json()
     assert [j["issue"] for j in page["items"]] == [7, 6, 5, 4, 3] and page["total"] == 12
@@ -57,8 +84,9 @@ def test_list_jobs_newest_first_with_total_and_filters(client: Any) -> None:
     assert gitea["total"] == 2 and all(j["forge"] == "gitea" and j["project"] == "team/p1" for j in gitea["items"])
 
 
-@pytest.mark.parametrize("params", [{"limit": 0}, {"limit": 5001}, {"offset": -1}, {"status": "exploded"},
-                                    {"forge": "github"}])
+@pytest.mark.parametrize(
+    "params", [{"limit": 0}, {"limit": 5001}, {"offset": -1}, {"status": "exploded"}, {"forge": "github"}]
+)
 def test_list_jobs_rejects_bad_parameters(client: Any, params: dict[str, Any]) -> None:
     assert client.get("/api/jobs", params=params, headers=AUTH).status_code == 422
 
@@ -106,7 +134,11 @@ def test_readiness_fails_when_the_database_is_unreachable(client: Any, frogfix_e
 
 def test_metrics_count_deliveries_and_jobs(client: Any) -> None:
     client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
-    client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers(event="Note Hook"))
+    client.post(
+        "/webhooks/gitlab",
+        content=payload("gitlab_label_added.json"),
+        headers=gitlab_headers(event="Note Hook"),
+    )
     body = payload("gitea_label_updated.json")
     client.post("/webhooks/gitea", content=body, headers=gitea_headers(body))
     text = client.get("/metrics").text
@@ -118,8 +150,15 @@ def test_metrics_count_deliveries_and_jobs(client: Any) -> None:
 
 def test_openapi_schema_is_served(client: Any) -> None:
     schema = client.get("/openapi.json").json()
-    for path in ("/webhooks/gitlab", "/webhooks/gitea", "/api/jobs", "/api/jobs/{job_id}", "/healthz", "/readyz",
-                 "/metrics"):
+    for path in (
+        "/webhooks/gitlab",
+        "/webhooks/gitea",
+        "/api/jobs",
+        "/api/jobs/{job_id}",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    ):
         assert path in schema["paths"]
 
 

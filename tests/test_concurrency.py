@@ -62,5 +62,7 @@ def test_different_deliveries_for_one_issue_make_one_active_job(database: str) -
     assert codes.count(202) == 2 and codes.count(200) == 48  # one job per forge's issue
     assert _count(Job) == 2 and _count(WebhookDelivery) == 50
     with session_scope() as s:
-        outcomes = dict(s.execute(select(WebhookDelivery.outcome, func.count()).group_by(WebhookDelivery.outcome)).all())
+        outcomes = dict(
+            s.execute(select(WebhookDelivery.outcome, func.count()).group_by(WebhookDelivery.outcome)).all()
+        )
     assert outcomes == {"job_created": 2, "already_active": 48}

@@ -50,8 +50,13 @@ def test_manage_migrate_on_an_empty_database(tmp_path: Path) -> None:
     root = Path(__file__).resolve().parent.parent
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
     env["FROGFIX_DATA_DIR"] = str(tmp_path / "fresh")
-    out = subprocess.run([sys.executable, str(root / "manage.py"), "migrate"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(root / "manage.py"), "migrate"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "revision 0001" in out.stdout
     assert (tmp_path / "fresh" / "frogfix.db").is_file()
@@ -64,17 +69,39 @@ def test_partial_unique_index_allows_finished_duplicates(where: str, tmp_path: P
 
     from app.models import Job
 
-    url = f"sqlite:///{tmp_path / 'p.db'}" if where == "sqlite" else request.getfixturevalue("pg").create_database("partial")
+    url = (
+        f"sqlite:///{tmp_path / 'p.db'}"
+        if where == "sqlite"
+        else request.getfixturevalue("pg").create_database("partial")
+    )
     migrate.upgrade(url)
     engine = create_engine(url)
     try:
         with Session(engine) as s:
             for status in ("done", "failed", "queued"):
-                s.add(Job(forge="gitlab", project="a/b", issue=1, status=status, attempt=0, cancel_requested=False,
-                          enqueue_count=0))
+                s.add(
+                    Job(
+                        forge="gitlab",
+                        project="a/b",
+                        issue=1,
+                        status=status,
+                        attempt=0,
+                        cancel_requested=False,
+                        enqueue_count=0,
+                    )
+                )
             s.commit()
-            s.add(Job(forge="gitlab", project="a/b", issue=1, status="running", attempt=0, cancel_requested=False,
-                      enqueue_count=0))
+            s.add(
+                Job(
+                    forge="gitlab",
+                    project="a/b",
+                    issue=1,
+                    status="running",
+                    attempt=0,
+                    cancel_requested=False,
+                    enqueue_count=0,
+                )
+            )
             with pytest.raises(IntegrityError):
                 s.commit()
     finally:

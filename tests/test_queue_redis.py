@@ -31,8 +31,13 @@ def redis_env(frogfix_env: dict[str, Any], redis: Redis) -> dict[str, Any]:
 @pytest.fixture
 def worker_process(redis_env: dict[str, Any], tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "worker", "--pool", "solo"],
-                            env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "worker", "--pool", "solo"],
+        env=dict(os.environ),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+    )
     yield proc
     proc.terminate()
     try:

@@ -128,7 +128,10 @@ def test_gitea_and_forgejo_fixture(client: Any, frogfix_env: dict[str, Any], rel
         assert r.status_code == 202, r.text
         [job] = _jobs()
         assert (job.project, job.issue, job.trigger_user) == (
-            data["repository"]["full_name"], data["issue"]["number"], data["sender"]["login"])
+            data["repository"]["full_name"],
+            data["issue"]["number"],
+            data["sender"]["login"],
+        )
     else:
         assert r.status_code == 200, r.text
         assert _jobs() == []
@@ -147,8 +150,13 @@ def test_gitea_hmac_test_vectors_verify(client: Any, frogfix_env: dict[str, Any]
     assert len(body) == int(vector["bytes"])
     configure(frogfix_env["monkeypatch"], gitea_webhook_secret=vector["secret"])
     event, event_type = _gitea_event(json.loads(body), vector["file"])
-    headers = {"Content-Type": "application/json", "X-Gitea-Event": event, "X-Gitea-Event-Type": event_type,
-               "X-Gitea-Delivery": vector["X-Gitea-Signature"][:36], "X-Gitea-Signature": vector["X-Gitea-Signature"]}
+    headers = {
+        "Content-Type": "application/json",
+        "X-Gitea-Event": event,
+        "X-Gitea-Event-Type": event_type,
+        "X-Gitea-Delivery": vector["X-Gitea-Signature"][:36],
+        "X-Gitea-Signature": vector["X-Gitea-Signature"],
+    }
     assert client.post("/webhooks/gitea", content=body, headers=headers).status_code in (200, 202)
     headers["X-Gitea-Signature"] = vector["X-Gitea-Signature"][::-1]
     headers["X-Gitea-Delivery"] = "other-delivery"

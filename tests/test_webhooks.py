@@ -36,7 +36,13 @@ def test_gitlab_label_added_creates_a_queued_job_and_enqueues_it(client: Any, fr
     assert r.status_code == 202, r.text
     job_id = r.json()["job_id"]
     [job] = jobs_in_db()
-    assert (job.id, job.forge, job.project, job.issue, job.status) == (job_id, "gitlab", "acme/calc", 7, "queued")
+    assert (job.id, job.forge, job.project, job.issue, job.status) == (
+        job_id,
+        "gitlab",
+        "acme/calc",
+        7,
+        "queued",
+    )
     assert job.trigger_user == "dana" and job.title == "add() returns the difference"
     assert job.last_enqueued_at is not None and job.enqueue_count == 1
     assert broker_messages(frogfix_env) == 1
@@ -50,8 +56,14 @@ def test_gitlab_opened_with_label_starts(client: Any) -> None:
     assert r.status_code == 202
 
 
-@pytest.mark.parametrize("name", ["gitlab_other_label_added.json", "gitlab_label_added_closed.json",
-                                  "gitlab_confidential_label_added.json"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "gitlab_other_label_added.json",
+        "gitlab_label_added_closed.json",
+        "gitlab_confidential_label_added.json",
+    ],
+)
 def test_gitlab_events_that_start_nothing_answer_200(client: Any, frogfix_env: dict[str, Any], name: str) -> None:
     r = client.post("/webhooks/gitlab", content=payload(name), headers=gitlab_headers())
     assert r.status_code == 200, r.text
@@ -62,8 +74,11 @@ def test_gitlab_events_that_start_nothing_answer_200(client: Any, frogfix_env: d
 
 def test_confidential_issue_hook_allowed_by_setting(client: Any, frogfix_env: dict[str, Any]) -> None:
     configure(frogfix_env["monkeypatch"], gitlab_allow_confidential="true")
-    r = client.post("/webhooks/gitlab", content=payload("gitlab_confidential_label_added.json"),
-                    headers=gitlab_headers(event="Confidential Issue Hook"))
+    r = client.post(
+        "/webhooks/gitlab",
+        content=payload("gitlab_confidential_label_added.json"),
+        headers=gitlab_headers(event="Confidential Issue Hook"),
+    )
     assert r.status_code == 202
 
 
@@ -80,7 +95,9 @@ def test_same_delivery_twice_is_one_job_and_one_message(client: Any, frogfix_env
 def test_dedupe_falls_back_to_event_uuid(client: Any) -> None:
     headers = gitlab_headers()
     del headers["Idempotency-Key"]
-    assert client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=headers).status_code == 202
+    assert (
+        client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=headers).status_code == 202
+    )
     again = client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=headers)
     assert again.json()["outcome"] == "duplicate"
     assert deliveries()[0].delivery_id == headers["X-Gitlab-Event-UUID"]
@@ -134,30 +151,44 @@ def test_gitlab_standard_webhooks_signature(client: Any, frogfix_env: dict[str, 
     body = payload("gitlab_label_added.json")
     ts = str(int(time.time()))
     headers = gitlab_headers(delivery="msg_1")
-    headers.update({"webhook-id": "msg_1", "webhook-timestamp": ts,
-                    "webhook-signature": "v1,bm90LXRoaXMtb25l " + standard_webhook_signature(token, "msg_1", ts, body)})
+    headers.update(
+        {
+            "webhook-id": "msg_1",
+            "webhook-timestamp": ts,
+            "webhook-signature": "v1,bm90LXRoaXMtb25l " + standard_webhook_signature(token, "msg_1", ts, body),
+        }
+    )
     assert client.post("/webhooks/gitlab", content=body, headers=headers).status_code == 202
     tampered = body.replace(b"acme/calc", b"acme/calx")
     headers["Idempotency-Key"] = "msg_2"
     assert client.post("/webhooks/gitlab", content=tampered, headers=headers).status_code == 401
     old = str(int(time.time()) - 3600)
-    headers.update({"webhook-timestamp": old, "webhook-signature": standard_webhook_signature(token, "msg_1", old, body)})
+    headers.update(
+        {"webhook-timestamp": old, "webhook-signature": standard_webhook_signature(token, "msg_1", old, body)}
+    )
     assert client.post("/webhooks/gitlab", content=body, headers=headers).status_code == 401
     del headers["webhook-signature"]
     assert client.post("/webhooks/gitlab", content=body, headers=headers).status_code == 401
 
 
-@pytest.mark.parametrize(("body", "content_type", "status"), [
-    (b"{not json", "application/json", 400),
-    (b"[1, 2, 3]", "application/json", 400),
-    (b'"a string"', "application/json", 400),
-    (b"", "application/json", 400),
-    (b"\xff\xfe\x00garbage", "application/json", 400),
-    (b'{"object_kind": "issue"}', "application/json", 400),
-    (b'{"object_kind": "issue", "object_attributes": {"iid": "seven"}, "project": {}}', "application/json", 400),
-    (b'{"object_kind": "issue"}', "text/plain", 415),
-    (b"[" * 100_000 + b"]" * 100_000, "application/json", 400),
-])
+@pytest.mark.parametrize(
+    ("body", "content_type", "status"),
+    [
+        (b"{not json", "application/json", 400),
+        (b"[1, 2, 3]", "application/json", 400),
+        (b'"a string"', "application/json", 400),
+        (b"", "application/json", 400),
+        (b"\xff\xfe\x00garbage", "application/json", 400),
+        (b'{"object_kind": "issue"}', "application/json", 400),
+        (
+            b'{"object_kind": "issue", "object_attributes": {"iid": "seven"}, "project": {}}',
+            "application/json",
+            400,
+        ),
+        (b'{"object_kind": "issue"}', "text/plain", 415),
+        (b"[" * 100_000 + b"]" * 100_000, "application/json", 400),
+    ],
+)
 def test_gitlab_malformed_bodies(client: Any, body: bytes, content_type: str, status: int) -> None:
     r = client.post("/webhooks/gitlab", content=body, headers=gitlab_headers(content_type=content_type))
     assert r.status_code == status, r.text
@@ -203,7 +234,10 @@ def test_gitea_label_updated_with_trigger_starts(client: Any, frogfix_env: dict[
 
 def test_gitea_opened_with_label_starts(client: Any) -> None:
     body = payload("gitea_opened_with_label.json")
-    assert client.post("/webhooks/gitea", content=body, headers=gitea_headers(body, event_type="issues")).status_code == 202
+    assert (
+        client.post("/webhooks/gitea", content=body, headers=gitea_headers(body, event_type="issues")).status_code
+        == 202
+    )
 
 
 def test_gitea_form_encoded_payload(client: Any) -> None:
@@ -268,7 +302,11 @@ def test_delivery_rows_record_every_outcome(client: Any) -> None:
     client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
     client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
     client.post("/webhooks/gitlab", content=payload("gitlab_label_removed.json"), headers=gitlab_headers())
-    client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers(event="Note Hook"))
+    client.post(
+        "/webhooks/gitlab",
+        content=payload("gitlab_label_added.json"),
+        headers=gitlab_headers(event="Note Hook"),
+    )
     assert [d.outcome for d in deliveries()] == ["job_created", "already_active", "cancelled_job", "ignored"]
     with session_scope() as s:
         assert s.execute(select(func.count()).select_from(Job)).scalar_one() == 1

@@ -10,21 +10,39 @@ from pathlib import Path
 from tests.conftest import GITEA_SECRET, GITLAB_SECRET, PAYLOADS
 
 
-def gitlab_headers(event: str = "Issue Hook", token: str | None = GITLAB_SECRET, delivery: str | None = None,
-                   content_type: str = "application/json") -> dict[str, str]:
-    headers = {"Content-Type": content_type, "User-Agent": "GitLab/17.11.1-ee", "X-Gitlab-Event": event,
-               "Idempotency-Key": delivery or str(uuid.uuid4()), "X-Gitlab-Event-UUID": str(uuid.uuid4()),
-               "X-Gitlab-Instance": "https://git.acme.test"}
+def gitlab_headers(
+    event: str = "Issue Hook",
+    token: str | None = GITLAB_SECRET,
+    delivery: str | None = None,
+    content_type: str = "application/json",
+) -> dict[str, str]:
+    headers = {
+        "Content-Type": content_type,
+        "User-Agent": "GitLab/17.11.1-ee",
+        "X-Gitlab-Event": event,
+        "Idempotency-Key": delivery or str(uuid.uuid4()),
+        "X-Gitlab-Event-UUID": str(uuid.uuid4()),
+        "X-Gitlab-Instance": "https://git.acme.test",
+    }
     if token is not None:
         headers["X-Gitlab-Token"] = token
     return headers
 
 
-def gitea_headers(body: bytes, event: str = "issues", event_type: str = "issue_label",
-                  secret: str | None = GITEA_SECRET, delivery: str | None = None,
-                  content_type: str = "application/json") -> dict[str, str]:
-    headers = {"Content-Type": content_type, "X-Gitea-Event": event, "X-Gitea-Event-Type": event_type,
-               "X-Gitea-Delivery": delivery or str(uuid.uuid4())}
+def gitea_headers(
+    body: bytes,
+    event: str = "issues",
+    event_type: str = "issue_label",
+    secret: str | None = GITEA_SECRET,
+    delivery: str | None = None,
+    content_type: str = "application/json",
+) -> dict[str, str]:
+    headers = {
+        "Content-Type": content_type,
+        "X-Gitea-Event": event,
+        "X-Gitea-Event-Type": event_type,
+        "X-Gitea-Delivery": delivery or str(uuid.uuid4()),
+    }
     if secret is not None:
         headers["X-Gitea-Signature"] = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
     return headers

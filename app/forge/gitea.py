@@ -87,7 +87,7 @@ def _interpret(
     if not isinstance(full_name, str) or not full_name.strip():
         raise WebhookMalformed("repository.full_name must be a non-empty string")
     number = positive_int(issue.get("number", payload.get("number")), "issue.number")
-    sender = payload.get("sender") if isinstance(payload.get("sender"), dict) else {}
+    sender: dict[str, Any] = payload["sender"] if isinstance(payload.get("sender"), dict) else {}
     action = text_or_none(payload.get("action"), 64)
     labels = _label_names(issue.get("labels"))
     fields: dict[str, Any] = {

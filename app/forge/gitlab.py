@@ -118,7 +118,7 @@ def _interpret(
     path = project.get("path_with_namespace")
     if not isinstance(path, str) or not path.strip():
         raise WebhookMalformed("project.path_with_namespace must be a non-empty string")
-    user = payload.get("user") if isinstance(payload.get("user"), dict) else {}
+    user: dict[str, Any] = payload["user"] if isinstance(payload.get("user"), dict) else {}
     action = text_or_none(attrs.get("action"), 64)
     labels = _label_titles(payload.get("labels")) or _label_titles(attrs.get("labels"))
     fields: dict[str, Any] = {
@@ -137,7 +137,7 @@ def _interpret(
     if confidential and not allow_confidential:
         return ignore("confidential issues are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)", **fields)
 
-    changes = payload.get("changes") if isinstance(payload.get("changes"), dict) else {}
+    changes: dict[str, Any] = payload["changes"] if isinstance(payload.get("changes"), dict) else {}
     label_change = changes.get("labels") if isinstance(changes.get("labels"), dict) else None
     previous = _label_titles(label_change.get("previous")) if label_change else ()
     current = _label_titles(label_change.get("current")) if label_change else labels

@@ -11,15 +11,17 @@ from app import jobs
 from app.db import session_scope
 from app.settings import get_settings
 
-StatusName = Literal["queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled",
-                     "rejected"]
+StatusName = Literal[
+    "queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled", "rejected"
+]
 
 
 def require_admin(authorization: Annotated[str | None, Header()] = None) -> None:
     expected = get_settings().admin_token.get_secret_value()
     if not expected:
-        raise HTTPException(401, "the API is closed: FROGFIX_ADMIN_TOKEN is not set",
-                            headers={"WWW-Authenticate": "Bearer"})
+        raise HTTPException(
+            401, "the API is closed: FROGFIX_ADMIN_TOKEN is not set", headers={"WWW-Authenticate": "Bearer"}
+        )
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})

@@ -61,8 +61,11 @@ class DatabaseCollector(Collector):
     """Counts read from the database at scrape time, so every API replica reports the same truth."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        deliveries = GaugeMetricFamily("frogfix_webhook_deliveries", "Webhook deliveries recorded, by forge and outcome",
-                                       labels=["forge", "outcome"])
+        deliveries = GaugeMetricFamily(
+            "frogfix_webhook_deliveries",
+            "Webhook deliveries recorded, by forge and outcome",
+            labels=["forge", "outcome"],
+        )
         by_status = GaugeMetricFamily("frogfix_jobs", "Jobs by status", labels=["status"])
         queued_age = GaugeMetricFamily("frogfix_oldest_queued_job_seconds", "Age of the oldest queued job")
         with session_scope() as session:

@@ -88,11 +88,20 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
                         jobs.enqueue_failed(session, result.job_id)
                 except SQLAlchemyError:  # the stamp stays; the sweep sends it after the requeue delay
                     log.exception("enqueue_failed_not_recorded", job_id=result.job_id)
-        log.info("webhook", outcome=result.outcome, reason=result.reason, job_id=result.job_id,
-                 intent=event.intent, project=event.project, issue=event.issue, enqueued=enqueued)
+        log.info(
+            "webhook",
+            outcome=result.outcome,
+            reason=result.reason,
+            job_id=result.job_id,
+            intent=event.intent,
+            project=event.project,
+            issue=event.issue,
+            enqueued=enqueued,
+        )
     status = 202 if result.outcome == "job_created" else 200
-    return _answer(status, outcome=result.outcome, reason=result.reason, job_id=result.job_id,
-                   delivery_id=event.delivery_id)
+    return _answer(
+        status, outcome=result.outcome, reason=result.reason, job_id=result.job_id, delivery_id=event.delivery_id
+    )
 
 
 async def _receive(request: Request, forge: str, parse: Callable[[bytes], WebhookEvent]) -> JSONResponse:
@@ -109,20 +118,32 @@ async def _receive(request: Request, forge: str, parse: Callable[[bytes], Webhoo
 async def gitlab_webhook(request: Request) -> JSONResponse:
     s = get_settings()
     headers = dict(request.headers)
-    return await _receive(request, "gitlab", lambda body: parse_gitlab(
-        headers, body,
-        secret=s.gitlab_webhook_secret.get_secret_value(),
-        signing_token=s.gitlab_signing_token.get_secret_value(),
-        trigger_label=s.trigger_label,
-        allow_confidential=s.gitlab_allow_confidential,
-        now=time.time(),
-    ))
+    return await _receive(
+        request,
+        "gitlab",
+        lambda body: parse_gitlab(
+            headers,
+            body,
+            secret=s.gitlab_webhook_secret.get_secret_value(),
+            signing_token=s.gitlab_signing_token.get_secret_value(),
+            trigger_label=s.trigger_label,
+            allow_confidential=s.gitlab_allow_confidential,
+            now=time.time(),
+        ),
+    )
 
 
 @router.post("/webhooks/gitea", summary="Gitea / Forgejo issue webhook")
 async def gitea_webhook(request: Request) -> JSONResponse:
     s = get_settings()
     headers = dict(request.headers)
-    return await _receive(request, "gitea", lambda body: parse_gitea(
-        headers, body, secret=s.gitea_webhook_secret.get_secret_value(), trigger_label=s.trigger_label,
-    ))
+    return await _receive(
+        request,
+        "gitea",
+        lambda body: parse_gitea(
+            headers,
+            body,
+            secret=s.gitea_webhook_secret.get_secret_value(),
+            trigger_label=s.trigger_label,
+        ),
+    )

@@ -45,8 +45,12 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
     )
     op.create_index(
-        "uq_jobs_active_issue", "jobs", ["forge", "project", "issue"], unique=True,
-        sqlite_where=sa.text(ACTIVE), postgresql_where=sa.text(ACTIVE),
+        "uq_jobs_active_issue",
+        "jobs",
+        ["forge", "project", "issue"],
+        unique=True,
+        sqlite_where=sa.text(ACTIVE),
+        postgresql_where=sa.text(ACTIVE),
     )
     op.create_index("ix_jobs_status_created", "jobs", ["status", "created_at"])
     op.create_index("ix_jobs_created", "jobs", ["created_at"])
