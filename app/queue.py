@@ -33,12 +33,13 @@ def configure_celery(settings: Settings | None = None) -> Celery:
     options: dict[str, Any] = {}
     if s.embedded_broker:
         folder = broker_folder(s)
-        for sub in ("queue", "processed"):
+        for sub in ("queue", "processed", "control"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
         options = {
             "data_folder_in": str(folder / "queue"),
             "data_folder_out": str(folder / "queue"),
             "processed_folder": str(folder / "processed"),
+            "control_folder": str(folder / "control"),
             "store_processed": False,
         }
     elif s.resolved_broker_url().startswith(("redis://", "rediss://")):
