@@ -1,0 +1,329 @@
+"""A scripted OpenAI chat-completions server on 127.0.0.1, for tests and the bench.
+
+It is a real HTTP/1.1 server (stdlib, one thread per connection, keep-alive) so the model
+client is exercised end to end: serialisation, status codes, timeouts, retries. It answers
+`POST /v1/chat/completions` from a script of replies and records every request body it
+received, byte for byte, so tests can check the byte-prefix property of the history.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Reply:
+    """A 200 chat completion carrying one assistant message."""
+
+    message: dict[str, Any]
+    finish_reason: str = "stop"
+    usage: dict[str, int] | None = None
+
+
+@dataclass
+class Status:
+    """An error answer: any status code with a JSON (or raw) body."""
+
+    code: int
+    body: Any = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Hang:
+    """Never answer (until the server stops or `seconds` pass): the client must time out."""
+
+    seconds: float = 3600.0
+
+
+@dataclass
+class Drop:
+    """Close the connection without answering: the client sees a connection error."""
+
+
+ScriptItem = Reply | Status | Hang | Drop
+Responder = Callable[[int, bytes], ScriptItem]
+
+
+def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str | None = None) -> dict[str, Any]:
+    """A native tool call as SGLang returns it (arguments as a JSON string)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {
+        "id": call_id or f"call_{next(_ids)}",
+        "type": "function",
+        "function": {"name": name, "arguments": args},
+    }
+
+
+def text_call(name: str, **params: Any) -> str:
+    """A qwen3_coder text tool call, as the model writes it when no parser catches it."""
+    parts = ["<tool_call>", f"<function={name}>"]
+    for key, value in params.items():
+        shown = json.dumps(value) if isinstance(value, bool) else str(value)
+        parts += [f"<parameter={key}>", shown, "</parameter>"]
+    parts += ["</function>", "</tool_call>"]
+    return "\n".join(parts)
+
+
+def assistant(
+    content: str | None = None,
+    *,
+    tool_calls: list[dict[str, Any]] | None = None,
+    reasoning: str | None = None,
+    finish_reason: str | None = None,
+    usage: dict[str, int] | None = None,
+) -> Reply:
+    """Shorthand for a reply; the finish reason follows from tool calls unless given."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+    if tool_calls:
+        message["tool_calls"] = [dict(call, index=i) for i, call in enumerate(tool_calls)]
+    reason = finish_reason or ("tool_calls" if tool_calls else "stop")
+    return Reply(message=message, finish_reason=reason, usage=usage)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: tests read the recorded requests instead."""
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length)
+        owner = self.server.owner
+        started = time.perf_counter()
+        baseline = self.path.rstrip("/").endswith("/baseline")
+        item = owner._baseline_reply if baseline else owner._next(body, dict(self.headers.items()))
+        if isinstance(item, Hang):
+            owner._stopping.wait(item.seconds)
+            self.close_connection = True
+            return
+        if isinstance(item, Drop):
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if isinstance(item, Reply):
+            payload = owner._completion(item)
+            status = 200
+            extra: dict[str, str] = {}
+        else:
+            payload = item.body if isinstance(item.body, bytes) else json.dumps(item.body).encode()
+            status, extra = item.code, item.headers
+        self._answer(status, payload, extra)
+        (owner.baseline_seconds if baseline else owner.server_seconds).append(time.perf_counter() - started)
+
+    def do_GET(self) -> None:
+        if self.path.rstrip("/").endswith("/stats"):
+            payload = json.dumps(self.server.owner.stats()).encode()
+        else:
+            payload = b'{"object":"list","data":[{"id":"scripted","object":"model"}]}'
+        self._answer(200, payload, {})
+
+    def _answer(self, status: int, payload: bytes, extra: dict[str, str]) -> None:
+        head = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}",
+                "Content-Type: application/json", f"Content-Length: {len(payload)}"]
+        head += [f"{k}: {v}" for k, v in extra.items()]
+        # One write for head and body: no Nagle/delayed-ACK stall on loopback.
+        self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = False
+    owner: ScriptedOpenAIServer
+
+
+class ScriptedOpenAIServer:
+    """Serve a script of replies (or a responder function) and record every request.
+
+    Use as a context manager. `base_url` ends in `/v1` like SGLang's. `requests` holds the raw
+    bodies in arrival order (unless `record=False`, for long bench runs), `headers` their
+    headers; `server_seconds` the handler's own time from having read a body to having written
+    the answer. Whether each request's messages extend the previous one's byte for byte is
+    counted as requests arrive (`prefix_ok` of `prefix_pairs`). `POST .../baseline` answers
+    `baseline_reply` without touching the script or the counts: the bench's transport baseline.
+    """
+
+    def __init__(
+        self,
+        script: Iterable[ScriptItem] | Responder = (),
+        *,
+        model: str = "scripted",
+        record: bool = True,
+        baseline_reply: Reply | None = None,
+        port: int = 0,
+    ) -> None:
+        self._responder: Responder | None = script if callable(script) else None
+        self._script: list[ScriptItem] = [] if callable(script) else list(script)
+        self.model = model
+        self.record = record
+        self.requests: list[bytes] = []
+        self.headers: list[dict[str, str]] = []
+        self.server_seconds: list[float] = []
+        self.baseline_seconds: list[float] = []
+        self.count = 0
+        self.prefix_ok = 0
+        self.prefix_pairs = 0
+        self._last_span: bytes | None = None
+        self._baseline_reply = baseline_reply or assistant("baseline")
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server = _Server(("127.0.0.1", port), _Handler)
+        self._server.owner = self
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def add(self, *items: ScriptItem) -> None:
+        """Append replies to the script while the server runs."""
+        with self._lock:
+            self._script.extend(items)
+
+    def request_json(self, index: int) -> dict[str, Any]:
+        """Decode one recorded request body."""
+        decoded: dict[str, Any] = json.loads(self.requests[index])
+        return decoded
+
+    def start(self) -> ScriptedOpenAIServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> ScriptedOpenAIServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """Counts and timings, for the bench (served at GET /v1/stats)."""
+        return {
+            "requests": self.count,
+            "prefix_ok": self.prefix_ok,
+            "prefix_pairs": self.prefix_pairs,
+            "server_seconds": list(self.server_seconds),
+            "baseline_seconds": list(self.baseline_seconds),
+        }
+
+    def _next(self, body: bytes, headers: dict[str, str]) -> ScriptItem:
+        with self._lock:
+            index = self.count
+            self.count += 1
+            if self.record:
+                self.requests.append(body)
+                self.headers.append(headers)
+            self._track_prefix(body)
+            if self._responder is not None:
+                return self._responder(index, body)
+            if not self._script:
+                return Status(500, {"error": {"message": "scripted server: script exhausted"}})
+            return self._script.pop(0)
+
+    def _track_prefix(self, body: bytes) -> None:
+        try:
+            span = messages_span(body)
+        except (ValueError, UnicodeDecodeError):
+            span = b""
+        if self._last_span is not None:
+            self.prefix_pairs += 1
+            if span.startswith(self._last_span[:-1]) and len(span) > len(self._last_span):
+                self.prefix_ok += 1
+        self._last_span = span
+
+    def _completion(self, reply: Reply) -> bytes:
+        usage = reply.usage or {"prompt_tokens": 100, "completion_tokens": 10}
+        usage = {**usage, "total_tokens": usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)}
+        payload = {
+            "id": f"chatcmpl-{len(self.requests)}",
+            "object": "chat.completion",
+            "created": 0,
+            "model": self.model,
+            "choices": [{"index": 0, "message": reply.message, "finish_reason": reply.finish_reason}],
+            "usage": usage,
+        }
+        return json.dumps(payload).encode()
+
+
+def messages_span(body: bytes) -> bytes:
+    """The raw bytes of a request's `messages` array, exactly as sent."""
+    key_bytes = b'"messages":['
+    start_bytes = body.rfind(key_bytes)
+    if start_bytes >= 0 and body.endswith(b"]}") and body.count(key_bytes) == 1:
+        return body[start_bytes + len(key_bytes) - 1:-1]  # messages is the last field: no parse
+    text = body.decode("utf-8")
+    key = '"messages":'
+    start = text.index(key) + len(key)
+    while text[start].isspace():
+        start += 1
+    _, end = json.JSONDecoder().raw_decode(text, start)
+    return text[start:end].encode("utf-8")
+
+
+def prefix_extensions(bodies: list[bytes]) -> tuple[int, int]:
+    """(how many requests extend the previous one's messages byte for byte, how many pairs)."""
+    spans = [messages_span(body) for body in bodies]
+    good = 0
+    for before, after in itertools.pairwise(spans):
+        # Drop the closing bracket: the next array must continue exactly where this one stopped.
+        if after.startswith(before[:-1]) and len(after) > len(before):
+            good += 1
+    return good, max(0, len(spans) - 1)
+
+
+def main() -> None:
+    """Serve endless tool-calling replies in a process of its own (the bench's model).
+
+    Prints `PORT <n>` once listening; stops on SIGTERM or when stdin closes.
+    """
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--reasoning-chars", type=int, default=400)
+    args = parser.parse_args()
+    reasoning = ("Reading the output and deciding the next command. " * 50)[: args.reasoning_chars]
+    counter = itertools.count()
+
+    def respond(index: int, body: bytes) -> ScriptItem:
+        call = tool_call("Bash", {"command": "cat output.txt"}, f"call_{next(counter)}")
+        usage = {"prompt_tokens": 1000, "completion_tokens": 60}
+        return assistant(None, reasoning=reasoning, tool_calls=[call], usage=usage)
+
+    server = ScriptedOpenAIServer(respond, record=False)
+    signal.signal(signal.SIGTERM, lambda *_: server._stopping.set())
+    server.start()
+    print(f"PORT {server._server.server_address[1]}", flush=True)
+    def stop_when_stdin_closes() -> None:
+        sys.stdin.read()
+        server._stopping.set()
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    server._stopping.wait()
+    server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""Whole Leaf runs: a scripted model over real HTTP, an in-process sandbox double."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.doubles.openai_server import (
+    Hang,
+    ScriptedOpenAIServer,
+    Status,
+    assistant,
+    prefix_extensions,
+    text_call,
+    tool_call,
+)
+from tests.doubles.sandbox_double import SandboxDouble
+from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, history_message, run_leaf, trim_output
+from worker.leaf.model import ModelReply, OpenAIChatModel, ReplayModel, Usage
+from worker.leaf.tools import TOOL_SCHEMAS
+
+Serve = Callable[..., ScriptedOpenAIServer]
+ClientFor = Callable[..., OpenAIChatModel]
+SYSTEM = "You are a software-engineering agent in a checked-out repository."
+
+
+def run(model: Any, sandbox: SandboxDouble | None = None, **kwargs: Any) -> LeafResult:
+    return run_leaf(model, sandbox or SandboxDouble(), "Fix the bug.", system_prompt=SYSTEM, **kwargs)
+
+
+def assert_prefix_chain(server: ScriptedOpenAIServer) -> None:
+    good, pairs = prefix_extensions(server.requests)
+    assert good == pairs, f"only {good} of {pairs} requests extend the previous one byte for byte"
+    assert (server.prefix_ok, server.prefix_pairs) == (good, pairs)  # the server's own online count
+
+
+def tool_messages(result: LeafResult) -> list[dict[str, Any]]:
+    return [m for m in result.messages if m["role"] == "tool"]
+
+
+def test_native_calls_then_final_answer(serve: Serve, client_for: ClientFor) -> None:
+    sandbox = SandboxDouble(files={"src/calc.py": "def add(a, b):\n    return a - b\n"},
+                            bash={"pytest -q": (0, "1 passed", "")})
+    server = serve(
+        assistant(None, reasoning="Look first.", tool_calls=[tool_call("Read", {"file_path": "src/calc.py"}, "c1")]),
+        assistant("Fixing.", tool_calls=[tool_call(
+            "Edit", {"file_path": "src/calc.py", "old_string": "a - b", "new_string": "a + b"}, "c2")]),
+        assistant(None, tool_calls=[tool_call("Bash", {"command": "pytest -q", "timeout": 60}, "c3")]),
+        assistant("Fixed the sign in add().", reasoning="Tests pass."),
+    )
+    steps: list[StepRecord] = []
+    result = run(client_for(server), sandbox, on_step=steps.append)
+
+    assert result.exit_reason == "agent"
+    assert result.steps == 4 and len(steps) == 4 and result.records == steps
+    assert result.final_answer == "Fixed the sign in add()."
+    assert result.error is None
+    assert sandbox.files["src/calc.py"] == "def add(a, b):\n    return a + b\n"
+    assert [name for name, _ in sandbox.calls] == ["Read", "Edit", "Bash"]
+    assert sandbox.calls[2][1] == {"command": "pytest -q", "timeout": 60}
+    # History: system, user, then assistant/tool pairs, the assistant messages as returned.
+    assert [m["role"] for m in result.messages] == [
+        "system", "user", "assistant", "tool", "assistant", "tool", "assistant", "tool", "assistant",
+    ]
+    assert result.messages[0] == {"role": "system", "content": SYSTEM}
+    assert result.messages[2]["reasoning_content"] == "Look first."
+    assert result.messages[2]["tool_calls"][0]["id"] == "c1"
+    assert result.messages[3] == {"role": "tool", "tool_call_id": "c1",
+                                  "content": "src/calc.py\n1. def add(a, b):\n2.     return a - b"}
+    assert result.messages[-1] == {"role": "assistant", "content": "Fixed the sign in add().",
+                                   "reasoning_content": "Tests pass."}
+    # Every request carried the five tools and the whole history so far.
+    for index in range(4):
+        body = server.request_json(index)
+        assert body["tools"] == TOOL_SCHEMAS
+        assert body["messages"] == result.messages[: len(body["messages"])]
+    assert server.request_json(3)["messages"] == result.messages[:-1]
+    assert_prefix_chain(server)
+    assert result.usage.calls == 4 and result.usage.prompt_tokens == 400 and result.usage.completion_tokens == 40
+    assert steps[0].to_dict()["tool_calls"][0]["name"] == "Read"
+
+
+def test_parallel_calls_run_in_order_each_answered(serve: Serve, client_for: ClientFor) -> None:
+    sandbox = SandboxDouble(files={"a.py": "A", "b.py": "B"})
+    server = serve(
+        assistant(None, tool_calls=[
+            tool_call("Read", {"file_path": "a.py"}, "p1"),
+            tool_call("Read", {"file_path": "b.py"}, "p2"),
+            tool_call("Glob", {"pattern": "*.py"}, "p3"),
+        ]),
+        assistant("Both read."),
+    )
+    result = run(client_for(server), sandbox)
+    assert result.exit_reason == "agent"
+    assert [c[1].get("file_path") or c[1].get("pattern") for c in sandbox.calls] == ["a.py", "b.py", "*.py"]
+    assert [(m["tool_call_id"], m["content"]) for m in tool_messages(result)] == [
+        ("p1", "a.py\n1. A"), ("p2", "b.py\n1. B"), ("p3", "a.py\nb.py"),
+    ]
+    assert_prefix_chain(server)
+
+
+def test_text_calls_get_synthetic_ids_and_the_message_stays_as_returned(
+    serve: Serve, client_for: ClientFor
+) -> None:
+    sandbox = SandboxDouble(files={"a.py": "x = 1\ny = 2\n"})
+    content = "<think>Read two lines.</think>\n" + text_call("Read", file_path="a.py", offset=2, limit=1) + "\n" + \
+        text_call("Edit", file_path="a.py", old_string="y = 2", new_string="y = 3", replace_all=False)
+    server = serve(assistant(content), assistant("Done."))
+    result = run(client_for(server), sandbox)
+
+    assert result.exit_reason == "agent"
+    assert sandbox.calls == [
+        ("Read", {"file_path": "a.py", "offset": 2, "limit": 1}),
+        ("Edit", {"file_path": "a.py", "old_string": "y = 2", "new_string": "y = 3", "replace_all": False}),
+    ]
+    assert result.messages[2] == {"role": "assistant", "content": content}  # not rewritten
+    assert [m["tool_call_id"] for m in tool_messages(result)] == ["call_text_0_0", "call_text_0_1"]
+    assert tool_messages(result)[0]["content"] == "a.py\n2. y = 2"
+    assert result.records[0].text_calls is True
+    assert_prefix_chain(server)
+
+
+def test_text_call_left_in_reasoning_content(serve: Serve, client_for: ClientFor) -> None:
+    sandbox = SandboxDouble(files={"a.py": "A"})
+    server = serve(assistant("", reasoning="I need the file.\n" + text_call("Read", file_path="a.py")),
+                   assistant("ok"))
+    result = run(client_for(server), sandbox)
+    assert sandbox.calls == [("Read", {"file_path": "a.py"})]
+    assert result.messages[2] == {"role": "assistant", "content": "",
+                                  "reasoning_content": "I need the file.\n" + text_call("Read", file_path="a.py")}
+    assert result.exit_reason == "agent"
+
+
+def test_malformed_text_call_is_answered_with_an_error(serve: Serve, client_for: ClientFor) -> None:
+    broken = "<tool_call>\n<function=Read>\n<parameter=file_path>\na.py\n</function>\n</tool_call>"
+    server = serve(assistant(broken), assistant("giving up"))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert sandbox.calls == []
+    [answer] = tool_messages(result)
+    assert answer["content"].startswith("ToolCallFormatError: ")
+    assert result.exit_reason == "agent"
+
+
+def test_broken_json_arguments_and_unknown_tool_go_back_to_the_model(
+    serve: Serve, client_for: ClientFor
+) -> None:
+    server = serve(
+        assistant(None, tool_calls=[
+            tool_call("Read", '{"file_path": "a.py"', "j1"),
+            tool_call("Read", "[1, 2]", "j2"),
+            tool_call("Browse", {"url": "http://example.com"}, "j3"),
+            tool_call("Read", {"file_path": "a.py"}, "j4"),
+        ]),
+        assistant("ok"),
+    )
+    sandbox = SandboxDouble(files={"a.py": "A"})
+    result = run(client_for(server), sandbox)
+    answers = [m["content"] for m in tool_messages(result)]
+    assert answers[0].startswith("JSONDecodeError: ")
+    assert answers[1].startswith("TypeError: tool arguments must be a JSON object")
+    assert answers[2] == "Unknown tool: Browse"
+    assert answers[3] == "a.py\n1. A"
+    assert sandbox.calls == [("Read", {"file_path": "a.py"})]
+    assert [c.rejected for c in result.records[0].calls] == [True, True, True, False]
+    assert result.exit_reason == "agent"
+
+
+def test_finish_reason_length_ends_the_run(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(assistant("partial <tool_call>\n<function=Re", finish_reason="length",
+                             usage={"prompt_tokens": 1000, "completion_tokens": 8192}))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert result.exit_reason == "max_tokens_per_turn"
+    assert sandbox.calls == []
+    assert result.messages[-1]["content"].startswith("partial")
+
+
+def test_length_with_tool_calls_does_not_run_them(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(assistant(None, tool_calls=[tool_call("Bash", {"command": "rm -rf /"})], finish_reason="length",
+                             usage={"prompt_tokens": 131000, "completion_tokens": 72}))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert result.exit_reason == "max_context_len"  # the turn was cut because the context ran out
+    assert sandbox.calls == []
+
+
+def test_server_errors_are_retried_within_a_run(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(Status(500), Status(502), assistant("fine"))
+    result = run(client_for(server))
+    assert (result.exit_reason, result.final_answer) == ("agent", "fine")
+    assert len(server.requests) == 3
+
+
+def test_server_that_never_answers_ends_with_llm_query_error(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(Hang(), Hang())
+    started = time.monotonic()
+    result = run(client_for(server, timeout=0.3, max_retries=1))
+    assert result.exit_reason == "llm_query_error"
+    assert result.error and "timed out" in result.error
+    assert time.monotonic() - started < 2.0
+    assert result.steps == 1 and result.records == []
+
+
+def test_context_overflow_answer_ends_with_max_context_len(serve: Serve, client_for: ClientFor) -> None:
+    overflow = "The input (131100 tokens) is longer than the model's context length (131072 tokens)."
+    server = serve(
+        assistant(None, tool_calls=[tool_call("Glob", {"pattern": "**/*"})]),
+        Status(400, {"object": "error", "code": 400, "message": overflow}),
+    )
+    result = run(client_for(server))
+    assert result.exit_reason == "max_context_len"
+    assert result.error and "context length" in result.error
+    assert len(server.requests) == 2
+
+
+def test_usage_reaching_the_context_limit_ends_the_run(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"})],
+                             usage={"prompt_tokens": 120_000, "completion_tokens": 1_000}))
+    result = run(client_for(server), limits=LeafLimits(max_context_tokens=121_000))
+    assert result.exit_reason == "max_context_len"
+    assert result.steps == 1
+    assert result.usage.context_tokens >= 121_000
+
+
+def test_max_turns(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(*[assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"})]) for _ in range(5)])
+    result = run(client_for(server), limits=LeafLimits(max_steps=3))
+    assert (result.exit_reason, result.steps, len(server.requests)) == ("max_turns", 3, 3)
+    assert_prefix_chain(server)
+
+
+def test_max_time(serve: Serve, client_for: ClientFor) -> None:
+    now = [0.0]
+
+    def clock() -> float:
+        now[0] += 40.0
+        return now[0]
+
+    server = serve(*[assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"})]) for _ in range(5)])
+    result = run(client_for(server), limits=LeafLimits(max_seconds=100.0), clock=clock)
+    assert result.exit_reason == "max_time"
+    assert result.steps == 2  # started at 40: steps at 80 and 120 fit, the check at 160 does not
+
+
+def test_model_call_cut_by_the_run_deadline_is_max_time(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(Hang(), Hang())
+    started = time.monotonic()
+    result = run(client_for(server, timeout=30.0), limits=LeafLimits(max_seconds=0.4))
+    assert result.exit_reason == "max_time"
+    assert time.monotonic() - started < 2.0
+
+
+def test_sandbox_failure_is_tool_error(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(assistant(None, tool_calls=[tool_call("Bash", {"command": "ls"})]), assistant("never"))
+    result = run(client_for(server), SandboxDouble(fail_on={"Bash"}))
+    assert result.exit_reason == "tool_error"
+    assert result.error and result.error.startswith("SandboxError: ")
+    assert len(server.requests) == 1
+
+
+def test_cancel_between_tool_calls(serve: Serve, client_for: ClientFor) -> None:
+    sandbox = SandboxDouble(files={"a.py": "A"})
+    server = serve(assistant(None, tool_calls=[tool_call("Read", {"file_path": "a.py"}),
+                                               tool_call("Bash", {"command": "make"})]))
+    result = run(client_for(server), sandbox, cancel=lambda: len(sandbox.calls) >= 1)
+    assert result.exit_reason == "cancelled"
+    assert [name for name, _ in sandbox.calls] == ["Read"]
+    assert len(result.records) == 1  # the partial step was still reported
+
+
+def test_cancel_before_the_first_call(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(assistant("never"))
+    result = run(client_for(server), cancel=lambda: True)
+    assert (result.exit_reason, result.steps, server.requests) == ("cancelled", 0, [])
+
+
+def test_tool_output_is_trimmed_once_when_appended(serve: Serve, client_for: ClientFor) -> None:
+    sandbox = SandboxDouble(bash={"big": (0, "x" * 5000, "")})
+    server = serve(assistant(None, tool_calls=[tool_call("Bash", {"command": "big"})]), assistant("ok"))
+    result = run(client_for(server), sandbox, limits=LeafLimits(max_tool_output_chars=1000))
+    [answer] = tool_messages(result)
+    full = "Exit code: 0\nSTDOUT:\n" + "x" * 5000 + "\nSTDERR:\n"
+    assert answer["content"] == full[:1000] + f"\n[truncated {len(full) - 1000} chars]"
+    assert server.request_json(1)["messages"][-1] == answer
+    assert trim_output("abcdef", 3) == "abc\n[truncated 3 chars]"
+    assert trim_output("abc", 3) == "abc"
+
+
+def test_on_step_failure_does_not_end_the_run(serve: Serve, client_for: ClientFor) -> None:
+    def broken(record: StepRecord) -> None:
+        raise RuntimeError("database is gone")
+
+    server = serve(assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"})]), assistant("done"))
+    assert run(client_for(server), on_step=broken).exit_reason == "agent"
+
+
+def test_history_message_keeps_only_what_the_template_reads() -> None:
+    returned: dict[str, Any] = {"role": "assistant", "content": "hi", "reasoning_content": None, "tool_calls": [],
+                "refusal": None, "function_call": None}
+    assert history_message(returned) == {"role": "assistant", "content": "hi"}
+
+
+def test_replay_reproduces_a_run(serve: Serve, client_for: ClientFor) -> None:
+    script = [
+        assistant(None, tool_calls=[tool_call("Write", {"file_path": "n.py", "content": "print(1)\n"}, "w1")]),
+        assistant(text_call("Read", file_path="n.py")),
+        assistant("All good."),
+    ]
+    server = serve(*script)
+    first = run(client_for(server), SandboxDouble())
+    replayed = run(ReplayModel(ModelReply(m, None) for m in first.messages if m["role"] == "assistant"),
+                   SandboxDouble())
+    assert replayed.exit_reason == first.exit_reason == "agent"
+    assert json.dumps(replayed.messages) == json.dumps(first.messages)
+
+
+def test_usage_totals_use_server_reports() -> None:
+    replies = [ModelReply({"role": "assistant", "content": None,
+                           "tool_calls": [tool_call("Glob", {"pattern": "*"}, "g")]}, "tool_calls",
+                          Usage(100 * (i + 1), 5, 0)) for i in range(2)]
+    replies.append(ModelReply({"role": "assistant", "content": "end"}, "stop", None))
+    result = run(ReplayModel(replies))
+    assert result.usage.prompt_tokens == 300 and result.usage.completion_tokens == 10
+    assert result.usage.calls == 3
+
+
+@pytest.mark.parametrize("fail", [True, False])
+def test_model_client_bug_is_llm_query_error(fail: bool) -> None:
+    class Exploding:
+        def complete(self, *args: Any, **kwargs: Any) -> ModelReply:
+            raise KeyError("bug")
+
+    result = run(Exploding() if fail else ReplayModel([]))
+    assert result.exit_reason == "llm_query_error"

@@ -1,0 +1,57 @@
+"""Leaf: the five-tool agent loop FrogNano was trained on, with its model client and records.
+
+Knows only the Sandbox protocol (`call_tool`) and an OpenAI-compatible model endpoint; it
+imports no database, queue or web code, so the worker, `manage.py fix` and `replay` share it.
+"""
+
+from worker.leaf.loop import (
+    EXIT_REASONS,
+    LeafLimits,
+    LeafResult,
+    StepRecord,
+    ToolCallRecord,
+    ToolSandbox,
+    UsageTotals,
+    run_leaf,
+)
+from worker.leaf.model import (
+    ContextOverflow,
+    ModelClient,
+    ModelError,
+    ModelQueryError,
+    ModelReply,
+    OpenAIChatModel,
+    ReplayModel,
+    SamplingParams,
+    Usage,
+)
+from worker.leaf.prompts import render_task, system_prompt
+from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS
+from worker.leaf.trajectory import HARNESS_VERSION, TRAJECTORY_FORMAT, TrajectoryWriter
+
+__all__ = [
+    "EXIT_REASONS",
+    "HARNESS_VERSION",
+    "TOOL_NAMES",
+    "TOOL_SCHEMAS",
+    "TRAJECTORY_FORMAT",
+    "ContextOverflow",
+    "LeafLimits",
+    "LeafResult",
+    "ModelClient",
+    "ModelError",
+    "ModelQueryError",
+    "ModelReply",
+    "OpenAIChatModel",
+    "ReplayModel",
+    "SamplingParams",
+    "StepRecord",
+    "ToolCallRecord",
+    "ToolSandbox",
+    "TrajectoryWriter",
+    "Usage",
+    "UsageTotals",
+    "render_task",
+    "run_leaf",
+    "system_prompt",
+]

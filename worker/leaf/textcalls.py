@@ -1,0 +1,250 @@
+"""Tool calls that arrive as text in the qwen3_coder form, and inline `<think>` reasoning.
+
+SGLang's `qwen3_coder` parser normally turns these into `message.tool_calls`; when it is not
+running, or misses one, the call stays in `content` (or, when the model wrote it before closing
+its thinking, in `reasoning_content`). This module reads them back. It never raises: a call it
+cannot read becomes a `TextCall` with an `error`, which the loop answers as a tool error so the
+model can write it again. Parameter values are kept raw (strings); `tools.coerce_arguments`
+types them by schema.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+OPEN_CALL: Final = "<tool_call>"
+CLOSE_CALL: Final = "</tool_call>"
+OPEN_FUNCTION: Final = "<function="
+CLOSE_FUNCTION: Final = "</function>"
+OPEN_PARAM: Final = "<parameter="
+CLOSE_PARAM: Final = "</parameter>"
+OPEN_THINK: Final = "<think>"
+CLOSE_THINK: Final = "</think>"
+
+ERROR_NAME: Final = "ToolCallFormatError"
+_FORM_HINT: Final = (
+    "Write each call as <tool_call>, <function=NAME>, one <parameter=NAME>value</parameter> per "
+    "argument, </function>, </tool_call>, each tag on its own line."
+)
+_FUNCTION_TAG = re.compile(r"<function=([^<>\n]*)>")
+_PARAM_TAG = re.compile(r"<parameter=([^<>\n]*)>")
+_START = re.compile(re.escape(OPEN_CALL) + "|" + re.escape(OPEN_FUNCTION))
+_NEXT_CALL = re.compile(re.escape(CLOSE_CALL) + r"\s*(?:" + re.escape(OPEN_CALL) + "|" + re.escape(OPEN_FUNCTION) + ")")
+_SNIPPET = 60
+
+
+@dataclass(frozen=True)
+class TextCall:
+    """One call read from text. `error` set means: do not run it, answer with the error."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    typed: bool = False  # arguments already carry JSON types (the JSON form of a call)
+
+
+@dataclass(frozen=True)
+class TextParse:
+    """What a reply's text holds: calls in order, and the visible text without the thinking."""
+
+    calls: list[TextCall]
+    visible: str
+    inline_reasoning: str | None
+
+
+class _Malformed(Exception):
+    """Internal: a call block that cannot be read; carries where scanning may resume."""
+
+    def __init__(self, message: str, resume: int | None = None) -> None:
+        super().__init__(message)
+        self.resume = resume
+
+
+def split_think(text: str) -> tuple[str | None, str]:
+    """Split inline reasoning from the rest: `(reasoning, visible)`.
+
+    The qwen3 chat template opens `<think>` inside the prompt, so a reply may hold only the
+    closing tag: everything before a lone `</think>` is reasoning. An unclosed `<think>` (a
+    reply cut short) runs to the end.
+    """
+    close = text.find(CLOSE_THINK)
+    if close >= 0:
+        before = text[:close]
+        after = text[close + len(CLOSE_THINK):]
+        opened = before.find(OPEN_THINK)
+        if opened >= 0:
+            return before[opened + len(OPEN_THINK):], before[:opened] + after
+        return before, after
+    opened = text.find(OPEN_THINK)
+    if opened >= 0:
+        return text[opened + len(OPEN_THINK):], text[:opened]
+    return None, text
+
+
+def extract_text_calls(content: str | None, reasoning_content: str | None = None) -> TextParse:
+    """Read the text calls of one assistant reply.
+
+    Calls in the visible content win; only when it holds none are the inline thinking and then
+    `reasoning_content` searched (where the qwen3 reasoning parser leaves a call written before
+    the model closed its thinking). In reasoning, only complete calls and broken
+    `<tool_call>` blocks count, so thinking that merely mentions a tag does not become a call.
+    """
+    inline, visible = split_think(content or "")
+    calls = parse_tool_calls(visible)
+    if not calls:
+        for source in (inline, reasoning_content):
+            if source and (OPEN_CALL in source or OPEN_FUNCTION in source):
+                calls = parse_tool_calls(source, in_reasoning=True)
+                if calls:
+                    break
+    return TextParse(calls=calls, visible=visible, inline_reasoning=inline)
+
+
+def parse_tool_calls(text: str, *, in_reasoning: bool = False) -> list[TextCall]:
+    """Every call block of `text`, in order; never raises."""
+    calls: list[TextCall] = []
+    pos = 0
+    while True:
+        match = _START.search(text, pos)
+        if match is None:
+            return calls
+        start = match.start()
+        wrapped = match.group() == OPEN_CALL
+        try:
+            call, pos = _read_block(text, start, wrapped)
+        except _Malformed as exc:
+            resume = exc.resume if exc.resume is not None else _resume_after(text, start, wrapped)
+            pos = max(resume, start + 1)
+            if wrapped or not in_reasoning:
+                calls.append(TextCall(name="", error=f"{ERROR_NAME}: {exc} {_FORM_HINT}"))
+            continue
+        except Exception as exc:  # pragma: no cover - a parser bug must not end the run
+            pos = start + 1
+            calls.append(TextCall(name="", error=f"{ERROR_NAME}: could not read a tool call ({exc!r})."))
+            continue
+        if call is not None:
+            calls.append(call)
+
+
+def _read_block(text: str, start: int, wrapped: bool) -> tuple[TextCall | None, int]:
+    """Read one block at `start`; returns the call (None for a mere mention) and the end."""
+    if not wrapped:
+        return _read_function(text, start)
+    body = _skip_ws(text, start + len(OPEN_CALL))
+    if text.startswith(OPEN_FUNCTION, body):
+        call, end = _read_function(text, body)
+        after = _skip_ws(text, end)
+        if text.startswith(CLOSE_CALL, after):
+            end = after + len(CLOSE_CALL)
+        return call, end
+    close = text.find(CLOSE_CALL, body)
+    if close < 0:
+        return None, body  # `<tool_call>` with nothing call-like after it: prose, not a call
+    inner = text[body:close].strip()
+    if inner.startswith("{"):
+        return _read_json_call(inner), close + len(CLOSE_CALL)
+    raise _Malformed(
+        f"a <tool_call> block must start with <function=NAME>; found {_snippet(inner)}.",
+        close + len(CLOSE_CALL),
+    )
+
+
+def _read_function(text: str, start: int) -> tuple[TextCall, int]:
+    tag = _FUNCTION_TAG.match(text, start)
+    if tag is None:
+        raise _Malformed(f"unreadable function tag {_snippet(text[start:])}; expected <function=NAME>.")
+    name = tag.group(1).strip()
+    if not name:
+        raise _Malformed("a <function=...> tag without a tool name.")
+    arguments: dict[str, Any] = {}
+    pos = tag.end()
+    while True:
+        pos = _skip_ws(text, pos)
+        if text.startswith(CLOSE_FUNCTION, pos):
+            return TextCall(name=name, arguments=arguments), pos + len(CLOSE_FUNCTION)
+        if text.startswith(OPEN_PARAM, pos):
+            key, value, pos = _read_parameter(text, pos, name)
+            if key in arguments:
+                raise _Malformed(f"parameter '{key}' of {name} is given twice.")
+            arguments[key] = value
+            continue
+        if pos >= len(text):
+            raise _Malformed(f"<function={name}> is not closed with {CLOSE_FUNCTION}.")
+        raise _Malformed(
+            f"unexpected text inside <function={name}>: {_snippet(text[pos:])}; "
+            f"expected <parameter=NAME> or {CLOSE_FUNCTION}."
+        )
+
+
+def _read_parameter(text: str, start: int, function: str) -> tuple[str, str, int]:
+    tag = _PARAM_TAG.match(text, start)
+    if tag is None:
+        raise _Malformed(f"unreadable parameter tag in <function={function}>: {_snippet(text[start:])}.")
+    key = tag.group(1).strip()
+    if not key:
+        raise _Malformed(f"a <parameter=...> tag without a name in <function={function}>.")
+    value_start = tag.end()
+    # The value ends at the first </parameter> that is followed by the next tag: a value may
+    # itself contain the closing tag text (source code of a parser, say). It never runs across
+    # the end of a call into the next one: that would swallow the next call.
+    search = value_start
+    crossing = _NEXT_CALL.search(text, value_start)
+    boundary = crossing.start() if crossing else len(text)
+    while True:
+        close = text.find(CLOSE_PARAM, search)
+        if close < 0 or close > boundary:
+            raise _Malformed(f"parameter '{key}' of {function} is not closed with {CLOSE_PARAM}.")
+        after = _skip_ws(text, close + len(CLOSE_PARAM))
+        if text.startswith((OPEN_PARAM, CLOSE_FUNCTION), after) or after >= len(text):
+            break
+        search = close + 1
+    value = text[value_start:close]
+    if value.startswith("\n"):
+        value = value[1:]
+    if value.endswith("\n"):
+        value = value[:-1]
+    return key, value, close + len(CLOSE_PARAM)
+
+
+def _read_json_call(inner: str) -> TextCall:
+    """The Hermes JSON form (`{"name": ..., "arguments": {...}}`), which Qwen models also write."""
+    try:
+        data = json.loads(inner)
+    except ValueError as exc:
+        return TextCall(name="", error=f"{ERROR_NAME}: the JSON in a <tool_call> block is invalid ({exc}).")
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return TextCall(name="", error=f"{ERROR_NAME}: a JSON tool call needs a \"name\". {_FORM_HINT}")
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if isinstance(arguments, str):
+        with contextlib.suppress(ValueError):
+            arguments = json.loads(arguments)
+    if not isinstance(arguments, dict):
+        return TextCall(name=data["name"], error=f"{ERROR_NAME}: tool arguments must be a JSON object.")
+    return TextCall(name=data["name"], arguments=arguments, typed=True)
+
+
+def _resume_after(text: str, start: int, wrapped: bool) -> int:
+    """Where scanning goes on after a broken block: its `</tool_call>` or the next block."""
+    found = [text.find(CLOSE_CALL, start), text.find(OPEN_CALL, start + 1)]
+    if not wrapped:
+        found.append(text.find(OPEN_FUNCTION, start + 1))
+    ends = [i for i in found if i >= 0]
+    if not ends:
+        return len(text)
+    end = min(ends)
+    return end + len(CLOSE_CALL) if text.startswith(CLOSE_CALL, end) else end
+
+
+def _skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _snippet(text: str) -> str:
+    shown = text[:_SNIPPET].replace("\n", "\\n")
+    return repr(shown + ("..." if len(text) > _SNIPPET else ""))

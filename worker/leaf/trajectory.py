@@ -1,0 +1,167 @@
+"""The saved trajectory: Leaf's `leaf-function-calling` JSON plus FrogFix's own fields.
+
+Written atomically (temporary file, fsync, rename) after every step, so a crash or a kill
+leaves the last complete step on disk, never half a file. Everything saved passes through
+`redact` first, string by string, so a configured secret cannot reach the file however it
+appears. Messages are append-only, so each one is redacted and encoded once and the file is
+assembled from cached pieces: a write costs O(new messages) of encoding plus the disk write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from worker.leaf.loop import LeafResult, StepRecord
+from worker.leaf.tools import TOOL_SCHEMAS
+
+TRAJECTORY_FORMAT: Final = "leaf-function-calling"
+FORMAT_VERSION: Final = 1
+HARNESS_VERSION: Final = "frogfix-leaf/0.1.0"
+
+
+def _identity(text: str) -> str:
+    return text
+
+
+def redact_value(value: Any, redact: Callable[[str], str]) -> Any:
+    """Apply `redact` to every string (keys included) of a JSON-like value."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {redact(str(k)): redact_value(v, redact) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact_value(v, redact) for v in value]
+    return value
+
+
+def _encode(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+class TrajectoryWriter:
+    """Keeps one trajectory file up to date; `on_step` plugs straight into `run_leaf`.
+
+    `fields` are extra top-level fields (issue, project, ...); they are redacted too.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        job_id: str | int | None,
+        model: str,
+        sampling: Mapping[str, Any],
+        base_commit: str | None = None,
+        harness_version: str = HARNESS_VERSION,
+        tools: Sequence[Mapping[str, Any]] = TOOL_SCHEMAS,
+        redact: Callable[[str], str] | None = None,
+        fields: Mapping[str, Any] | None = None,
+        fsync: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self._redact = redact or _identity
+        self._fsync = fsync
+        self._meta: dict[str, Any] = {
+            "trajectory_format": TRAJECTORY_FORMAT,
+            "format_version": FORMAT_VERSION,
+            "job_id": job_id,
+            "model": model,
+            "sampling": dict(sampling),
+            "harness_version": harness_version,
+            "base_commit": base_commit,
+            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            **(dict(fields) if fields else {}),
+        }
+        self._tools = _encode(redact_value(list(tools), self._redact))
+        self._state: dict[str, Any] = {
+            "exit_reason": None, "partial": True, "error": None, "final_message": "",
+        }
+        self._steps: list[dict[str, Any]] = []
+        self._messages: list[str] = []  # redacted, encoded; append-only like the history
+        self._seen: list[Mapping[str, Any]] = []
+        self._started = time.monotonic()
+        self.writes = 0
+
+    def on_step(self, record: StepRecord) -> None:
+        """Record one step and rewrite the file."""
+        self._steps.append(record.to_dict())
+        self._take(record.history)
+        self._state["n_steps"] = len(self._steps)
+        self._state["context_tokens"] = record.context_tokens
+        self.write()
+
+    def finish(
+        self, result: LeafResult, *, patch: str | None = None, fields: Mapping[str, Any] | None = None
+    ) -> Path:
+        """Record how the run ended (and the patch, when taken) and write the final file."""
+        self._take(result.messages)
+        self._state.update(
+            exit_reason=result.exit_reason,
+            partial=False,
+            error=result.error,
+            final_message=result.final_answer,
+            n_steps=result.steps,
+            usage=result.usage.to_dict(),
+            timings={
+                "elapsed_s": round(result.elapsed_s, 3),
+                "model_s": round(result.model_seconds, 3),
+                "tools_s": round(result.tool_seconds, 3),
+            },
+        )
+        if patch is not None:
+            self._state["output_patch"] = patch
+        if fields:
+            self._state.update(fields)
+        self.write()
+        return self.path
+
+    def _take(self, history: Sequence[Mapping[str, Any]]) -> None:
+        """Encode the messages not yet seen. The history only grows; a rewrite is a bug."""
+        seen = len(self._seen)
+        if len(history) < seen or any(history[i] is not self._seen[i] for i in range(max(0, seen - 2), seen)):
+            raise ValueError("trajectory history was rewritten; it must be append-only")
+        for message in history[seen:]:
+            self._seen.append(message)
+            self._messages.append(_encode(redact_value(message, self._redact)))
+
+    def document(self) -> dict[str, Any]:
+        """The trajectory as a dict (what the file holds)."""
+        data: dict[str, Any] = json.loads(self._render())
+        return data
+
+    def _render(self) -> str:
+        head = dict(self._meta)
+        head.update(self._state)
+        head["updated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+        head.setdefault("timings", {"elapsed_s": round(time.monotonic() - self._started, 3)})
+        head["steps"] = self._steps
+        encoded_head = _encode(redact_value(head, self._redact))
+        return (
+            encoded_head[:-1]
+            + ',"tools":' + self._tools
+            + ',"messages":[' + ",".join(self._messages) + "]}"
+        )
+
+    def write(self) -> None:
+        """Replace the file atomically: readers see the old or the new version, whole."""
+        text = self._render().encode("utf-8")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(text)
+                handle.flush()
+                if self._fsync:
+                    os.fsync(handle.fileno())
+            os.replace(temporary, self.path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        self.writes += 1
