@@ -1,0 +1,298 @@
+"""The API side of the Forge seam: what the worker asks of GitLab or Gitea once a job runs.
+
+Webhook parsing (base.py, gitlab.py, gitea.py) is pure and needs no network; this module is
+the part that talks to the forge: re-read an issue, find who added the trigger label, check
+that person may trigger, open or update the one draft MR for a job, comment on the issue.
+Two implementations: gitlab_api.GitLabForge (python-gitlab) and gitea_api.GiteaForge (httpx).
+
+Rules that hold for every implementation:
+- every text posted (titles, descriptions, comments) goes through `OutboundText`: our own
+  token is always scrubbed, the caller's `redact` runs, and the result is size-bounded;
+- every exception is a ForgeError whose message is safe to show (scrubbed the same way);
+- transient failures (429, 5xx, timeouts, dropped connections) are retried inside a bounded
+  budget (retry.RetryPolicy) and surface as ForgeTransient only when that budget is spent.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+Redactor = Callable[[str], str]
+
+REDACTED = "[REDACTED]"
+DEFAULT_TEXT_LIMIT = 250_000  # far below GitLab's ~1,000,000 and Gitea's database limits
+TITLE_LIMIT = 250  # GitLab caps MR titles at 255 characters
+ERROR_DETAIL_LIMIT = 300  # how much of a forge's own error message we quote
+
+GITLAB_DRAFT_PREFIX = "Draft: "
+GITEA_DRAFT_PREFIX = "WIP: "
+# Prefixes either forge may already have put on a title we re-send, so an update never doubles them.
+_KNOWN_DRAFT_PREFIX = re.compile(r"^\s*(?:(?:draft|wip)\s*:|\[(?:draft|wip)\]|\((?:draft|wip)\)|draft\s+-)\s*", re.I)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class ForgeError(Exception):
+    """A forge call failed for good. `str(exc)` is safe to show: it never holds a token."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+class ForgeTransient(ForgeError):
+    """Worth trying again later (429, 5xx, timeout); `retry_after` is the forge's hint in seconds."""
+
+    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
+        super().__init__(message, status=status)
+        self.retry_after = retry_after
+
+
+class ForgeNotFound(ForgeError):
+    """The project, issue, user or MR does not exist, or the token may not see it."""
+
+
+class ForgeAuthError(ForgeError):
+    """The token was refused (401) or lacks a right it needs (403): an operator must act."""
+
+
+class ForgeConflict(ForgeError):
+    """The forge refused because the thing already exists (e.g. an open MR for that branch)."""
+
+
+def error_for_status(status: int | None, message: str, *, retry_after: float | None = None) -> ForgeError:
+    """Map an HTTP status to the error class the caller acts on (retry, reject, alert)."""
+    if status == 401:
+        return ForgeAuthError(f"{message} (the forge token was rejected)", status=status)
+    if status == 403:
+        return ForgeAuthError(f"{message} (the forge token lacks permission)", status=status)
+    if status == 404:
+        return ForgeNotFound(message, status=status)
+    if status == 409:
+        return ForgeConflict(message, status=status)
+    if status in (408, 425, 429) or (status is not None and status >= 500):
+        return ForgeTransient(message, status=status, retry_after=retry_after)
+    return ForgeError(message, status=status)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the forge answers, normalised
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Issue:
+    """An issue as the forge has it now (not as a possibly stale webhook said)."""
+
+    project: str
+    number: int
+    title: str
+    body: str
+    state: Literal["open", "closed"]
+    labels: tuple[str, ...]
+    web_url: str
+    author: str | None
+
+
+@dataclass(frozen=True)
+class ProjectInfo:
+    """Where to clone from and which branch a fix targets."""
+
+    path: str  # GitLab path_with_namespace, Gitea owner/name
+    id: str
+    default_branch: str
+    clone_url: str  # plain HTTP(S) URL, never with credentials in it
+    web_url: str
+
+
+@dataclass(frozen=True)
+class MergeRequest:
+    """A GitLab merge request or Gitea pull request; `number` is its iid / index in the project."""
+
+    id: int
+    number: int
+    web_url: str
+    draft: bool
+    source_branch: str
+    target_branch: str
+    title: str
+    description: str
+    state: str
+
+
+# ---------------------------------------------------------------------------------------------
+# The protocol
+# ---------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Forge(Protocol):
+    """One forge's API, as the pipeline uses it. Projects are `group/sub/name` paths (or ids)."""
+
+    @property
+    def kind(self) -> Literal["gitlab", "gitea"]: ...
+
+    def get_issue(self, project: str, number: int) -> Issue: ...
+
+    def label_adder(self, project: str, number: int, label: str) -> str | None: ...
+
+    def can_trigger(self, project: str, username: str) -> bool: ...
+
+    def project_info(self, project: str) -> ProjectInfo: ...
+
+    def find_open_mr(self, project: str, source_branch: str) -> MergeRequest | None: ...
+
+    def create_draft_mr(
+        self, project: str, source_branch: str, target_branch: str, title: str, description: str
+    ) -> MergeRequest: ...
+
+    def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest: ...
+
+    def comment(self, project: str, number: int, body: str) -> None: ...
+
+    def git_auth_header(self) -> str: ...
+
+    def close(self) -> None: ...
+
+
+def upsert_draft_mr(
+    forge: Forge, project: str, source_branch: str, target_branch: str, title: str, description: str
+) -> tuple[MergeRequest, bool]:
+    """Update the open MR for `source_branch`, or open a draft one; `(mr, created)`.
+
+    A redelivered job or a race with another worker must never open a second MR: when the
+    forge says one already exists (409), the existing one is found and updated instead.
+    """
+    existing = forge.find_open_mr(project, source_branch)
+    if existing is not None:
+        return forge.update_mr(project, existing, title, description), False
+    try:
+        return forge.create_draft_mr(project, source_branch, target_branch, title, description), True
+    except ForgeConflict:
+        existing = forge.find_open_mr(project, source_branch)
+        if existing is None:
+            raise
+        return forge.update_mr(project, existing, title, description), False
+
+
+# ---------------------------------------------------------------------------------------------
+# Outbound text: redaction and size bounds
+# ---------------------------------------------------------------------------------------------
+
+
+def bound_text(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` characters, with a note saying how much was dropped."""
+    if len(text) <= limit:
+        return text
+
+    def note(dropped: int) -> str:
+        return f"\n\n[... trimmed by FrogFix: {dropped:,} characters not shown ...]"
+
+    keep = max(0, limit - len(note(len(text))))
+    return (text[:keep] + note(len(text) - keep))[:limit]
+
+
+def strip_draft_prefix(title: str) -> str:
+    """The title without any Draft:/WIP:/[Draft]/[WIP]/(Draft) prefix, so ours is never doubled."""
+    previous = None
+    while previous != title:
+        previous, title = title, _KNOWN_DRAFT_PREFIX.sub("", title, count=1)
+    return title.strip()
+
+
+def has_prefix(title: str, prefixes: Iterable[str]) -> bool:
+    """Case-insensitive prefix test, as Gitea and GitLab decide draft state from a title."""
+    upper = title.lstrip().upper()
+    return any(upper.startswith(p.strip().upper()) for p in prefixes)
+
+
+class OutboundText:
+    """Scrubs and bounds everything a client sends or says: our token never leaves in a post or error."""
+
+    def __init__(
+        self,
+        secrets: Iterable[str],
+        redact: Redactor | None = None,
+        limit: int = DEFAULT_TEXT_LIMIT,
+        title_limit: int = TITLE_LIMIT,
+    ) -> None:
+        # Longest first so a secret that contains another is replaced whole.
+        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._redact = redact
+        self.limit = limit
+        self.title_limit = title_limit
+
+    def scrub(self, text: str) -> str:
+        """Remove our own secrets (and their Basic-auth encodings), then apply the caller's redactor."""
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        if self._redact is not None:
+            text = self._redact(text)
+        return text
+
+    def body(self, text: str) -> str:
+        return bound_text(self.scrub(text), self.limit)
+
+    def title(self, prefix: str, text: str) -> str:
+        """One line, our draft prefix exactly once, short enough for every forge."""
+        clean = " ".join(self.scrub(strip_draft_prefix(text)).split()) or "FrogFix"
+        room = self.title_limit - len(prefix)
+        if len(clean) > room:
+            clean = clean[: room - 3] + "..."
+        return prefix + clean
+
+    def error(self, text: str) -> str:
+        """A forge's error text, scrubbed and short enough for a log line or the dashboard."""
+        text = self.scrub(text).replace("\r", " ").replace("\n", " ").strip()
+        return text if len(text) <= ERROR_DETAIL_LIMIT else text[: ERROR_DETAIL_LIMIT - 3] + "..."
+
+
+def basic_auth_header(username: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode("ascii")
+
+
+def secret_forms(token: str) -> list[str]:
+    """The token and the Basic-auth encodings we build from it: all must be scrubbed."""
+    if not token:
+        return []
+    return [
+        token,
+        basic_auth_header("oauth2", token).split(" ", 1)[1],
+        basic_auth_header(token, "x-oauth-basic").split(" ", 1)[1],
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Git over HTTP: how the token reaches git without touching any config file
+# ---------------------------------------------------------------------------------------------
+
+
+def git_auth_env(
+    header_value: str, url: str | None = None, base_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Environment that makes one git command send `Authorization: <header_value>`.
+
+    It uses git's GIT_CONFIG_COUNT/KEY/VALUE variables (git >= 2.31), so the token is in no
+    config file and not on the command line (where `ps` would show it). With `url`, the header
+    is scoped to that URL prefix (`http.<url>.extraHeader`), so a submodule or a redirect to
+    another host never receives it. Entries already in `base_env` are kept and appended to.
+    """
+    env = dict(base_env) if base_env is not None else {}
+    try:
+        count = int(env.get("GIT_CONFIG_COUNT", "0") or "0")
+    except ValueError:
+        count = 0
+    key = f"http.{url}.extraHeader" if url else "http.extraHeader"
+    env[f"GIT_CONFIG_KEY_{count}"] = key
+    env[f"GIT_CONFIG_VALUE_{count}"] = f"Authorization: {header_value}"
+    env["GIT_CONFIG_COUNT"] = str(count + 1)
+    env["GIT_TERMINAL_PROMPT"] = "0"  # never block on a password prompt
+    return env

@@ -1,0 +1,333 @@
+"""Gitea (and Forgejo) through its REST API over httpx: the Forge protocol for the worker.
+
+The API has no "draft" flag to set: a pull request is work in progress when its title starts
+with one of the instance's WORK_IN_PROGRESS_PREFIXES (default `WIP:` and `[WIP]`). Newer
+versions report `draft` in the answer; older ones do not, and then the title decides.
+`transport` is the httpx seam tests use; production passes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Literal
+from urllib.parse import quote
+
+import httpx
+
+from app.forge.client import (
+    DEFAULT_TEXT_LIMIT,
+    GITEA_DRAFT_PREFIX,
+    ForgeAuthError,
+    ForgeError,
+    ForgeNotFound,
+    ForgeTransient,
+    Issue,
+    MergeRequest,
+    OutboundText,
+    ProjectInfo,
+    Redactor,
+    basic_auth_header,
+    error_for_status,
+    has_prefix,
+    secret_forms,
+)
+from app.forge.retry import RetryPolicy, parse_retry_after
+
+TRIGGER_PERMISSIONS = frozenset({"write", "admin", "owner"})
+GITEA_WIP_PREFIXES = ("WIP:", "[WIP]")  # Gitea's default [repository.pull-request] WORK_IN_PROGRESS_PREFIXES
+PAGE_SIZE = 50  # Gitea's default MAX_RESPONSE_ITEMS
+MAX_PAGES = 100  # a bound on any listing, so a huge timeline cannot keep a worker busy forever
+
+
+class GiteaForge:
+    """The Forge protocol over Gitea's REST API v1."""
+
+    kind: Literal["gitea"] = "gitea"
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        redact: Redactor | None = None,
+        text_limit: int = DEFAULT_TEXT_LIMIT,
+        transport: httpx.BaseTransport | None = None,
+        verify: bool | str = True,
+        wip_prefixes: tuple[str, ...] = GITEA_WIP_PREFIXES,
+    ) -> None:
+        if not url:
+            raise ForgeError("no Gitea URL is configured (set FROGFIX_GITEA_URL)")
+        if not token:
+            raise ForgeError("no Gitea token is configured (set FROGFIX_GITEA_TOKEN)")
+        self._token = token
+        self._text = OutboundText(secret_forms(token), redact, text_limit)
+        self._retry = retry or RetryPolicy()
+        self._wip_prefixes = wip_prefixes
+        self._http = httpx.Client(
+            base_url=url.rstrip("/") + "/api/v1",
+            headers={"Authorization": f"token {token}", "Accept": "application/json", "User-Agent": "FrogFix"},
+            timeout=timeout,
+            transport=transport,
+            verify=verify,
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    @staticmethod
+    def _repo_path(project: str) -> str:
+        parts = project.strip("/").split("/")
+        if len(parts) != 2 or not all(parts):
+            raise ForgeError(f"a Gitea project is owner/name, not {project[:200]!r}")
+        return "/repos/" + "/".join(quote(p, safe="") for p in parts)
+
+    def _request(
+        self, method: str, path: str, what: str, *, params: dict[str, Any] | None = None, json: Any = None
+    ) -> Any:
+        """One HTTP exchange with errors translated; no retrying here (see `_call`)."""
+        error: ForgeError
+        try:
+            response = self._http.request(method, path, params=params, json=json)
+        except httpx.TimeoutException:
+            error = ForgeTransient(f"Gitea {what}: timed out")
+        except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+            error = ForgeTransient(f"Gitea {what}: {type(exc).__name__} talking to the server")
+        except httpx.HTTPError as exc:
+            error = ForgeError(f"Gitea {what}: {type(exc).__name__}: {self._text.error(str(exc))}")
+        else:
+            return self._answer(response, what)
+        raise error  # outside the except blocks: httpx's exception is not chained to ours
+
+    def _answer(self, response: httpx.Response, what: str) -> Any:
+        """The JSON of a 2xx answer, or the ForgeError its status means."""
+        if response.is_success:
+            if response.status_code == 204 or not response.content:
+                return None
+            try:
+                return response.json()
+            except ValueError:
+                raise ForgeError(f"Gitea {what}: the answer is not JSON (is FROGFIX_GITEA_URL right?)") from None
+        if 300 <= response.status_code < 400:
+            raise ForgeError(
+                f"Gitea {what}: the server redirected (HTTP {response.status_code}); check FROGFIX_GITEA_URL"
+            )
+        detail = ""
+        try:
+            body = response.json()
+            if isinstance(body, dict):
+                detail = str(body.get("message") or body.get("error") or "")
+        except ValueError:
+            detail = response.text[:500]
+        message = f"Gitea {what}: HTTP {response.status_code} {self._text.error(detail)}".rstrip()
+        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        raise error_for_status(response.status_code, message, retry_after=retry_after)
+
+    def _call(
+        self, method: str, path: str, what: str, *, params: dict[str, Any] | None = None, json: Any = None
+    ) -> Any:
+        return self._retry.call(what, lambda: self._request(method, path, what, params=params, json=json))
+
+    def _object(self, method: str, path: str, what: str, *, json: Any = None) -> dict[str, Any]:
+        """A call whose answer must be one JSON object."""
+        data = self._call(method, path, what, json=json)
+        if not isinstance(data, dict):
+            raise ForgeError(f"Gitea {what}: expected a JSON object")
+        return data
+
+    def _pages(self, path: str, what: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Every item of a paginated listing, up to MAX_PAGES pages."""
+        items: list[dict[str, Any]] = []
+        for page in range(1, MAX_PAGES + 1):
+            batch = self._call("GET", path, what, params={**(params or {}), "page": page, "limit": PAGE_SIZE})
+            if not isinstance(batch, list):
+                raise ForgeError(f"Gitea {what}: expected a list")
+            items.extend(b for b in batch if isinstance(b, dict))
+            if len(batch) < PAGE_SIZE:
+                break
+        return items
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def get_issue(self, project: str, number: int) -> Issue:
+        what = f"read issue #{number} of {project}"
+        data = self._object("GET", f"{self._repo_path(project)}/issues/{int(number)}", what)
+        if data.get("pull_request"):
+            raise ForgeNotFound(f"Gitea {what}: #{number} is a pull request, not an issue")
+        user = data.get("user") or {}
+        return Issue(
+            project=project,
+            number=int(data.get("number", number)),
+            title=str(data.get("title") or ""),
+            body=str(data.get("body") or ""),
+            state="closed" if data.get("state") == "closed" else "open",
+            labels=tuple(str(label["name"]) for label in data.get("labels") or () if isinstance(label, dict)),
+            web_url=str(data.get("html_url") or ""),
+            author=user.get("login") or user.get("username"),
+        )
+
+    def label_adder(self, project: str, number: int, label: str) -> str | None:
+        """Who most recently added `label`, from the issue timeline (Gitea >= 1.15).
+
+        A label timeline entry has type "label" (an integer 7 in old versions) and body "1"
+        when the label was added, "" when it was removed.
+        """
+        what = f"read the timeline of #{number} in {project}"
+        entries = self._pages(f"{self._repo_path(project)}/issues/{int(number)}/timeline", what)
+        added = [
+            e
+            for e in entries
+            if e.get("type") in ("label", 7)
+            and str(e.get("body") or "") == "1"
+            and isinstance(e.get("label"), dict)
+            and e["label"].get("name") == label
+        ]
+        if not added:
+            return None
+        latest = max(added, key=lambda e: (str(e.get("created_at") or ""), int(e.get("id") or 0)))
+        user = latest.get("user") or {}
+        return user.get("login") or user.get("username")
+
+    def can_trigger(self, project: str, username: str) -> bool:
+        """True for `write`, `admin` or `owner` on the repository; an unknown user is refused."""
+        what = f"read the permission of {username} on {project}"
+        path = f"{self._repo_path(project)}/collaborators/{quote(username, safe='')}/permission"
+        try:
+            data = self._object("GET", path, what)
+        except ForgeNotFound:
+            return False
+        except ForgeAuthError as exc:
+            if exc.status == 403:
+                raise ForgeAuthError(
+                    f"{exc.message}; Gitea lets only repository admins read another user's permission, "
+                    "so the FrogFix account needs admin on this repository",
+                    status=403,
+                ) from None
+            raise
+        return str(data.get("permission") or "").lower() in TRIGGER_PERMISSIONS
+
+    def project_info(self, project: str) -> ProjectInfo:
+        data = self._object("GET", self._repo_path(project), f"read repository {project}")
+        branch = data.get("default_branch")
+        if not branch:
+            raise ForgeError(f"Gitea repository {project} has no default branch (is it empty?)")
+        return ProjectInfo(
+            path=str(data.get("full_name") or project),
+            id=str(data.get("id")),
+            default_branch=str(branch),
+            clone_url=str(data.get("clone_url") or ""),
+            web_url=str(data.get("html_url") or ""),
+        )
+
+    def find_open_mr(self, project: str, source_branch: str) -> MergeRequest | None:
+        pulls = self._pages(
+            f"{self._repo_path(project)}/pulls", f"list open pull requests of {project}", {"state": "open"}
+        )
+        ours = [p for p in pulls if self._is_ours(p, source_branch)]
+        if not ours:
+            return None
+        return self._mr(min(ours, key=lambda p: int(p.get("number") or 0)))
+
+    def create_draft_mr(
+        self, project: str, source_branch: str, target_branch: str, title: str, description: str
+    ) -> MergeRequest:
+        what = f"open a draft pull request from {source_branch} in {project}"
+        payload = {
+            "head": source_branch,
+            "base": target_branch,
+            "title": self._text.title(GITEA_DRAFT_PREFIX, title),
+            "body": self._text.body(description),
+        }
+        path = f"{self._repo_path(project)}/pulls"
+        tried = False
+
+        def attempt() -> Any:
+            nonlocal tried
+            if tried:
+                # The last POST may have succeeded before the connection failed: never open a second PR.
+                for pull in self._request("GET", path, what, params={"state": "open", "limit": PAGE_SIZE}) or []:
+                    if isinstance(pull, dict) and self._is_ours(pull, source_branch):
+                        return pull
+            tried = True
+            return self._request("POST", path, what, json=payload)
+
+        data = self._retry.call(what, attempt)
+        mr = self._mr(data)
+        if not isinstance(data.get("draft"), bool):
+            mr = replace(mr, draft=self._issue_says_draft(project, mr))
+        if not mr.draft:
+            raise ForgeError(
+                f"Gitea opened #{mr.number} in {project} but it is not a draft (is {GITEA_DRAFT_PREFIX.strip()!r} "
+                "among the instance's WORK_IN_PROGRESS_PREFIXES?); FrogFix only opens drafts, please check it"
+            )
+        return mr
+
+    def _issue_says_draft(self, project: str, mr: MergeRequest) -> bool:
+        """Gitea's own verdict: the issue view of a pull request carries `pull_request.draft` (1.17+)."""
+        what = f"read the draft state of #{mr.number} in {project}"
+        try:
+            issue = self._object("GET", f"{self._repo_path(project)}/issues/{mr.number}", what)
+        except ForgeNotFound:
+            return mr.draft
+        meta = issue.get("pull_request")
+        if isinstance(meta, dict) and isinstance(meta.get("draft"), bool):
+            return bool(meta["draft"])
+        return mr.draft
+
+    def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest:
+        payload = {"title": self._text.title(GITEA_DRAFT_PREFIX, title), "body": self._text.body(description)}
+        path = f"{self._repo_path(project)}/pulls/{int(mr.number)}"
+        data = self._object("PATCH", path, f"update #{mr.number} in {project}", json=payload)
+        return self._mr(data)
+
+    def comment(self, project: str, number: int, body: str) -> None:
+        self._call(
+            "POST",
+            f"{self._repo_path(project)}/issues/{int(number)}/comments",
+            f"comment on #{number} in {project}",
+            json={"body": self._text.body(body)},
+        )
+
+    def git_auth_header(self) -> str:
+        """HTTP Basic with the token as user name and `x-oauth-basic` as password.
+
+        Gitea (every version since the Gogs days) takes the user name as the token when the
+        password is empty or `x-oauth-basic`, so no account name is needed.
+        """
+        return basic_auth_header(self._token, "x-oauth-basic")
+
+    # -- shapes ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _is_ours(pull: dict[str, Any], source_branch: str) -> bool:
+        """An open PR from `source_branch` of this same repository (not from a fork with that name)."""
+        head, base = pull.get("head") or {}, pull.get("base") or {}
+        # `label` is the branch name; `ref` falls back to refs/pull/N/head when the branch is gone.
+        if source_branch not in (head.get("ref"), head.get("label")) or pull.get("state", "open") != "open":
+            return False
+        head_repo, base_repo = head.get("repo_id"), base.get("repo_id")
+        return head_repo is None or base_repo is None or head_repo == base_repo
+
+    def _mr(self, data: Any) -> MergeRequest:
+        if not isinstance(data, dict):
+            raise ForgeError("Gitea answered a pull request request with something that is not an object")
+        title = str(data.get("title") or "")
+        draft = data.get("draft")
+        if draft is None:
+            draft = has_prefix(title, self._wip_prefixes)
+        head, base = data.get("head") or {}, data.get("base") or {}
+        return MergeRequest(
+            id=int(data.get("id") or 0),
+            number=int(data.get("number") or 0),
+            web_url=str(data.get("html_url") or ""),
+            draft=bool(draft),
+            source_branch=str(head.get("ref") or ""),
+            target_branch=str(base.get("ref") or ""),
+            title=title,
+            description=str(data.get("body") or ""),
+            state=str(data.get("state") or ""),
+        )

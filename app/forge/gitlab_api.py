@@ -1,0 +1,281 @@
+"""GitLab through python-gitlab: the Forge protocol for the worker.
+
+python-gitlab's own retrying is off (`retry_transient_errors=False` on the client and
+`obey_rate_limit=False` on every call: its 429 loop would sleep up to ten times with no time
+bound), so RetryPolicy decides. python-gitlab's exceptions do not carry response headers, so a
+session response hook remembers the last Retry-After seen on this thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import gitlab
+import gitlab.exceptions
+import requests
+
+from app.forge.client import (
+    DEFAULT_TEXT_LIMIT,
+    GITLAB_DRAFT_PREFIX,
+    ForgeError,
+    ForgeNotFound,
+    ForgeTransient,
+    Issue,
+    MergeRequest,
+    OutboundText,
+    ProjectInfo,
+    Redactor,
+    basic_auth_header,
+    error_for_status,
+    secret_forms,
+)
+from app.forge.retry import RetryPolicy, parse_retry_after
+
+T = TypeVar("T")
+
+DEVELOPER = 30  # GitLab access levels: 10 guest, 20 reporter, 30 developer, 40 maintainer, 50 owner
+# Passed to every python-gitlab call so that only RetryPolicy retries.
+_ONCE: dict[str, Any] = {"obey_rate_limit": False, "retry_transient_errors": False}
+
+
+class GitLabForge:
+    """The Forge protocol over GitLab's REST API v4 (python-gitlab)."""
+
+    kind: Literal["gitlab"] = "gitlab"
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        redact: Redactor | None = None,
+        text_limit: int = DEFAULT_TEXT_LIMIT,
+        min_access_level: int = DEVELOPER,
+        ssl_verify: bool | str = True,
+    ) -> None:
+        if not url:
+            raise ForgeError("no GitLab URL is configured (set FROGFIX_GITLAB_URL)")
+        if not token:
+            raise ForgeError("no GitLab token is configured (set FROGFIX_GITLAB_TOKEN)")
+        self._token = token
+        self._text = OutboundText(secret_forms(token), redact, text_limit)
+        self._retry = retry or RetryPolicy()
+        self._min_access = min_access_level
+        self._seen = threading.local()
+        self._gl = gitlab.Gitlab(
+            url, private_token=token, timeout=timeout, retry_transient_errors=False, ssl_verify=ssl_verify
+        )
+        self._gl.session.hooks["response"].append(self._remember_retry_after)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _remember_retry_after(self, response: requests.Response, *args: Any, **kwargs: Any) -> None:
+        self._seen.retry_after = response.headers.get("Retry-After")
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """One logical call: translated errors, bounded retries."""
+
+        def attempt() -> T:
+            self._seen.retry_after = None
+            try:
+                return fn()
+            except gitlab.exceptions.GitlabError as exc:
+                error = self._translate(what, exc)
+            except (
+                requests.exceptions.ConnectionError,
+                requests.exceptions.Timeout,
+                requests.exceptions.ChunkedEncodingError,
+            ) as exc:
+                error = ForgeTransient(f"GitLab {what}: {type(exc).__name__} talking to the server")
+            except requests.exceptions.RequestException as exc:
+                error = ForgeError(f"GitLab {what}: {type(exc).__name__}: {self._text.error(str(exc))}")
+            # Raised outside the except blocks so the library's exception (and the response it
+            # holds) is not chained to ours: only the scrubbed message travels on.
+            raise error
+
+        return self._retry.call(what, attempt)
+
+    def _translate(self, what: str, exc: gitlab.exceptions.GitlabError) -> ForgeError:
+        status = exc.response_code
+        detail = self._text.error(str(exc.error_message or ""))
+        if isinstance(exc, gitlab.exceptions.RedirectError):
+            return ForgeError(f"GitLab {what}: the server redirected ({detail}); check FROGFIX_GITLAB_URL")
+        if status is None:
+            return ForgeError(f"GitLab {what}: {type(exc).__name__}: {detail}")
+        retry_after = parse_retry_after(getattr(self._seen, "retry_after", None))
+        return error_for_status(status, f"GitLab {what}: HTTP {status} {detail}".rstrip(), retry_after=retry_after)
+
+    def _project(self, project: str) -> Any:
+        """A lazy project handle (no request): python-gitlab URL-encodes a path_with_namespace."""
+        return self._gl.projects.get(project, lazy=True)
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def get_issue(self, project: str, number: int) -> Issue:
+        data = self._call(
+            f"read issue #{number} of {project}",
+            lambda: self._project(project).issues.get(number, **_ONCE).attributes,
+        )
+        state: Literal["open", "closed"] = "closed" if data.get("state") == "closed" else "open"
+        labels = tuple((label["name"] if isinstance(label, dict) else str(label)) for label in data.get("labels") or ())
+        author = data.get("author") or {}
+        return Issue(
+            project=project,
+            number=int(data.get("iid", number)),
+            title=str(data.get("title") or ""),
+            body=str(data.get("description") or ""),
+            state=state,
+            labels=labels,
+            web_url=str(data.get("web_url") or ""),
+            author=author.get("username"),
+        )
+
+    def label_adder(self, project: str, number: int, label: str) -> str | None:
+        """Who most recently added `label`, from the issue's resource label events."""
+
+        def events() -> list[dict[str, Any]]:
+            issue = self._project(project).issues.get(number, lazy=True)
+            return [e.attributes for e in issue.resourcelabelevents.list(get_all=True, **_ONCE)]
+
+        found = self._call(f"read label events of #{number} in {project}", events)
+        added = [
+            e
+            for e in found
+            if e.get("action") == "add" and isinstance(e.get("label"), dict) and e["label"].get("name") == label
+        ]
+        if not added:
+            return None
+        latest = max(added, key=lambda e: (str(e.get("created_at") or ""), int(e.get("id") or 0)))
+        user = latest.get("user") or {}
+        return user.get("username")
+
+    def can_trigger(self, project: str, username: str) -> bool:
+        """True when `username` has at least developer access (direct or inherited) and is active."""
+        users = self._call(
+            f"look up user {username}",
+            lambda: [u.attributes for u in self._gl.users.list(username=username, get_all=False, **_ONCE)],
+        )
+        match = [u for u in users if str(u.get("username", "")).lower() == username.lower()]
+        if not match:
+            return False
+        user_id = match[0]["id"]
+        try:
+            member = self._call(
+                f"read access of {username} to {project}",
+                lambda: self._project(project).members_all.get(user_id, **_ONCE).attributes,
+            )
+        except ForgeNotFound:
+            return False
+        state = member.get("state", "active")
+        return int(member.get("access_level") or 0) >= self._min_access and state == "active"
+
+    def project_info(self, project: str) -> ProjectInfo:
+        data = self._call(f"read project {project}", lambda: self._gl.projects.get(project, **_ONCE).attributes)
+        branch = data.get("default_branch")
+        if not branch:
+            raise ForgeError(f"GitLab project {project} has no default branch (is the repository empty?)")
+        return ProjectInfo(
+            path=str(data.get("path_with_namespace") or project),
+            id=str(data.get("id")),
+            default_branch=str(branch),
+            clone_url=str(data.get("http_url_to_repo") or ""),
+            web_url=str(data.get("web_url") or ""),
+        )
+
+    def _open_mrs_from(self, project: str, source_branch: str) -> list[dict[str, Any]]:
+        """Open MRs from `source_branch` of this same project (not from a fork's branch of that name), oldest first."""
+        mrs = self._project(project).mergerequests.list(
+            state="opened", source_branch=source_branch, get_all=True, **_ONCE
+        )
+        ours = [
+            m.attributes
+            for m in mrs
+            if m.attributes.get("source_branch") == source_branch
+            and m.attributes.get("state") == "opened"
+            and m.attributes.get("source_project_id") == m.attributes.get("target_project_id")
+        ]
+        return sorted(ours, key=lambda m: int(m.get("iid") or 0))
+
+    def find_open_mr(self, project: str, source_branch: str) -> MergeRequest | None:
+        found = self._call(
+            f"list open merge requests of {project}", lambda: self._open_mrs_from(project, source_branch)
+        )
+        return self._mr(found[0]) if found else None
+
+    def create_draft_mr(
+        self, project: str, source_branch: str, target_branch: str, title: str, description: str
+    ) -> MergeRequest:
+        payload = {
+            "source_branch": source_branch,
+            "target_branch": target_branch,
+            "title": self._text.title(GITLAB_DRAFT_PREFIX, title),
+            "description": self._text.body(description),
+        }
+        tried = False
+
+        def attempt() -> dict[str, Any]:
+            nonlocal tried
+            if tried:
+                # The last POST may have succeeded before the connection failed: never open a second MR.
+                existing = self._open_mrs_from(project, source_branch)
+                if existing:
+                    return existing[0]
+            tried = True
+            return dict(self._project(project).mergerequests.create(payload, **_ONCE).attributes)
+
+        data = self._call(f"open a draft merge request from {source_branch} in {project}", attempt)
+        mr = self._mr(data)
+        if not mr.draft:
+            raise ForgeError(
+                f"GitLab opened !{mr.number} in {project} but did not mark it as a draft; "
+                "FrogFix only opens drafts, please check it"
+            )
+        return mr
+
+    def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest:
+        payload = {
+            "title": self._text.title(GITLAB_DRAFT_PREFIX, title),
+            "description": self._text.body(description),
+        }
+        data = self._call(
+            f"update !{mr.number} in {project}",
+            lambda: self._project(project).mergerequests.update(mr.number, payload, **_ONCE),
+        )
+        return self._mr(data)
+
+    def comment(self, project: str, number: int, body: str) -> None:
+        payload = {"body": self._text.body(body)}
+        self._call(
+            f"comment on #{number} in {project}",
+            lambda: self._project(project).issues.get(number, lazy=True).notes.create(payload, **_ONCE),
+        )
+
+    def git_auth_header(self) -> str:
+        """HTTP Basic with user `oauth2` and the token as password: GitLab accepts this for git over HTTP."""
+        return basic_auth_header("oauth2", self._token)
+
+    def close(self) -> None:
+        self._gl.session.close()
+
+    # -- shapes ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _mr(data: dict[str, Any]) -> MergeRequest:
+        draft = data.get("draft")
+        if draft is None:  # GitLab before 13.x only says work_in_progress
+            draft = data.get("work_in_progress")
+        return MergeRequest(
+            id=int(data.get("id") or 0),
+            number=int(data.get("iid") or 0),
+            web_url=str(data.get("web_url") or ""),
+            draft=bool(draft),
+            source_branch=str(data.get("source_branch") or ""),
+            target_branch=str(data.get("target_branch") or ""),
+            title=str(data.get("title") or ""),
+            description=str(data.get("description") or ""),
+            state=str(data.get("state") or ""),
+        )

@@ -1,0 +1,409 @@
+"""A stateful Gitea REST API double on 127.0.0.1, built from the shapes of real Gitea payloads.
+
+Same plumbing as the GitLab double (tests/doubles/gitlab_api.py: a real HTTP server, every
+request recorded, fault injection). Users, repositories, issues, pull requests and comments are
+made from the captured Gitea webhook objects in ../shared/fixtures/forge (they are the API's
+own structs serialised), with the fields that matter replaced by the double's state.
+
+Like real Gitea, issues and pull requests share one number sequence per repository, a pull
+request is a draft when its title starts with a WORK_IN_PROGRESS_PREFIX (`WIP:`, `[WIP]`), the
+issue view of a pull request says so under `pull_request.draft`, and only a repository admin may
+read another user's permission. The pull request API of Gitea does not report `draft`;
+`report_draft=True` makes the double answer it as Forgejo does.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from tests.doubles.gitlab_api import FIXTURES, Answer, JsonApiDouble, load_fixture
+
+WIP_PREFIXES = ("WIP:", "[WIP]")  # Gitea's default [repository.pull-request] WORK_IN_PROGRESS_PREFIXES
+NOT_FOUND = {"errors": None, "message": "The target couldn't be found.", "url": ""}
+
+
+def gitea_time() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class GiteaDouble(JsonApiDouble):
+    """Gitea API v1 for one token (owned by `bot_login`).
+
+    State tests assert on: `pulls` (dict (repo, number) -> PR dict, API shape), `comments`
+    (list of comment dicts with `repo` and `issue` added), `requests` (every Recorded request).
+    """
+
+    def __init__(
+        self,
+        token: str = "gitea-double-token",
+        *,
+        fixtures: Path = FIXTURES,
+        bot_login: str = "frogfix-bot",
+        report_draft: bool = False,
+    ) -> None:
+        self.token = token
+        self.report_draft = report_draft
+        self.bot_repo_admin = True  # set False to see Gitea's 403 on reading others' permissions
+        self.wip_prefixes = WIP_PREFIXES  # the instance's WORK_IN_PROGRESS_PREFIXES
+        event = load_fixture(fixtures, "gitea/go-playground_webhooks/issue-label-event.json")
+        self._user_template = event["sender"]
+        self._repo_template = event["repository"]
+        self._issue_template = event["issue"]
+        self._label_template = event["issue"]["labels"][0]
+        self._pull_template = load_fixture(fixtures, "gitea/go-playground_webhooks/pull-request-event.json")[
+            "pull_request"
+        ]
+        self._comment_template = load_fixture(fixtures, "gitea/go-playground_webhooks/issue-comment-event.json")[
+            "comment"
+        ]
+        self.users: dict[str, dict[str, Any]] = {}
+        self.repos: dict[str, dict[str, Any]] = {}
+        self.permissions: dict[tuple[str, str], str] = {}
+        self.issues: dict[tuple[str, int], dict[str, Any]] = {}
+        self.pulls: dict[tuple[str, int], dict[str, Any]] = {}
+        self.timeline: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self.comments: list[dict[str, Any]] = []
+        self._ids = itertools.count(100)
+        super().__init__()
+        self.bot = self.add_user(bot_login)
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        value = headers.get("authorization", "")
+        return value in (f"token {self.token}", f"Bearer {self.token}")
+
+    def unauthorized(self) -> Answer:
+        return Answer(401, {"message": "token is required", "url": f"{self.base_url}/api/swagger"})
+
+    # -- building state --------------------------------------------------------------------
+
+    def add_user(self, login: str) -> dict[str, Any]:
+        user = copy.deepcopy(self._user_template)
+        user.update(
+            id=next(self._ids),
+            login=login,
+            username=login,
+            full_name=login.title(),
+            email=f"{login}@example.invalid",
+            avatar_url=f"{self.base_url}/avatars/{login}",
+        )
+        self.users[login] = user
+        return user
+
+    def add_repo(
+        self, full_name: str, *, default_branch: str = "main", clone_url: str | None = None, private: bool = True
+    ) -> dict[str, Any]:
+        """A repository owned by its owner (who gets `owner`); `clone_url` may point at a git_http double."""
+        owner_login, name = full_name.split("/")
+        owner = self.users.get(owner_login) or self.add_user(owner_login)
+        repo = copy.deepcopy(self._repo_template)
+        repo.update(
+            id=next(self._ids),
+            owner=copy.deepcopy(owner),
+            name=name,
+            full_name=full_name,
+            empty=False,
+            private=private,
+            html_url=f"{self.base_url}/{full_name}",
+            ssh_url=f"git@127.0.0.1:{full_name}.git",
+            clone_url=clone_url or f"{self.base_url}/{full_name}.git",
+            default_branch=default_branch,
+            created_at=gitea_time(),
+            updated_at=gitea_time(),
+        )
+        self.repos[full_name] = repo
+        self.permissions[(full_name, owner_login)] = "owner"
+        self.permissions.setdefault((full_name, self.bot["login"]), "admin")
+        return repo
+
+    def set_permission(self, repo: str, login: str, permission: str) -> None:
+        """`permission` is what Gitea reports: none, read, write, admin or owner."""
+        if login not in self.users:
+            self.add_user(login)
+        self.permissions[(repo, login)] = permission
+
+    def _next_index(self, repo: str) -> int:
+        return 1 + max([n for (r, n) in self.issues if r == repo] or [0])
+
+    def add_issue(
+        self,
+        repo: str,
+        *,
+        title: str = "Crash on empty input",
+        body: str = "Steps to reproduce...",
+        labels: tuple[str, ...] = (),
+        author: str = "reporter",
+        state: str = "open",
+    ) -> dict[str, Any]:
+        number = self._next_index(repo)
+        user = self.users.get(author) or self.add_user(author)
+        issue = copy.deepcopy(self._issue_template)
+        issue.update(
+            id=next(self._ids),
+            url=f"{self.base_url}/api/v1/repos/{repo}/issues/{number}",
+            html_url=f"{self.base_url}/{repo}/issues/{number}",
+            number=number,
+            user=copy.deepcopy(user),
+            title=title,
+            body=body,
+            labels=[],
+            assignee=None,
+            assignees=None,
+            state=state,
+            comments=0,
+            created_at=gitea_time(),
+            updated_at=gitea_time(),
+            pull_request=None,
+            repository={
+                "id": self.repos[repo]["id"],
+                "name": repo.split("/")[1],
+                "owner": repo.split("/")[0],
+                "full_name": repo,
+            },
+        )
+        self.issues[(repo, number)] = issue
+        self.timeline[(repo, number)] = []
+        for label in labels:
+            self.add_label(repo, number, label, by=author)
+        return issue
+
+    def add_label(self, repo: str, number: int, label: str, *, by: str) -> None:
+        """`by` adds `label`: the issue carries it and the timeline gets a `label` entry with body "1"."""
+        issue = self.issues[(repo, number)]
+        if all(existing["name"] != label for existing in issue["labels"]):
+            issue["labels"].append(self._label(repo, label))
+        self._timeline_label(repo, number, label, by, added=True)
+
+    def remove_label(self, repo: str, number: int, label: str, *, by: str) -> None:
+        issue = self.issues[(repo, number)]
+        issue["labels"] = [existing for existing in issue["labels"] if existing["name"] != label]
+        self._timeline_label(repo, number, label, by, added=False)
+
+    def add_timeline_comment(self, repo: str, number: int, body: str, *, by: str) -> None:
+        """A plain comment in the timeline (type `comment`), to show the client skips it."""
+        self.timeline[(repo, number)].append(self._timeline_entry(repo, number, "comment", by, body))
+
+    def _label(self, repo: str, name: str) -> dict[str, Any]:
+        label = copy.deepcopy(self._label_template)
+        label.update(id=abs(hash(name)) % 10**6, name=name, url=f"{self.base_url}/api/v1/repos/{repo}/labels/{name}")
+        return label
+
+    def _timeline_label(self, repo: str, number: int, label: str, by: str, *, added: bool) -> None:
+        entry = self._timeline_entry(repo, number, "label", by, "1" if added else "")
+        entry["label"] = self._label(repo, label)
+        self.timeline[(repo, number)].append(entry)
+
+    def _timeline_entry(self, repo: str, number: int, kind: str, by: str, body: str) -> dict[str, Any]:
+        user = self.users.get(by) or self.add_user(by)
+        entry_id = next(self._ids)
+        return {
+            "id": entry_id,
+            "type": kind,
+            "html_url": f"{self.base_url}/{repo}/issues/{number}#issuecomment-{entry_id}",
+            "pull_request_url": "",
+            "issue_url": f"{self.base_url}/{repo}/issues/{number}",
+            "user": copy.deepcopy(user),
+            "body": body,
+            "created_at": gitea_time(),
+            "updated_at": gitea_time(),
+            "old_project_id": 0,
+            "project_id": 0,
+            "old_milestone": None,
+            "milestone": None,
+            "tracked_time": None,
+            "old_title": "",
+            "new_title": "",
+            "old_ref": "",
+            "new_ref": "",
+            "ref_issue": None,
+            "ref_comment": None,
+            "ref_action": "",
+            "ref_commit_sha": "",
+            "review_id": 0,
+            "label": None,
+            "assignee": None,
+            "assignee_team": None,
+            "removed_assignee": False,
+            "resolve_doer": None,
+            "dependent_issue": None,
+        }
+
+    def add_pull(self, repo: str, head: str, base: str = "main", title: str = "x") -> dict[str, Any]:
+        """A pull request that already exists (e.g. from an earlier run)."""
+        return self._create_pull(repo, head, base, title, "")
+
+    def open_pulls(self, repo: str) -> list[dict[str, Any]]:
+        return [p for (r, _), p in sorted(self.pulls.items()) if r == repo and p["state"] == "open"]
+
+    # -- the API ---------------------------------------------------------------------------
+
+    def route(self, method: str, segments: list[str], query: dict[str, list[str]], body: Any) -> Answer:
+        if segments[:3] != ["api", "v1", "repos"] or len(segments) < 5:
+            return self._not_found()
+        repo_name, rest = f"{segments[3]}/{segments[4]}", segments[5:]
+        repo = self.repos.get(repo_name)
+        if repo is None:
+            return self._not_found()
+        if not rest and method == "GET":
+            return Answer(200, repo)
+        if rest[:1] == ["collaborators"] and rest[2:] == ["permission"] and method == "GET":
+            return self._permission(repo_name, rest[1])
+        if rest[:1] == ["issues"] and len(rest) >= 2 and rest[1].isdigit():
+            issue = self.issues.get((repo_name, int(rest[1])))
+            if issue is None:
+                return self._not_found()
+            if len(rest) == 2 and method == "GET":
+                return Answer(200, issue)
+            if rest[2:] == ["timeline"] and method == "GET":
+                return self._page(self.timeline[(repo_name, issue["number"])], query, rest, repo_name)
+            if rest[2:] == ["comments"] and method == "POST":
+                return self._comment(repo_name, issue, body)
+        if rest == ["pulls"] and method == "GET":
+            state = (query.get("state") or ["open"])[0]
+            found = [p for (r, _), p in sorted(self.pulls.items(), reverse=True) if r == repo_name]
+            if state != "all":
+                found = [p for p in found if p["state"] == state]
+            return self._page(found, query, rest, repo_name)
+        if rest == ["pulls"] and method == "POST":
+            return self._post_pull(repo_name, body)
+        if rest[:1] == ["pulls"] and len(rest) == 2 and rest[1].isdigit():
+            pull = self.pulls.get((repo_name, int(rest[1])))
+            if pull is None:
+                return self._not_found()
+            if method == "GET":
+                return Answer(200, pull)
+            if method == "PATCH":
+                return self._patch_pull(repo_name, pull, body)
+        return self._not_found()
+
+    def _not_found(self) -> Answer:
+        return Answer(404, {**NOT_FOUND, "url": f"{self.base_url}/api/swagger"})
+
+    def _page(self, items: list[Any], query: dict[str, list[str]], rest: list[str], repo: str) -> Answer:
+        page = max(1, int((query.get("page") or ["1"])[0] or 1))
+        limit = min(50, max(1, int((query.get("limit") or ["30"])[0] or 30)))
+        chunk = items[(page - 1) * limit : page * limit]
+        headers = {"X-Total-Count": str(len(items))}
+        if page * limit < len(items):
+            flat = {k: v[-1] for k, v in query.items()}
+            flat.update(page=str(page + 1), limit=str(limit))
+            path = f"/api/v1/repos/{repo}/" + "/".join(rest)
+            headers["Link"] = f'<{self.base_url}{path}?{urlencode(flat)}>; rel="next"'
+        return Answer(200, chunk, headers)
+
+    def _permission(self, repo: str, login: str) -> Answer:
+        if login.lower() != self.bot["login"].lower() and not self.bot_repo_admin:
+            return Answer(
+                403,
+                {
+                    "message": "Only admins can query all permissions, repo admins can query all repo permissions, "
+                    "collaborators can query only their own",
+                    "url": f"{self.base_url}/api/swagger",
+                },
+            )
+        user = self.users.get(login)
+        if user is None:
+            return Answer(404, {"message": f"user redirect does not exist [name: {login}]", "url": ""})
+        default = "none" if self.repos[repo]["private"] else "read"
+        permission = self.permissions.get((repo, login), default)
+        return Answer(200, {"permission": permission, "role_name": permission, "user": user})
+
+    def _comment(self, repo: str, issue: dict[str, Any], body: Any) -> Answer:
+        text = body.get("body") if isinstance(body, dict) else None
+        if not text:
+            return Answer(422, {"message": "[Body]: Required", "url": f"{self.base_url}/api/swagger"})
+        comment = copy.deepcopy(self._comment_template)
+        comment_id = next(self._ids)
+        comment.update(
+            id=comment_id,
+            html_url=f"{issue['html_url']}#issuecomment-{comment_id}",
+            issue_url=issue["html_url"],
+            user=copy.deepcopy(self.bot),
+            body=text,
+            created_at=gitea_time(),
+            updated_at=gitea_time(),
+        )
+        issue["comments"] += 1
+        self.comments.append({**comment, "repo": repo, "issue": issue["number"]})
+        self.timeline[(repo, issue["number"])].append(
+            {**self._timeline_entry(repo, issue["number"], "comment", self.bot["login"], text), "id": comment_id}
+        )
+        return Answer(201, comment)
+
+    def _post_pull(self, repo: str, body: Any) -> Answer:
+        body = body if isinstance(body, dict) else {}
+        for key in ("head", "base", "title"):
+            if not body.get(key):
+                return Answer(422, {"message": f"[{key.title()}]: Required", "url": f"{self.base_url}/api/swagger"})
+        for (r, _), pull in self.pulls.items():
+            same_targets = pull["head"]["ref"] == body["head"] and pull["base"]["ref"] == body["base"]
+            if r == repo and pull["state"] == "open" and same_targets:
+                return Answer(
+                    409,
+                    {
+                        "message": f"pull request already exists for these targets [id: {pull['id']}, "
+                        f"issue_id: {pull['id']}, head_repo_id: {self.repos[repo]['id']}, "
+                        f"base_repo_id: {self.repos[repo]['id']}, head_branch: {body['head']}, "
+                        f"base_branch: {body['base']}]",
+                        "url": f"{self.base_url}/api/swagger",
+                    },
+                )
+        pull = self._create_pull(repo, body["head"], body["base"], body["title"], body.get("body") or "")
+        return Answer(201, pull)
+
+    def _create_pull(self, repo_name: str, head: str, base: str, title: str, text: str) -> dict[str, Any]:
+        repo = self.repos[repo_name]
+        number = self._next_index(repo_name)
+        pull = copy.deepcopy(self._pull_template)
+        pull.update(
+            id=next(self._ids),
+            url=f"{self.base_url}/{repo_name}/pulls/{number}",
+            number=number,
+            user=copy.deepcopy(self.bot),
+            title=title,
+            body=text,
+            labels=[],
+            state="open",
+            html_url=f"{self.base_url}/{repo_name}/pulls/{number}",
+            diff_url=f"{self.base_url}/{repo_name}/pulls/{number}.diff",
+            patch_url=f"{self.base_url}/{repo_name}/pulls/{number}.patch",
+            merged=False,
+            merged_at=None,
+            merge_commit_sha=None,
+            created_at=gitea_time(),
+            updated_at=gitea_time(),
+            closed_at=None,
+        )
+        sha = f"{number:040x}"
+        pull["base"] = {"label": base, "ref": base, "sha": sha, "repo_id": repo["id"], "repo": copy.deepcopy(repo)}
+        pull["head"] = {"label": head, "ref": head, "sha": sha, "repo_id": repo["id"], "repo": copy.deepcopy(repo)}
+        issue = self.add_issue(repo_name, title=title, body=text, author=self.bot["login"])
+        issue.update(html_url=pull["html_url"], pull_request={"merged": False, "merged_at": None, "html_url": ""})
+        self.pulls[(repo_name, number)] = pull
+        self._set_draft(repo_name, pull)
+        return pull
+
+    def _patch_pull(self, repo: str, pull: dict[str, Any], body: Any) -> Answer:
+        body = body if isinstance(body, dict) else {}
+        for key in ("title", "body"):
+            if key in body:
+                pull[key] = body[key]
+                self.issues[(repo, pull["number"])][key] = body[key]
+        if body.get("state") in ("open", "closed"):
+            pull["state"] = body["state"]
+        pull["updated_at"] = gitea_time()
+        self._set_draft(repo, pull)
+        return Answer(201, pull)
+
+    def _set_draft(self, repo: str, pull: dict[str, Any]) -> None:
+        title = pull["title"].upper()
+        draft = any(title.startswith(prefix.upper()) for prefix in self.wip_prefixes)
+        self.issues[(repo, pull["number"])]["pull_request"].update(draft=draft, html_url=pull["html_url"])
+        if self.report_draft:
+            pull["draft"] = draft
+        else:
+            pull.pop("draft", None)

@@ -1,0 +1,649 @@
+"""A stateful GitLab REST API double on 127.0.0.1, built from the shapes of real GitLab answers.
+
+It is a real HTTP/1.1 server (stdlib, a thread per connection), so the real python-gitlab client
+talks to it over the wire. The JSON it answers is made from the captured fixtures in
+../shared/fixtures/forge (an API merge request, an API issue, API users), with the fields that
+matter replaced by the double's state. It records every request, checks PRIVATE-TOKEN, and can
+be told to misbehave for the next calls (429 with Retry-After, 5xx, or hang).
+
+`JsonApiDouble` (the server, recording and fault injection) is shared with the Gitea double.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+
+FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "forge"
+
+
+def load_fixture(root: Path, relative: str) -> Any:
+    path = root / relative
+    if not path.is_file():
+        raise FileNotFoundError(f"forge fixture {path} is missing; the doubles take their shapes from ../shared")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared HTTP plumbing
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Recorded:
+    """One request as the double received it."""
+
+    method: str
+    path: str  # decoded path, without the query
+    raw_path: str  # as sent, percent-encoding kept
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: Any  # parsed JSON when it was JSON, else the text
+    raw_body: bytes = b""
+
+
+@dataclass
+class Fault:
+    """One scripted misbehaviour for a matching request, consumed when used."""
+
+    status: int = 503
+    retry_after: str | None = None
+    hang_s: float = 0.0
+    after: bool = False  # do the work first, then answer the fault (a proxy failing after the forge acted)
+    method: str | None = None
+    path_contains: str | None = None
+    body: Any = field(default_factory=lambda: {"message": "injected fault"})
+
+    def matches(self, method: str, path: str) -> bool:
+        if self.method is not None and self.method.upper() != method:
+            return False
+        return self.path_contains is None or self.path_contains in path
+
+
+@dataclass
+class Answer:
+    status: int
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class JsonApiDouble:
+    """A JSON API on 127.0.0.1:<ephemeral port>: records requests, injects faults, routes to `route`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.requests: list[Recorded] = []
+        self.faults: list[Fault] = []
+        self._stopping = threading.Event()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name=type(self).__name__, daemon=True
+        )
+        self._thread.start()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def close(self) -> None:
+        self._stopping.set()
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> JsonApiDouble:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- fault injection -------------------------------------------------------------------
+
+    def fail_next(
+        self,
+        count: int = 1,
+        status: int = 503,
+        *,
+        retry_after: str | float | None = None,
+        method: str | None = None,
+        path_contains: str | None = None,
+        after: bool = False,
+        body: Any = None,
+    ) -> None:
+        """The next `count` matching requests answer `status` (with Retry-After if given).
+
+        With `after=True` the request is carried out first and only the answer is lost, as when a
+        proxy times out after the forge acted: a client that simply retries a POST would act twice.
+        """
+        with self.lock:
+            for _ in range(count):
+                self.faults.append(
+                    Fault(
+                        status=status,
+                        retry_after=None if retry_after is None else str(retry_after),
+                        after=after,
+                        method=method,
+                        path_contains=path_contains,
+                        body=body if body is not None else {"message": f"{status} injected by the double"},
+                    )
+                )
+
+    def hang_next(
+        self, count: int = 1, seconds: float = 5.0, *, method: str | None = None, path_contains: str | None = None
+    ) -> None:
+        """The next `count` matching requests get no answer for `seconds` (the client must time out)."""
+        with self.lock:
+            for _ in range(count):
+                self.faults.append(Fault(status=504, hang_s=seconds, method=method, path_contains=path_contains))
+
+    def _take_fault(self, method: str, path: str) -> Fault | None:
+        with self.lock:
+            for i, fault in enumerate(self.faults):
+                if fault.matches(method, path):
+                    return self.faults.pop(i)
+        return None
+
+    # -- what tests assert on --------------------------------------------------------------
+
+    def calls(self, method: str | None = None, path_contains: str | None = None) -> list[Recorded]:
+        with self.lock:
+            return [
+                r
+                for r in self.requests
+                if (method is None or r.method == method.upper()) and (path_contains is None or path_contains in r.path)
+            ]
+
+    def sent_text(self) -> str:
+        """Everything clients sent in bodies and URLs, as one string: for canary checks."""
+        with self.lock:
+            return "\n".join(r.raw_path + "\n" + r.raw_body.decode("utf-8", "replace") for r in self.requests)
+
+    # -- to be provided by a forge double --------------------------------------------------
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        raise NotImplementedError
+
+    def unauthorized(self) -> Answer:
+        return Answer(401, {"message": "401 Unauthorized"})
+
+    def route(self, method: str, segments: list[str], query: dict[str, list[str]], body: Any) -> Answer:
+        raise NotImplementedError
+
+    # -- the HTTP side ---------------------------------------------------------------------
+
+    def _dispatch(self, handler: BaseHTTPRequestHandler, method: str) -> None:
+        split = urlsplit(handler.path)
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode("utf-8", "replace")
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        path = unquote(split.path)
+        query = parse_qs(split.query, keep_blank_values=True)
+        with self.lock:
+            self.requests.append(Recorded(method, path, split.path, query, headers, body, raw))
+
+        fault = self._take_fault(method, path)
+        if fault is not None and not fault.after:
+            if fault.hang_s:
+                self._stopping.wait(fault.hang_s)
+            answer = self._fault_answer(fault)
+        elif not self.authorized(headers):
+            answer = self.unauthorized()
+        else:
+            segments = [unquote(s) for s in split.path.split("/") if s]
+            try:
+                with self.lock:
+                    answer = self.route(method, segments, query, body)
+            except Exception as exc:  # a bug in the double must show up as a 500, not a hung client
+                answer = Answer(500, {"message": f"double error: {type(exc).__name__}: {exc}"})
+            if fault is not None:
+                answer = self._fault_answer(fault)
+        self._send(handler, answer)
+
+    @staticmethod
+    def _fault_answer(fault: Fault) -> Answer:
+        extra = {"Retry-After": fault.retry_after} if fault.retry_after is not None else {}
+        return Answer(fault.status, fault.body, extra)
+
+    @staticmethod
+    def _send(handler: BaseHTTPRequestHandler, answer: Answer) -> None:
+        payload = b"" if answer.body is None else json.dumps(answer.body).encode()
+        try:
+            handler.send_response(answer.status)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(payload)))
+            for key, value in answer.headers.items():
+                handler.send_header(key, value)
+            handler.end_headers()
+            handler.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a hang fault): nothing to answer
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        double = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                double._dispatch(self, "GET")
+
+            def do_POST(self) -> None:
+                double._dispatch(self, "POST")
+
+            def do_PUT(self) -> None:
+                double._dispatch(self, "PUT")
+
+            def do_PATCH(self) -> None:
+                double._dispatch(self, "PATCH")
+
+            def do_DELETE(self) -> None:
+                double._dispatch(self, "DELETE")
+
+        return Handler
+
+
+def paginate(
+    items: list[Any], query: dict[str, list[str]], base_url: str, path: str, *, default_per_page: int = 20
+) -> Answer:
+    """GitLab-style offset pagination: X-Page/X-Total headers and a Link rel="next"."""
+    page = max(1, int((query.get("page") or ["1"])[0] or 1))
+    per_page = min(100, max(1, int((query.get("per_page") or [str(default_per_page)])[0] or default_per_page)))
+    total_pages = max(1, -(-len(items) // per_page))
+    chunk = items[(page - 1) * per_page : page * per_page]
+    headers = {
+        "X-Page": str(page),
+        "X-Per-Page": str(per_page),
+        "X-Total": str(len(items)),
+        "X-Total-Pages": str(total_pages),
+        "X-Prev-Page": str(page - 1) if page > 1 else "",
+        "X-Next-Page": str(page + 1) if page < total_pages else "",
+    }
+    if page < total_pages:
+        flat = {k: v[-1] for k, v in query.items()}
+        flat.update(page=str(page + 1), per_page=str(per_page))
+        headers["Link"] = f'<{base_url}{path}?{urlencode(flat)}>; rel="next"'
+    return Answer(200, chunk, headers)
+
+
+# ---------------------------------------------------------------------------------------------
+# GitLab
+# ---------------------------------------------------------------------------------------------
+
+GITLAB_DRAFT = re.compile(r"^\s*(\[draft\]|\(draft\)|draft:)", re.I)  # GitLab's MergeRequest::DRAFT_REGEX
+DESCRIPTION_LIMIT = 1_048_576  # GitLab rejects longer MR descriptions
+NOTE_LIMIT = 1_000_000  # and longer notes
+
+
+class GitLabDouble(JsonApiDouble):
+    """GitLab API v4 for one token: projects, issues, label events, members, merge requests, notes.
+
+    State tests assert on: `mrs` (list of MR dicts, API shape), `notes` (list of note dicts with
+    `project_id` and `noteable_iid`), `requests` (every Recorded request).
+    """
+
+    def __init__(self, token: str = "glpat-double-token", *, fixtures: Path = FIXTURES) -> None:
+        self.token = token
+        self._mr_template = load_fixture(fixtures, "gitlab/go-gitlab/api_responses/get_merge_request.json")
+        self._issue_template = load_fixture(fixtures, "gitlab/go-gitlab/api_responses/issue_move.json")
+        self._user_template = self._mr_template["author"]
+        self._hook_project = load_fixture(fixtures, "gitlab/docs/issue_hook.json")["project"]
+        self.projects: dict[int, dict[str, Any]] = {}
+        self.users: dict[str, dict[str, Any]] = {}
+        self.members: dict[tuple[int, int], int] = {}
+        self.issues: dict[tuple[int, int], dict[str, Any]] = {}
+        self.label_events: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self.mrs: list[dict[str, Any]] = []
+        self.notes: list[dict[str, Any]] = []
+        self._ids = iter(range(1000, 10**9))
+        super().__init__()
+        self.bot = self.add_user("frogfix-bot", name="FrogFix")
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        return headers.get("private-token") == self.token or headers.get("authorization") == f"Bearer {self.token}"
+
+    # -- building state --------------------------------------------------------------------
+
+    def add_user(self, username: str, *, name: str | None = None) -> dict[str, Any]:
+        user = copy.deepcopy(self._user_template)
+        user.update(
+            id=next(self._ids),
+            username=username,
+            name=name or username.title(),
+            state="active",
+            web_url=f"{self.base_url}/{username}",
+        )
+        self.users[username] = user
+        return user
+
+    def add_project(
+        self, path: str, *, default_branch: str | None = "main", clone_url: str | None = None
+    ) -> dict[str, Any]:
+        """A project (API shape); `clone_url` may point at a git_http double."""
+        namespace, _, name = path.rpartition("/")
+        hook = self._hook_project
+        project = {
+            "id": next(self._ids),
+            "description": hook["description"],
+            "name": name,
+            "name_with_namespace": f"{namespace} / {name}",
+            "path": name,
+            "path_with_namespace": path,
+            "created_at": now_iso(),
+            "default_branch": default_branch,
+            "ssh_url_to_repo": f"git@127.0.0.1:{path}.git",
+            "http_url_to_repo": clone_url or f"{self.base_url}/{path}.git",
+            "web_url": f"{self.base_url}/{path}",
+            "avatar_url": hook["avatar_url"],
+            "visibility": "private",
+            "namespace": {"id": next(self._ids), "name": namespace, "path": namespace, "full_path": namespace},
+        }
+        self.projects[project["id"]] = project
+        return project
+
+    def add_member(self, project: str, username: str, access_level: int) -> None:
+        user = self.users.get(username) or self.add_user(username)
+        self.members[(self._project(project)["id"], user["id"])] = access_level
+
+    def add_issue(
+        self,
+        project: str,
+        iid: int | None = None,
+        *,
+        title: str = "Crash on empty input",
+        description: str = "Steps to reproduce...",
+        labels: tuple[str, ...] = (),
+        author: str = "reporter",
+        state: str = "opened",
+    ) -> dict[str, Any]:
+        pid = self._project(project)["id"]
+        iid = iid or 1 + max([i for (p, i) in self.issues if p == pid] or [0])
+        user = self.users.get(author) or self.add_user(author)
+        issue = copy.deepcopy(self._issue_template)
+        issue.update(
+            id=next(self._ids),
+            iid=iid,
+            project_id=pid,
+            title=title,
+            description=description,
+            state=state,
+            labels=list(labels),
+            author=copy.deepcopy(user),
+            assignee=None,
+            assignees=[],
+            created_at=now_iso(),
+            updated_at=now_iso(),
+            web_url=f"{self.projects[pid]['web_url']}/-/issues/{iid}",
+        )
+        issue["_links"] = {
+            "self": f"{self.base_url}/api/v4/projects/{pid}/issues/{iid}",
+            "notes": f"{self.base_url}/api/v4/projects/{pid}/issues/{iid}/notes",
+            "award_emoji": f"{self.base_url}/api/v4/projects/{pid}/issues/{iid}/award_emoji",
+            "project": f"{self.base_url}/api/v4/projects/{pid}",
+        }
+        self.issues[(pid, iid)] = issue
+        self.label_events[(pid, iid)] = []
+        for label in labels:
+            self._label_event(pid, iid, label, author, "add")
+        return issue
+
+    def add_label(self, project: str, iid: int, label: str, *, by: str) -> None:
+        """`by` adds `label` to the issue: the label appears and a resource label event is recorded."""
+        pid = self._project(project)["id"]
+        issue = self.issues[(pid, iid)]
+        if label not in issue["labels"]:
+            issue["labels"].append(label)
+        self._label_event(pid, iid, label, by, "add")
+
+    def remove_label(self, project: str, iid: int, label: str, *, by: str) -> None:
+        pid = self._project(project)["id"]
+        issue = self.issues[(pid, iid)]
+        if label in issue["labels"]:
+            issue["labels"].remove(label)
+        self._label_event(pid, iid, label, by, "remove")
+
+    def _label_event(self, pid: int, iid: int, label: str, by: str, action: str) -> None:
+        user = self.users.get(by) or self.add_user(by)
+        self.label_events[(pid, iid)].append(
+            {
+                "id": next(self._ids),
+                "user": {k: user[k] for k in ("id", "name", "username", "state", "avatar_url", "web_url")},
+                "created_at": now_iso(),
+                "resource_type": "Issue",
+                "resource_id": self.issues[(pid, iid)]["id"],
+                "label": {"id": abs(hash(label)) % 10**6, "name": label, "color": "#428BCA", "description": None},
+                "action": action,
+            }
+        )
+
+    def add_mr(self, project: str, source_branch: str, target_branch: str = "main", title: str = "x") -> dict:
+        """An MR that already exists (opened by someone, e.g. an earlier run)."""
+        return self._create_mr(self._project(project), source_branch, target_branch, title, "", self.bot)
+
+    # -- lookups ---------------------------------------------------------------------------
+
+    def _project(self, ref: str | int) -> dict[str, Any]:
+        for project in self.projects.values():
+            if str(project["id"]) == str(ref) or project["path_with_namespace"] == ref:
+                return project
+        raise KeyError(ref)
+
+    def open_mrs(self, project: str) -> list[dict[str, Any]]:
+        pid = self._project(project)["id"]
+        return [m for m in self.mrs if m["project_id"] == pid and m["state"] == "opened"]
+
+    # -- the API ---------------------------------------------------------------------------
+
+    def route(self, method: str, segments: list[str], query: dict[str, list[str]], body: Any) -> Answer:
+        if segments[:2] != ["api", "v4"]:
+            return Answer(404, {"message": "404 Not Found"})
+        seg = segments[2:]
+        if seg == ["users"] and method == "GET":
+            name = (query.get("username") or [""])[0]
+            found = [u for u in self.users.values() if u["username"].lower() == name.lower()] if name else []
+            return paginate(found, query, self.base_url, "/api/v4/users")
+        if not seg or seg[0] != "projects" or len(seg) < 2:
+            return Answer(404, {"message": "404 Not Found"})
+        try:
+            project = self._project(seg[1])
+        except KeyError:
+            return Answer(404, {"message": "404 Project Not Found"})
+        pid, rest = project["id"], seg[2:]
+        base_path = "/api/v4/projects/" + str(pid)
+
+        if not rest and method == "GET":
+            return Answer(200, project)
+        if rest[:2] == ["members", "all"] and len(rest) == 3 and method == "GET":
+            return self._member(pid, rest[2])
+        if rest[:1] == ["issues"] and len(rest) >= 2:
+            issue = self.issues.get((pid, int(rest[1]))) if rest[1].isdigit() else None
+            if issue is None:
+                return Answer(404, {"message": "404 Issue Not Found"})
+            if len(rest) == 2 and method == "GET":
+                return Answer(200, issue)
+            if rest[2:] == ["resource_label_events"] and method == "GET":
+                events = self.label_events[(pid, issue["iid"])]
+                return paginate(
+                    events, query, self.base_url, f"{base_path}/issues/{issue['iid']}/resource_label_events"
+                )
+            if rest[2:] == ["notes"] and method == "POST":
+                return self._note(pid, issue, body)
+        if rest == ["merge_requests"] and method == "GET":
+            found = [m for m in self.mrs if m["project_id"] == pid]
+            for key in ("state", "source_branch", "target_branch"):
+                wanted = (query.get(key) or [None])[0]
+                if wanted and not (key == "state" and wanted == "all"):
+                    found = [m for m in found if m[key] == wanted]
+            found.sort(key=lambda m: m["created_at"], reverse=True)
+            return paginate(found, query, self.base_url, f"{base_path}/merge_requests")
+        if rest == ["merge_requests"] and method == "POST":
+            return self._post_mr(project, body)
+        if rest[:1] == ["merge_requests"] and len(rest) == 2 and rest[1].isdigit():
+            mr = next((m for m in self.mrs if m["project_id"] == pid and m["iid"] == int(rest[1])), None)
+            if mr is None:
+                return Answer(404, {"message": "404 Not found"})
+            if method == "GET":
+                return Answer(200, mr)
+            if method == "PUT":
+                return self._put_mr(mr, body)
+        return Answer(404, {"message": "404 Not Found"})
+
+    def _member(self, pid: int, user_ref: str) -> Answer:
+        user = next((u for u in self.users.values() if str(u["id"]) == user_ref), None)
+        level = self.members.get((pid, user["id"])) if user else None
+        if user is None or level is None:
+            return Answer(404, {"message": "404 Not found"})
+        member = {k: user[k] for k in ("id", "username", "name", "state", "avatar_url", "web_url")}
+        member.update(access_level=level, created_at=now_iso(), expires_at=None, membership_state="active")
+        return Answer(200, member)
+
+    def _note(self, pid: int, issue: dict[str, Any], body: Any) -> Answer:
+        text = (body or {}).get("body") if isinstance(body, dict) else None
+        if not text:
+            return Answer(400, {"message": {"note": ["can't be blank"]}})
+        if len(text) > NOTE_LIMIT:
+            return Answer(400, {"message": {"note": ["is too long (maximum is 1000000 characters)"]}})
+        note = {
+            "id": next(self._ids),
+            "type": None,
+            "body": text,
+            "attachment": None,
+            "author": copy.deepcopy(self.bot),
+            "created_at": now_iso(),
+            "updated_at": now_iso(),
+            "system": False,
+            "noteable_id": issue["id"],
+            "noteable_type": "Issue",
+            "project_id": pid,
+            "noteable_iid": issue["iid"],
+            "resolvable": False,
+            "confidential": False,
+            "internal": False,
+        }
+        self.notes.append(note)
+        return Answer(201, note)
+
+    def _post_mr(self, project: dict[str, Any], body: Any) -> Answer:
+        body = body if isinstance(body, dict) else {}
+        missing = [k for k in ("source_branch", "target_branch", "title") if not body.get(k)]
+        if missing:
+            return Answer(400, {"error": f"{', '.join(missing)} is missing"})
+        if len(str(body.get("description") or "")) > DESCRIPTION_LIMIT:
+            return Answer(400, {"message": {"description": ["is too long (maximum is 1048576 characters)"]}})
+        for mr in self.mrs:
+            if (
+                mr["project_id"] == project["id"]
+                and mr["state"] == "opened"
+                and mr["source_branch"] == body["source_branch"]
+                and mr["target_branch"] == body["target_branch"]
+            ):
+                return Answer(
+                    409,
+                    {"message": [f"Another open merge request already exists for this source branch: !{mr['iid']}"]},
+                )
+        mr = self._create_mr(
+            project,
+            body["source_branch"],
+            body["target_branch"],
+            body["title"],
+            body.get("description") or "",
+            self.bot,
+        )
+        return Answer(201, mr)
+
+    def _create_mr(
+        self, project: dict[str, Any], source: str, target: str, title: str, description: str, author: dict[str, Any]
+    ) -> dict[str, Any]:
+        pid = project["id"]
+        iid = 1 + max([m["iid"] for m in self.mrs if m["project_id"] == pid] or [0])
+        mr = copy.deepcopy(self._mr_template)
+        mr.update(
+            id=next(self._ids),
+            iid=iid,
+            project_id=pid,
+            source_project_id=pid,
+            target_project_id=pid,
+            title=title,
+            description=description,
+            state="opened",
+            source_branch=source,
+            target_branch=target,
+            created_at=now_iso(),
+            updated_at=now_iso(),
+            author=copy.deepcopy(author),
+            assignee=None,
+            assignees=[],
+            reviewers=[],
+            labels=[],
+            milestone=None,
+            user_notes_count=0,
+            upvotes=0,
+            merged_by=None,
+            merged_at=None,
+            pipeline=None,
+            head_pipeline=None,
+            has_conflicts=False,
+            first_contribution=False,
+            changes_count=None,
+            reference=f"!{iid}",
+            web_url=f"{project['web_url']}/-/merge_requests/{iid}",
+            detailed_merge_status="checking",
+            merge_status="checking",
+        )
+        self._set_draft(mr)
+        self.mrs.append(mr)
+        return mr
+
+    def _put_mr(self, mr: dict[str, Any], body: Any) -> Answer:
+        body = body if isinstance(body, dict) else {}
+        if len(str(body.get("description") or "")) > DESCRIPTION_LIMIT:
+            return Answer(400, {"message": {"description": ["is too long (maximum is 1048576 characters)"]}})
+        for key in ("title", "description", "target_branch"):
+            if key in body:
+                mr[key] = body[key]
+        if body.get("state_event") == "close":
+            mr["state"] = "closed"
+        mr["updated_at"] = now_iso()
+        self._set_draft(mr)
+        return Answer(200, mr)
+
+    @staticmethod
+    def _set_draft(mr: dict[str, Any]) -> None:
+        draft = bool(GITLAB_DRAFT.match(mr["title"]))
+        mr["draft"] = draft
+        mr["work_in_progress"] = draft
+
+
+def iter_json_values(value: Any) -> Iterator[str]:
+    """Every string inside a JSON value (for canary checks on what was posted)."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from iter_json_values(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from iter_json_values(v)

@@ -1,0 +1,251 @@
+"""GiteaForge (httpx) against the Gitea double over HTTP."""
+
+from __future__ import annotations
+
+import base64
+
+import httpx
+import pytest
+
+from app.forge.client import (
+    DEFAULT_TEXT_LIMIT,
+    Forge,
+    ForgeAuthError,
+    ForgeError,
+    ForgeNotFound,
+    ForgeTransient,
+    upsert_draft_mr,
+)
+from app.forge.gitea_api import GiteaForge
+from app.forge.retry import RetryPolicy
+from tests.doubles.gitea_api import GiteaDouble
+from tests.doubles.gitlab_api import iter_json_values
+from tests.forge.conftest import TRIGGER, FakeClock
+
+P = "acme/widgets"
+
+
+def make(double: GiteaDouble, retry: RetryPolicy, **kw: object) -> GiteaForge:
+    kw.setdefault("timeout", 5.0)
+    return GiteaForge(double.base_url, double.token, retry=retry, **kw)  # type: ignore[arg-type]
+
+
+def test_satisfies_the_protocol(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    assert isinstance(make(gitea_double, retry), Forge)
+
+
+def test_reads_the_issue_and_its_labels(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    issue = make(gitea_double, retry).get_issue(P, 1)
+    assert issue.number == 1 and issue.title == "Crash on empty input"
+    assert issue.state == "open"
+    assert issue.labels == ("bug", TRIGGER)
+    assert issue.author == "rep"
+    assert issue.web_url.endswith("/acme/widgets/issues/1")
+    assert gitea_double.calls("GET")[-1].headers["authorization"] == f"token {gitea_double.token}"
+
+
+def test_a_pull_request_is_not_an_issue(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    pull = gitea_double.add_pull(P, "feature/x")
+    with pytest.raises(ForgeNotFound, match="pull request"):
+        make(gitea_double, retry).get_issue(P, pull["number"])
+
+
+def test_label_adder_from_the_timeline(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    forge = make(gitea_double, retry)
+    assert forge.label_adder(P, 1, TRIGGER) == "dev"
+    gitea_double.add_timeline_comment(P, 1, "me too", by="rep")
+    gitea_double.remove_label(P, 1, TRIGGER, by="boss")  # a removal (body "") is not an addition
+    assert forge.label_adder(P, 1, TRIGGER) == "dev"
+    gitea_double.add_label(P, 1, TRIGGER, by="rep")
+    assert forge.label_adder(P, 1, TRIGGER) == "rep"
+    assert forge.label_adder(P, 1, "never-added") is None
+
+
+def test_label_adder_reads_every_page(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    for i in range(120):
+        gitea_double.add_timeline_comment(P, 1, f"comment {i}", by="rep")
+    gitea_double.add_label(P, 1, TRIGGER, by="boss")
+    assert make(gitea_double, retry).label_adder(P, 1, TRIGGER) == "boss"
+    assert len(gitea_double.calls("GET", "/timeline")) == 3
+
+
+def test_permission_needs_write(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    forge = make(gitea_double, retry)
+    assert forge.can_trigger(P, "dev") is True  # write
+    assert forge.can_trigger(P, "boss") is True  # admin
+    assert forge.can_trigger(P, "acme") is True  # owner
+    assert forge.can_trigger(P, "rep") is False  # read
+    assert forge.can_trigger(P, "stranger") is False  # none (private repository)
+    assert forge.can_trigger(P, "nobody-at-all") is False  # no such user: 404
+
+
+def test_permission_check_needs_a_repo_admin_token(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    gitea_double.bot_repo_admin = False
+    with pytest.raises(ForgeAuthError, match="needs admin"):
+        make(gitea_double, retry).can_trigger(P, "dev")
+
+
+def test_project_info(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    info = make(gitea_double, retry).project_info(P)
+    assert info.default_branch == "main" and info.path == P
+    assert info.clone_url == f"{gitea_double.base_url}/acme/widgets.git"
+
+
+@pytest.mark.parametrize("report_draft", [False, True], ids=["gitea", "forgejo-style-draft-field"])
+def test_draft_pr_is_created_once_then_updated(
+    gitea_double: GiteaDouble, retry: RetryPolicy, report_draft: bool
+) -> None:
+    gitea_double.report_draft = report_draft
+    forge = make(gitea_double, retry)
+    assert forge.find_open_mr(P, "frogfix/issue-1") is None
+    mr, created = upsert_draft_mr(forge, P, "frogfix/issue-1", "main", "Fix crash on empty input (#1)", "first")
+    assert created and mr.draft
+    assert mr.title == "WIP: Fix crash on empty input (#1)"
+    assert mr.source_branch == "frogfix/issue-1" and mr.target_branch == "main"
+    posted = gitea_double.calls("POST", "/pulls")[0].body
+    assert posted == {"head": "frogfix/issue-1", "base": "main", "title": mr.title, "body": "first"}
+    # without a `draft` field Gitea's own verdict is read from the issue view of the PR
+    assert bool(gitea_double.calls("GET", f"/issues/{mr.number}")) is not report_draft
+
+    again, created = upsert_draft_mr(forge, P, "frogfix/issue-1", "main", "WIP: Fix crash (#1)", "second")
+    assert not created and again.number == mr.number
+    assert again.title == "WIP: Fix crash (#1)" and again.description == "second" and again.draft
+    assert len(gitea_double.open_pulls(P)) == 1
+    assert len(gitea_double.calls("POST", "/pulls")) == 1
+    assert len(gitea_double.calls("PATCH", "/pulls")) == 1
+
+
+def test_pr_from_another_branch_is_not_ours(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    gitea_double.add_pull(P, "feature/other")
+    assert make(gitea_double, retry).find_open_mr(P, "frogfix/issue-1") is None
+
+
+def test_lost_answer_to_create_does_not_open_a_second_pr(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    gitea_double.fail_next(1, 504, method="POST", path_contains="/pulls", after=True)
+    mr = make(gitea_double, retry).create_draft_mr(P, "frogfix/issue-1", "main", "Fix", "body")
+    assert mr.draft
+    assert len(gitea_double.open_pulls(P)) == 1
+
+
+def test_conflict_means_update_the_existing_pr(
+    gitea_double: GiteaDouble, retry: RetryPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forge = make(gitea_double, retry)
+    existing = gitea_double.add_pull(P, "frogfix/issue-1", title="WIP: old")
+    real_find = forge.find_open_mr
+    calls = []
+
+    def racy_find(project: str, branch: str):  # type: ignore[no-untyped-def]
+        calls.append(branch)
+        return None if len(calls) == 1 else real_find(project, branch)  # another worker opened it meanwhile
+
+    monkeypatch.setattr(forge, "find_open_mr", racy_find)
+    mr, created = upsert_draft_mr(forge, P, "frogfix/issue-1", "main", "Fix", "new body")
+    assert not created and mr.number == existing["number"] and mr.description == "new body"
+    assert len(gitea_double.open_pulls(P)) == 1
+
+
+def test_refuses_a_non_draft_answer(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    gitea_double.wip_prefixes = ("[DRAFT]",)  # an instance configured without `WIP:`
+    with pytest.raises(ForgeError, match="not a draft"):
+        make(gitea_double, retry).create_draft_mr(P, "frogfix/issue-1", "main", "Fix", "body")
+
+
+def test_comments(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    make(gitea_double, retry).comment(P, 1, "FrogFix started working on this issue.")
+    assert [(c["issue"], c["body"]) for c in gitea_double.comments] == [(1, "FrogFix started working on this issue.")]
+
+
+def test_429_honours_retry_after(gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:
+    gitea_double.fail_next(1, 429, retry_after=7)
+    assert make(gitea_double, retry).get_issue(P, 1).number == 1
+    assert len(fake_clock.sleeps) == 1 and fake_clock.sleeps[0] >= 7
+
+
+def test_retry_after_as_http_date(gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:
+    gitea_double.fail_next(1, 503, retry_after="Wed, 21 Oct 2015 07:28:00 GMT")  # in the past: no extra wait
+    assert make(gitea_double, retry).project_info(P).default_branch == "main"
+    assert len(fake_clock.sleeps) == 1
+
+
+def test_5xx_then_success(gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:
+    gitea_double.fail_next(2, 500)
+    assert make(gitea_double, retry).can_trigger(P, "dev") is True
+    assert len(fake_clock.sleeps) == 2
+
+
+def test_timeout_is_transient(gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:
+    gitea_double.hang_next(1, seconds=3.0)
+    assert make(gitea_double, retry, timeout=0.3).project_info(P).default_branch == "main"
+    assert len(fake_clock.sleeps) == 1
+
+
+def test_connection_refused_is_transient(retry: RetryPolicy) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    forge = GiteaForge("http://gitea.invalid", "tok-123456", retry=retry, transport=httpx.MockTransport(refuse))
+    with pytest.raises(ForgeTransient, match="ConnectError"):
+        forge.project_info(P)
+
+
+def test_budget_exhausted_raises_transient(
+    gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock
+) -> None:
+    gitea_double.fail_next(10, 503)
+    with pytest.raises(ForgeTransient) as caught:
+        make(gitea_double, retry).comment(P, 1, "hello")
+    assert caught.value.status == 503
+    assert len(gitea_double.calls("POST", "/comments")) == 4
+    assert gitea_double.comments == []
+
+
+def test_not_found(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    forge = make(gitea_double, retry)
+    with pytest.raises(ForgeNotFound, match="404"):
+        forge.get_issue(P, 99)
+    with pytest.raises(ForgeNotFound):
+        forge.project_info("acme/nope")
+    with pytest.raises(ForgeError, match="owner/name"):
+        forge.project_info("just-a-name")
+
+
+def test_bad_token_is_an_auth_error_without_the_token(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    wrong = "gitea-WRONG-token-000000"
+    with pytest.raises(ForgeAuthError) as caught:
+        GiteaForge(gitea_double.base_url, wrong, retry=retry).get_issue(P, 1)
+    assert caught.value.status == 401 and wrong not in str(caught.value)
+
+
+def test_token_never_leaves_in_posts_or_errors(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    token = gitea_double.token
+    model_key = "sk-model-key-CANARY-42"
+    forge = make(gitea_double, retry, redact=lambda text: text.replace(model_key, "[REDACTED]"))
+    forge.comment(P, 1, f"log: token={token} key={model_key}")
+    mr = forge.create_draft_mr(P, "frogfix/issue-1", "main", f"Fix {token}", f"patch\n{token}\n{model_key}\n")
+    forge.update_mr(P, mr, "Fix", f"again {forge.git_auth_header()}")
+    basic = forge.git_auth_header().split(" ", 1)[1]
+    sent = gitea_double.sent_text()
+    for secret in (token, model_key, basic):
+        assert secret not in sent
+        for value in [*gitea_double.comments, *gitea_double.pulls.values()]:
+            assert all(secret not in s for s in iter_json_values(value))
+
+    gitea_double.fail_next(1, 422, body={"message": f"invalid {token}"})
+    with pytest.raises(ForgeError) as caught:
+        forge.get_issue(P, 1)
+    assert token not in str(caught.value) and "[REDACTED]" in str(caught.value)
+
+
+def test_oversized_description_is_trimmed(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    forge = make(gitea_double, retry)
+    mr = forge.create_draft_mr(P, "frogfix/issue-1", "main", "Fix", "x" * 2_000_000)
+    assert len(mr.description) <= DEFAULT_TEXT_LIMIT and "trimmed by FrogFix" in mr.description
+    forge.comment(P, 1, "y" * 600_000)
+    assert len(gitea_double.comments[-1]["body"]) <= DEFAULT_TEXT_LIMIT
+
+
+def test_git_auth_header_uses_the_token_as_user(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    scheme, value = make(gitea_double, retry).git_auth_header().split(" ", 1)
+    assert scheme == "Basic"
+    assert base64.b64decode(value).decode() == f"{gitea_double.token}:x-oauth-basic"
