@@ -11,6 +11,8 @@ command -v redis-server >/dev/null || missing+=(redis-server)
 command -v bwrap >/dev/null || missing+=(bubblewrap)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v runuser >/dev/null || missing+=(util-linux)
+# the local sandbox runs target repositories' tests with the system python3
+/usr/bin/python3 -c "import pytest" 2>/dev/null || missing+=(python3-pytest)
 if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   missing+=(postgresql)
 fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FrogFix's one command line: serve, worker, migrate, sweep, fix."""
+"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo."""
 
 from __future__ import annotations
 
@@ -129,6 +129,14 @@ def fix(
     from worker.localfix import run_fix_command
 
     raise typer.Exit(run_fix_command(repo_dir, issue, json_out))
+
+
+@cli.command()
+def demo(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
+    """Fix a bug in a generated repository with a replayed model: the whole local job, no server needed."""
+    from worker.localfix import run_demo_command
+
+    raise typer.Exit(run_demo_command(json_out))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from app.models import (
     ACTIVE_STATUSES,
     FINAL_STATUSES,
     Job,
+    JobAttempt,
     JobEvent,
     JobStatus,
     WebhookDelivery,
@@ -343,3 +344,61 @@ def oldest_queued_age(session: Session, now: datetime | None = None) -> float:
 
         oldest = oldest.replace(tzinfo=UTC)
     return max(0.0, ((now or utcnow()) - oldest).total_seconds())
+
+
+def update_job(session: Session, job_id: int, **values: Any) -> None:
+    """Set plain fields (title, base commit, steps...) without touching the status."""
+    session.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow(), **values))
+
+
+def cancel_requested(session: Session, job_id: int) -> bool:
+    return bool(session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar())
+
+
+def touch_heartbeat(session: Session, job_id: int) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow()))
+
+
+def start_attempt(session: Session, job_id: int, run: int, number: int) -> int:
+    attempt = JobAttempt(job_id=job_id, run=run, number=number, status="running", steps=0, started_at=utcnow())
+    session.add(attempt)
+    session.flush()
+    return attempt.id
+
+
+def update_attempt(session: Session, attempt_id: int, *, finished: bool = False, **values: Any) -> None:
+    if finished:
+        values["finished_at"] = utcnow()
+    session.execute(update(JobAttempt).where(JobAttempt.id == attempt_id).values(**values))
+
+
+def job_attempts(session: Session, job_id: int) -> list[JobAttempt]:
+    query = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.run, JobAttempt.number)
+    return list(session.execute(query).scalars())
+
+
+def recover_stale_jobs(session: Session, stale_after: timedelta, max_runs: int) -> list[tuple[int, str]]:
+    """Active jobs whose worker stopped beating: queue them again, or fail them after `max_runs` claims."""
+    cutoff = utcnow() - stale_after
+    stale = session.execute(
+        select(Job.id, Job.attempt).where(
+            Job.status.in_(("running", "verifying", "publishing")),
+            or_(Job.heartbeat_at < cutoff, and_(Job.heartbeat_at.is_(None), Job.started_at < cutoff)),
+        )
+    ).all()
+    outcomes = []
+    for job_id, runs in stale:
+        if runs >= max_runs:
+            why = f"the worker running this job stopped {runs} times; giving up"
+            set_status(session, job_id, JobStatus.failed, error=why, expected=("running", "verifying", "publishing"))
+            add_event(session, job_id, "failed", why)
+            outcomes.append((job_id, "failed"))
+        else:
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status.in_(("running", "verifying", "publishing")))
+                .values(status=JobStatus.queued.value, last_enqueued_at=None, heartbeat_at=None, updated_at=utcnow())
+            )
+            add_event(session, job_id, "requeued", "the worker stopped answering; the job is queued again")
+            outcomes.append((job_id, "requeued"))
+    return outcomes

@@ -33,7 +33,7 @@ ACTIVE_PREDICATE = "status IN ('queued', 'running', 'verifying', 'publishing')"
 
 
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON}
+    type_annotation_map = {dict[str, Any]: JSON, list[str]: JSON}
 
 
 class Job(Base):
@@ -73,6 +73,10 @@ class Job(Base):
     delivery_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     enqueue_count: Mapped[int] = mapped_column(Integer, default=0)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
@@ -97,10 +101,44 @@ class Job(Base):
             "mr_url": self.mr_url,
             "error": self.error,
             "cancel_requested": self.cancel_requested,
+            "steps": self.steps,
+            "exit_reason": self.exit_reason,
+            "flags": self.flags or [],
             "created_at": _iso(self.created_at),
             "updated_at": _iso(self.updated_at),
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
+        }
+
+
+class JobAttempt(Base):
+    """One independent try at a job: its own sandbox, trajectory, patch and test evidence."""
+
+    __tablename__ = "job_attempts"
+    __table_args__ = (UniqueConstraint("job_id", "run", "number", name="uq_attempts_job_run_number"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    run: Mapped[int] = mapped_column(Integer, default=1)  # the job's claim count when it ran
+    number: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running, verified, rejected, failed
+    exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    trajectory_path: Mapped[str | None] = mapped_column(Text, nullable=True)
+    patch: Mapped[str | None] = mapped_column(Text, nullable=True)
+    summary: Mapped[str | None] = mapped_column(Text, nullable=True)
+    tests: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "run": self.run, "number": self.number, "status": self.status,
+            "exit_reason": self.exit_reason, "steps": self.steps, "trajectory_path": self.trajectory_path,
+            "patch": self.patch, "summary": self.summary, "tests": self.tests, "flags": self.flags or [],
+            "error": self.error, "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
         }
 
 

@@ -19,6 +19,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FROGFIX_", env_file=".env", extra="ignore")
 
     data_dir: Path = DEFAULT_DATA_DIR
+    # Job workspaces; every folder above them must be searchable by the sandbox's unprivileged uid,
+    # which a home folder (0700) is not. Empty: <system temp>/frogfix-<uid>/workspaces.
+    workspace_dir: Path | None = None
     database_url: str = ""  # empty: SQLite file in data_dir
     broker_url: str = ""  # empty: embedded filesystem broker in data_dir (no server)
 
@@ -52,6 +55,13 @@ class Settings(BaseSettings):
     sandbox: Literal["local", "kubernetes"] = "local"
     trigger_label: str = "frognano-fix"
 
+    attempts: int = Field(default=1, ge=1, le=10)  # independent attempts; the first that verifies is published
+    verify_runs: int = Field(default=2, ge=1, le=10)  # patched test runs; differing results are flaky
+    refuse_protected_changes: bool = False  # refuse (not just flag) patches touching tests, CI or protected paths
+    allowed_projects: str = ""  # comma-separated glob patterns (e.g. "acme/*,tools/bot"); empty allows all
+    public_url: str = ""  # where operators reach this service, for links in comments and MRs
+    stale_job_seconds: float = 600.0  # an active job without a heartbeat this long lost its worker
+    max_job_runs: int = 3  # a job whose worker died this many times is failed, not re-run
     max_webhook_bytes: int = Field(default=1024 * 1024)
     requeue_after_seconds: float = 300.0  # a job queued longer than this is sent again by the sweep
     sweep_interval_seconds: float = 30.0
@@ -61,6 +71,17 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'frogfix.db'}"
+
+    def resolved_workspace_dir(self) -> Path:
+        """The workspaces folder, created with mode 0711 so the sandbox can reach, not list, it."""
+        import os
+        import tempfile
+
+        folder = self.workspace_dir or Path(tempfile.gettempdir()) / f"frogfix-{os.getuid()}" / "workspaces"
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in (folder, folder.parent) if self.workspace_dir is None else (folder,):
+            path.chmod(0o711)
+        return folder
 
     def resolved_broker_url(self) -> str:
         return self.broker_url or "filesystem://"

@@ -19,6 +19,10 @@ def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int
     s = get_settings()
     age = timedelta(seconds=s.requeue_after_seconds if older_than_s is None else older_than_s)
     with session_scope() as session:
+        recovered = jobs.recover_stale_jobs(session, timedelta(seconds=s.stale_job_seconds), s.max_job_runs)
+    for job_id, outcome in recovered:
+        log.warning("stale_job", job_id=job_id, outcome=outcome)
+    with session_scope() as session:
         due = jobs.jobs_due_for_enqueue(session, age, limit)
     sent = 0
     for job_id in due:

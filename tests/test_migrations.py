@@ -13,10 +13,12 @@ from sqlalchemy import create_engine, inspect
 from app import migrate
 from app.models import Base
 
+HEAD = "0002"
+
 
 def _check_schema(url: str) -> None:
     migrate.upgrade(url)
-    assert migrate.current_revision(url) == "0001"
+    assert migrate.current_revision(url) == HEAD
     engine = create_engine(url)
     try:
         with engine.connect() as conn:
@@ -31,7 +33,7 @@ def _check_schema(url: str) -> None:
     migrate.downgrade(url, "base")
     assert migrate.current_revision(url) is None
     migrate.upgrade(url)
-    assert migrate.current_revision(url) == "0001"
+    assert migrate.current_revision(url) == HEAD
 
 
 def test_sqlite_migrations(tmp_path: Path) -> None:
@@ -58,7 +60,7 @@ def test_manage_migrate_on_an_empty_database(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    assert "revision 0001" in out.stdout
+    assert f"revision {HEAD}" in out.stdout
     assert (tmp_path / "fresh" / "frogfix.db").is_file()
 
 

@@ -1,0 +1,649 @@
+"""The local sandbox backend: bubblewrap around one long-lived `runner.py`.
+
+Why it is built this way:
+- One runner process per sandbox, spoken to over its stdin/stdout, so a tool call is one pipe
+  round trip rather than a fresh bwrap+python start (which is what Leaf pays per call).
+- Isolation comes from the kernel, not from the runner's checks: new user, pid, net, ipc, uts
+  and cgroup namespaces; no network at all (`--unshare-net`: only a private loopback); the host
+  system folders read-only; only the workspace (plus a small private /tmp and /dev/shm)
+  writable; an environment built from nothing (bwrap itself is started with an empty
+  environment, because the sandbox can read /proc/1/environ of bwrap's own init process).
+- Limits: the runner sets RLIMIT_NPROC/AS/FSIZE/CPU/CORE on itself *inside* the sandbox's user
+  namespace, where the kernel counts processes per namespace, so a fork bomb is stopped by the
+  sandbox's own budget. RLIMIT_NPROC never binds a uid that maps to host root, so when FrogFix
+  runs as root, bwrap is started as an unprivileged host uid (`host_uid`, default 65534) and the
+  workspace is handed to that uid while the sandbox is open and handed back on `close()`.
+  Wall time is enforced here by a timer that kills the whole sandbox.
+- Nothing on the host side reads or writes inside the workspace while the sandbox lives; the
+  patch is taken by the runner, inside. `close()` waits until every sandboxed process is gone
+  before handing the workspace back, and does so without following symlinks.
+
+Create and use a LocalSandbox from a thread that outlives it: bwrap's `--die-with-parent` ties
+the sandbox to the thread that started it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import os
+import queue
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from types import TracebackType
+from typing import IO, Any
+
+from sandbox.base import CommandResult, SandboxError, SandboxSpec, SandboxUnavailable
+from sandbox.runner import bash_timeout
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+DEFAULT_HOST_UID = 65534
+DEFAULT_HOST_GID = 65534
+MOUNT_POINT = "/workspace"
+RUNNER_IN_SANDBOX = "/frogfix/runner.py"
+HOME_IN_SANDBOX = "/tmp/home"
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# What programs need from /etc, and nothing else: no host users, keys or service configs, and no
+# /etc/gitconfig (CI hosts put `insteadOf` URLs with tokens there).
+ETC_ENTRIES = (
+    "/etc/alternatives",
+    "/etc/ca-certificates",
+    "/etc/ca-certificates.conf",
+    "/etc/debian_version",
+    "/etc/host.conf",
+    "/etc/hosts",
+    "/etc/inputrc",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/locale.alias",
+    "/etc/localtime",
+    "/etc/mime.types",
+    "/etc/nsswitch.conf",
+    "/etc/os-release",
+    "/etc/pki",
+    "/etc/python3",
+    "/etc/python3.11",
+    "/etc/python3.12",
+    "/etc/python3.13",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+    "/etc/timezone",
+)
+PASSWD = (
+    "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+    f"frogfix:x:{SANDBOX_UID}:{SANDBOX_GID}:FrogFix sandbox:{HOME_IN_SANDBOX}:/bin/bash\n"
+    "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+)
+GROUP = f"root:x:0:\nfrogfix:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
+# `bash -l` reads /etc/profile; the host's would reset PATH and drop what the job set.
+PROFILE = "# FrogFix sandbox: a login shell keeps the environment the sandbox was started with.\numask 022\n"
+SHM_SIZE_BYTES = 64 * 1024**2
+MAX_REPLY_BYTES = 512 * 1024**2
+STDERR_TAIL_BYTES = 16 * 1024
+_EOF = object()
+
+
+class LocalSandbox:
+    """A bubblewrap sandbox over one prepared workspace; implements `sandbox.base.Sandbox`."""
+
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        *,
+        ro_binds: Iterable[str | tuple[str, str]] = (),
+        python: str | None = None,
+        bwrap: str | None = None,
+        host_uid: int | None = None,
+        host_gid: int | None = None,
+        tmp_size_bytes: int = 512 * 1024**2,
+        mount_point: str = MOUNT_POINT,
+        tool_timeout_s: float = 300.0,
+        reply_grace_s: float = 30.0,
+        start_timeout_s: float = 30.0,
+        max_patch_bytes: int = 64 * 1024**2,
+        runner_script: str | None = None,
+    ) -> None:
+        """Start the sandbox and its runner; raises SandboxUnavailable if that cannot work here.
+
+        `ro_binds` adds read-only host paths (a path, or (host path, sandbox path)), e.g. a
+        Python prefix the target's tests need. `python` is the interpreter that runs the runner
+        (default: python3 under /usr). `host_uid`/`host_gid` only apply when running as root.
+        """
+        self.spec = spec
+        self.limits = spec.limits
+        self.mount_point = mount_point
+        self.tool_timeout_s = tool_timeout_s
+        self.reply_grace_s = reply_grace_s
+        self.max_patch_bytes = max_patch_bytes
+        self.runner_info: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._closed = False
+        self._dead: str | None = None
+        self._expired = False
+        self._seq = 0
+        self._replies: queue.Queue[object] = queue.Queue()
+        self._stderr = _Tail(STDERR_TAIL_BYTES)
+        self._res = _Resources()
+
+        self.bwrap = _find_bwrap(bwrap)
+        self.workspace = os.path.realpath(spec.workspace)
+        if not os.path.isdir(self.workspace):
+            raise SandboxError(f"workspace {spec.workspace} is not a directory")
+        env = _sandbox_env(spec.env)
+        self.python = _find_python(python)
+        binds = [_bind_pair(item) for item in ro_binds]
+        prefix = _python_prefix(self.python)
+        if prefix is not None:
+            binds.append((prefix, prefix))
+            env["PATH"] = env["PATH"] if "PATH" in spec.env else f"{os.path.dirname(self.python)}:{env['PATH']}"
+
+        self.host_ids: tuple[int, int] | None = None
+        if os.geteuid() == 0:
+            uid = DEFAULT_HOST_UID if host_uid is None else host_uid
+            gid = DEFAULT_HOST_GID if host_gid is None else host_gid
+            if uid == 0:
+                raise SandboxError("host_uid 0 would let the sandbox escape its process limit")
+            _check_reachable(self.workspace, uid, gid)
+            self.host_ids = (uid, gid)
+
+        script = runner_script or os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
+        with open(script, "rb") as handle:
+            runner_source = handle.read()
+
+        # Runs once: on close(), or at interpreter exit if the caller never closed the sandbox.
+        self._finalizer = weakref.finalize(self, _release, self._res)
+        try:
+            if self.host_ids is not None:
+                st = os.lstat(self.workspace)
+                self._res.workspace, self._res.owner = self.workspace, (st.st_uid, st.st_gid)
+                _chown_tree(self.workspace, *self.host_ids)
+            self._start(env, binds, runner_source, tmp_size_bytes, start_timeout_s)
+        except BaseException:
+            self._closed = True
+            self._finalizer()
+            raise
+        if math.isfinite(self.limits.wall_seconds) and self.limits.wall_seconds > 0:
+            timer = threading.Timer(self.limits.wall_seconds, _on_wall_limit, args=(weakref.ref(self),))
+            timer.daemon = True
+            self._res.timer = timer
+            timer.start()
+
+    # ------------------------------------------------------------------------- the protocol
+
+    def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        """Run one Leaf tool call; returns Leaf's exact text (a tool's own errors included)."""
+        if name == "Bash" and isinstance(arguments, dict):
+            try:
+                timeout = bash_timeout(arguments, self.limits.default_tool_timeout)
+            except ValueError:
+                timeout = self.limits.default_tool_timeout
+            deadline = timeout + self.reply_grace_s
+        else:
+            deadline = self.tool_timeout_s
+        reply = self._request({"op": "tool", "name": name, "arguments": arguments}, deadline)
+        return self._field(reply, "output", str)
+
+    def run_command(self, command: str, timeout: float) -> CommandResult:
+        """Run a pipeline command (tests, setup) with its own timeout; the log is head+tail bounded."""
+        payload = {"op": "exec", "command": command, "timeout": timeout, "log_limit": self.limits.output_bytes}
+        reply = self._request(payload, timeout + self.reply_grace_s)
+        return CommandResult(
+            command=command,
+            exit_code=self._field(reply, "exit_code", int),
+            log=self._field(reply, "log", str),
+            timed_out=self._field(reply, "timed_out", bool),
+            duration_s=float(self._field(reply, "duration_s", (int, float))),
+        )
+
+    def patch(self, base_commit: str) -> str:
+        """The patch as text; undecodable bytes are kept as surrogates (encode with
+        'surrogateescape' to get the exact bytes back), or use `patch_bytes`."""
+        return self.patch_bytes(base_commit).decode("utf-8", "surrogateescape")
+
+    def patch_bytes(self, base_commit: str) -> bytes:
+        """`git add -A` then `git diff --cached --binary <base_commit>`, taken inside the sandbox."""
+        payload = {"op": "patch", "base": base_commit, "max_bytes": self.max_patch_bytes}
+        reply = self._request(payload, 600.0 + self.reply_grace_s)
+        try:
+            return base64.b64decode(self._field(reply, "patch_b64", str), validate=True)
+        except ValueError:
+            raise self._broken("the runner sent a patch that is not base64") from None
+
+    def ping(self) -> dict[str, Any]:
+        """Round-trip a no-op; returns the runner's pid, uid and Python version."""
+        return self._request({"op": "ping"}, self.tool_timeout_s)
+
+    def close(self) -> None:
+        """Kill every process of the sandbox and hand the workspace back; idempotent."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._finalizer()
+
+    def __enter__(self) -> LocalSandbox:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else (self._dead or "open")
+        return f"<LocalSandbox {self.workspace} {state}>"
+
+    # ------------------------------------------------------------------------- internals
+
+    def _start(
+        self,
+        env: dict[str, str],
+        binds: list[tuple[str, str]],
+        runner_source: bytes,
+        tmp_size_bytes: int,
+        start_timeout_s: float,
+    ) -> None:
+        fds: list[int] = []
+        info_r, info_w = os.pipe()
+        try:
+            passwd, group, profile, runner = (
+                _memfd("passwd", PASSWD.encode()),
+                _memfd("group", GROUP.encode()),
+                _memfd("profile", PROFILE.encode()),
+                _memfd("runner", runner_source),
+            )
+            fds += [passwd, group, profile, runner, info_w]
+            argv = [self.bwrap]
+            argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+            argv += ["--unshare-cgroup-try", "--disable-userns"]
+            argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "frogfix-sandbox"]
+            argv += ["--die-with-parent", "--new-session", "--clearenv"]
+            for key, value in env.items():
+                argv += ["--setenv", key, value]
+            for path in SYSTEM_DIRS:
+                if os.path.islink(path):
+                    argv += ["--symlink", os.readlink(path), path]
+                elif os.path.isdir(path):
+                    argv += ["--ro-bind", path, path]
+            for path in ETC_ENTRIES:
+                if os.path.exists(path):
+                    argv += ["--ro-bind", path, path]
+            for fd, dest in ((passwd, "/etc/passwd"), (group, "/etc/group"), (profile, "/etc/profile")):
+                argv += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
+            for src, dest in binds:
+                argv += ["--ro-bind", src, dest]
+            argv += ["--proc", "/proc", "--dev", "/dev"]
+            argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+            argv += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
+            argv += ["--bind", self.workspace, self.mount_point]
+            argv += ["--perms", "0644", "--ro-bind-data", str(runner), RUNNER_IN_SANDBOX]
+            argv += ["--remount-ro", "/", "--chdir", self.mount_point, "--info-fd", str(info_w)]
+            argv += ["--", self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", self.mount_point]
+            argv += ["--limits", json.dumps(self._rlimits()), "--reclaim"]
+            argv += ["--default-timeout", repr(float(self.limits.default_tool_timeout))]
+            drop: dict[str, Any] = {}
+            if self.host_ids is not None:
+                drop = {"user": self.host_ids[0], "group": self.host_ids[1], "extra_groups": []}
+            self._res.proc = proc = _spawn(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/",
+                pass_fds=fds,
+                start_new_session=True,
+                **drop,
+            )
+        finally:
+            for fd in fds:
+                os.close(fd)
+        assert proc.stdout is not None and proc.stderr is not None
+        self._res.threads = [
+            threading.Thread(target=_read_lines, args=(proc.stdout, self._replies), daemon=True),
+            threading.Thread(target=self._stderr.drain, args=(proc.stderr,), daemon=True),
+        ]
+        for thread in self._res.threads:
+            thread.start()
+        try:
+            child = _read_info(info_r, start_timeout_s)
+        finally:
+            os.close(info_r)
+        if child is None:
+            raise self._unavailable("bwrap did not start the sandbox")
+        with contextlib.suppress(ProcessLookupError):
+            self._res.pidfd = os.pidfd_open(child)
+        try:
+            self.runner_info = self._request({"op": "ping"}, start_timeout_s)
+        except SandboxError as exc:
+            raise SandboxUnavailable(f"the sandbox runner did not start: {exc}") from None
+
+    def _rlimits(self) -> dict[str, int]:
+        limits = self.limits
+        rlimits = {
+            "nproc": int(limits.max_processes),
+            "as": int(limits.memory_bytes),
+            "fsize": int(limits.file_size_bytes),
+            "core": 0,
+        }
+        if math.isfinite(limits.wall_seconds):  # no process may burn more CPU than the wall limit
+            rlimits["cpu"] = max(1, math.ceil(limits.wall_seconds))
+        return rlimits
+
+    def _request(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
+        with self._lock:
+            if self._closed:
+                raise SandboxError("the sandbox is closed")
+            if self._dead is not None:
+                raise SandboxError(self._dead)
+            proc = self._res.proc
+            assert proc is not None and proc.stdin is not None
+            self._seq += 1
+            rid = self._seq
+            line = json.dumps({"id": rid, **payload}, ensure_ascii=True, default=str).encode("ascii")
+            try:
+                proc.stdin.write(line + b"\n")
+                proc.stdin.flush()
+            except (OSError, ValueError) as exc:
+                raise self._broken(f"cannot write to the sandbox runner ({exc})") from None
+            try:
+                item = self._replies.get(timeout=timeout)
+            except queue.Empty:
+                raise self._broken(f"the sandbox runner did not answer within {timeout:.0f}s") from None
+            if item is _EOF:
+                raise self._broken("the sandbox runner exited")
+            if isinstance(item, BaseException):
+                raise self._broken(f"cannot read from the sandbox runner ({item})")
+            assert isinstance(item, bytes)
+            try:
+                reply = json.loads(item)
+            except ValueError:
+                raise self._broken(f"the sandbox runner sent a line that is not JSON: {item[:200]!r}") from None
+            if not isinstance(reply, dict) or reply.get("id") != rid:
+                raise self._broken(f"the sandbox runner sent an unexpected reply: {item[:200]!r}")
+            if reply.get("ok") is not True:
+                raise SandboxError(f"sandbox runner: {reply.get('error', 'unknown error')}")
+            return reply
+
+    def _field(self, reply: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+        value = reply.get(key)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise self._broken(f"the sandbox runner sent a reply without a valid {key!r}")
+        return value
+
+    def _broken(self, message: str) -> SandboxError:
+        """Mark the sandbox unusable, kill it, and build the error for the caller to raise."""
+        if self._expired:
+            message = f"the sandbox reached its wall-clock limit of {self.limits.wall_seconds:g}s"
+        else:
+            tail = self._stderr.text()
+            if tail:
+                message = f"{message}; stderr: {tail}"
+        self._dead = message
+        self._kill()
+        return SandboxError(message)
+
+    def _unavailable(self, message: str) -> SandboxUnavailable:
+        proc = self._res.proc
+        if proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=2)
+        for thread in self._res.threads[1:]:
+            thread.join(timeout=2)
+        tail = self._stderr.text()
+        return SandboxUnavailable(f"{message}: {tail}" if tail else message)
+
+    def _kill(self) -> None:
+        _kill(self._res)
+
+
+def _on_wall_limit(ref: weakref.ReferenceType[LocalSandbox]) -> None:
+    sandbox = ref()
+    if sandbox is not None:
+        sandbox._expired = True
+        sandbox._dead = f"the sandbox reached its wall-clock limit of {sandbox.limits.wall_seconds:g}s"
+        sandbox._kill()
+
+
+class _Resources:
+    """What a sandbox holds on the host; kept apart from LocalSandbox so a finalizer can free it."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pidfd: int | None = None
+        self.threads: list[threading.Thread] = []
+        self.timer: threading.Timer | None = None
+        self.workspace = ""
+        self.owner: tuple[int, int] | None = None
+        self.lock = threading.Lock()  # the wall-clock timer may kill while close() releases
+
+
+def _kill(res: _Resources) -> None:
+    """SIGKILL bwrap's process group and the sandbox's init, then wait until all are gone."""
+    with res.lock:
+        _kill_locked(res)
+
+
+def _kill_locked(res: _Resources) -> None:
+    proc = res.proc
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    if res.pidfd is not None:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(res.pidfd, signal.SIGKILL)
+        # The pid namespace's init exits only after every process in it has: once its pidfd is
+        # readable, nothing sandboxed is left running.
+        select.select([res.pidfd], [], [], 10.0)
+    if proc is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+def _release(res: _Resources) -> None:
+    """Stop the timer, kill everything, close our ends, hand the workspace back."""
+    if res.timer is not None:
+        res.timer.cancel()
+    _kill(res)
+    for thread in res.threads:
+        thread.join(timeout=5)
+    proc = res.proc
+    if proc is not None:
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+    with res.lock:
+        if res.pidfd is not None:
+            os.close(res.pidfd)
+            res.pidfd = None
+    if res.owner is not None:
+        owner, res.owner = res.owner, None
+        _chown_tree(res.workspace, *owner, strip_setid=True)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class _Tail:
+    """The last bytes of bwrap's/the runner's stderr, for error messages."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._data = bytearray()
+        self._lock = threading.Lock()
+
+    def drain(self, stream: IO[bytes]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := os.read(stream.fileno(), 4096):
+                with self._lock:
+                    self._data += chunk
+                    del self._data[: -self.size]
+
+    def text(self) -> str:
+        with self._lock:
+            return self._data.decode("utf-8", "replace").strip()
+
+
+def _spawn(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    try:
+        return subprocess.Popen(argv, **options)
+    except OSError as exc:
+        raise SandboxUnavailable(f"cannot start bwrap: {exc}") from exc
+
+
+def _read_lines(stream: IO[bytes], replies: queue.Queue[object]) -> None:
+    """Reader thread: one reply line at a time, bounded, so a runner gone wrong cannot flood us."""
+    try:
+        while True:
+            line = stream.readline(MAX_REPLY_BYTES + 1)
+            if not line:
+                replies.put(_EOF)
+                return
+            if len(line) > MAX_REPLY_BYTES:
+                replies.put(ValueError(f"reply line longer than {MAX_REPLY_BYTES} bytes"))
+                return
+            replies.put(line)
+    except (OSError, ValueError) as exc:
+        replies.put(exc)
+
+
+def _read_info(fd: int, timeout: float) -> int | None:
+    """The host pid of the sandbox's init, from bwrap's --info-fd JSON; None if bwrap failed."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if not ready:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        with contextlib.suppress(ValueError):
+            info = json.loads(data)
+            if isinstance(info, dict) and isinstance(info.get("child-pid"), int):
+                return int(info["child-pid"])
+    return None
+
+
+def _find_bwrap(explicit: str | None) -> str:
+    path = explicit or shutil.which("bwrap") or shutil.which("bwrap", path="/usr/bin:/usr/local/bin:/bin")
+    if not path or not os.access(path, os.X_OK):
+        where = f" at {explicit}" if explicit else ""
+        raise SandboxUnavailable(
+            f"bubblewrap (bwrap) is not installed{where}; the local sandbox needs it: "
+            "apt-get install bubblewrap (FrogFix never runs a job unsandboxed)"
+        )
+    return path
+
+
+def _find_python(explicit: str | None) -> str:
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise SandboxUnavailable(f"python {explicit} is not an executable")
+        return os.path.abspath(explicit)
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    raise SandboxUnavailable("no python3 under /usr for the sandbox runner; pass python= and ro_binds=")
+
+
+def _python_prefix(python: str) -> str | None:
+    """The folder to bind read-only when the runner's python lives outside the system dirs."""
+    real = os.path.realpath(python)
+    if _under_system_dirs(python) and _under_system_dirs(real):
+        return None
+    return os.path.dirname(os.path.dirname(real))
+
+
+def _under_system_dirs(path: str) -> bool:
+    return any(path.startswith(folder + "/") for folder in SYSTEM_DIRS)
+
+
+def _bind_pair(item: str | tuple[str, str]) -> tuple[str, str]:
+    src, dest = (item, item) if isinstance(item, str) else item
+    if not os.path.isabs(src) or not os.path.isabs(dest):
+        raise ValueError(f"read-only binds need absolute paths, got {item!r}")
+    if not os.path.exists(src):
+        raise SandboxError(f"read-only bind {src} does not exist")
+    return src, dest
+
+
+def _sandbox_env(extra: dict[str, str]) -> dict[str, str]:
+    """A minimal PATH/HOME/LANG plus what the job allows, and never a FrogFix setting."""
+    env = {"PATH": DEFAULT_PATH, "HOME": HOME_IN_SANDBOX, "LANG": "C.UTF-8"}
+    for key, value in extra.items():
+        if not key or "=" in key or "\0" in key or "\0" in str(value):
+            raise ValueError(f"invalid environment variable for the sandbox: {key!r}")
+        if key.upper().startswith("FROGFIX_"):
+            raise ValueError(f"{key}: FrogFix settings (tokens, secrets) never enter a sandbox")
+        env[key] = str(value)
+    return env
+
+
+def _memfd(name: str, data: bytes) -> int:
+    """An anonymous file bwrap copies into the sandbox, so the sandbox uid needs no host path."""
+    fd = os.memfd_create(f"frogfix-{name}", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _check_reachable(workspace: str, uid: int, gid: int) -> None:
+    """bwrap runs as `uid` and opens the workspace by path: every folder above must let it pass."""
+    folder = os.path.dirname(workspace)
+    while True:
+        st = os.stat(folder)
+        if st.st_uid == uid:
+            bit = stat.S_IXUSR
+        elif st.st_gid == gid:
+            bit = stat.S_IXGRP
+        else:
+            bit = stat.S_IXOTH
+        if not st.st_mode & bit:
+            raise SandboxError(
+                f"the sandbox's host uid {uid} cannot reach the workspace: {folder} is not searchable "
+                f"(chmod o+x {folder}, or keep workspaces under a folder with mode 0711)"
+            )
+        if folder == "/":
+            return
+        folder = os.path.dirname(folder)
+
+
+def _chown_tree(root: str, uid: int, gid: int, strip_setid: bool = False) -> None:
+    """Give every entry under `root` to uid:gid without following a single symlink."""
+
+    def visit(path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.lchown(path, uid, gid)
+            if strip_setid:
+                mode = os.lstat(path).st_mode
+                if stat.S_ISREG(mode) and mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.chmod(path, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID))
+
+    visit(root)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            visit(os.path.join(folder, name))

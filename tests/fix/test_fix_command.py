@@ -1,0 +1,174 @@
+"""`manage.py fix --json` end to end: a scripted model over real HTTP fixes a real bug in a bubblewrap sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.doubles.openai_server import ScriptedOpenAIServer, Status, assistant, text_call, tool_call
+from tests.fix.sample_repo import ISSUE, git, make_sample_repo
+from worker.repo_config import changed_paths
+
+ROOT = Path(__file__).resolve().parents[2]
+CANARY = "canary-secret-5d1e0b7a9c"
+
+
+def fixing_script() -> list[Any]:
+    return [
+        assistant(None, reasoning="Look at the code first.", tool_calls=[tool_call("Read", {"file_path": "calc.py"})]),
+        Status(503, {"error": "overloaded"}),  # a transient model failure the client retries
+        assistant(
+            "I will fix the operator.\n"
+            + text_call("Edit", file_path="calc.py", old_string="return a - b", new_string="return a + b"),
+            reasoning="add uses minus",
+        ),
+        assistant(
+            None,
+            tool_calls=[
+                tool_call("Bash", {"command": "python3 -m pytest -q", "timeout": 120}),
+                tool_call("Bash", {"command": "env; echo HOME=$HOME"}),
+            ],
+        ),
+        assistant("Fixed add(): it subtracted instead of adding. The tests pass."),
+    ]
+
+
+def workspace_dir(data_dir: Path) -> Path:
+    """A per-test workspace folder the sandbox's unprivileged uid can reach (pytest's tmp is 0700)."""
+    return Path("/tmp") / f"frogfix-test-ws-{abs(hash(str(data_dir)))}"
+
+
+@pytest.fixture(autouse=True)
+def _remove_workspace_dir(tmp_path: Path) -> Any:
+    yield
+    shutil.rmtree(workspace_dir(tmp_path / "data"), ignore_errors=True)
+
+
+def run_fix(
+    repo: Path, data_dir: Path, base_url: str, *extra: str, env_extra: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    issue = data_dir.parent / "issue.md"
+    issue.write_text(ISSUE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
+    env.update(
+        {
+            "FROGFIX_DATA_DIR": str(data_dir),
+            "FROGFIX_WORKSPACE_DIR": str(workspace_dir(data_dir)),
+            "FROGFIX_MODEL_BASE_URL": base_url,
+            "FROGFIX_MODEL_NAME": "scripted",
+            "FROGFIX_GITLAB_TOKEN": CANARY,
+            "FROGFIX_MODEL_API_KEY": CANARY + "-model",
+            "CANARY_IN_WORKER_ENV": CANARY,
+            **(env_extra or {}),
+        }
+    )
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "fix", str(repo), "--issue", str(issue), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.bwrap
+def test_fix_json_fixes_the_bug_and_reports_tests_before_and_after(tmp_path: Path) -> None:
+    repo = make_sample_repo(tmp_path)
+    with ScriptedOpenAIServer(fixing_script()) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json")
+        requests = [server.request_json(i) for i in range(len(server.requests))]
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["status"] == "fixed" and out["exit_reason"] == "agent" and out["steps"] == 4
+    assert "-    return a - b" in out["patch"] and "+    return a + b" in out["patch"]
+    assert changed_paths(out["patch"]) == ["calc.py"]  # no bytecode or cache files swept in
+    assert out["flags"] == []
+    tests = out["tests"]
+    assert tests["command"] == "python3 -m pytest -q"
+    assert tests["before"]["exit_code"] == 1 and "1 failed, 1 passed" in tests["before"]["log"]
+    assert tests["after"]["exit_code"] == 0 and "2 passed" in tests["after"]["log"]
+    assert out["job_id"].startswith("local-")
+
+    trajectory = json.loads(Path(out["trajectory"]).read_text())
+    assert trajectory["trajectory_format"] == "leaf-function-calling"
+    assert trajectory["exit_reason"] == "agent" and trajectory["output_patch"] == out["patch"]
+    tool_outputs = [m["content"] for m in trajectory["messages"] if m["role"] == "tool"]
+    assert tool_outputs[0].startswith("calc.py\n1. ")
+    assert tool_outputs[1] == "Edited calc.py (1 replacement)."
+    assert "2 passed" in tool_outputs[2] and tool_outputs[2].startswith("Exit code: 0")
+    env_dump = tool_outputs[3]
+    assert "FROGFIX_" not in env_dump and "CANARY_IN_WORKER_ENV" not in env_dump
+
+    # The canary secret reached no tool output, trajectory, progress line, JSON, or model request.
+    everything = proc.stdout + proc.stderr + Path(out["trajectory"]).read_text() + json.dumps(requests)
+    assert CANARY not in everything
+    # The checkout itself is untouched, and the job's workspaces are gone.
+    assert "return a - b" in (repo / "calc.py").read_text() and git(repo, "status", "--porcelain") == ""
+    assert not any(workspace_dir(tmp_path / "data").glob("*"))
+    # The progress lines say what happened while it ran.
+    assert "step 1: Read" in proc.stderr and "tests before the patch" in proc.stderr
+
+
+@pytest.mark.bwrap
+def test_fix_reports_no_fix_when_the_model_changes_nothing(tmp_path: Path) -> None:
+    repo = make_sample_repo(tmp_path)
+    with ScriptedOpenAIServer([assistant("I could not find the bug.")]) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json")
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["status"] == "no_fix" and out["patch"] == ""
+    assert out["tests"]["before"]["exit_code"] == 1 and out["tests"]["after"] is None
+
+
+@pytest.mark.bwrap
+def test_fix_reports_failed_when_the_model_is_down(tmp_path: Path) -> None:
+    repo = make_sample_repo(tmp_path)
+    with ScriptedOpenAIServer([Status(500, {"error": "down"})] * 20) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json", env_extra={"FROGFIX_MODEL_MAX_RETRIES": "1"})
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 2 and out["status"] == "failed" and out["exit_reason"] == "llm_query_error"
+    assert "500" in (out["error"] or "")
+
+
+def test_fix_refuses_a_folder_that_is_not_a_checkout(tmp_path: Path) -> None:
+    proc = run_fix(tmp_path, tmp_path / "data", "http://127.0.0.1:9/v1")
+    assert proc.returncode == 2 and "is not a git checkout" in proc.stderr
+
+
+def test_fix_human_output(tmp_path: Path) -> None:
+    repo = make_sample_repo(tmp_path)
+    with ScriptedOpenAIServer(fixing_script()) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("status: fixed (agent, 4 steps")
+    assert "tests: python3 -m pytest -q: before exit 1, after exit 0" in proc.stdout
+    assert "+    return a + b" in proc.stdout
+
+
+@pytest.mark.bwrap
+def test_demo_command_fixes_its_sample_repository(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
+    env.update(
+        {"FROGFIX_DATA_DIR": str(tmp_path / "data"), "FROGFIX_WORKSPACE_DIR": str(workspace_dir(tmp_path / "data"))}
+    )
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "demo", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert (
+        out["status"] == "fixed"
+        and out["tests"]["before"]["exit_code"] == 1
+        and out["tests"]["after"]["exit_code"] == 0
+    )
+    assert changed_paths(out["patch"]) == ["calc.py"]

@@ -1,0 +1,95 @@
+"""Helpers shared by the sandbox tests (fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandbox.local import MOUNT_POINT, LocalSandbox
+from sandbox.runner import Tools
+
+
+def git(cwd: Path, *args: str) -> str:
+    """Run git on the host (only while no sandbox holds the workspace)."""
+    done = subprocess.run(
+        ["git", "-c", "user.name=FrogFix Test", "-c", "user.email=test@frogfix.invalid", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return done.stdout.strip()
+
+
+def init_repo(path: Path, files: dict[str, str | bytes]) -> str:
+    """A git repository with one commit holding `files`; returns the commit id."""
+    git(path, "init", "-q")
+    for name, content in files.items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
+    git(path, "add", "-A")
+    git(path, "commit", "-q", "-m", "base")
+    return git(path, "rev-parse", "HEAD")
+
+
+def bash(sandbox: LocalSandbox, command: str, **extra: Any) -> str:
+    return sandbox.call_tool("Bash", {"command": command, **extra})
+
+
+def leaf_bash(rc: int, out: str, err: str) -> str:
+    return f"Exit code: {rc}\nSTDOUT:\n{out}\nSTDERR:\n{err}"
+
+
+def skip_unless_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only meaningful when FrogFix runs as root")
+
+
+class ToolHarness:
+    """The five tools over one workspace, either in-process (`Tools`) or through a real sandbox.
+
+    Tests put their files under `root` first; the sandbox is opened on the first call, so the
+    files are there (and owned right) when it starts.
+    """
+
+    def __init__(self, kind: str, root: Path, opener: Callable[[Path], LocalSandbox] | None = None) -> None:
+        self.kind = kind
+        self.root = root
+        self._opener = opener
+        self._sandbox: LocalSandbox | None = None
+        self._tools = Tools(str(root)) if kind == "inprocess" else None
+
+    @property
+    def inside_root(self) -> str:
+        """The workspace root as the tools see it."""
+        return str(self.root) if self.kind == "inprocess" else MOUNT_POINT
+
+    def abs(self, relative: str) -> str:
+        return os.path.join(self.inside_root, relative)
+
+    def put(self, name: str, content: str | bytes) -> Path:
+        assert self._sandbox is None, "put files before the first call"
+        target = self.root / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_bytes(content.encode())
+        return target
+
+    def call(self, name: str, **arguments: Any) -> str:
+        if self._tools is not None:
+            return self._tools.call(name, arguments)
+        if self._sandbox is None:
+            assert self._opener is not None
+            self._sandbox = self._opener(self.root)
+        return self._sandbox.call_tool(name, arguments)
