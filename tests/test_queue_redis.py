@@ -14,6 +14,7 @@ import pytest
 
 from app import jobs
 from app.db import session_scope
+from app.models import FINAL_STATUSES
 from app.sweep import sweep_once
 from tests.conftest import configure
 from tests.servers import Redis, wait_until
@@ -57,11 +58,11 @@ def test_worker_receives_the_task_for_a_committed_job(client: Any, worker_proces
     r = client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
     assert r.status_code == 202
     job_id = r.json()["job_id"]
-    wait_until(lambda: _job(job_id)[0].status != "queued", timeout=30)
+    wait_until(lambda: _job(job_id)[0].status in FINAL_STATUSES, timeout=30)
     job, kinds = _job(job_id)
     assert kinds[:2] == ["created", "claimed"]
-    # Until the pipeline lands the task says so honestly instead of pretending to fix anything.
-    assert job.status == "failed" and "pipeline" in (job.error or "") and job.attempt == 1
+    # No forge is configured here, so the pipeline ends the job with a clear reason.
+    assert job.status == "failed" and "FROGFIX_GITLAB_URL" in (job.error or "") and job.attempt == 1
 
 
 def test_broker_outage_keeps_the_job_queued_and_the_sweep_sends_it_later(
@@ -82,7 +83,7 @@ def test_broker_outage_keeps_the_job_queued_and_the_sweep_sends_it_later(
     finally:
         redis.start()
     assert sweep_once(older_than_s=0) == (1, 1)
-    wait_until(lambda: _job(job_id)[0].status != "queued", timeout=60)
+    wait_until(lambda: _job(job_id)[0].status in FINAL_STATUSES, timeout=60)
     job, kinds = _job(job_id)
     assert kinds.count("claimed") == 1 and job.enqueue_count == 1
     assert sweep_once(older_than_s=0) == (0, 0)  # nothing left to send
@@ -96,6 +97,6 @@ def test_redelivered_task_does_not_run_a_job_twice(redis_env: dict[str, Any]) ->
     with session_scope() as s:
         job_id = jobs.record_delivery(s, event).job_id
     assert job_id is not None
-    assert run_job(job_id) == "pipeline_missing"
+    assert run_job(job_id) == "failed"  # no forge configured: a clear, final failure
     assert run_job(job_id) == "not_claimed"
     assert _job(job_id)[1].count("claimed") == 1

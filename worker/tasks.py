@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import structlog
@@ -10,7 +9,6 @@ import structlog
 from app import jobs
 from app.db import session_scope
 from app.logs import get_logger
-from app.models import JobStatus
 from app.queue import RUN_JOB, SWEEP, celery_app
 from app.sweep import sweep_once
 
@@ -18,12 +16,6 @@ log = get_logger("frogfix.worker")
 # Celery's own per-task lines carry no job id; ours do (bound below), so keep Celery's quieter.
 for _name in ("celery.worker.strategy", "celery.app.trace"):
     logging.getLogger(_name).setLevel(logging.WARNING)
-PIPELINE_MISSING = (
-    "the pipeline (worker/pipeline.py) is not part of this build yet, so the job was claimed and "
-    "stopped here; nothing was changed in the repository"
-)
-
-
 def run_job(job_id: int) -> str:
     """Claim the job (guarded, so a redelivered task does nothing) and hand it to the pipeline."""
     with structlog.contextvars.bound_contextvars(job_id=job_id):
@@ -33,15 +25,9 @@ def run_job(job_id: int) -> str:
                 return "not_claimed"
             jobs.add_event(session, job_id, "claimed", "a worker claimed the job")
         log.info("job_claimed")
-        if importlib.util.find_spec("worker.pipeline") is None:
-            with session_scope() as session:
-                jobs.add_event(session, job_id, "pipeline_missing", PIPELINE_MISSING)
-                jobs.set_status(session, job_id, JobStatus.failed, error=PIPELINE_MISSING)
-            log.warning("pipeline_missing")
-            return "pipeline_missing"
-        from worker import pipeline  # type: ignore[attr-defined]
+        from worker import pipeline
 
-        return str(pipeline.run(job_id))
+        return pipeline.run(job_id)
 
 
 @celery_app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)

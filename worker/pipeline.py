@@ -1,0 +1,506 @@
+"""A job's stages, as plain functions with no Celery inside: admit, prepare, attempts, verify, publish.
+
+`run(job_id)` is called by the `frogfix.run_job` task after it claimed the job. Each stage is
+recorded on the job's timeline. Forge, model and repository access come in through `Deps`, so
+tests hand in doubles that speak the real protocols.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from app import jobs
+from app.db import session_scope
+from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
+from app.logs import SecretRedactor, get_logger
+from app.models import JobStatus
+from app.settings import Settings, get_settings
+from sandbox.base import SandboxError
+from worker import repos
+from worker.attempt import TestRun, apply_patch, model_from, run_agent, run_tests, sampling_from
+from worker.issue_text import sanitize_issue_text
+from worker.leaf.loop import StepRecord
+from worker.leaf.model import ModelClient
+from worker.leaf.trajectory import TrajectoryWriter
+from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, review_flags
+from worker.report import Provenance, TestEvidence, comment_finished, comment_started, mr_description
+from worker.repos import RepoCache, RepoError, RepoTransient
+
+log = get_logger("frogfix.pipeline")
+BOT_AUTHOR = ("FrogFix", "frogfix@localhost")
+INFRA_EXITS = ("llm_query_error", "tool_error")
+
+
+class JobEnded(Exception):
+    """A stage decided the job's final status (rejected, cancelled, failed, no_fix)."""
+
+    def __init__(self, status: JobStatus, reason: str, comment: str | None = None) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.comment = status, reason, comment
+
+
+def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:
+    if kind == "gitlab":
+        from app.forge.gitlab_api import GitLabForge
+
+        return GitLabForge(settings.gitlab_url, settings.gitlab_token.get_secret_value(), redact=redact)
+    if kind == "gitea":
+        from app.forge.gitea_api import GiteaForge
+
+        return GiteaForge(settings.gitea_url, settings.gitea_token.get_secret_value(), redact=redact)
+    raise ForgeError(f"unknown forge {kind!r}")
+
+
+@dataclass
+class Deps:
+    """What the pipeline reaches outside itself; the defaults come from settings."""
+
+    settings: Settings
+    forge_for: Callable[[str], Forge]
+    model_for: Callable[[], ModelClient]
+    repos: RepoCache
+    redactor: SecretRedactor = field(default_factory=SecretRedactor)
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Deps:
+        s = settings or get_settings()
+        redactor = SecretRedactor(s.secret_values())
+        return cls(
+            settings=s,
+            forge_for=lambda kind: make_forge(kind, s, redactor.redact),
+            model_for=lambda: model_from(s),
+            repos=RepoCache(s.data_dir / "mirrors"),
+            redactor=redactor,
+        )
+
+
+def job_url(settings: Settings, job_id: int) -> str | None:
+    return f"{settings.public_url.rstrip('/')}/jobs/{job_id}" if settings.public_url else None
+
+
+def project_allowed(settings: Settings, project: str) -> bool:
+    patterns = [p.strip() for p in settings.allowed_projects.split(",") if p.strip()]
+    return not patterns or any(fnmatch.fnmatchcase(project, p) for p in patterns)
+
+
+class Heartbeat:
+    """Stamps the job every few seconds, so a job whose worker died is found and recovered."""
+
+    def __init__(self, job_id: int, interval: float) -> None:
+        self.job_id, self.interval = job_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
+
+    def _beat(self) -> None:
+        while True:
+            try:
+                with session_scope() as session:
+                    jobs.touch_heartbeat(session, self.job_id)
+            except Exception as exc:  # a database hiccup must not end the job
+                log.warning("heartbeat_failed", job_id=self.job_id, error=str(exc)[:300])
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class CancelCheck:
+    """Reads the job's cancel flag, at most once every `every` seconds (it is asked between tool calls)."""
+
+    def __init__(self, job_id: int, every: float = 2.0) -> None:
+        self.job_id, self.every = job_id, every
+        self._last = 0.0
+        self._value = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._value and now - self._last >= self.every:
+            self._last = now
+            with session_scope() as session:
+                self._value = jobs.cancel_requested(session, self.job_id)
+        return self._value
+
+
+class Pipeline:
+    """One run of one job."""
+
+    def __init__(self, job_id: int, deps: Deps) -> None:
+        self.job_id = job_id
+        self.deps = deps
+        self.s = deps.settings
+        self.redact = deps.redactor.redact
+        with session_scope() as session:
+            job = jobs.get_job(session, job_id)
+            self.forge_kind, self.project, self.issue = job.forge, job.project, job.issue
+            self.run_number = job.attempt
+            self.trigger_user = job.trigger_user
+            self.title, self.body = job.title or "", job.body or ""
+            self.issue_url = job.issue_url
+        self.forge: Forge | None = None
+        self.cancelled = CancelCheck(job_id)
+        self.root = self.s.resolved_workspace_dir() / f"job-{job_id}-run-{self.run_number}"
+        self.url = job_url(self.s, job_id)
+
+    # -- timeline helpers --------------------------------------------------------------------
+
+    def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        with session_scope() as session:
+            jobs.add_event(session, self.job_id, kind, self.redact(message), data)
+        log.info(kind, message=message[:500])
+
+    def status(self, status: JobStatus, **values: Any) -> None:
+        with session_scope() as session:
+            jobs.set_status(session, self.job_id, status, **values)
+
+    def check_cancel(self) -> None:
+        if self.cancelled():
+            raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+
+    def comment(self, body: str) -> None:
+        """Best effort: a comment that cannot be posted is noted on the timeline, never fatal."""
+        if self.forge is None:
+            return
+        try:
+            self.forge.comment(self.project, self.issue, self.redact(body))
+        except ForgeError as exc:
+            self.event("comment_failed", f"could not comment on the issue: {exc}")
+
+    # -- the stages ---------------------------------------------------------------------------
+
+    def run(self) -> str:
+        try:
+            self.forge = self.deps.forge_for(self.forge_kind)
+            self.admit()
+            mirror, base, info_branch, clone_url = self.prepare()
+            result = self.attempts(mirror, base)
+            if result is None:
+                raise JobEnded(JobStatus.no_fix, "no attempt produced a patch that passes the tests")
+            self.publish(mirror, base, info_branch, clone_url, *result)
+            return JobStatus.done.value
+        except JobEnded as end:
+            return self.end(end.status, end.reason, end.comment)
+        except (ForgeTransient, RepoTransient) as exc:
+            return self.end(
+                JobStatus.failed,
+                f"the forge or git server kept failing: {exc}",
+                "FrogFix could not reach the forge or the git server reliably; an operator can retry.",
+            )
+        except (ForgeError, RepoError, RepoConfigError) as exc:
+            return self.end(JobStatus.failed, str(exc), f"FrogFix stopped: {exc}")
+        except SandboxError as exc:
+            return self.end(JobStatus.failed, f"sandbox failure: {exc}", "FrogFix stopped: the sandbox failed.")
+        except Exception as exc:
+            log.exception("pipeline_bug")
+            return self.end(
+                JobStatus.failed,
+                f"internal error: {type(exc).__name__}: {exc}",
+                "FrogFix stopped on an internal error; an operator has the details.",
+            )
+        finally:
+            repos.remove_workspace(self.root)
+            if self.forge is not None:
+                self.forge.close()
+
+    def end(self, status: JobStatus, reason: str, comment: str | None) -> str:
+        reason = self.redact(reason)
+        self.event(status.value, reason)
+        self.status(status, error=None if status == JobStatus.no_fix else reason)
+        if comment is not None or status == JobStatus.no_fix:
+            text = comment or reason
+            self.comment(comment_finished(status.value.replace("_", " "), text, self.job_id, self.url, self.redact))
+        return status.value
+
+    def admit(self) -> None:
+        assert self.forge is not None
+        label = self.s.trigger_label
+        if not project_allowed(self.s, self.project):
+            raise JobEnded(
+                JobStatus.rejected,
+                f"project {self.project} is not in FROGFIX_ALLOWED_PROJECTS",
+                "FrogFix is not enabled for this project.",
+            )
+        issue = self.forge.get_issue(self.project, self.issue)
+        if issue.state != "open":
+            raise JobEnded(JobStatus.cancelled, "the issue is closed", None)
+        if label not in issue.labels:
+            raise JobEnded(JobStatus.cancelled, f"the label {label!r} is no longer on the issue", None)
+        adder = self.forge.label_adder(self.project, self.issue, label) or self.trigger_user
+        if not adder:
+            raise JobEnded(
+                JobStatus.rejected,
+                "cannot tell who added the label",
+                f"FrogFix could not tell who added `{label}`, so it did not start.",
+            )
+        if not self.forge.can_trigger(self.project, adder):
+            raise JobEnded(
+                JobStatus.rejected,
+                f"{adder} may not trigger FrogFix here",
+                f"@{adder} added `{label}` but needs at least Developer (write) access to this "
+                "project for FrogFix to act on it.",
+            )
+        self.title, self.body = issue.title, issue.body or ""
+        self.issue_url = issue.web_url or self.issue_url
+        with session_scope() as session:
+            jobs.update_job(
+                session, self.job_id, title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url
+            )
+        self.event("admitted", f"{adder} may trigger; issue re-read from the API")
+        self.comment(comment_started(self.job_id, self.url))
+
+    def prepare(self) -> tuple[Path, str, str, str]:
+        assert self.forge is not None
+        info = self.forge.project_info(self.project)
+        key = repos.mirror_key(self.forge_kind, self.project)
+        mirror = self.deps.repos.mirror(key, info.clone_url, self.forge.git_auth_header())
+        base = repos.resolve(mirror, info.default_branch)
+        branch = f"frogfix/issue-{self.issue}"
+        with session_scope() as session:
+            jobs.update_job(session, self.job_id, base_commit=base, branch=branch)
+        self.event(
+            "prepared",
+            f"mirror updated; base {info.default_branch} at {base[:12]}",
+            {"base_commit": base, "default_branch": info.default_branch},
+        )
+        self.root.mkdir(parents=True, exist_ok=True)
+        return mirror, base, info.default_branch, info.clone_url
+
+    def attempts(self, mirror: Path, base: str) -> tuple[str, str, TestEvidence, list[str], int, RepoConfig] | None:
+        """Run up to FROGFIX_ATTEMPTS independent attempts; the first verified one wins."""
+        before: TestRun | None = None
+        last_reason = "no attempt ran"
+        for number in range(1, self.s.attempts + 1):
+            self.check_cancel()
+            outcome = self.one_attempt(mirror, base, number, before)
+            before = outcome.before or before
+            if outcome.verified is not None:
+                return outcome.verified
+            last_reason = outcome.reason
+            if outcome.fatal:
+                raise JobEnded(JobStatus.failed, outcome.reason, f"FrogFix stopped: {outcome.reason}")
+        raise JobEnded(JobStatus.no_fix, last_reason, last_reason)
+
+    def one_attempt(self, mirror: Path, base: str, number: int, before: TestRun | None) -> AttemptOutcome:
+        with session_scope() as session:
+            attempt_id = jobs.start_attempt(session, self.job_id, self.run_number, number)
+        ws = self.root / f"attempt-{number}"
+        repos.make_workspace(mirror, ws, base)
+        config = load_repo_config(ws)
+        trajectory = self.s.data_dir / "trajectories" / f"job-{self.job_id}-run-{self.run_number}-{number}.json"
+        writer = TrajectoryWriter(
+            trajectory,
+            job_id=self.job_id,
+            model=self.s.model_name,
+            sampling=sampling_from(self.s).body_fields(),
+            base_commit=base,
+            redact=self.redact,
+            fields={
+                "attempt": number,
+                "run": self.run_number,
+                "forge": self.forge_kind,
+                "project": self.project,
+                "issue": self.issue,
+            },
+        )
+
+        def on_step(record: StepRecord) -> None:
+            with session_scope() as session:
+                jobs.update_attempt(session, attempt_id, steps=record.step + 1)
+                jobs.update_job(session, self.job_id, steps=record.step + 1)
+
+        self.event(
+            "agent_started",
+            f"attempt {number}: running the agent ({self.s.model_name})",
+            {"attempt": number, "trajectory": str(trajectory), "test_command": config.test_command},
+        )
+        result, patch = run_agent(
+            ws,
+            base,
+            settings=self.s,
+            model=self.deps.model_for(),
+            title=self.title,
+            body=sanitize_issue_text(self.body),
+            project=self.project,
+            issue_number=self.issue,
+            writer=writer,
+            on_step=on_step,
+            cancel=self.cancelled,
+            image=config.image,
+            labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
+        )
+        repos.remove_workspace(ws)
+        fields: dict[str, Any] = {
+            "exit_reason": result.exit_reason,
+            "steps": result.steps,
+            "trajectory_path": str(trajectory),
+            "patch": patch,
+            "summary": self.redact(result.final_answer)[:20_000],
+            "error": result.error,
+        }
+        with session_scope() as session:
+            jobs.update_job(session, self.job_id, exit_reason=result.exit_reason, steps=result.steps)
+        self.event(
+            "agent_finished",
+            f"attempt {number}: {result.exit_reason} after {result.steps} steps",
+            {"attempt": number, "exit_reason": result.exit_reason, "patch_bytes": len(patch)},
+        )
+        if result.exit_reason == "cancelled":
+            self._finish_attempt(attempt_id, "cancelled", fields)
+            raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+        if not patch:
+            status = "failed" if result.exit_reason in INFRA_EXITS else "no_fix"
+            self._finish_attempt(attempt_id, status, fields)
+            reason = (
+                f"the model could not be used: {result.error}"
+                if result.exit_reason == "llm_query_error"
+                else f"attempt {number} ended ({result.exit_reason}) without changing any file"
+            )
+            return AttemptOutcome(None, reason, before, fatal=result.exit_reason in INFRA_EXITS)
+        if not config.test_command:
+            self._finish_attempt(attempt_id, "no_fix", fields)
+            return AttemptOutcome(
+                None, "no test command was found to verify the patch; add test_command to .frogfix.yml", before
+            )
+
+        self.status(JobStatus.verifying)
+        flags = review_flags(patch, config)
+        refused = [f for f in flags if f.startswith("changes protected path")] or (
+            flags if self.s.refuse_protected_changes else []
+        )
+        if refused:
+            fields["flags"] = flags
+            self._finish_attempt(attempt_id, "rejected", fields)
+            self.status(JobStatus.running, expected=("verifying",))
+            return AttemptOutcome(None, f"attempt {number}'s patch was refused: {'; '.join(refused)}", before)
+        if before is None:
+            before = self._tests(mirror, base, config, None, "before")
+        after = [self._tests(mirror, base, config, patch, f"after, run {i + 1}") for i in range(self.s.verify_runs)]
+        codes = {run.exit_code for run in after}
+        flaky = len(codes) > 1
+        evidence = TestEvidence(config.test_command, before.to_dict(), [run.to_dict() for run in after], flaky)
+        if flaky:
+            flags = [*flags, "the patched tests gave different results between runs (flaky)"]
+        fields.update(tests=evidence.to_dict(), flags=flags)
+        verified = codes == {0}
+        self._finish_attempt(attempt_id, "verified" if verified else "no_fix", fields)
+        self.event(
+            "verified" if verified else "not_verified",
+            f"attempt {number}: tests before exit {before.exit_code}, after exit "
+            f"{', '.join(str(r.exit_code) for r in after)}",
+            {"attempt": number, "flaky": flaky},
+        )
+        if not verified:
+            self.status(JobStatus.running, expected=("verifying",))
+            why = "flaky" if flaky else f"exit {after[0].exit_code}"
+            return AttemptOutcome(None, f"attempt {number}'s patch did not pass the tests ({why})", before)
+        return AttemptOutcome((patch, result.final_answer, evidence, flags, number, config), "verified", before)
+
+    def _finish_attempt(self, attempt_id: int, status: str, fields: dict[str, Any]) -> None:
+        with session_scope() as session:
+            jobs.update_attempt(session, attempt_id, finished=True, status=status, **fields)
+
+    def _tests(self, mirror: Path, base: str, config: RepoConfig, patch: str | None, label: str) -> TestRun:
+        ws = self.root / f"tests-{label.replace(' ', '-').replace(',', '')}"
+        repos.make_workspace(mirror, ws, base)
+        if patch:
+            problem = apply_patch(ws, patch, self.root)
+            if problem:
+                shutil.rmtree(ws, ignore_errors=True)
+                return TestRun(None, problem)
+        return run_tests(ws, config, self.s, self.redact, image=config.image)
+
+    def publish(
+        self,
+        mirror: Path,
+        base: str,
+        target_branch: str,
+        clone_url: str,
+        patch: str,
+        summary: str,
+        evidence: TestEvidence,
+        flags: list[str],
+        number: int,
+        config: RepoConfig,
+    ) -> None:
+        assert self.forge is not None
+        self.check_cancel()
+        self.status(JobStatus.publishing, expected=("verifying",))
+        branch = f"frogfix/issue-{self.issue}"
+        message = self.redact(f"Fix #{self.issue}: {self.title}"[:200] + f"\n\nDrafted by FrogFix (job {self.job_id}).")
+        sha = repos.commit_patch(mirror, base, patch, message, BOT_AUTHOR, self.root / "publish")
+        repos.push_branch(mirror, clone_url, self.forge.git_auth_header(), branch, sha)
+        self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
+        provenance = Provenance(
+            model=self.s.model_name,
+            sampling=sampling_from(self.s).body_fields(),
+            base_commit=base,
+            sandbox=f"{self.s.sandbox} ({config.image or 'default image'})",
+            attempt=number,
+            attempts=self.s.attempts,
+        )
+        description = mr_description(
+            issue_ref=f"#{self.issue}",
+            issue_url=self.issue_url,
+            summary=summary,
+            patch=patch,
+            tests=evidence,
+            flags=flags,
+            job_url=self.url,
+            provenance=provenance,
+            redact=self.redact,
+        )
+        mr, created = upsert_draft_mr(
+            self.forge,
+            self.project,
+            branch,
+            target_branch,
+            self.redact(f"Fix #{self.issue}: {self.title}"),
+            description,
+        )
+        with session_scope() as session:
+            jobs.update_job(session, self.job_id, mr_url=mr.web_url, flags=flags)
+            jobs.set_status(session, self.job_id, JobStatus.done, expected=("publishing",))
+            jobs.add_event(
+                session,
+                self.job_id,
+                "done",
+                f"{'opened' if created else 'updated'} draft {mr.web_url}",
+                {"mr_url": mr.web_url, "created": created},
+            )
+        self.comment(
+            comment_finished(
+                "draft merge request ready", f"Please review {mr.web_url}.", self.job_id, self.url, self.redact
+            )
+        )
+
+
+@dataclass
+class AttemptOutcome:
+    verified: tuple[str, str, TestEvidence, list[str], int, RepoConfig] | None
+    reason: str
+    before: TestRun | None
+    fatal: bool = False
+
+
+def run(job_id: int, deps: Deps | None = None) -> str:
+    """Run a claimed job to a final status; never raises."""
+    deps = deps or Deps.from_settings()
+    with (
+        structlog.contextvars.bound_contextvars(job_id=job_id),
+        Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4))),
+    ):
+        return Pipeline(job_id, deps).run()

@@ -1,0 +1,667 @@
+"""Repositories on the worker: bare mirrors, per-job workspaces, the fix commit and its push.
+
+Only the worker holds forge credentials. Every git call here runs with an environment built
+from scratch (no system or global config, HOME an empty folder, prompts off, only the http,
+https and file transports), and the Authorization header reaches git through
+`git_auth_env` for the one network call that needs it: it is never written to a mirror's or a
+workspace's config, never on a command line, never in a URL.
+
+Layout under `RepoCache.root`: `<key>.git` (the bare mirror: branch heads only, no remote, no
+URL) and `<key>.lock` (an flock: exclusive while fetching, shared while reading or writing
+objects, so two workers never fetch one mirror at once and nobody reads a half-updated one).
+
+Workspaces are shallow, one-commit clones of the mirror made by `git fetch --depth=1
+file://<mirror> <sha>`: their own objects (no hardlinks, no alternates, so the tree can be
+chowned to the sandbox's uid and bind-mounted alone), HEAD detached at the base commit itself,
+so `git diff --cached <base>` works inside the sandbox. The fix commit is built in the mirror
+with a private index (`git apply --cached`), never in a work tree, and pushed from the mirror to
+`refs/heads/frogfix/...` only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import binascii
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from app.forge.client import OutboundText, git_auth_env
+
+BRANCH_PREFIX = "frogfix/"
+HEADS_REFSPEC = "+refs/heads/*:refs/heads/*"  # heads only: no MR/PR refs from strangers, no tags
+NETWORK_TIMEOUT = 900.0  # seconds for one clone, fetch or push (a big first mirror takes a while)
+LOCAL_TIMEOUT = 300.0  # seconds for one local git command (workspace, commit)
+LOCK_WAIT = NETWORK_TIMEOUT + 60.0  # a lock holder's own calls are bounded, so waiting is too
+IDENTITY = ("FrogFix", "frogfix@localhost")
+
+_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
+_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_ALLOWED_SCHEMES = ("http", "https", "file")
+_FETCH_FLAGS = ("--quiet", "--no-tags", "--no-write-fetch-head")
+# Environment a git call may inherit: proxies and CA bundles an on-prem network needs, nothing else.
+_PASSTHROUGH = (
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "all_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "GIT_SSL_CAINFO",
+    "GIT_SSL_CAPATH",
+    "TMPDIR",
+    "TZ",
+)
+# Config every call gets (through GIT_CONFIG_*, so nothing is written): no hooks, no credential
+# helpers, no fsmonitor, and a stalled transfer fails instead of hanging until the hard timeout.
+_BASE_CONFIG = (
+    ("core.hooksPath", os.devnull),
+    ("core.fsmonitor", "false"),
+    ("credential.helper", ""),
+    ("protocol.version", "2"),
+    ("http.lowSpeedLimit", "1000"),
+    ("http.lowSpeedTime", "60"),
+    ("advice.detachedHead", "false"),
+    ("init.defaultBranch", "frogfix"),
+    # Lets a workspace fetch exactly the base commit from a mirror (protocol v0/v1 servers
+    # refuse unadvertised objects otherwise; v2 already allows it).
+    ("uploadpack.allowAnySHA1InWant", "true"),
+)
+# Written once into each new mirror: auto-gc runs inside our fetch (under the lock) rather than
+# as a detached process that outlives it.
+_MIRROR_CONFIG = (("gc.autoDetach", "false"), ("core.logAllRefUpdates", "false"))
+_WORKSPACE_CONFIG = f"[user]\n\tname = {IDENTITY[0]}\n\temail = {IDENTITY[1]}\n[gc]\n\tauto = 0\n"
+
+_PERMANENT_HINTS = re.compile(
+    r"authentication failed|could not read (username|password)|returned error: (401|403|404)|"
+    r"repository .* not found|not found|terminal prompts disabled|invalid credentials|access denied",
+    re.I,
+)
+_TRANSIENT_HINTS = re.compile(
+    r"could not resolve host|failed to connect|couldn.t connect|connection refused|connection timed out|timed out|"
+    r"connection reset|empty reply from server|rpc failed|early eof|unexpected disconnect|"
+    r"remote end hung up|recv failure|send failure|transfer closed|http/2 stream|gnutls|ssl_read|"
+    r"returned error: (5\d\d|408|425|429)|temporarily unavailable|service unavailable|"
+    r"too many requests|network is unreachable|no route to host|broken pipe",
+    re.I,
+)
+
+
+class RepoError(Exception):
+    """A git operation failed for good. `str(exc)` is safe to show: no token, no header."""
+
+
+class RepoTransient(RepoError):
+    """Network trouble (refused, timed out, 5xx): the same call may well work later."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Running git
+# ---------------------------------------------------------------------------------------------
+
+
+_home_lock = threading.Lock()
+_home: str | None = None
+
+
+def _empty_home() -> str:
+    """An empty, read-only folder for HOME, so no ~/.gitconfig or credential store is found."""
+    global _home
+    with _home_lock:
+        if _home is None or not os.path.isdir(_home):
+            _home = tempfile.mkdtemp(prefix="frogfix-git-home-")
+            os.chmod(_home, 0o500)
+            atexit.register(shutil.rmtree, _home, True)
+        return _home
+
+
+def git_environment(extra_config: Iterable[tuple[str, str]] = ()) -> dict[str, str]:
+    """The whole environment of one git call: isolated from the machine's config and identity."""
+    home = _empty_home()
+    env = {key: os.environ[key] for key in _PASSTHROUGH if key in os.environ}
+    env.update(
+        PATH=os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        HOME=home,
+        XDG_CONFIG_HOME=home,
+        LC_ALL="C",  # git's messages in English: errors are classified from them
+        LANG="C",
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_TERMINAL_PROMPT="0",
+        GIT_ALLOW_PROTOCOL=":".join(_ALLOWED_SCHEMES),
+        GIT_NO_REPLACE_OBJECTS="1",
+    )
+    config = [*_BASE_CONFIG, *extra_config]
+    for index, (key, value) in enumerate(config):
+        env[f"GIT_CONFIG_KEY_{index}"] = key
+        env[f"GIT_CONFIG_VALUE_{index}"] = value
+    env["GIT_CONFIG_COUNT"] = str(len(config))
+    return env
+
+
+def _secret_forms(auth_header: str | None) -> list[str]:
+    """Every form of the header's secret that could show up in git's output."""
+    if not auth_header:
+        return []
+    forms = {auth_header}
+    scheme, _, credentials = auth_header.strip().partition(" ")
+    credentials = credentials.strip()
+    if credentials:
+        forms.add(credentials)
+        if scheme.lower() == "basic":
+            with contextlib.suppress(binascii.Error, ValueError):
+                decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+                forms.add(decoded)
+                forms.add(decoded.partition(":")[2])
+    return [form for form in forms if len(form) >= 6]
+
+
+def _summary(text: str, secrets: Iterable[str]) -> str:
+    """git's few telling lines (fatal/error/remote/rejected), scrubbed and short."""
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    telling = [line for line in lines if re.match(r"(fatal|error|remote|!|hint: Updates were rejected)", line)]
+    picked = (telling or lines)[-4:]
+    return OutboundText(secrets).error(" | ".join(picked)) or "no message from git"
+
+
+def _classify(what: str, stderr: str, secrets: Iterable[str]) -> RepoError:
+    message = f"{what} failed: {_summary(stderr, secrets)}"
+    if _PERMANENT_HINTS.search(stderr):
+        return RepoError(message)
+    if _TRANSIENT_HINTS.search(stderr):
+        return RepoTransient(message)
+    return RepoError(message)
+
+
+def _run(
+    args: list[str],
+    *,
+    env: Mapping[str, str],
+    what: str,
+    timeout: float,
+    cwd: Path | None = None,
+    stdin: bytes | None = None,
+    secrets: Iterable[str] = (),
+    check: bool = True,
+) -> subprocess.CompletedProcess[bytes]:
+    """One git command, killed with its whole process group when it runs past `timeout`."""
+    proc = subprocess.Popen(
+        ["git", *args],
+        cwd=cwd,
+        env=dict(env),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own group: helpers (remote-http, upload-pack) die with it
+    )
+    try:
+        out, err = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RepoTransient(f"{what} timed out after {timeout:.0f}s") from None
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if check and done.returncode != 0:
+        raise _classify(what, err.decode("utf-8", "replace"), secrets)
+    return done
+
+
+def _git_dir_args(repo: Path) -> list[str]:
+    """Address a repository (bare or not) explicitly, so no parent folder's repo is ever used."""
+    git_dir = repo / ".git" if (repo / ".git").exists() else repo
+    return [f"--git-dir={git_dir}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+def mirror_key(forge: str, project: str) -> str:
+    """A safe, collision-free folder name for one forge project (`gitlab`, `group/sub/app`)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{forge}_{project}")
+    slug = re.sub(r"\.{2,}", ".", slug).strip("._-")[:120] or "repo"
+    digest = hashlib.sha256(f"{forge}\0{project}".encode()).hexdigest()[:12]
+    return f"{slug}-{digest}"
+
+
+def _check_key(key: str) -> str:
+    if not _KEY.fullmatch(key) or ".." in key or key.endswith((".lock", ".git", ".new")):
+        raise RepoError(f"not a safe mirror key: {key!r}")
+    return key
+
+
+def _check_url(url: str) -> str:
+    """Plain http(s) (or file, for local use) URLs only, never with credentials in them."""
+    if any(ch.isspace() or ord(ch) < 32 for ch in url):
+        raise RepoError("the clone URL contains whitespace or control characters")
+    parts = urlsplit(url)
+    if parts.scheme not in _ALLOWED_SCHEMES:
+        raise RepoError(f"unsupported clone URL scheme: {parts.scheme or '(none)'}")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise RepoError("the clone URL must not carry credentials; pass an Authorization header instead")
+    if parts.scheme != "file" and not parts.hostname:
+        raise RepoError("the clone URL has no host")
+    return url
+
+
+def _check_sha(commit: str) -> str:
+    if not _SHA.fullmatch(commit):
+        raise RepoError(f"not a full commit id: {commit[:80]!r}")
+    return commit
+
+
+def check_branch(branch: str) -> str:
+    """`branch` if it is a valid branch name under `frogfix/`; RepoError otherwise (no network)."""
+    if not isinstance(branch, str) or not branch.startswith(BRANCH_PREFIX) or len(branch) > 200:
+        raise RepoError(f"refusing to push to {branch!r}: FrogFix pushes only to branches under {BRANCH_PREFIX}")
+    rest = branch[len(BRANCH_PREFIX) :]
+    if not rest or any(ch.isspace() or ord(ch) < 32 or ch in "~^:?*[\\" for ch in branch) or ".." in branch:
+        raise RepoError(f"refusing to push to {branch!r}: not a valid branch name")
+    done = _run(
+        ["check-ref-format", f"refs/heads/{branch}"],
+        env=git_environment(),
+        what="check-ref-format",
+        timeout=LOCAL_TIMEOUT,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RepoError(f"refusing to push to {branch!r}: not a valid branch name")
+    return branch
+
+
+def branch_for_issue(number: int) -> str:
+    return f"{BRANCH_PREFIX}issue-{int(number)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Locks
+# ---------------------------------------------------------------------------------------------
+
+
+def _lock_path(mirror: Path) -> Path:
+    return mirror.with_name(mirror.name.removesuffix(".git") + ".lock")
+
+
+@contextlib.contextmanager
+def _flock(path: Path, *, exclusive: bool, wait: float = LOCK_WAIT) -> Iterator[None]:
+    """flock on `path` (created if missing), polled so a stuck holder cannot block us forever."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+        deadline = time.monotonic() + wait
+        delay = 0.01
+        while True:
+            try:
+                fcntl.flock(fd, mode | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise RepoTransient(f"the mirror lock {path.name} is still held after {wait:.0f}s") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+@contextlib.contextmanager
+def _reading(mirror: Path) -> Iterator[None]:
+    """A shared lock on one of our mirrors (no-op for any other repository)."""
+    lock = _lock_path(mirror)
+    if mirror.name.endswith(".git") and lock.exists():
+        with _flock(lock, exclusive=False):
+            yield
+    else:
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Mirrors
+# ---------------------------------------------------------------------------------------------
+
+
+class RepoCache:
+    """Bare mirrors of forge repositories under `root`, one per key, updated in place."""
+
+    def __init__(self, root: Path, *, timeout: float = NETWORK_TIMEOUT) -> None:
+        self.root = Path(root)
+        self.timeout = timeout
+
+    def path_for(self, key: str) -> Path:
+        return self.root / f"{_check_key(key)}.git"
+
+    def mirror(self, key: str, clone_url: str, auth_header: str | None) -> Path:
+        """The mirror for `key`, created or brought up to date (heads only, pruned); its path.
+
+        Holds the mirror's exclusive lock throughout, so concurrent callers fetch one at a time
+        (the second one's fetch is then a cheap no-op).
+        """
+        path = self.path_for(key)
+        _check_url(clone_url)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _flock(_lock_path(path), exclusive=True):
+            if (path / "HEAD").is_file() and (path / "objects").is_dir() and (path / "refs").is_dir():
+                self._update(path, clone_url, auth_header)
+            else:
+                self._create(path, clone_url, auth_header)
+        return path
+
+    def _network_env(self, clone_url: str, auth_header: str | None) -> dict[str, str]:
+        env = git_environment()
+        return git_auth_env(auth_header, url=clone_url, base_env=env) if auth_header else env
+
+    def _fetch(self, path: Path, clone_url: str, auth_header: str | None) -> None:
+        _run(
+            [*_git_dir_args(path), "fetch", *_FETCH_FLAGS, "--prune", "--", clone_url, HEADS_REFSPEC],
+            env=self._network_env(clone_url, auth_header),
+            what="git fetch",
+            timeout=self.timeout,
+            secrets=_secret_forms(auth_header),
+        )
+
+    def _set_head(self, path: Path, clone_url: str, auth_header: str | None) -> None:
+        """Point the mirror's HEAD at the remote's default branch (one ls-remote)."""
+        done = _run(
+            ["ls-remote", "--symref", "--", clone_url, "HEAD"],
+            env=self._network_env(clone_url, auth_header),
+            what="git ls-remote",
+            timeout=self.timeout,
+            secrets=_secret_forms(auth_header),
+            cwd=path,
+        )
+        match = re.search(rb"^ref: (refs/heads/\S+)\tHEAD$", done.stdout, re.M)
+        if match is not None:
+            _run(
+                [*_git_dir_args(path), "symbolic-ref", "HEAD", match.group(1).decode()],
+                env=git_environment(),
+                what="git symbolic-ref",
+                timeout=LOCAL_TIMEOUT,
+            )
+
+    def _create(self, path: Path, clone_url: str, auth_header: str | None) -> None:
+        """init --bare + fetch in a side folder, renamed into place only once it worked."""
+        staging = path.with_name(path.name + ".new")
+        for leftover in (staging, path):
+            if leftover.exists():
+                remove_workspace(leftover)
+        env = git_environment()
+        _run(
+            ["init", "--quiet", "--bare", "--template=", str(staging)], env=env, what="git init", timeout=LOCAL_TIMEOUT
+        )
+        try:
+            with (staging / "config").open("a", encoding="utf-8") as config:
+                for key, value in _MIRROR_CONFIG:
+                    section, name = key.split(".")
+                    config.write(f"[{section}]\n\t{name} = {value}\n")
+            self._fetch(staging, clone_url, auth_header)
+            self._set_head(staging, clone_url, auth_header)
+            staging.rename(path)
+        except BaseException:
+            remove_workspace(staging)
+            raise
+
+    def _update(self, path: Path, clone_url: str, auth_header: str | None) -> None:
+        self._fetch(path, clone_url, auth_header)
+        head = _run(
+            [*_git_dir_args(path), "rev-parse", "--verify", "--quiet", "HEAD"],
+            env=git_environment(),
+            what="git rev-parse",
+            timeout=LOCAL_TIMEOUT,
+            check=False,
+        )
+        if head.returncode != 0:  # the default branch was renamed or deleted upstream
+            self._set_head(path, clone_url, auth_header)
+
+
+def resolve(mirror: Path, ref: str) -> str:
+    """The full commit id `ref` (a branch, `HEAD`, `refs/heads/x` or a sha) names in `mirror`."""
+    if not ref or ref.startswith("-") or any(ch.isspace() or ord(ch) < 32 for ch in ref):
+        raise RepoError(f"not a valid ref: {ref[:80]!r}")
+    with _reading(mirror):
+        done = _run(
+            [*_git_dir_args(mirror), "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
+            env=git_environment(),
+            what="git rev-parse",
+            timeout=LOCAL_TIMEOUT,
+            check=False,
+        )
+    if done.returncode != 0:
+        raise RepoError(f"{ref[:80]!r} names no commit in the mirror")
+    return done.stdout.decode().strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Workspaces
+# ---------------------------------------------------------------------------------------------
+
+
+def make_workspace(mirror: Path, dest: Path, commit: str, *, timeout: float = LOCAL_TIMEOUT) -> None:
+    """A fresh repository at `dest` whose HEAD is exactly `commit` (detached), checked out.
+
+    Shallow (`.git/shallow` lists `commit`): only the objects of that one commit are copied,
+    into new files of the workspace's own, so the cost follows the size of the tree, not of
+    the history, and nothing is shared with the mirror. No remote, no FETCH_HEAD, no token;
+    `user.name FrogFix` in its own config. On failure `dest` is removed.
+    """
+    _check_sha(commit)
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise RepoError(f"workspace folder {dest} exists and is not empty")
+    # Workspaces are disposable: skipping fsync is safe and saves time on every job.
+    env = git_environment([("core.fsync", "none"), ("core.fsyncMethod", "fsync")])
+    try:
+        _run(["init", "--quiet", "--template=", str(dest)], env=env, what="git init", timeout=timeout)
+        with (dest / ".git" / "config").open("a", encoding="utf-8") as config:
+            config.write(_WORKSPACE_CONFIG)
+        source = Path(mirror).resolve().as_uri()
+        with _reading(Path(mirror)):
+            _run(
+                ["-C", str(dest), "fetch", *_FETCH_FLAGS, "--depth=1", "--", source, commit],
+                env=env,
+                what="preparing the workspace (fetch from the mirror)",
+                timeout=timeout,
+            )
+        _run(
+            ["-C", str(dest), "checkout", "--quiet", "--detach", commit, "--"],
+            env=env,
+            what="preparing the workspace (checkout)",
+            timeout=timeout,
+        )
+    except BaseException:
+        remove_workspace(dest)
+        raise
+
+
+def remove_workspace(path: Path) -> None:
+    """Delete `path` completely, even where the sandbox left read-only folders; never follows
+    symlinks out of it. Raises RepoError when something could not be removed."""
+    path = Path(path)
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+        return
+    if not path.exists():
+        return
+    try:
+        shutil.rmtree(path)
+        return
+    except OSError:
+        pass
+    _make_writable(path)
+    try:
+        shutil.rmtree(path)
+    except OSError as exc:
+        raise RepoError(f"could not remove {path}: {exc.strerror or exc}") from None
+
+
+def _make_writable(top: Path) -> None:
+    """Give our user rwx on every folder under `top` (not following symlinks), so rmtree can work."""
+    stack = [str(top)]
+    while stack:
+        folder = stack.pop()
+        try:
+            info = os.lstat(folder)
+            if not stat.S_ISDIR(info.st_mode):
+                continue
+            # Through an O_PATH|O_NOFOLLOW handle: a folder swapped for a symlink is never chmod-ed.
+            fd = os.open(folder, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(info.st_mode) | stat.S_IRWXU)
+            finally:
+                os.close(fd)
+            with os.scandir(folder) as entries:
+                stack.extend(entry.path for entry in entries if entry.is_dir(follow_symlinks=False))
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.EPERM, errno.EACCES, errno.ELOOP, errno.ENOTDIR):
+                raise
+
+
+# ---------------------------------------------------------------------------------------------
+# The fix commit and its push
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_person(who: tuple[str, str], role: str) -> tuple[str, str]:
+    name, email = who
+    for part in (name, email):
+        if not part or any(ord(ch) < 32 or ch in "<>" for ch in part):
+            raise RepoError(f"bad {role} identity: {who!r}")
+    return name, email
+
+
+def commit_patch(
+    mirror: Path,
+    base: str,
+    patch: str | bytes,
+    message: str,
+    author: tuple[str, str],
+    scratch: Path,
+    *,
+    committer: tuple[str, str] | None = None,
+    timeout: float = LOCAL_TIMEOUT,
+) -> str:
+    """Commit `patch` on top of `base` and return the new commit id.
+
+    The patch is applied with `git apply --cached --binary` to a private index under
+    `scratch` (read from `base`), never to a work tree: binary files, modes and symlinks are
+    kept, paths outside the tree or inside `.git` are refused by git apply, and nothing on
+    disk outside the index can be touched. The commit (a single parent, never a merge) is
+    written straight into `mirror`, so `push_branch(mirror, ...)` can push it; it is
+    unreferenced there until the next fetch brings our pushed branch back.
+    """
+    _check_sha(base)
+    author = _check_person(author, "author")
+    committer = _check_person(committer or author, "committer")
+    data = patch.encode("utf-8", "surrogateescape") if isinstance(patch, str) else bytes(patch)
+    if not data.strip():
+        raise RepoError("the patch is empty")
+    scratch = Path(scratch)
+    scratch.mkdir(parents=True, exist_ok=True)
+    index = scratch / "frogfix-commit.index"
+    env = git_environment()
+    env.update(
+        GIT_INDEX_FILE=str(index),
+        GIT_AUTHOR_NAME=author[0],
+        GIT_AUTHOR_EMAIL=author[1],
+        GIT_COMMITTER_NAME=committer[0],
+        GIT_COMMITTER_EMAIL=committer[1],
+    )
+    repo = _git_dir_args(Path(mirror))
+    try:
+        with _reading(Path(mirror)):
+            _run([*repo, "read-tree", base], env=env, what="git read-tree", timeout=timeout)
+            base_tree = _run([*repo, "rev-parse", f"{base}^{{tree}}"], env=env, what="git rev-parse", timeout=timeout)
+            _run(
+                [*repo, "apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
+                env=env,
+                what="applying the patch",
+                timeout=timeout,
+                stdin=data,
+            )
+            tree = _run([*repo, "write-tree"], env=env, what="git write-tree", timeout=timeout).stdout.strip()
+            if tree == base_tree.stdout.strip():
+                raise RepoError("the patch changes nothing")
+            text = message.strip() + "\n"
+            done = _run(
+                [*repo, "commit-tree", tree.decode(), "-p", base, "-F", "-"],
+                env=env,
+                what="git commit-tree",
+                timeout=timeout,
+                stdin=text.encode("utf-8"),
+            )
+    finally:
+        index.unlink(missing_ok=True)
+    return done.stdout.decode().strip()
+
+
+def push_branch(
+    source_repo: Path,
+    clone_url: str,
+    auth_header: str | None,
+    branch: str,
+    commit: str,
+    *,
+    expect_old: str | None = None,
+    timeout: float = NETWORK_TIMEOUT,
+) -> None:
+    """Push `commit` to `refs/heads/<branch>` and to nothing else; `branch` must be `frogfix/...`.
+
+    Force policy: the branch is ours, and a new attempt for the same issue replaces the old
+    one, so by default that one ref is force-updated (`+<sha>:refs/heads/<branch>`; no other
+    ref, no tags, no merge). A caller that recorded what it last pushed can pass `expect_old`
+    (a sha, or "" for "must not exist yet") to get `--force-with-lease` instead: then a commit
+    someone else added to our branch is never overwritten (RepoError "stale info").
+    All validation happens before any network call.
+    """
+    check_branch(branch)
+    _check_sha(commit)
+    _check_url(clone_url)
+    if expect_old not in (None, ""):
+        _check_sha(str(expect_old))
+    ref = f"refs/heads/{branch}"
+    source = Path(source_repo)
+    repo = _git_dir_args(source)
+    with _reading(source):
+        exists = _run(
+            [*repo, "cat-file", "-e", f"{commit}^{{commit}}"],
+            env=git_environment(),
+            what="git cat-file",
+            timeout=LOCAL_TIMEOUT,
+            check=False,
+        )
+        if exists.returncode != 0:
+            raise RepoError(f"commit {commit[:12]} is not in {source.name}")
+        if expect_old is None:
+            args = ["push", "--porcelain", "--no-verify", "--", clone_url, f"+{commit}:{ref}"]
+        else:
+            lease = f"--force-with-lease={ref}:{expect_old}"
+            args = ["push", "--porcelain", "--no-verify", lease, "--", clone_url, f"{commit}:{ref}"]
+        env = git_environment()
+        if auth_header:
+            env = git_auth_env(auth_header, url=clone_url, base_env=env)
+        done = _run([*repo, *args], env=env, what="git push", timeout=timeout, check=False)
+    if done.returncode != 0:
+        output = done.stdout.decode("utf-8", "replace") + "\n" + done.stderr.decode("utf-8", "replace")
+        secrets = _secret_forms(auth_header)
+        if "stale info" in output or "[rejected]" in output or "[remote rejected]" in output:
+            raise RepoError(f"git push to {branch} was rejected: {_summary(output, secrets)}")
+        raise _classify(f"git push to {branch}", output, secrets)
