@@ -183,6 +183,8 @@ class Pipeline:
     # -- the stages ---------------------------------------------------------------------------
 
     def run(self) -> str:
+        for leftover in self.root.parent.glob(f"job-{self.job_id}-run-*"):  # from a run whose worker died
+            repos.remove_workspace(leftover)
         try:
             self.forge = self.deps.forge_for(self.forge_kind)
             self.admit()

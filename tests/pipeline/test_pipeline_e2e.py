@@ -10,7 +10,16 @@ from typing import Any
 from app import jobs
 from app.db import session_scope
 from tests.doubles.openai_server import Status
-from tests.pipeline.conftest import GITEA_TOKEN, GITLAB_TOKEN, MODEL_KEY, PROJECT, TRIGGER, World, breaking_script
+from tests.pipeline.conftest import (
+    GITEA_TOKEN,
+    GITLAB_TOKEN,
+    MODEL_KEY,
+    PROJECT,
+    TRIGGER,
+    World,
+    breaking_script,
+    fixing_script,
+)
 from worker.tasks import run_job
 
 
@@ -30,10 +39,7 @@ def _everything_written(world: World, job_id: int) -> str:
     _, _, attempts = _job(job_id)
     trajectories = "".join(Path(a.trajectory_path).read_text() for a in attempts if a.trajectory_path)
     return (
-        world.gitlab.sent_text()
-        + world.gitea.sent_text()
-        + trajectories
-        + json.dumps([a.to_dict() for a in attempts])
+        world.gitlab.sent_text() + world.gitea.sent_text() + trajectories + json.dumps([a.to_dict() for a in attempts])
     )
 
 
@@ -180,3 +186,40 @@ def test_tests_failing_after_the_patch_is_no_fix(client: Any, world: World) -> N
     assert attempts[0].status == "no_fix" and attempts[0].tests["after"][0]["exit_code"] == 1
     assert world.gitlab.open_mrs(PROJECT) == [] and "no fix" in world.gitlab.notes[-1]["body"]
     assert not (world.bare("gitlab") / "refs" / "heads" / "frogfix").exists()
+
+
+def test_second_attempt_is_published_when_the_first_does_not_verify(client: Any, world: World) -> None:
+    from tests.conftest import configure
+
+    configure(world.env["monkeypatch"], attempts="2", verify_runs="1")
+    world.model._script[:] = breaking_script() + fixing_script()
+    issue = world.gitlab.add_issue(PROJECT, title="add() returns the difference", author="rep")
+    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
+    body, headers = world.gitlab_webhook(issue["iid"])
+    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+    assert run_job(job_id) == "done"
+    _, _, attempts = _job(job_id)
+    assert [a.status for a in attempts] == ["no_fix", "verified"]
+    assert attempts[0].trajectory_path != attempts[1].trajectory_path
+    assert all(Path(a.trajectory_path).is_file() for a in attempts)
+    [mr] = world.gitlab.open_mrs(PROJECT)
+    assert "attempt 2 of 2" in mr["description"] and "run 2" not in mr["description"]
+
+
+def test_canaries_never_reach_the_logs(client: Any, world: World) -> None:
+    import io
+
+    from app.logs import configure_logging
+    from app.settings import get_settings
+
+    stream = io.StringIO()
+    configure_logging("DEBUG", get_settings().secret_values(), stream=stream)
+    issue = world.gitlab.add_issue(PROJECT, title="add() returns the difference", author="rep")
+    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
+    body, headers = world.gitlab_webhook(issue["iid"])
+    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+    assert run_job(job_id) == "done"
+    logged = stream.getvalue()
+    assert '"job_id": ' in logged and "agent_finished" in logged
+    for canary in (GITLAB_TOKEN, MODEL_KEY):
+        assert canary not in logged

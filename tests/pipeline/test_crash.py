@@ -1,0 +1,135 @@
+"""Crash safety with a real Redis and real worker processes: SIGKILL in the middle of a job."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app import jobs
+from app.db import session_scope
+from app.models import FINAL_STATUSES
+from app.sweep import sweep_once
+from tests.conftest import configure
+from tests.doubles.openai_server import ScriptItem
+from tests.pipeline.conftest import PROJECT, TRIGGER, World, fixing_script
+from tests.servers import Redis, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Workers:
+    """Worker processes in their own process groups, so SIGKILL takes the pool children too."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> subprocess.Popen[bytes]:
+        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "worker"],
+            env=dict(os.environ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    w = Workers(tmp_path)
+    yield w
+    w.stop_all()
+
+
+def _state(job_id: int) -> tuple[str, list[str], int]:
+    with session_scope() as s:
+        job = jobs.get_job(s, job_id)
+        return job.status, [e.kind for e in jobs.job_events(s, job_id)], job.attempt
+
+
+def _sandboxes_running() -> list[str]:
+    out = subprocess.run(["pgrep", "-af", "bwrap"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "frogfix" in line or "/workspace" in line]
+
+
+def test_sigkill_mid_job_then_recovery_opens_exactly_one_mr(
+    client: Any, world: World, redis: Redis, workers: Workers
+) -> None:
+    script = fixing_script()
+    slow_first = {"done": False}
+
+    def respond(index: int, body: bytes) -> ScriptItem:
+        turn = sum(1 for m in json.loads(body)["messages"] if m["role"] == "assistant")
+        if turn == 1 and not slow_first["done"]:  # give the test time to kill the worker mid-run
+            slow_first["done"] = True
+            time.sleep(4)
+        return script[turn]
+
+    world.model._responder = respond
+    configure(
+        world.env["monkeypatch"],
+        broker_url=redis.url,
+        stale_job_seconds="3",
+        requeue_after_seconds="1",
+        model_timeout_seconds="30",
+    )
+    first = workers.start()
+    issue = world.gitlab.add_issue(PROJECT, title="add() returns the difference", author="rep")
+    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
+    body, headers = world.gitlab_webhook(issue["iid"])
+    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+
+    wait_until(lambda: world.model.count >= 2, timeout=60)  # the agent is mid-run, inside its sandbox
+    assert _state(job_id)[0] == "running"
+    workers.kill(first)
+    time.sleep(0.5)
+    assert _sandboxes_running() == [], "the sandbox outlived its worker"
+
+    workers.start()
+
+    def recovered() -> bool:
+        sweep_once()  # finds the stale job (no heartbeat for 3 s) and sends it again
+        return _state(job_id)[0] in FINAL_STATUSES
+
+    wait_until(recovered, timeout=120, interval=1.0)
+    status, kinds, runs = _state(job_id)
+    assert status == "done", kinds
+    assert "requeued" in kinds and runs == 2 and kinds.count("done") == 1
+    assert len(world.gitlab.open_mrs(PROJECT)) == 1
+    branch = f"frogfix/issue-{issue['iid']}"
+    shown = subprocess.run(
+        ["git", "--git-dir", str(world.bare("gitlab")), "show", f"{branch}:calc.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "return a + b" in shown
+    assert _sandboxes_running() == []
+    workspaces = Path(os.environ["FROGFIX_WORKSPACE_DIR"])
+    assert list(workspaces.iterdir()) == []
