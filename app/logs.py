@@ -75,6 +75,8 @@ def configure_logging(level: str = "INFO", secrets: Iterable[str] = (), stream: 
     root.setLevel(level.upper())
     for noisy in ("uvicorn.access", "httpx", "kombu", "amqp"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # The embedded (filesystem) broker has no host name, and kombu warns about it on every connection.
+    logging.getLogger("kombu.connection").setLevel(logging.ERROR)
     return redactor
 
 
