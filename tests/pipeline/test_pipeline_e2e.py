@@ -29,6 +29,16 @@ def _job(job_id: int) -> tuple[Any, list[str], list[Any]]:
         return job, [e.kind for e in jobs.job_events(s, job_id)], jobs.job_attempts(s, job_id)
 
 
+def _gitlab_job(client: Any, world: World, *, by: str = "dev", title: str = "add() returns the difference") -> int:
+    """An issue labelled by `by` on the GitLab double, and the job its webhook created."""
+    issue = world.gitlab.add_issue(PROJECT, title=title, author="rep")
+    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by=by)
+    body, headers = world.gitlab_webhook(issue["iid"])
+    r = client.post("/webhooks/gitlab", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    return int(r.json()["job_id"])
+
+
 def _branch_file(bare: Path, branch: str, path: str) -> str:
     return subprocess.run(
         ["git", "--git-dir", str(bare), "show", f"{branch}:{path}"], capture_output=True, text=True, check=True
@@ -119,10 +129,7 @@ def test_existing_mr_is_updated_not_duplicated(client: Any, world: World) -> Non
 
 
 def test_reporter_without_rights_is_rejected_with_a_comment(client: Any, world: World) -> None:
-    issue = world.gitlab.add_issue(PROJECT, title="bug", author="rep")
-    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="rep")
-    body, headers = world.gitlab_webhook(issue["iid"])
-    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+    job_id = _gitlab_job(client, world, by="rep", title="bug")
     assert run_job(job_id) == "rejected"
     job, _, _ = _job(job_id)
     assert job.status == "rejected" and "rep may not trigger" in (job.error or "")
@@ -131,11 +138,10 @@ def test_reporter_without_rights_is_rejected_with_a_comment(client: Any, world: 
 
 
 def test_label_gone_by_admission_cancels(client: Any, world: World) -> None:
-    issue = world.gitlab.add_issue(PROJECT, title="bug", author="rep")
-    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
-    body, headers = world.gitlab_webhook(issue["iid"])
-    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
-    world.gitlab.remove_label(PROJECT, issue["iid"], TRIGGER, by="dev")
+    job_id = _gitlab_job(client, world, title="bug")
+    with session_scope() as s:
+        iid = jobs.get_job(s, job_id).issue
+    world.gitlab.remove_label(PROJECT, iid, TRIGGER, by="dev")
     assert run_job(job_id) == "cancelled"
     assert world.model.count == 0 and world.gitlab.open_mrs(PROJECT) == []
 
@@ -154,10 +160,7 @@ def test_repository_unreachable_fails_the_job(client: Any, world: World) -> None
 
 def test_model_down_for_the_whole_budget_fails_the_job(client: Any, world: World) -> None:
     world.model._script[:] = [Status(503, {"error": "down"})] * 10
-    issue = world.gitlab.add_issue(PROJECT, title="bug", author="rep")
-    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
-    body, headers = world.gitlab_webhook(issue["iid"])
-    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+    job_id = _gitlab_job(client, world, title="bug")
     assert run_job(job_id) == "failed"
     job, _, attempts = _job(job_id)
     assert "model" in (job.error or "") and attempts[0].exit_reason == "llm_query_error"
@@ -177,10 +180,7 @@ def test_forge_429_and_5xx_are_retried(client: Any, world: World) -> None:
 
 def test_tests_failing_after_the_patch_is_no_fix(client: Any, world: World) -> None:
     world.model._script[:] = breaking_script()
-    issue = world.gitlab.add_issue(PROJECT, title="bug", author="rep")
-    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
-    body, headers = world.gitlab_webhook(issue["iid"])
-    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+    job_id = _gitlab_job(client, world, title="bug")
     assert run_job(job_id) == "no_fix"
     _, _, attempts = _job(job_id)
     assert attempts[0].status == "no_fix" and attempts[0].tests["after"][0]["exit_code"] == 1
@@ -193,10 +193,7 @@ def test_second_attempt_is_published_when_the_first_does_not_verify(client: Any,
 
     configure(world.env["monkeypatch"], attempts="2", verify_runs="1")
     world.model._script[:] = breaking_script() + fixing_script()
-    issue = world.gitlab.add_issue(PROJECT, title="add() returns the difference", author="rep")
-    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
-    body, headers = world.gitlab_webhook(issue["iid"])
-    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+    job_id = _gitlab_job(client, world)
     assert run_job(job_id) == "done"
     _, _, attempts = _job(job_id)
     assert [a.status for a in attempts] == ["no_fix", "verified"]
@@ -214,10 +211,7 @@ def test_canaries_never_reach_the_logs(client: Any, world: World) -> None:
 
     stream = io.StringIO()
     configure_logging("DEBUG", get_settings().secret_values(), stream=stream)
-    issue = world.gitlab.add_issue(PROJECT, title="add() returns the difference", author="rep")
-    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
-    body, headers = world.gitlab_webhook(issue["iid"])
-    job_id = client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"]
+    job_id = _gitlab_job(client, world)
     assert run_job(job_id) == "done"
     logged = stream.getvalue()
     assert '"job_id": ' in logged and "agent_finished" in logged
