@@ -69,6 +69,8 @@ class Deps:
     model_for: Callable[[], ModelClient]
     repos: RepoCache
     redactor: SecretRedactor = field(default_factory=SecretRedactor)
+    # What the runner raises when the job's time is up (Celery's soft limit); the pipeline stays Celery-free.
+    time_limit_errors: tuple[type[BaseException], ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Deps:
@@ -206,6 +208,9 @@ class Pipeline:
             return self.end(JobStatus.failed, str(exc), f"FrogFix stopped: {exc}")
         except SandboxError as exc:
             return self.end(JobStatus.failed, f"sandbox failure: {exc}", "FrogFix stopped: the sandbox failed.")
+        except self.deps.time_limit_errors:
+            return self.end(JobStatus.failed, f"the job ran past its time limit ({self.s.job_timeout_seconds:.0f} s)",
+                            "FrogFix stopped: the job took longer than its time limit.")
         except Exception as exc:
             log.exception("pipeline_bug")
             return self.end(
@@ -498,9 +503,10 @@ class AttemptOutcome:
     fatal: bool = False
 
 
-def run(job_id: int, deps: Deps | None = None) -> str:
+def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[BaseException], ...] = ()) -> str:
     """Run a claimed job to a final status; never raises."""
     deps = deps or Deps.from_settings()
+    deps.time_limit_errors = deps.time_limit_errors or time_limit_errors
     with (
         structlog.contextvars.bound_contextvars(job_id=job_id),
         Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4))),

@@ -25,9 +25,11 @@ def run_job(job_id: int) -> str:
                 return "not_claimed"
             jobs.add_event(session, job_id, "claimed", "a worker claimed the job")
         log.info("job_claimed")
+        from celery.exceptions import SoftTimeLimitExceeded
+
         from worker import pipeline
 
-        return pipeline.run(job_id)
+        return pipeline.run(job_id, time_limit_errors=(SoftTimeLimitExceeded,))
 
 
 @celery_app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
