@@ -33,7 +33,7 @@ from worker.leaf.model import ModelClient
 from worker.leaf.trajectory import TrajectoryWriter
 from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, review_flags
 from worker.report import Provenance, TestEvidence, comment_finished, comment_started, mr_description
-from worker.repos import RepoCache, RepoError, RepoTransient
+from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
 
 log = get_logger("frogfix.pipeline")
 BOT_AUTHOR = ("FrogFix", "frogfix@localhost")
@@ -68,6 +68,7 @@ class Deps:
     forge_for: Callable[[str], Forge]
     model_for: Callable[[], ModelClient]
     repos: RepoCache
+    pool: WorkspacePool
     redactor: SecretRedactor = field(default_factory=SecretRedactor)
     # What the runner raises when the job's time is up (Celery's soft limit); the pipeline stays Celery-free.
     time_limit_errors: tuple[type[BaseException], ...] = ()
@@ -81,8 +82,19 @@ class Deps:
             forge_for=lambda kind: make_forge(kind, s, redactor.redact),
             model_for=lambda: model_from(s),
             repos=RepoCache(s.data_dir / "mirrors"),
+            pool=_pool_for(s.resolved_workspace_dir()),
             redactor=redactor,
         )
+
+
+_pools: dict[Path, WorkspacePool] = {}
+
+
+def _pool_for(workspaces: Path) -> WorkspacePool:
+    """One warm-workspace pool per folder and process, so its background refills are shared."""
+    if workspaces not in _pools:
+        _pools[workspaces] = WorkspacePool(workspaces)
+    return _pools[workspaces]
 
 
 def job_url(settings: Settings, job_id: int) -> str | None:
@@ -305,7 +317,7 @@ class Pipeline:
         with session_scope() as session:
             attempt_id = jobs.start_attempt(session, self.job_id, self.run_number, number)
         ws = self.root / f"attempt-{number}"
-        repos.make_workspace(mirror, ws, base)
+        self.deps.pool.prepare(mirror, base, ws)
         config = load_repo_config(ws)
         trajectory = self.s.data_dir / "trajectories" / f"job-{self.job_id}-run-{self.run_number}-{number}.json"
         writer = TrajectoryWriter(
@@ -422,7 +434,7 @@ class Pipeline:
 
     def _tests(self, mirror: Path, base: str, config: RepoConfig, patch: str | None, label: str) -> TestRun:
         ws = self.root / f"tests-{label.replace(' ', '-').replace(',', '')}"
-        repos.make_workspace(mirror, ws, base)
+        self.deps.pool.prepare(mirror, base, ws)
         if patch:
             problem = apply_patch(ws, patch, self.root)
             if problem:
