@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo."""
+"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, reap-sandboxes."""
 
 from __future__ import annotations
 
@@ -129,6 +129,34 @@ def fix(
     from worker.localfix import run_fix_command
 
     raise typer.Exit(run_fix_command(repo_dir, issue, json_out))
+
+
+@cli.command("reap-sandboxes")
+def reap_sandboxes(
+    older_than: Annotated[
+        float, typer.Option(help="also delete sandboxes older than this many seconds (at least the job time limit)")
+    ] = -1,
+) -> None:
+    """Delete Kubernetes sandbox pods and network policies left past their deadline."""
+    from app.settings import get_settings
+    from worker.tasks import reap_sandboxes as reap
+
+    if get_settings().sandbox != "kubernetes":
+        typer.echo("FROGFIX_SANDBOX is not kubernetes: the local sandbox leaves nothing to reap")
+        return
+    limit = get_settings().job_timeout_seconds
+    if 0 <= older_than < limit:
+        typer.echo(
+            f"reap-sandboxes: --older-than below the job time limit ({limit:.0f} s) would delete live sandboxes",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        removed = reap(None if older_than < 0 else older_than)
+    except Exception as exc:
+        typer.echo(f"reap-sandboxes: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo("\n".join(removed) if removed else "nothing to reap")
 
 
 @cli.command()

@@ -53,6 +53,18 @@ class Settings(BaseSettings):
 
     admin_token: SecretStr = SecretStr("")
     sandbox: Literal["local", "kubernetes"] = "local"
+    # Kubernetes sandbox (FROGFIX_SANDBOX=kubernetes): one pod per attempt in this namespace.
+    sandbox_namespace: str = "frogfix-sandboxes"
+    sandbox_image: str = "frogfix-sandbox:latest"  # a repository's .frogfix.yml `image` wins
+    sandbox_cpu: str = "2"
+    sandbox_memory: str = ""  # empty: the job's memory limit (4 GiB)
+    sandbox_ephemeral_storage: str = "6Gi"
+    sandbox_workspace_size: str = "4Gi"
+    sandbox_tmp_size: str = "1Gi"
+    sandbox_runtime_class: str = ""  # e.g. gvisor or kata, where the cluster offers one
+    sandbox_start_timeout_seconds: float = 300.0
+    kubeconfig: str = ""  # empty: in-cluster service account, else ~/.kube/config
+    kube_context: str = ""
     trigger_label: str = "frognano-fix"
 
     attempts: int = Field(default=1, ge=1, le=10)  # independent attempts; the first that verifies is published

@@ -10,7 +10,8 @@ BACKENDS = ("local", "kubernetes")
 
 
 def open_sandbox(spec: SandboxSpec, backend: str = "local", **options: Any) -> Sandbox:
-    """Start a sandbox for `spec`; `options` go to the backend (see LocalSandbox's arguments).
+    """Start a sandbox for `spec`; `options` go to the backend (LocalSandbox's or
+    KubernetesSandbox's keyword arguments, e.g. `namespace=`, `default_image=` for Kubernetes).
 
     Raises SandboxUnavailable when the backend cannot run here; there is no unsandboxed fallback.
     """
@@ -19,5 +20,10 @@ def open_sandbox(spec: SandboxSpec, backend: str = "local", **options: Any) -> S
 
         return LocalSandbox(spec, **options)
     if backend == "kubernetes":
-        raise SandboxUnavailable("the kubernetes sandbox backend is not implemented yet; use FROGFIX_SANDBOX=local")
+        try:
+            from sandbox.kubernetes import KubernetesSandbox
+        except ImportError as exc:  # the `kubernetes` client is a dependency; say so if it is missing
+            raise SandboxUnavailable(f"the kubernetes sandbox needs the kubernetes client: {exc}") from exc
+
+        return KubernetesSandbox(spec, **options)
     raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {', '.join(BACKENDS)}")

@@ -12,7 +12,7 @@ from typing import Any
 import git
 
 from app.settings import Settings
-from sandbox.base import SandboxError, SandboxLimits, SandboxSpec
+from sandbox.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
 from sandbox.factory import open_sandbox
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
@@ -85,6 +85,36 @@ def sandbox_spec(
     )
 
 
+def sandbox_options(settings: Settings) -> dict[str, Any]:
+    """The backend's own options from settings (the local backend needs none)."""
+    if settings.sandbox != "kubernetes":
+        return {}
+    s = settings
+    options: dict[str, Any] = {
+        "namespace": s.sandbox_namespace,
+        "default_image": s.sandbox_image,
+        "cpu": s.sandbox_cpu,
+        "ephemeral_storage": s.sandbox_ephemeral_storage,
+        "workspace_size": s.sandbox_workspace_size,
+        "tmp_size": s.sandbox_tmp_size,
+        "start_timeout_s": s.sandbox_start_timeout_seconds,
+    }
+    optional = {
+        "memory": s.sandbox_memory,
+        "runtime_class": s.sandbox_runtime_class,
+        "kubeconfig": s.kubeconfig,
+        "context": s.kube_context,
+    }
+    options.update({k: v for k, v in optional.items() if v})
+    return options
+
+
+def open_job_sandbox(
+    workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
+) -> Sandbox:
+    return open_sandbox(sandbox_spec(workspace, settings, image, labels), settings.sandbox, **sandbox_options(settings))
+
+
 def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
     if len(text) <= limit:
         return text
@@ -119,7 +149,7 @@ def run_agent(
             on_step(record)
 
     task = render_task(title, body, prompts_dir=settings.prompts_dir, project=project, issue_number=issue_number)
-    with closing(open_sandbox(sandbox_spec(workspace, settings, image, labels), settings.sandbox)) as box:
+    with closing(open_job_sandbox(workspace, settings, image, labels)) as box:
         result = run_leaf(
             model,
             box,
@@ -155,7 +185,7 @@ def run_tests(
     if config.setup_command:
         command = f"{config.setup_command} && {command}"
     try:
-        with closing(open_sandbox(sandbox_spec(workspace, settings, image), settings.sandbox)) as box:
+        with closing(open_job_sandbox(workspace, settings, image)) as box:
             res = box.run_command(command, timeout=config.test_timeout)
     except SandboxError as exc:
         return TestRun(None, f"sandbox failure while running the tests: {exc}")

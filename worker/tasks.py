@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import structlog
+from celery.signals import worker_ready
 
 from app import jobs
 from app.db import session_scope
@@ -16,6 +18,8 @@ log = get_logger("frogfix.worker")
 # Celery's own per-task lines carry no job id; ours do (bound below), so keep Celery's quieter.
 for _name in ("celery.worker.strategy", "celery.app.trace"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+
+
 def run_job(job_id: int) -> str:
     """Claim the job (guarded, so a redelivered task does nothing) and hand it to the pipeline."""
     with structlog.contextvars.bound_contextvars(job_id=job_id):
@@ -35,6 +39,38 @@ def run_job(job_id: int) -> str:
 @celery_app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
 def run_job_task(job_id: int) -> str:
     return run_job(int(job_id))
+
+
+REAP_INTERVAL_S = 300.0
+
+
+def reap_sandboxes(older_than_s: float | None = None) -> list[str]:
+    """Delete sandbox pods and policies left past their deadline (Kubernetes backend only)."""
+    from app.settings import get_settings
+    from sandbox.kubernetes import make_api_client, reap
+
+    s = get_settings()
+    api = make_api_client(s.kubeconfig or None, s.kube_context or None)
+    return reap(s.sandbox_namespace, older_than_s, api)
+
+
+def _reap_forever(stop: threading.Event) -> None:
+    while not stop.wait(REAP_INTERVAL_S):
+        try:
+            removed = reap_sandboxes()
+            if removed:
+                log.warning("reaped_sandboxes", removed=removed)
+        except Exception as exc:  # the cluster API being away for a while is not fatal
+            log.warning("reap_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+
+
+@worker_ready.connect
+def _start_reaper(**_: object) -> None:
+    """With the Kubernetes backend, every worker also removes leftover sandboxes now and then."""
+    from app.settings import get_settings
+
+    if get_settings().sandbox == "kubernetes":
+        threading.Thread(target=_reap_forever, args=(threading.Event(),), name="frogfix-reaper", daemon=True).start()
 
 
 @celery_app.task(name=SWEEP)
