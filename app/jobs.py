@@ -402,3 +402,37 @@ def recover_stale_jobs(session: Session, stale_after: timedelta, max_runs: int) 
             add_event(session, job_id, "requeued", "the worker stopped answering; the job is queued again")
             outcomes.append((job_id, "requeued"))
     return outcomes
+
+
+def cancel_job(session: Session, job_id: int, who: str) -> str:
+    """An operator's cancel: queued jobs end now, running ones stop at their next check."""
+    job = get_job(session, job_id)
+    request_cancel(session, job, f"cancelled by {who}")
+    return "cancelled" if job.status == JobStatus.queued.value else "cancel_requested"
+
+
+RETRYABLE: tuple[str, ...] = ("failed", "no_fix", "cancelled", "rejected")
+
+
+def retry_job(session: Session, job_id: int, who: str) -> None:
+    """Queue a finished job again (a new run of the same job); refused while the issue has another active job."""
+    job = get_job(session, job_id)
+    if job.status not in RETRYABLE:
+        raise InvalidTransition(f"job {job_id} is {job.status}; only {', '.join(RETRYABLE)} jobs can be retried")
+    other = active_job(session, job.forge, job.project, job.issue)
+    if other is not None:
+        raise InvalidTransition(f"job {other.id} is already active for this issue")
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(RETRYABLE))
+        .values(
+            status=JobStatus.queued.value,
+            cancel_requested=False,
+            error=None,
+            finished_at=None,
+            last_enqueued_at=None,
+            heartbeat_at=None,
+            updated_at=utcnow(),
+        )
+    )
+    add_event(session, job_id, "retried", f"queued again by {who}")
