@@ -163,7 +163,10 @@ class LocalFix:
             names = ", ".join(c.name for c in record.calls) or "final answer"
             self.say(f"step {record.step + 1}: {names} (context {record.context_tokens} tokens)")
 
-        self.say(f"running the agent with {self.settings.model_name} at {self.settings.model_base_url}")
+        if self._model is None:
+            self.say(f"running the agent with {self.settings.model_name} at {self.settings.model_base_url}")
+        else:
+            self.say(f"running the agent with {type(self._model).__name__} (no model server)")
         try:
             result, patch = run_agent(
                 agent_ws,
