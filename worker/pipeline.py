@@ -457,6 +457,10 @@ class Pipeline:
     ) -> None:
         assert self.forge is not None
         self.check_cancel()
+        # Webhooks can be stale or missed (Gitea does not say which label changed): ask once more.
+        issue = self.forge.get_issue(self.project, self.issue)
+        if issue.state != "open" or self.s.trigger_label not in issue.labels:
+            raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the job ran", None)
         self.status(JobStatus.publishing, expected=("verifying",))
         branch = f"frogfix/issue-{self.issue}"
         message = self.redact(f"Fix #{self.issue}: {self.title}"[:200] + f"\n\nDrafted by FrogFix (job {self.job_id}).")

@@ -217,3 +217,23 @@ def test_canaries_never_reach_the_logs(client: Any, world: World) -> None:
     assert '"job_id": ' in logged and "agent_finished" in logged
     for canary in (GITLAB_TOKEN, MODEL_KEY):
         assert canary not in logged
+
+
+def test_label_removed_while_running_publishes_nothing(client: Any, world: World) -> None:
+    """Gitea's hooks do not say which label changed, so the pipeline asks again before publishing."""
+    script = fixing_script()
+    issue = world.gitea.add_issue(PROJECT, title="add() returns the difference", author="rep")
+    number = issue["number"]
+
+    def respond(index: int, body: bytes) -> Any:
+        if index == len(script) - 1:  # the agent's last turn: someone takes the label off meanwhile
+            world.gitea.remove_label(PROJECT, number, TRIGGER, by="dev")
+        return script[index]
+
+    world.model._responder = respond
+    world.gitea.add_label(PROJECT, number, TRIGGER, by="dev")
+    body, headers = world.gitea_webhook(number)
+    job_id = client.post("/webhooks/gitea", content=body, headers=headers).json()["job_id"]
+    assert run_job(job_id) == "cancelled"
+    assert world.gitea.open_pulls(PROJECT) == []
+    assert not (world.bare("gitea") / "refs" / "heads" / "frogfix").exists()
