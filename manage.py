@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, reap-sandboxes."""
+"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, reap-sandboxes, and the job
+commands: jobs, show, cancel, retry, replay."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -165,6 +168,461 @@ def demo(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON o
     from worker.localfix import run_demo_command
 
     raise typer.Exit(run_demo_command(json_out))
+
+
+# ---------------------------------------------------------------------------------------------
+# Job commands: jobs, show, cancel, retry, replay. Errors are one line on stderr: exit 2 for an
+# unknown job or bad input, 1 when the job cannot make the change asked for.
+# ---------------------------------------------------------------------------------------------
+
+WIDTH = 80
+STATUSES = ("queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled", "rejected")
+FINAL = ("done", "no_fix", "failed", "cancelled", "rejected")
+JOB_ARG = typer.Argument(help="The job's id (a number; `replay` and `show` also take a local job's local-... id).")
+
+
+def _fail(command: str, message: str, code: int = 2) -> NoReturn:
+    first = " ".join(str(message).split())  # one line, whatever the message held
+    typer.echo(f"frogfix {command}: {first[:1000]}", err=True)
+    raise typer.Exit(code)
+
+
+def _who() -> str:
+    import getpass
+
+    try:
+        return f"{getpass.getuser()} (manage.py)"
+    except Exception:  # no user name in this environment
+        return "manage.py"
+
+
+@contextmanager
+def _job_errors(command: str) -> Iterator[None]:
+    """Turn the expected failures into one line and an exit code, never a traceback."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app.jobs import InvalidTransition, UnknownJob
+
+    try:
+        yield
+    except UnknownJob as exc:
+        _fail(command, str(exc), 2)
+    except InvalidTransition as exc:
+        _fail(command, str(exc), 1)
+    except SQLAlchemyError as exc:
+        missing = "no such table" in str(exc) or "does not exist" in str(exc)
+        hint = " (run ./manage.py migrate first?)" if missing else ""
+        _fail(command, f"database error: {type(exc).__name__}{hint}", 2)
+
+
+def _forge_job_id(command: str, value: str) -> int:
+    text = value.strip()
+    if not text.lstrip("-").isdigit():
+        _fail(command, f"no job with id {text[:80]!r}", 2)
+    return int(text)
+
+
+def _when(value: str | None, *, date: bool = True) -> str:
+    """An ISO timestamp as `YYYY-MM-DD HH:MM:SS` (UTC), or `-`."""
+    from datetime import UTC, datetime
+
+    if not value:
+        return "-"
+    moment = datetime.fromisoformat(value).astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S")
+
+
+def _wrap(text: str, first: str, indent: int) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(
+        " ".join(text.split()) or "-",
+        width=WIDTH,
+        initial_indent=first,
+        subsequent_indent=" " * indent,
+        break_long_words=False,  # a URL or path stays whole (and may run past the edge)
+        break_on_hyphens=False,
+    ) or [first.rstrip()]
+
+
+def _fit(text: str, width: int) -> str:
+    return text if len(text) <= width else "…" + text[-(width - 1):]
+
+
+def _dump(value: Any) -> None:
+    import json
+
+    typer.echo(json.dumps(value, ensure_ascii=False, indent=2))
+
+
+@cli.command("jobs")
+def jobs_command(
+    status: Annotated[str | None, typer.Option(help=f"one of {', '.join(STATUSES)}")] = None,
+    forge: Annotated[str | None, typer.Option(help="gitlab or gitea")] = None,
+    project: Annotated[str | None, typer.Option(help="the project's path with namespace, e.g. acme/calc")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=5000)] = 50,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    json_out: Annotated[bool, typer.Option("--json", help='Print {"items": [...], "total": n}, as the API.')] = False,
+) -> None:
+    """List jobs, newest first, filtered like the dashboard."""
+    from app import jobs
+    from app.db import session_scope
+
+    if status is not None and status not in STATUSES:
+        _fail("jobs", f"unknown status {status!r} (one of: {', '.join(STATUSES)})")
+    if forge is not None and forge not in ("gitlab", "gitea"):
+        _fail("jobs", f"unknown forge {forge!r} (gitlab or gitea)")
+    with _job_errors("jobs"), session_scope() as session:
+        items, total = jobs.list_jobs(session, jobs.JobFilter(status, forge, project), limit, offset)
+        rows = [job.to_dict() for job in items]
+    if json_out:
+        _dump({"items": rows, "total": total})
+        return
+    if not rows:
+        typer.echo("no jobs match" if total == 0 else f"no jobs at offset {offset} ({total} match)")
+        return
+    typer.echo(f"{'ID':>6} {'STATUS':<10} {'FORGE':<6} {'ISSUE':<36} CREATED (UTC)")
+    for row in rows:
+        issue = _fit(f"{row['project']}#{row['issue']}", 36)
+        typer.echo(f"{row['id']:>6} {row['status']:<10} {row['forge']:<6} {issue:<36} {_when(row['created_at'])[:16]}")
+    typer.echo(f"jobs {offset + 1}-{offset + len(rows)} of {total}, newest first")
+
+
+def _job_details(job_id: int) -> dict[str, Any]:
+    from app import jobs
+    from app.db import session_scope
+
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+        details = job.to_dict()
+        details["issue_url"] = job.issue_url
+        details["attempts"] = [a.to_dict() for a in jobs.job_attempts(session, job_id)]
+        details["events"] = [e.to_dict() for e in jobs.job_events(session, job_id)]
+    return details
+
+
+def _tests_summary(tests: dict[str, Any] | None) -> str:
+    if not tests:
+        return "no tests run"
+    before = (tests.get("before") or {}).get("exit_code")
+    after = tests.get("after") or []
+    if isinstance(after, dict):
+        after = [after]
+    codes = ", ".join(str(run.get("exit_code")) for run in after) or "-"
+    return f"tests before exit {before}, after exit {codes}"
+
+
+def _print_job(d: dict[str, Any]) -> None:
+    lines = [f"job {d['id']}: {d['status']}" + (" (cancel requested)" if d.get("cancel_requested") else "")]
+
+    def field(label: str, value: str) -> None:
+        lines.extend(_wrap(value, f"  {label:<10} ", 13))
+
+    field("issue", f"{d['project']}#{d['issue']} on {d['forge']}: {d.get('title') or '(no title)'}")
+    if d.get("issue_url"):
+        lines.append(f"  {'':<10} {d['issue_url']}")
+    field("trigger", d.get("trigger_user") or "-")
+    if d.get("base_commit"):
+        field("base", f"{d['base_commit'][:12]}, branch {d.get('branch') or '-'}")
+    field("MR", d.get("mr_url") or "none")
+    if d.get("exit_reason") or d.get("attempt"):
+        field("agent", f"{d.get('exit_reason') or '-'} after {d.get('steps') or 0} steps; runs {d.get('attempt') or 0}")
+    else:
+        field("agent", "has not run")
+    if d.get("error"):
+        field("error", d["error"])
+    for flag in d.get("flags") or []:
+        field("flag", flag)
+    field("created", _when(d.get("created_at")))
+    field("started", _when(d.get("started_at")))
+    field("finished", _when(d.get("finished_at")))
+    lines.append("attempts" if d["attempts"] else "attempts: none")
+    for a in d["attempts"]:
+        head = f"  {a['run']}.{a['number']:<3} {a['status']:<9} "
+        indent = " " * len(head)
+        lines.extend(_wrap(f"{a.get('exit_reason') or '-'}, {a.get('steps') or 0} steps; "
+                           f"{_tests_summary(a.get('tests'))}", head, len(head)))
+        if a.get("error"):
+            lines.extend(_wrap(f"error: {a['error']}", indent, len(head)))
+        for flag in a.get("flags") or []:
+            lines.extend(_wrap(f"flag: {flag}", indent, len(head)))
+        if a.get("trajectory_path"):
+            lines.append(f"{indent}{a['trajectory_path']}")
+    lines.append("timeline (UTC)")
+    day = None
+    for e in d["events"]:
+        when = _when(e.get("at"))
+        if when[:10] != day:
+            day = when[:10]
+            lines.append(f"  {day}")
+        lines.extend(_event_lines(e))
+    typer.echo("\n".join(lines))
+
+
+def _event_lines(e: dict[str, Any]) -> list[str]:
+    """One event: time of day, kind, and its message wrapped to the right of them."""
+    return _wrap(e.get("message") or "", f"    {_when(e.get('at'))[11:]}  {e['kind']:<16} ", 31)
+
+
+def _follow(command: str, job_id: int, seen: int, timeout: float) -> str:
+    """Print the job's new timeline events as they come, until it is final (or `timeout` passes)."""
+    import time
+
+    from app import jobs
+    from app.db import session_scope
+
+    deadline = time.monotonic() + timeout
+    while True:
+        with session_scope() as session:
+            status = jobs.get_job(session, job_id).status
+            events = [e.to_dict() for e in jobs.job_events(session, job_id) if e.id > seen]
+        for e in events:
+            typer.echo("\n".join(_event_lines(e)), err=True)
+            seen = e["id"]
+        if status in FINAL:
+            return status
+        if time.monotonic() >= deadline:
+            typer.echo(f"frogfix {command}: job {job_id} is still {status}; stopped following", err=True)
+            return status
+        time.sleep(1.0)
+
+
+def _last_event_id(job_id: int) -> int:
+    from app import jobs
+    from app.db import session_scope
+
+    with session_scope() as session:
+        events = jobs.job_events(session, job_id)
+    return events[-1].id if events else 0
+
+
+def _show_local(job: str, json_out: bool) -> None:
+    """A local (`manage.py fix`) job has no row, only its trajectory: show what that holds."""
+    import json
+
+    from app.jobs import UnknownJob
+    from app.settings import get_settings
+    from worker.replay import LOCAL_ID
+
+    path = get_settings().data_dir / "trajectories" / f"{job}.json"
+    if not LOCAL_ID.fullmatch(job) or not path.is_file():
+        raise UnknownJob(f"no job with id {job!r}")
+    data = json.loads(path.read_text("utf-8"))
+    fix = data.get("fix") or {}
+    summary = {
+        "id": job,
+        "kind": "local",
+        "status": fix.get("status") or ("running" if data.get("partial") else "unknown"),
+        "repository": data.get("repository"),
+        "issue": data.get("issue"),
+        "base_commit": data.get("base_commit"),
+        "exit_reason": data.get("exit_reason"),
+        "steps": data.get("n_steps"),
+        "tests": fix.get("tests"),
+        "flags": fix.get("flags") or [],
+        "trajectory": str(path),
+        "started_at": data.get("started_at"),
+        "updated_at": data.get("updated_at"),
+        "patch": data.get("output_patch"),
+    }
+    if json_out:
+        _dump(summary)
+        return
+    lines = [f"local job {job}: {summary['status']}"]
+    title = (summary["issue"] or {}).get("title") if isinstance(summary["issue"], dict) else None
+    for label, value in (
+        ("issue", title or "-"),
+        ("repository", summary["repository"] or "-"),
+        ("base", (summary["base_commit"] or "-")[:12]),
+        ("agent", f"{summary['exit_reason'] or '-'} after {summary['steps'] or 0} steps"),
+        ("tests", _tests_summary(summary["tests"]) if summary["tests"] else "no tests run"),
+        ("started", _when(summary["started_at"])),
+    ):
+        lines.extend(_wrap(str(value), f"  {label:<10} ", 13))
+    lines.append(f"  trajectory {path}")
+    typer.echo("\n".join(lines))
+
+
+@cli.command()
+def show(
+    job: Annotated[str, JOB_ARG],
+    json_out: Annotated[bool, typer.Option("--json", help="Print the job, its attempts and events as JSON.")] = False,
+    follow: Annotated[bool, typer.Option("--follow", help="Then print new timeline events until it ends.")] = False,
+) -> None:
+    """A job's fields, attempts and timeline, with its outcome and MR link."""
+    with _job_errors("show"):
+        if job.strip().startswith("local-"):
+            _show_local(job.strip(), json_out)
+            return
+        job_id = _forge_job_id("show", job)
+        details = _job_details(job_id)
+        if json_out:
+            _dump(details)
+        else:
+            _print_job(details)
+        if follow and details["status"] not in FINAL:
+            last = details["events"][-1]["id"] if details["events"] else 0
+            _follow("show", job_id, last, timeout=24 * 3600)
+
+
+@cli.command()
+def cancel(
+    job: Annotated[str, JOB_ARG],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait until a running job has stopped.")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 600,
+) -> None:
+    """Cancel a job: a queued one ends now, a running one stops at its next check."""
+    from app import jobs
+    from app.db import session_scope
+
+    with _job_errors("cancel"):
+        job_id = _forge_job_id("cancel", job)
+        last = _last_event_id(job_id)
+        with session_scope() as session:
+            jobs.cancel_job(session, job_id, _who())
+        # Read back rather than trust cancel_job's answer: its ORM update refreshes the job it
+        # inspects, so it says "cancel_requested" even for a queued job it cancelled.
+        with session_scope() as session:
+            status = jobs.get_job(session, job_id).status
+        if status == "cancelled":
+            typer.echo(f"job {job_id} cancelled")
+            return
+        typer.echo(f"job {job_id}: asked the worker to stop at its next check")
+        if wait:
+            status = _follow("cancel", job_id, last, timeout)
+            typer.echo(f"job {job_id} is {status}")
+            if status not in FINAL:
+                raise typer.Exit(1)
+
+
+@cli.command()
+def retry(
+    job: Annotated[str, JOB_ARG],
+    follow: Annotated[bool, typer.Option("--follow", help="Then print its timeline until it ends.")] = False,
+    timeout: Annotated[float, typer.Option(help="seconds --follow follows at most")] = 24 * 3600,
+) -> None:
+    """Queue a failed, no_fix, cancelled or rejected job again, as a new run of the same job."""
+    from app import jobs
+    from app.db import session_scope
+    from app.queue import send_run_job
+
+    with _job_errors("retry"):
+        job_id = _forge_job_id("retry", job)
+        last = _last_event_id(job_id)
+        with session_scope() as session:
+            jobs.retry_job(session, job_id, _who())
+        typer.echo(f"job {job_id} is queued again; sending it to the workers…", err=True)
+        sent = send_run_job(job_id)  # only now that the job is committed as queued
+        if sent:
+            with session_scope() as session:
+                jobs.mark_enqueued(session, job_id)
+            typer.echo(f"job {job_id} queued again and sent to the workers")
+        else:
+            typer.echo(
+                f"job {job_id} queued again; the broker is unreachable, so the sweep will send it when it is back"
+            )
+        if follow:
+            status = _follow("retry", job_id, last, timeout)
+            typer.echo(f"job {job_id} is {status}")
+
+
+def _print_replay(report: Any) -> None:
+    """The replay's outcome, in 80 columns."""
+    lines = [f"{report.mode} of job {report.job_id} ({report.attempt_label}): {report.status.upper()}"]
+
+    def field(label: str, value: str) -> None:
+        lines.extend(_wrap(value, f"  {label:<10} ", 13))
+
+    if report.mode == "queued":
+        field("result", report.message)
+        typer.echo("\n".join(lines))
+        return
+    field("result", report.message)
+    field("base", (report.base_commit or "-")[:12])
+    field("steps", f"{report.steps_replayed} replayed of {report.steps_recorded} recorded; "
+                   f"{report.tool_results_checked} tool results matched" if report.mode == "replay"
+          else f"{report.steps_replayed}")
+    exit_text = f"{report.exit_reason}"
+    if report.divergence is not None and report.exit_reason == "cancelled":
+        exit_text = "stopped at the divergence"
+    if report.mode == "replay":
+        exit_text += f" (recorded: {report.recorded_exit_reason})"
+        if report.reached_recording_end:
+            exit_text += "; stopped where the recording ends"
+    field("exit", exit_text)
+    if report.error:
+        field("error", report.error)
+    d = report.divergence
+    if d is not None:
+        where = f"step {d.step}" + (f", {d.tool} call {d.call_id}" if d.call_id else "")
+        field("diverged", f"{where}: {d.reason}" + (f" (output line {d.line})" if d.line and d.call_id else ""))
+        if d.call_id:
+            for label, text in (("expected", d.expected), ("actual", d.actual)):
+                lines.append(f"  {label}:")
+                for line in (text or "(empty)").splitlines()[:12] or ["(empty)"]:
+                    lines.append("    " + (line if len(line) <= WIDTH - 4 else line[: WIDTH - 5] + "…"))
+    if report.patch_identical is None:
+        field("patch", "the recording holds no patch to compare")
+    else:
+        replayed = f"{len(report.patch.splitlines())} lines" if report.patch else "empty"
+        field("patch", ("identical to the recording" if report.patch_identical else "differs from the recording")
+              + f" ({replayed})")
+    for note in report.notes:
+        field("note", note)
+    if report.tests_after:
+        field("tests", f"{report.tests_after.get('command')}: exit {report.tests_after.get('exit_code')}")
+    lines.append(f"  {'recorded':<10} {report.recorded_trajectory}")
+    lines.append(f"  {'trajectory':<10} {report.trajectory}")
+    typer.echo("\n".join(lines))
+
+
+@cli.command()
+def replay(
+    job: Annotated[str, JOB_ARG],
+    attempt: Annotated[
+        str | None, typer.Option(help="N (attempt N of the latest run that has it) or RUN.N; default: the last")
+    ] = None,
+    live: Annotated[
+        bool, typer.Option("--live", help="Run the task again with the live model, as a new unpublished attempt.")
+    ] = False,
+    publish: Annotated[
+        bool, typer.Option("--publish", help="With --live: queue a new run that updates the job's MR.")
+    ] = False,
+    repo: Annotated[
+        Path | None, typer.Option(help="Local jobs: where the checkout lives now, if it moved.")
+    ] = None,
+    who: Annotated[str | None, typer.Option(hidden=True)] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Re-run a job's recorded model replies in a fresh sandbox and check every tool result.
+
+    Exit 0: reproduced (every tool result matched, same patch); 1: it diverged or the patch
+    differs; 2: the replay could not run (unknown job, no recording, repository gone). A plain
+    replay never publishes anything.
+    """
+    import json
+
+    from app.logs import configure_logging
+    from worker.replay import ReplayError, replay_job
+
+    configure_logging("WARNING", _settings().secret_values(), stream=sys.stderr)
+
+    def progress(message: str) -> None:
+        typer.echo(f"[replay {job}] {message}", err=True)
+
+    with _job_errors("replay"):
+        try:
+            report = replay_job(
+                job, attempt=attempt, live=live, publish=publish, progress=progress,
+                who=who or _who(), repo_dir=repo,
+            )
+        except ReplayError as exc:
+            _fail("replay", str(exc), 2)
+    if json_out:
+        typer.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+    else:
+        _print_replay(report)
+    raise typer.Exit(report.exit_code)
 
 
 if __name__ == "__main__":

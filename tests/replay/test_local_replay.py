@@ -1,0 +1,85 @@
+"""Replaying local jobs (`manage.py fix` and `demo`): their trajectory names the checkout they ran on."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import configure
+from worker.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
+from worker.localfix import LocalFix
+from worker.replay import ReplayError, replay_job
+
+pytestmark = pytest.mark.bwrap
+
+
+@pytest.fixture
+def local_env(frogfix_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    workspaces = Path(tempfile.mkdtemp(prefix="frogfix-replay-ws-"))
+    workspaces.chmod(0o711)
+    configure(frogfix_env["monkeypatch"], workspace_dir=str(workspaces))
+    try:
+        yield frogfix_env
+    finally:
+        shutil.rmtree(workspaces, ignore_errors=True)
+
+
+def _fix(repo: Path) -> tuple[str, Path]:
+    outcome = LocalFix(repo, ISSUE_TITLE, ISSUE_BODY, model=demo_model()).run()
+    assert outcome.status == "fixed", outcome.error
+    return outcome.job_id, Path(outcome.trajectory)
+
+
+def test_a_fix_job_replays_and_a_cut_recording_stops_where_it_ends(local_env: dict[str, Any], tmp_path: Path) -> None:
+    repo = make_sample_repo(tmp_path / "src")
+    job_id, trajectory = _fix(repo)
+
+    report = replay_job(job_id)
+    assert report.status == "reproduced" and report.patch_identical, report.message
+    assert report.steps_replayed == 4 and report.tool_results_checked == 3
+
+    # A run cancelled after its first tool call: the recording stops there, and so does the replay.
+    data = json.loads(trajectory.read_text())
+    first_tool = next(i for i, m in enumerate(data["messages"]) if m["role"] == "tool")
+    data["messages"] = data["messages"][: first_tool + 1]
+    data.update(exit_reason="cancelled", output_patch="", n_steps=1, steps=data["steps"][:1])
+    trajectory.write_text(json.dumps(data))
+    report = replay_job(job_id)
+    assert report.status == "reproduced", report.message
+    assert report.reached_recording_end and report.exit_matches and report.steps_replayed == 1
+    assert report.patch == "" and report.patch_identical
+
+    with pytest.raises(ReplayError, match="--attempt"):
+        replay_job(job_id, attempt=2)
+
+
+def test_a_demo_job_replays_on_the_sample_made_again(local_env: dict[str, Any], tmp_path: Path) -> None:
+    repo = make_sample_repo(tmp_path / "frogfix-demo-x1")  # where `manage.py demo` makes it, then deletes it
+    job_id, _ = _fix(repo)
+    shutil.rmtree(repo.parent)
+
+    report = replay_job(job_id)
+    assert report.status == "reproduced" and report.patch_identical, report.message
+    assert report.notes and "made again" in report.notes[0]
+
+    # --live: the task again with a (here: scripted) live model, as an unpublished attempt with tests.
+    live = replay_job(job_id, live=True, model=demo_model())
+    assert live.status == "live" and live.exit_code == 0 and live.patch_identical
+    assert live.tests_after and live.tests_after["exit_code"] == 0
+    assert live.trajectory and Path(live.trajectory).is_file()
+
+
+def test_a_fix_job_whose_checkout_is_gone_says_so(local_env: dict[str, Any], tmp_path: Path) -> None:
+    repo = make_sample_repo(tmp_path / "src")
+    job_id, _ = _fix(repo)
+    moved = tmp_path / "moved"
+    shutil.move(str(tmp_path / "src"), moved)
+    with pytest.raises(ReplayError, match="is gone"):
+        replay_job(job_id)
+    assert replay_job(job_id, repo_dir=moved / "calc").status == "reproduced"

@@ -1,0 +1,910 @@
+"""`manage.py replay`: run a recorded attempt again and say whether it comes out the same.
+
+A plain replay feeds the attempt's recorded assistant replies back to the Leaf loop (a
+`ReplayModel`: no model server), in a fresh sandbox over a fresh workspace at the recorded base
+commit, with the recorded system prompt and task. Every message the loop appends is compared,
+in order, with the recorded one; the replay stops at the first tool result that differs (the
+loop's `cancel` hook compares before every tool call and model call, so nothing runs after the
+divergence). Then the patch is compared with the recorded `output_patch`. A plain replay never
+publishes and never changes the job's status; it notes its outcome on the job's timeline
+(`replayed`) and writes its own trajectory under `<data_dir>/trajectories/replays/`.
+
+`live=True` runs the recorded task again with the live model, in this process, as a new attempt
+that is never published (a fresh sandbox, then the tests on its patch in another). Its
+trajectory is written under replays/ and it is noted on the timeline, not in the job's attempts.
+`live=True, publish=True` instead queues the job again as a new run (`jobs.retry_job`, then the
+task once that is committed): the normal pipeline runs it with the live model, verifies it and
+updates the job's one draft MR. `publish` without `live` is refused: a replay reproduces a patch
+the job already published or refused.
+
+Where a recording ends without a natural exit (`cancelled`, `tool_error`, `max_time`, or a
+trajectory cut short by a crash), the replay stops where the recording ends.
+
+Normaliser: outputs that legitimately vary between runs are rewritten the same way on both
+sides before comparing, by these rules and no others (`NORMALISE_RULES`):
+  1. durations after "in": `in 0.12s`, `in 61.02s (0:01:01)` -> `in <T>s` (pytest, unittest);
+  2. names directly under /tmp: `/tmp/pytest-of-x/...` -> `/tmp/<tmp>/...`;
+  3. process ids: `pid 4242`, `pid=4242`, `PID: 4242` -> `pid <pid>`;
+  4. addresses: `0x7f3a2c1b9e80` (six or more hex digits) -> `0x<addr>` (Python reprs).
+The replayed output is also passed through the secret redactor first, as the recorded one was
+when it was saved.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import closing
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from app import jobs
+from app.db import session_scope
+from app.logs import SecretRedactor, get_logger
+from app.models import ACTIVE_STATUSES
+from app.queue import send_run_job
+from app.settings import Settings, get_settings
+from sandbox.base import SandboxError
+from worker import repos
+from worker.attempt import (
+    TestRun,
+    apply_patch,
+    leaf_limits_from,
+    model_from,
+    open_job_sandbox,
+    run_tests,
+    sampling_from,
+)
+from worker.leaf.loop import LeafResult, StepRecord, plan_calls, run_leaf
+from worker.leaf.model import ModelClient, ModelQueryError, ModelReply, ReplayModel
+from worker.leaf.trajectory import TrajectoryWriter
+from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config
+
+log = get_logger("frogfix.replay")
+Progress = Callable[[str], None]
+
+LOCAL_ID = re.compile(r"local-[A-Za-z0-9][A-Za-z0-9._-]{0,120}")
+# Exits the replay reproduces by itself; for any other the recording just stops, and so does the replay.
+NATURAL_EXITS = frozenset({"agent", "max_turns", "max_context_len", "max_tokens_per_turn", "llm_query_error"})
+EXCERPT_CHARS = 200
+
+NORMALISE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"\bin \d+(?:\.\d+)?s\b(?: \(\d+:\d\d:\d\d\))?"), "in <T>s"),
+    (re.compile(r"/tmp/[^\s/'\":]+"), "/tmp/<tmp>"),
+    (re.compile(r"\bpid\b[ \t]*[=:]?[ \t]*\d+", re.IGNORECASE), "pid <pid>"),
+    (re.compile(r"\b0x[0-9a-fA-F]{6,}\b"), "0x<addr>"),
+)
+
+
+def normalise(text: str) -> str:
+    """Rewrite what legitimately varies between runs (see the module docstring), nothing else."""
+    for pattern, replacement in NORMALISE_RULES:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+class ReplayError(Exception):
+    """The replay cannot run (no recording, repository gone, bad options); the message says why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Divergence:
+    """The first place where the replay and the recording part ways."""
+
+    step_index: int  # 0-based, as in the trajectory's `steps`
+    tool: str | None  # None: the run itself ended early, no one tool result differs
+    call_id: str | None
+    reason: str
+    expected: str  # excerpts of the normalised outputs around the first differing character
+    actual: str
+    line: int | None = None  # line of the first difference in the expected output
+
+    @property
+    def step(self) -> int:
+        """1-based, as the progress lines count."""
+        return self.step_index + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "step_index": self.step_index,
+            "tool": self.tool,
+            "call_id": self.call_id,
+            "reason": self.reason,
+            "line": self.line,
+            "expected": self.expected,
+            "actual": self.actual,
+        }
+
+
+@dataclass
+class ReplayReport:
+    """What a replay found; `status` is reproduced, diverged, patch_differs, live or queued."""
+
+    job_id: int | str
+    mode: str  # replay, live, queued
+    status: str
+    message: str
+    run: int | None = None
+    number: int | None = None
+    recorded_trajectory: str | None = None
+    trajectory: str | None = None
+    base_commit: str | None = None
+    steps_recorded: int = 0
+    steps_replayed: int = 0
+    tool_results_checked: int = 0
+    divergence: Divergence | None = None
+    recorded_exit_reason: str | None = None
+    exit_reason: str | None = None
+    exit_matches: bool | None = None
+    reached_recording_end: bool = False
+    recorded_patch: str | None = None
+    patch: str | None = None
+    patch_identical: bool | None = None
+    tests_after: dict[str, Any] | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def attempt_label(self) -> str:
+        if self.run is None or self.number is None:
+            return "local job" if isinstance(self.job_id, str) else "new run"
+        return f"run {self.run}, attempt {self.number}"
+
+    @property
+    def exit_code(self) -> int:
+        """For the CLI: 0 reproduced (or queued, or a live run with a patch), 1 otherwise."""
+        if self.status in ("reproduced", "queued"):
+            return 0
+        if self.status == "live":
+            return 0 if self.patch else 1
+        return 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "mode": self.mode,
+            "status": self.status,
+            "message": self.message,
+            "attempt": {"run": self.run, "number": self.number},
+            "recorded_trajectory": self.recorded_trajectory,
+            "trajectory": self.trajectory,
+            "base_commit": self.base_commit,
+            "steps_recorded": self.steps_recorded,
+            "steps_replayed": self.steps_replayed,
+            "tool_results_checked": self.tool_results_checked,
+            "divergence": self.divergence.to_dict() if self.divergence else None,
+            "recorded_exit_reason": self.recorded_exit_reason,
+            "exit_reason": self.exit_reason,
+            "exit_matches": self.exit_matches,
+            "reached_recording_end": self.reached_recording_end,
+            "patch_identical": self.patch_identical,
+            "recorded_patch": self.recorded_patch,
+            "patch": self.patch,
+            "tests_after": self.tests_after,
+            "error": self.error,
+            "notes": self.notes,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding the recording and the repository
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_job_id(value: int | str) -> int | str:
+    """A forge job's number, or a local job's `local-...` id; anything else is an unknown job."""
+    if isinstance(value, int):
+        return value
+    text = value.strip()
+    if text.lstrip("-").isdigit():
+        return int(text)
+    if LOCAL_ID.fullmatch(text):
+        return text
+    raise jobs.UnknownJob(f"no job with id {text[:80]!r}")
+
+
+@dataclass
+class Recording:
+    """One attempt's saved trajectory, and where its repository can be found again."""
+
+    job_id: int | str
+    path: Path
+    data: dict[str, Any]
+    base_commit: str
+    patch: str | None
+    run: int | None = None
+    number: int | None = None
+    forge: str | None = None
+    project: str | None = None
+    repository: str | None = None  # local jobs: the checkout `fix` ran on
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return [m for m in self.data.get("messages", []) if isinstance(m, dict)]
+
+    @property
+    def replies(self) -> int:
+        return sum(1 for m in self.messages if m.get("role") == "assistant")
+
+    @property
+    def exit_reason(self) -> str | None:
+        value = self.data.get("exit_reason")
+        return value if isinstance(value, str) else None
+
+    @property
+    def n_steps(self) -> int:
+        value = self.data.get("n_steps")
+        return value if isinstance(value, int) else len(self.data.get("steps", []))
+
+
+def _load_trajectory(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ReplayError(f"cannot read the trajectory {path}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("trajectory_format") != "leaf-function-calling":
+        raise ReplayError(f"{path} is not a Leaf trajectory")
+    messages = data.get("messages")
+    if (
+        not isinstance(messages, list)
+        or len(messages) < 2
+        or not isinstance(messages[0], dict)
+        or not isinstance(messages[1], dict)
+        or messages[0].get("role") != "system"
+        or messages[1].get("role") != "user"
+    ):
+        raise ReplayError(f"{path} does not start with the system prompt and the task")
+    return data
+
+
+@dataclass
+class _AttemptFile:
+    run: int
+    number: int
+    path: Path
+    patch: str | None
+
+
+def _select_attempt(
+    attempts: Sequence[_AttemptFile], attempt: int | str | None, job_id: int
+) -> _AttemptFile | None:
+    """`None`: the last attempt that has a trajectory; `N`: attempt N of the latest run that has
+    one; `R.N`: attempt N of run R."""
+    if attempt is None:
+        return attempts[-1] if attempts else None
+    text = str(attempt).strip()
+    match = re.fullmatch(r"(?:(\d+)[.:])?(\d+)", text)
+    if match is None:
+        raise ReplayError(f"--attempt takes N or RUN.N, not {text!r}")
+    run = int(match.group(1)) if match.group(1) else None
+    number = int(match.group(2))
+    chosen = [a for a in attempts if a.number == number and (run is None or a.run == run)]
+    if not chosen:
+        shown = ", ".join(f"{a.run}.{a.number}" for a in attempts) or "none"
+        raise ReplayError(f"job {job_id} has no attempt {text} with a trajectory (attempts: {shown})")
+    return chosen[-1]
+
+
+def find_recording(job_id: int | str, attempt: int | str | None, settings: Settings) -> Recording:
+    """The trajectory to replay: a forge job's chosen attempt, or a local job's one file."""
+    trajectories = settings.data_dir / "trajectories"
+    if isinstance(job_id, str):
+        if attempt not in (None, 1, "1"):
+            raise ReplayError("a local job has one attempt; leave out --attempt")
+        path = trajectories / f"{job_id}.json"
+        if not path.is_file():
+            raise jobs.UnknownJob(f"no job with id {job_id} (no trajectory {path})")
+        data = _load_trajectory(path)
+        base = data.get("base_commit")
+        if not isinstance(base, str) or not base:
+            raise ReplayError(f"{path} records no base commit")
+        patch = data.get("output_patch")
+        repository = data.get("repository")
+        return Recording(
+            job_id, path, data, base, patch if isinstance(patch, str) else None,
+            repository=repository if isinstance(repository, str) else None,
+        )
+
+    with session_scope() as session:
+        job = jobs.get_job(session, job_id)
+        forge, project, status, job_base = job.forge, job.project, job.status, job.base_commit
+        rows = [
+            (a.run, a.number, a.trajectory_path, a.patch) for a in jobs.job_attempts(session, job_id)
+        ]
+
+    with_files: list[_AttemptFile] = []
+    for run, number, stored, patch in rows:
+        # An attempt whose worker died has no stored path yet; its file is at the usual place.
+        path = Path(stored) if stored else trajectories / f"job-{job_id}-run-{run}-{number}.json"
+        if path.is_file():
+            with_files.append(_AttemptFile(run, number, path, patch))
+    chosen = _select_attempt(with_files, attempt, job_id)
+    if chosen is None:
+        why = "it has no attempts" if not rows else "none of its attempts left a trajectory file"
+        raise ReplayError(f"job {job_id} ({status}) has nothing to replay: {why}")
+    data = _load_trajectory(chosen.path)
+    base = data.get("base_commit") or job_base
+    if not isinstance(base, str) or not base:
+        raise ReplayError(f"{chosen.path} records no base commit")
+    recorded_patch = data.get("output_patch")
+    if not isinstance(recorded_patch, str):
+        recorded_patch = chosen.patch
+    return Recording(
+        job_id, chosen.path, data, base, recorded_patch, chosen.run, chosen.number, forge=forge, project=project
+    )
+
+
+class RepoSource:
+    """Where fresh workspaces at the base commit come from: a forge mirror or a local checkout."""
+
+    def __init__(self, kind: str, path: Path, *, temporary: Path | None = None, note: str | None = None) -> None:
+        self.kind, self.path = kind, path
+        self.temporary = temporary  # removed by `cleanup`
+        self.note = note
+
+    def cleanup(self) -> None:
+        if self.temporary is not None:
+            shutil.rmtree(self.temporary, ignore_errors=True)
+
+    def checkout(self, dest: Path, commit: str) -> None:
+        if self.kind == "mirror":
+            repos.make_workspace(self.path, dest, commit)
+            return
+        from worker.localfix import clone_workspace
+
+        try:
+            clone_workspace(self.path, dest, commit)
+        except Exception as exc:  # GitPython's errors carry the whole command line; say it plainly
+            repos.remove_workspace(dest)
+            raise ReplayError(f"cannot check out {commit[:12]} from {self.path}: {type(exc).__name__}") from exc
+
+
+def _is_demo(rec: Recording) -> bool:
+    """A `manage.py demo` run: its repository was a temporary folder, made by `make_sample_repo`."""
+    from worker.demo import ISSUE_TITLE
+
+    issue = rec.data.get("issue")
+    title = issue.get("title") if isinstance(issue, dict) else None
+    return bool(re.search(r"/frogfix-demo-[^/]+/calc$", rec.repository or "")) and title == ISSUE_TITLE
+
+
+def _fresh_demo_repo(rec: Recording, progress: Progress) -> RepoSource:
+    """The demo's sample repository made again. Its files are the same, but its commit is not (git
+    stamps the time), so the replay starts from the new commit and the report says so."""
+    import tempfile
+
+    import git
+
+    from worker.demo import make_sample_repo
+
+    folder = Path(tempfile.mkdtemp(prefix="frogfix-replay-demo-"))
+    repo = make_sample_repo(folder)
+    head = git.Repo(repo).head.commit.hexsha
+    note = (
+        f"the demo's repository was temporary; replayed on the same sample made again "
+        f"(commit {head[:12]} instead of {rec.base_commit[:12]})"
+    )
+    progress(note)
+    rec.base_commit = head
+    return RepoSource("local", repo, temporary=folder, note=note)
+
+
+def _has_commit(mirror: Path, commit: str) -> bool:
+    if not (mirror / "HEAD").is_file():
+        return False
+    try:
+        return repos.resolve(mirror, commit) == commit
+    except repos.RepoError:
+        return False
+
+
+def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str], progress: Progress,
+                repo_dir: Path | None = None) -> RepoSource:
+    """The mirror on disk when it holds the base commit, else the mirror updated from the forge;
+    for a local job, its checkout (or `repo_dir`, where it lives now)."""
+    base = rec.base_commit
+    if isinstance(rec.job_id, str):
+        where = repo_dir or (Path(rec.repository) if rec.repository else None)
+        if where is None:
+            raise ReplayError(f"the trajectory of {rec.job_id} does not say which repository it ran on; use --repo")
+        if not (where / ".git").exists() and not (where / "HEAD").is_file():
+            if repo_dir is None and _is_demo(rec):
+                return _fresh_demo_repo(rec, progress)
+            raise ReplayError(
+                f"the repository {where} is gone (a demo's is temporary); "
+                f"pass --repo DIR with a checkout that has commit {base[:12]}"
+            )
+        progress(f"repository: {where}")
+        return RepoSource("local", where)
+
+    assert rec.forge is not None and rec.project is not None
+    cache = repos.RepoCache(settings.data_dir / "mirrors")
+    key = repos.mirror_key(rec.forge, rec.project)
+    mirror = cache.path_for(key)
+    if _has_commit(mirror, base):
+        progress(f"repository: the mirror on disk has {base[:12]}")
+        return RepoSource("mirror", mirror)
+    from worker.pipeline import make_forge
+
+    progress(f"repository: updating the mirror of {rec.project} from {rec.forge}")
+    forge = make_forge(rec.forge, settings, redact)
+    try:
+        info = forge.project_info(rec.project)
+        mirror = cache.mirror(key, info.clone_url, forge.git_auth_header())
+    finally:
+        forge.close()
+    if not _has_commit(mirror, base):
+        raise ReplayError(f"the base commit {base[:12]} is no longer in {rec.project} (rewritten history?)")
+    return RepoSource("mirror", mirror)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing as the loop goes
+# ---------------------------------------------------------------------------------------------
+
+
+def _excerpts(expected: str, actual: str) -> tuple[str, str, int]:
+    """Both texts around their first differing character, and that character's line."""
+    first = next((i for i, (a, b) in enumerate(zip(expected, actual, strict=False)) if a != b),
+                 min(len(expected), len(actual)))
+    # From the start of a line, a third of the excerpt before the difference.
+    start = expected.rfind("\n", 0, first - EXCERPT_CHARS // 3) + 1 if first > EXCERPT_CHARS // 3 else 0
+
+    def cut(text: str) -> str:
+        piece = text[start:start + EXCERPT_CHARS]
+        return ("…" if start else "") + piece + ("…" if start + EXCERPT_CHARS < len(text) else "")
+
+    return cut(expected), cut(actual), expected.count("\n", 0, first) + 1
+
+
+class Checker:
+    """Compares the loop's live history with the recorded one, message by message, as it grows.
+
+    `should_stop` is the loop's cancel hook: it is polled before every model call and every tool
+    call, so it sees each tool result right after it was appended and stops the run at the first
+    that differs (and, for recordings without a natural end, where the recording ends).
+    """
+
+    def __init__(self, recorded: list[dict[str, Any]], redact: Callable[[str], str], *, stop_at_end: bool) -> None:
+        self.recorded = recorded
+        self.redact = redact
+        self.stop_at_end = stop_at_end
+        self.live: list[dict[str, Any]] | None = None
+        self.position = 2  # the system prompt and the task are the recording's own
+        self.checked = 0
+        self.divergence: Divergence | None = None
+        self.reached_end = False
+        self.replies_left: Callable[[], int] = lambda: 0
+
+    def _step_and_tool(self, index: int, call_id: str) -> tuple[int, str]:
+        assert self.live is not None
+        step, owner = -1, None
+        for message in self.live[2:index]:
+            if message.get("role") == "assistant":
+                step, owner = step + 1, message
+        name = "?"
+        if owner is not None:
+            planned, _ = plan_calls(owner, step)
+            name = next((p.name for p in planned if p.call_id == call_id), "?") or "?"
+        return max(step, 0), name
+
+    def _diverge(self, index: int, call_id: str, reason: str, expected: str, actual: str) -> Divergence:
+        step, tool = self._step_and_tool(index, call_id)
+        want, got, line = _excerpts(expected, actual)
+        self.divergence = Divergence(step, tool, call_id, reason, want, got, line)
+        return self.divergence
+
+    def check(self) -> Divergence | None:
+        """Compare every message appended since the last check; the first difference sticks."""
+        live = self.live
+        if live is None or self.divergence is not None:
+            return self.divergence
+        while self.position < len(live):
+            index = self.position
+            got = live[index]
+            call_id = str(got.get("tool_call_id") or "")
+            if index >= len(self.recorded):
+                return self._diverge(index, call_id, "the recording has no such message: it ended before this",
+                                     "", str(got.get("content") or ""))
+            want = self.recorded[index]
+            if got.get("role") != want.get("role"):
+                return self._diverge(index, call_id or str(want.get("tool_call_id") or ""),
+                                     f"the replay has a {got.get('role')} message where the recording has "
+                                     f"a {want.get('role')} message", str(want.get("content") or ""),
+                                     str(got.get("content") or ""))
+            if got.get("role") == "tool":
+                if call_id != want.get("tool_call_id"):
+                    return self._diverge(index, call_id, f"call id {call_id!r} where the recording has "
+                                         f"{want.get('tool_call_id')!r}", str(want.get("tool_call_id")), call_id)
+                expected = normalise(str(want.get("content") or ""))
+                actual = normalise(self.redact(str(got.get("content") or "")))
+                if expected != actual:
+                    return self._diverge(index, call_id, "the tool result differs from the recording",
+                                         expected, actual)
+                self.checked += 1
+            self.position += 1
+        return None
+
+    def should_stop(self) -> bool:
+        if self.check() is not None:
+            return True
+        if (
+            self.stop_at_end
+            and self.live is not None
+            and len(self.live) >= len(self.recorded)
+            and self.replies_left() == 0
+        ):
+            self.reached_end = True
+            return True
+        return False
+
+
+class _ReplayingModel:
+    """The recorded replies, handing the loop's live history to the checker on every call."""
+
+    def __init__(self, inner: ReplayModel, checker: Checker) -> None:
+        self.inner, self.checker = inner, checker
+        self.ran_out = False
+        checker.replies_left = lambda: inner.remaining
+
+    def complete(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]],
+        *,
+        timeout: float | None = None,
+        max_completion_tokens: int | None = None,
+    ) -> ModelReply:
+        if isinstance(messages, list):
+            self.checker.live = messages
+        if self.inner.remaining == 0:
+            self.ran_out = True
+            raise ModelQueryError("replay: the recording has no further reply")
+        return self.inner.complete(messages, tools, timeout=timeout, max_completion_tokens=max_completion_tokens)
+
+
+# ---------------------------------------------------------------------------------------------
+# Running it
+# ---------------------------------------------------------------------------------------------
+
+
+def _replay_trajectory_path(rec: Recording, settings: Settings, mode: str) -> Path:
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    name = f"{rec.path.stem}.{mode}-{stamp}-{secrets.token_hex(2)}.json"
+    return settings.data_dir / "trajectories" / "replays" / name
+
+
+def _safe_label(job_id: int | str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", str(job_id))[:100]
+
+
+def _tests_after(source: RepoSource, root: Path, base: str, patch: str, config: RepoConfig, settings: Settings,
+                 redact: Callable[[str], str], progress: Progress) -> dict[str, Any]:
+    ws = root / "tests-after"
+    source.checkout(ws, base)
+    problem = apply_patch(ws, patch, root)
+    if problem:
+        repos.remove_workspace(ws)
+        run = TestRun(None, problem)
+    else:
+        progress(f"running the tests on the patch: {config.test_command}")
+        run = run_tests(ws, config, settings, redact, image=config.image)
+    progress(f"tests after the patch: exit code {run.exit_code}")
+    return {"command": config.test_command, **run.to_dict()}
+
+
+def _run(
+    rec: Recording,
+    source: RepoSource,
+    settings: Settings,
+    redactor: SecretRedactor,
+    progress: Progress,
+    *,
+    live: bool,
+    model: ModelClient | None,
+) -> ReplayReport:
+    redact = redactor.redact
+    messages = rec.messages
+    system_prompt, task = str(messages[0].get("content") or ""), str(messages[1].get("content") or "")
+    checker = Checker(messages, redact, stop_at_end=(rec.exit_reason not in NATURAL_EXITS))
+    limits = leaf_limits_from(settings)
+    replaying: _ReplayingModel | None = None
+    if live:
+        chosen = model if model is not None else model_from(settings)
+    else:
+        replaying = _ReplayingModel(ReplayModel.from_trajectory(rec.data), checker)
+        chosen = replaying
+        # As many steps as were recorded; one more where the recording just stops, so the loop
+        # reaches the check that ends it there rather than running out of steps first.
+        extra = 0 if rec.exit_reason in NATURAL_EXITS else 1
+        limits = replace(limits, max_steps=max(rec.n_steps, rec.replies, 1) + extra)
+    mode = "live" if live else "replay"
+    trajectory = _replay_trajectory_path(rec, settings, mode)
+    writer = TrajectoryWriter(
+        trajectory,
+        job_id=rec.job_id,
+        model=settings.model_name if live else f"replay of {rec.data.get('model')}",
+        sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
+        base_commit=rec.base_commit,
+        redact=redact,
+        fields={"mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number},
+    )
+    total = rec.replies
+
+    def on_step(record: StepRecord) -> None:
+        writer.on_step(record)
+        names = ", ".join(c.name for c in record.calls) or "final answer"
+        if live:
+            progress(f"step {record.step + 1}: {names}")
+            return
+        checker.live = record.history
+        verdict = "DIFFERS" if checker.check() is not None else "ok"
+        progress(f"step {record.step + 1}/{total}: {names}: {verdict}")
+
+    root = settings.resolved_workspace_dir() / f"replay-{_safe_label(rec.job_id)}-{secrets.token_hex(4)}"
+    ws = root / "agent"
+    root.mkdir(parents=True, exist_ok=True)
+    tests_after: dict[str, Any] | None = None
+    try:
+        source.checkout(ws, rec.base_commit)
+        config: RepoConfig | None
+        try:
+            config = load_repo_config(ws)
+        except RepoConfigError as exc:
+            progress(f"note: .frogfix.yml is not usable ({exc}); the default image is used")
+            config = None
+        progress(f"workspace ready at base commit {rec.base_commit[:12]}; opening the sandbox ({settings.sandbox})")
+        image = config.image if config else None
+        labels = {"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": "replay"}
+        try:
+            with closing(open_job_sandbox(ws, settings, image, labels)) as box:
+                result: LeafResult = run_leaf(
+                    chosen,
+                    box,
+                    task,
+                    system_prompt=system_prompt,
+                    limits=limits,
+                    on_step=on_step,
+                    cancel=None if live else checker.should_stop,
+                )
+                patch = box.patch(rec.base_commit)
+        except SandboxError as exc:
+            raise ReplayError(f"the sandbox failed: {exc}") from exc
+        finally:
+            close = getattr(chosen, "close", None) if live and model is None else None
+            if callable(close):
+                close()
+        writer.finish(result, patch=patch)
+        if live and patch and config is not None and config.test_command:
+            tests_after = _tests_after(source, root, rec.base_commit, patch, config, settings, redact, progress)
+    finally:
+        repos.remove_workspace(root)
+
+    report = ReplayReport(
+        job_id=rec.job_id,
+        mode=mode,
+        status="",
+        message="",
+        run=rec.run,
+        number=rec.number,
+        recorded_trajectory=str(rec.path),
+        trajectory=str(trajectory),
+        base_commit=rec.base_commit,
+        steps_recorded=rec.replies,
+        steps_replayed=len(result.records),
+        recorded_exit_reason=rec.exit_reason,
+        exit_reason=result.exit_reason,
+        recorded_patch=rec.patch,
+        patch=patch,
+        patch_identical=None if rec.patch is None else rec.patch == patch,
+        tests_after=tests_after,
+        error=result.error,
+    )
+    if live:
+        report.status = "live"
+        same = "the same patch as" if report.patch_identical else "a different patch from"
+        report.message = (
+            f"live run ended {result.exit_reason} after {result.steps} steps with "
+            + (f"{same} the recording" if patch else "no patch")
+            + (f"; tests after the patch exit {tests_after['exit_code']}" if tests_after else "")
+        )
+        return report
+
+    assert replaying is not None
+    checker.live = result.messages
+    divergence = checker.check()
+    reached_end = checker.reached_end or replaying.ran_out
+    if divergence is None and not reached_end and len(result.messages) < len(messages):
+        checker.divergence = divergence = Divergence(
+            max(len(result.records) - 1, 0), None, None,
+            f"the replay ended ({result.exit_reason}{': ' + result.error if result.error else ''}) "
+            f"after {len(result.records)} of {rec.replies} recorded steps",
+            "", "",
+        )
+    report.divergence = divergence
+    report.tool_results_checked = checker.checked
+    report.reached_recording_end = reached_end
+    report.exit_matches = divergence is None and (result.exit_reason == rec.exit_reason or reached_end)
+    lines = f"{len(patch.splitlines())} lines" if patch else "empty"
+    if divergence is not None:
+        report.status = "diverged"
+        if divergence.call_id is None:
+            report.message = divergence.reason
+        else:
+            report.message = (
+                f"step {divergence.step} ({divergence.tool}, call {divergence.call_id}): {divergence.reason}; "
+                "the replay stopped there"
+            )
+    elif report.patch_identical is False:
+        report.status = "patch_differs"
+        recorded_lines = f"{len((rec.patch or '').splitlines())} lines" if rec.patch else "empty"
+        report.message = (
+            f"every tool result matched, but the patch differs (recorded: {recorded_lines}, replayed: {lines})"
+        )
+    else:
+        report.status = "reproduced"
+        report.message = (
+            f"all {checker.checked} tool results matched the recording; "
+            + (f"the same patch ({lines})" if report.patch_identical else "the recording holds no patch to compare")
+        )
+    return report
+
+
+def queue_again(job_id: int, who: str) -> bool:
+    """Queue a finished job again as a new run, then send its task once that is committed.
+
+    False when the broker is unreachable: the job stays queued and the sweep sends it later.
+    """
+    with session_scope() as session:
+        jobs.retry_job(session, job_id, who)
+    if not send_run_job(job_id):
+        return False
+    with session_scope() as session:
+        jobs.mark_enqueued(session, job_id)
+    return True
+
+
+def _note(job_id: int | str, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    """Best effort: the timeline note must not turn a finished replay into a failure."""
+    if not isinstance(job_id, int):
+        return
+    try:
+        with session_scope() as session:
+            jobs.add_event(session, job_id, kind, message, data)
+    except Exception as exc:
+        log.warning("replay_note_failed", job_id=job_id, error=f"{type(exc).__name__}: {exc}"[:300])
+
+
+def replay_job(
+    job_id: int | str,
+    *,
+    attempt: int | str | None = None,
+    live: bool = False,
+    publish: bool = False,
+    progress: Progress | None = None,
+    who: str = "manage.py",
+    repo_dir: Path | None = None,
+    model: ModelClient | None = None,
+    settings: Settings | None = None,
+) -> ReplayReport:
+    """Replay a job's attempt (see the module docstring).
+
+    Raises `jobs.UnknownJob` for an unknown id, `ReplayError` when the replay cannot run and
+    `jobs.InvalidTransition` when `live and publish` cannot queue the job. `model` replaces the
+    live model (tests); `repo_dir` is where a local job's checkout lives now.
+    """
+    s = settings or get_settings()
+    say: Progress = progress or (lambda _m: None)
+    key = parse_job_id(job_id)
+    if publish and not live:
+        raise ReplayError(
+            "--publish needs --live: a plain replay reproduces a patch the job already published or refused"
+        )
+    if live and publish:
+        if isinstance(key, str):
+            raise ReplayError("a local job has no merge request to publish to")
+        with session_scope() as session:
+            jobs.get_job(session, key)
+        sent = queue_again(key, f"{who} (replay --live --publish)")
+        message = (
+            f"job {key} is queued again as a new run; the worker runs it with the live model and updates its MR"
+            if sent
+            else f"job {key} is queued again; the broker is unreachable, so the sweep will send it when it is back"
+        )
+        say(message)
+        return ReplayReport(job_id=key, mode="queued", status="queued", message=message)
+
+    redactor = SecretRedactor(s.secret_values())
+    try:
+        rec = find_recording(key, attempt, s)
+    except ReplayError as exc:  # the job exists but has nothing to replay: say so on its timeline too
+        _note(key, "replay_failed", f"replay could not run: {exc}")
+        raise
+    if live and isinstance(key, int):
+        with session_scope() as session:
+            status = jobs.get_job(session, key).status
+        if status in ACTIVE_STATUSES:
+            raise ReplayError(f"job {key} is {status}; a live run waits until it has finished")
+    where = f"run {rec.run}, attempt {rec.number}" if rec.run is not None else "the local run"
+    say(f"{'live run of' if live else 'replaying'} {where} from {rec.path} ({rec.replies} recorded steps)")
+    source: RepoSource | None = None
+    try:
+        source = repo_source(rec, s, redactor.redact, say, repo_dir)
+        report = _run(rec, source, s, redactor, say, live=live, model=model)
+        if source.note:
+            report.notes.append(source.note)
+    except (ReplayError, repos.RepoError) as exc:
+        _note(key, "replay_failed", f"replay of {where} could not run: {exc}")
+        if isinstance(exc, ReplayError):
+            raise
+        raise ReplayError(str(exc)) from exc
+    except Exception as exc:  # a forge or git failure while fetching: one clear line
+        _note(key, "replay_failed", f"replay of {where} could not run: {type(exc).__name__}: {exc}")
+        raise ReplayError(f"{type(exc).__name__}: {redactor.redact(str(exc))}") from exc
+    finally:
+        if source is not None:
+            source.cleanup()
+    say(report.message)
+    _note(
+        key,
+        "replayed_live" if live else "replayed",
+        f"{'live run' if live else 'replay'} of {where} by {who}: {report.status}: {report.message}",
+        {
+            "status": report.status,
+            "trajectory": report.trajectory,
+            "attempt": {"run": rec.run, "number": rec.number},
+            "divergence": report.divergence.to_dict() if report.divergence else None,
+            "patch_identical": report.patch_identical,
+        },
+    )
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# For the dashboard
+# ---------------------------------------------------------------------------------------------
+
+MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
+
+
+def start_replay(job_id: int, who: str) -> None:
+    """Start a plain replay of `job_id` in the background and return at once (for the dashboard).
+
+    Raises `jobs.UnknownJob` at once for an unknown job. Records `replay_requested` on the
+    timeline, then runs `manage.py replay JOB --json` as a separate process (so a sandbox failure
+    cannot touch the web process), which records `replayed` (or `replay_failed`) with the outcome
+    when it ends. Its output goes to `<data_dir>/replays/job-<id>-<time>.log`.
+    """
+    settings = get_settings()
+    with session_scope() as session:
+        jobs.get_job(session, job_id)
+        jobs.add_event(session, job_id, "replay_requested", f"replay requested by {who}")
+    folder = settings.data_dir / "replays"
+    folder.mkdir(parents=True, exist_ok=True)
+    logfile = folder / f"job-{job_id}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}.log"
+    with logfile.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(MANAGE), "replay", str(int(job_id)), "--json", "--who", who[:200]],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ),
+        )
+    # Reap it when it ends, so no zombie is left in a long-lived web process.
+    threading.Thread(target=proc.wait, name=f"frogfix-replay-{job_id}", daemon=True).start()
