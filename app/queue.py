@@ -44,7 +44,17 @@ def configure_celery(settings: Settings | None = None) -> Celery:
         }
     elif s.resolved_broker_url().startswith(("redis://", "rediss://")):
         # A message not acked within this window is redelivered; it must outlast the hard limit.
-        options = {"visibility_timeout": hard_limit + 600, "socket_connect_timeout": 5, "socket_timeout": 10}
+        options = {
+            "visibility_timeout": hard_limit + 600,
+            "socket_connect_timeout": 5,
+            "socket_timeout": 10,
+            # A publisher gives up fast when Redis is down (the sweep sends the job later) instead of
+            # holding a webhook answer for seconds; the worker's own reconnects follow broker_connection_*.
+            "max_retries": 1,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.5,
+        }
     celery_app.conf.update(
         broker_url=s.resolved_broker_url(),
         broker_transport_options=options,

@@ -73,7 +73,7 @@ def test_broker_outage_keeps_the_job_queued_and_the_sweep_sends_it_later(
         started = time.monotonic()
         r = client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
         assert r.status_code == 202, r.text  # the delivery is accepted: the job is safe in the database
-        assert time.monotonic() - started < 15, "a broker outage must not stall webhook answers"
+        assert time.monotonic() - started < 2, "a broker outage must not stall webhook answers"
         job_id = r.json()["job_id"]
         job, _ = _job(job_id)
         assert job.status == "queued" and job.last_enqueued_at is None and job.enqueue_count == 0

@@ -8,6 +8,7 @@ protocol, the patch, and the tests run before and after in fresh sandboxes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,9 @@ def make_sample_repo(root: Path) -> Path:
         ("add", "-A"),
         ("-c", "user.name=FrogFix demo", "-c", "user.email=demo@localhost", "commit", "-q", "-m", "calc"),
     ):
-        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+        # Fixed dates make the sample's commit the same every time, so a demo job can be replayed.
+        dates = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env={**os.environ, **dates})
     return repo
 
 
