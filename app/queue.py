@@ -15,6 +15,7 @@ from app.logs import get_logger
 from app.settings import Settings, get_settings
 
 RUN_JOB = "frogfix.run_job"
+REPLAY_JOB = "frogfix.replay_job"
 SWEEP = "frogfix.sweep_queued"
 HARD_TIME_LIMIT_MARGIN_S = 600
 
@@ -96,6 +97,16 @@ def send_run_job(job_id: int) -> bool:
         celery_app.send_task(RUN_JOB, args=[job_id], retry=False)
     except Exception as exc:  # kombu raises many kinds of connection errors
         log.warning("enqueue_failed", job_id=job_id, error=f"{type(exc).__name__}: {exc}"[:500])
+        return False
+    return True
+
+
+def send_replay_job(job_id: int, who: str) -> bool:
+    """Ask a worker (where sandboxes run) to replay the job's recording; False when the broker is down."""
+    try:
+        celery_app.send_task(REPLAY_JOB, args=[job_id, who], retry=False)
+    except Exception as exc:
+        log.warning("enqueue_failed", job_id=job_id, task=REPLAY_JOB, error=f"{type(exc).__name__}: {exc}"[:500])
         return False
     return True
 

@@ -11,7 +11,7 @@ from celery.signals import worker_ready
 from app import jobs
 from app.db import session_scope
 from app.logs import get_logger
-from app.queue import RUN_JOB, SWEEP, celery_app
+from app.queue import REPLAY_JOB, RUN_JOB, SWEEP, celery_app
 from app.sweep import sweep_once
 
 log = get_logger("frogfix.worker")
@@ -39,6 +39,19 @@ def run_job(job_id: int) -> str:
 @celery_app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
 def run_job_task(job_id: int) -> str:
     return run_job(int(job_id))
+
+
+@celery_app.task(name=REPLAY_JOB)
+def replay_job_task(job_id: int, who: str = "dashboard") -> str:
+    """A plain replay (recorded replies, no model, never publishes); the outcome lands on the timeline."""
+    from worker.replay import replay_job
+
+    with structlog.contextvars.bound_contextvars(job_id=job_id):
+        try:
+            return str(replay_job(int(job_id), who=who).status)
+        except Exception as exc:  # replay_job records its own failures; this keeps the worker quiet and alive
+            log.warning("replay_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            return "error"
 
 
 REAP_INTERVAL_S = 300.0

@@ -191,3 +191,14 @@ def test_normaliser_rules() -> None:
     # Nothing else moves: exit codes, counts and short hex values stay as they are.
     for kept in ("Exit code: 1", "1 failed, 1 passed", "index 8124ccd..97eb2fc", "0xff", "within 5s"):
         assert normalise(kept) == kept
+
+
+def test_replay_task_for_the_dashboard_reproduces_and_records_it(client: Any, world: World) -> None:
+    from worker.tasks import replay_job_task
+
+    job_id = _finished_job(client, world)
+    assert replay_job_task(job_id, "alice") == "reproduced"
+    with session_scope() as s:
+        events = [(e.kind, e.message) for e in jobs.job_events(s, job_id)]
+    assert events[-1][0] == "replayed"
+    assert replay_job_task(999_999, "alice") == "error"
