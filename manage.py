@@ -134,6 +134,30 @@ def fix(
     raise typer.Exit(run_fix_command(repo_dir, issue, json_out))
 
 
+@cli.command("create-admin")
+def create_admin(
+    username: Annotated[str, typer.Argument(help="The operator's user name.")],
+    password_stdin: Annotated[bool, typer.Option("--password-stdin", help="Read the password from stdin.")] = False,
+) -> None:
+    """Create a dashboard operator account (the password is asked for, or read from stdin)."""
+    from app import migrate as migrations
+    from app.auth import create_operator
+    from app.db import session_scope
+
+    if password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+    else:
+        password = typer.prompt("Password", hide_input=True, confirmation_prompt=True)
+    migrations.upgrade(_settings().resolved_database_url())
+    try:
+        with session_scope() as session:
+            create_operator(session, username, password)
+    except ValueError as exc:
+        typer.echo(f"create-admin: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"operator {username} created; sign in at /login")
+
+
 @cli.command("reap-sandboxes")
 def reap_sandboxes(
     older_than: Annotated[
@@ -246,7 +270,7 @@ def _wrap(text: str, first: str, indent: int) -> list[str]:
 
 
 def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1):]
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
 
 
 def _dump(value: Any) -> None:
@@ -340,8 +364,13 @@ def _print_job(d: dict[str, Any]) -> None:
     for a in d["attempts"]:
         head = f"  {a['run']}.{a['number']:<3} {a['status']:<9} "
         indent = " " * len(head)
-        lines.extend(_wrap(f"{a.get('exit_reason') or '-'}, {a.get('steps') or 0} steps; "
-                           f"{_tests_summary(a.get('tests'))}", head, len(head)))
+        lines.extend(
+            _wrap(
+                f"{a.get('exit_reason') or '-'}, {a.get('steps') or 0} steps; {_tests_summary(a.get('tests'))}",
+                head,
+                len(head),
+            )
+        )
         if a.get("error"):
             lines.extend(_wrap(f"error: {a['error']}", indent, len(head)))
         for flag in a.get("flags") or []:
@@ -539,9 +568,13 @@ def _print_replay(report: Any) -> None:
         return
     field("result", report.message)
     field("base", (report.base_commit or "-")[:12])
-    field("steps", f"{report.steps_replayed} replayed of {report.steps_recorded} recorded; "
-                   f"{report.tool_results_checked} tool results matched" if report.mode == "replay"
-          else f"{report.steps_replayed}")
+    field(
+        "steps",
+        f"{report.steps_replayed} replayed of {report.steps_recorded} recorded; "
+        f"{report.tool_results_checked} tool results matched"
+        if report.mode == "replay"
+        else f"{report.steps_replayed}",
+    )
     exit_text = f"{report.exit_reason}"
     if report.divergence is not None and report.exit_reason == "cancelled":
         exit_text = "stopped at the divergence"
@@ -565,8 +598,11 @@ def _print_replay(report: Any) -> None:
         field("patch", "the recording holds no patch to compare")
     else:
         replayed = f"{len(report.patch.splitlines())} lines" if report.patch else "empty"
-        field("patch", ("identical to the recording" if report.patch_identical else "differs from the recording")
-              + f" ({replayed})")
+        field(
+            "patch",
+            ("identical to the recording" if report.patch_identical else "differs from the recording")
+            + f" ({replayed})",
+        )
     for note in report.notes:
         field("note", note)
     if report.tests_after:
@@ -588,9 +624,7 @@ def replay(
     publish: Annotated[
         bool, typer.Option("--publish", help="With --live: queue a new run that updates the job's MR.")
     ] = False,
-    repo: Annotated[
-        Path | None, typer.Option(help="Local jobs: where the checkout lives now, if it moved.")
-    ] = None,
+    repo: Annotated[Path | None, typer.Option(help="Local jobs: where the checkout lives now, if it moved.")] = None,
     who: Annotated[str | None, typer.Option(hidden=True)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
@@ -613,8 +647,13 @@ def replay(
     with _job_errors("replay"):
         try:
             report = replay_job(
-                job, attempt=attempt, live=live, publish=publish, progress=progress,
-                who=who or _who(), repo_dir=repo,
+                job,
+                attempt=attempt,
+                live=live,
+                publish=publish,
+                progress=progress,
+                who=who or _who(),
+                repo_dir=repo,
             )
         except ReplayError as exc:
             _fail("replay", str(exc), 2)

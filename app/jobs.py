@@ -407,8 +407,9 @@ def recover_stale_jobs(session: Session, stale_after: timedelta, max_runs: int) 
 def cancel_job(session: Session, job_id: int, who: str) -> str:
     """An operator's cancel: queued jobs end now, running ones stop at their next check."""
     job = get_job(session, job_id)
+    was_queued = job.status == JobStatus.queued.value  # read before the update refreshes the object
     request_cancel(session, job, f"cancelled by {who}")
-    return "cancelled" if job.status == JobStatus.queued.value else "cancel_requested"
+    return "cancelled" if was_queued else "cancel_requested"
 
 
 RETRYABLE: tuple[str, ...] = ("failed", "no_fix", "cancelled", "rejected")
@@ -436,3 +437,303 @@ def retry_job(session: Session, job_id: int, who: str) -> None:
         )
     )
     add_event(session, job_id, "retried", f"queued again by {who}")
+
+
+# -- dashboard reads ----------------------------------------------------------------------------
+# Read-only queries for app/web/dashboard.py. The job list selects only the columns it shows (never the
+# issue body) and pages by keyset on (created_at, id), so a deep page costs what the first one does.
+
+SUCCESS_STATUSES: tuple[str, ...] = ("done",)
+OUTCOME_STATUSES: tuple[str, ...] = ("done", "no_fix", "failed")  # jobs that ran to a verdict
+LIST_COUNT_CAP = 10_000
+SEARCH_MAX_CHARS = 100
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of the dashboard's job list."""
+
+    id: int
+    forge: str
+    project: str
+    issue: int
+    issue_url: str | None
+    title: str | None
+    status: str
+    trigger_user: str | None
+    mr_url: str | None
+    steps: int
+    runs: int
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """A page of the job list and the cursors of its neighbours (None where there is none).
+
+    With a search, `total` is None (counting matches would mean reading every job) and, when the
+    search window ran out before the page filled, `searched_to` is how far back it looked: the
+    `older` cursor then continues the search from there.
+    """
+
+    rows: list[JobRow]
+    older: tuple[datetime, int] | None
+    newer: tuple[datetime, int] | None
+    total: int | None
+    total_capped: bool  # True: there are at least `total` matches, maybe more
+    searched_to: datetime | None = None
+
+
+_ROW_COLUMNS = (
+    Job.id,
+    Job.forge,
+    Job.project,
+    Job.issue,
+    Job.issue_url,
+    Job.title,
+    Job.status,
+    Job.trigger_user,
+    Job.mr_url,
+    Job.steps,
+    Job.attempt,
+    Job.cancel_requested,
+    Job.created_at,
+    Job.started_at,
+    Job.finished_at,
+)
+# A search is a substring match that no index serves; each page reads at most this many jobs
+# (newest first from the cursor), so a page costs the same at 100,000 jobs as at 10,000.
+SEARCH_WINDOW = 10_000
+
+
+def _like_pattern(text_: str) -> str:
+    escaped = text_.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _filter_conditions(flt: JobFilter) -> list[Any]:
+    conditions: list[Any] = []
+    if flt.status:
+        conditions.append(Job.status == flt.status)
+    if flt.forge:
+        conditions.append(Job.forge == flt.forge)
+    if flt.project:
+        conditions.append(Job.project == flt.project)
+    return conditions
+
+
+def _search_condition(columns: Any, search: str) -> Any:
+    """Project or title contains the text (case-insensitive); `#12` or `12` also finds issue or job 12."""
+    pattern = _like_pattern(search)
+    matches: list[Any] = [
+        columns.project.ilike(pattern, escape="\\"),
+        columns.title.ilike(pattern, escape="\\"),
+    ]
+    number = search.lstrip("#!")
+    if number.isdigit() and len(number) < 10:
+        matches += [columns.issue == int(number), columns.id == int(number)]
+    if search.startswith("@") or search.isidentifier():
+        matches.append(columns.trigger_user == search.lstrip("@"))
+    return or_(*matches)
+
+
+def dashboard_jobs(
+    session: Session,
+    flt: JobFilter,
+    search: str | None = None,
+    *,
+    older_than: tuple[datetime, int] | None = None,
+    newer_than: tuple[datetime, int] | None = None,
+    limit: int = 50,
+    count_cap: int = LIST_COUNT_CAP,
+) -> JobPage:
+    """Newest first, `limit` rows after a keyset cursor; the count stops at `count_cap`.
+
+    `older_than` pages towards older jobs, `newer_than` back towards newer ones. Both walk
+    ix_jobs_created (or ix_jobs_status_created with a status filter) and stop after limit + 1 rows;
+    a search looks through at most SEARCH_WINDOW jobs per page.
+    """
+    q = (search or "").strip()[:SEARCH_MAX_CHARS]
+    conditions = _filter_conditions(flt)
+    descending = newer_than is None
+    if newer_than is not None:
+        at, job_id = newer_than
+        conditions += [Job.created_at >= at, or_(Job.created_at > at, Job.id > job_id)]
+    elif older_than is not None:
+        at, job_id = older_than
+        conditions += [Job.created_at <= at, or_(Job.created_at < at, Job.id < job_id)]
+    order = (Job.created_at.desc(), Job.id.desc()) if descending else (Job.created_at.asc(), Job.id.asc())
+    if q:
+        window = select(*_ROW_COLUMNS).where(*conditions).order_by(*order).limit(SEARCH_WINDOW).subquery()
+        c = window.c
+        outer = (c.created_at.desc(), c.id.desc()) if descending else (c.created_at.asc(), c.id.asc())
+        query = select(window).where(_search_condition(c, q)).order_by(*outer)
+    else:
+        query = select(*_ROW_COLUMNS).where(*conditions).order_by(*order)
+    fetched = list(session.execute(query.limit(limit + 1)).all())
+    more = len(fetched) > limit
+    fetched = fetched[:limit]
+    window_end: tuple[datetime, int] | None = None
+    if q and not more:  # did the window stop the search early? then it goes on from the window's end
+        end = session.execute(
+            select(Job.created_at, Job.id).where(*conditions).order_by(*order).offset(SEARCH_WINDOW - 1).limit(1)
+        ).first()
+        window_end = (end[0], end[1]) if end is not None else None
+    if not descending:
+        fetched.reverse()
+    counts = attempt_counts(session, [r.id for r in fetched])
+    rows = [
+        JobRow(
+            id=r.id, forge=r.forge, project=r.project, issue=r.issue, issue_url=r.issue_url, title=r.title,
+            status=r.status, trigger_user=r.trigger_user, mr_url=r.mr_url, steps=r.steps or 0, runs=r.attempt or 0,
+            cancel_requested=bool(r.cancel_requested), created_at=r.created_at, started_at=r.started_at,
+            finished_at=r.finished_at, attempts=counts.get(r.id, 0),
+        )
+        for r in fetched
+    ]
+    first = (rows[0].created_at, rows[0].id) if rows else None
+    last = (rows[-1].created_at, rows[-1].id) if rows else None
+    older: tuple[datetime, int] | None
+    newer: tuple[datetime, int] | None
+    if descending:
+        older = last if more else window_end
+        newer = (first or older_than) if older_than is not None else None
+    else:
+        newer = first if more else window_end
+        older = last or newer_than
+    if q:
+        return JobPage(rows, older, newer, None, False, window_end[0] if window_end and descending else None)
+    capped = select(Job.id).where(*_filter_conditions(flt)).limit(count_cap + 1).subquery()
+    total = int(session.execute(select(func.count()).select_from(capped)).scalar_one())
+    return JobPage(rows, older, newer, min(total, count_cap), total > count_cap)
+
+
+def attempt_counts(session: Session, job_ids: list[int]) -> dict[int, int]:
+    """Attempts per job for a page of jobs (uq_attempts_job_run_number leads with job_id)."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(JobAttempt.job_id, func.count()).where(JobAttempt.job_id.in_(job_ids)).group_by(JobAttempt.job_id)
+    )
+    return {int(j): int(n) for j, n in rows}
+
+
+def events_after(session: Session, job_id: int, after_id: int = 0, limit: int = 200) -> list[JobEvent]:
+    """Timeline events newer than `after_id`, for the job page's live updates."""
+    query = (
+        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after_id).order_by(JobEvent.id).limit(limit)
+    )
+    return list(session.execute(query).scalars())
+
+
+def latest_attempt(session: Session, job_id: int) -> JobAttempt | None:
+    query = (
+        select(JobAttempt)
+        .where(JobAttempt.job_id == job_id)
+        .order_by(JobAttempt.run.desc(), JobAttempt.number.desc())
+        .limit(1)
+    )
+    return session.execute(query).scalar_one_or_none()
+
+
+def get_attempt(session: Session, job_id: int, attempt_id: int) -> JobAttempt:
+    attempt = session.get(JobAttempt, attempt_id)
+    if attempt is None or attempt.job_id != job_id:
+        raise UnknownJob(f"job {job_id} has no attempt {attempt_id}")
+    return attempt
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The dashboard's headline numbers; the windowed ones cover jobs created since `since`."""
+
+    by_status: dict[str, int]
+    queue_depth: int
+    model_slots_in_use: int  # jobs in status running (each holds one model slot)
+    running_sandboxes: int  # attempts in status running, of jobs still active
+    since: datetime
+    finished: int  # done + no_fix + failed in the window
+    succeeded: int
+    median_seconds: float | None
+    p95_seconds: float | None
+    per_day: list[tuple[str, dict[str, int]]]  # (YYYY-MM-DD, status -> jobs created that day)
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.succeeded / self.finished if self.finished else None
+
+
+def dashboard_overview(session: Session, now: datetime | None = None, days: int = 14) -> Overview:
+    """Counts by status, queue and slot use, success rate and durations, and jobs per day."""
+    now = now or utcnow()
+    since = (now - timedelta(days=days - 1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    by_status = count_jobs_by_status(session)
+    sandboxes = int(
+        session.execute(
+            select(func.count())
+            .select_from(JobAttempt)
+            .join(Job, Job.id == JobAttempt.job_id)
+            .where(JobAttempt.status == "running", Job.status.in_(ACTIVE_STATUSES))
+        ).scalar_one()
+    )
+    window = and_(Job.created_at >= since, Job.status.in_(OUTCOME_STATUSES))
+    outcome_counts = {
+        s: int(n)
+        for s, n in session.execute(select(Job.status, func.count()).where(window).group_by(Job.status))
+    }
+    ran = and_(window, Job.started_at.is_not(None), Job.finished_at.is_not(None))
+    median, p95 = _duration_percentiles(session, ran)
+    if session.get_bind().dialect.name == "postgresql":
+        day: Any = func.to_char(func.timezone("UTC", Job.created_at), "YYYY-MM-DD")
+    else:
+        day = func.date(Job.created_at)
+    per_day: dict[str, dict[str, int]] = {}
+    for d in range(days):
+        per_day[(since + timedelta(days=d)).strftime("%Y-%m-%d")] = {}
+    rows = session.execute(
+        select(day.label("day"), Job.status, func.count()).where(Job.created_at >= since).group_by("day", Job.status)
+    )
+    for d, status, n in rows:
+        per_day.setdefault(str(d), {})[status] = int(n)
+    return Overview(
+        by_status=by_status,
+        queue_depth=by_status.get(JobStatus.queued.value, 0),
+        model_slots_in_use=by_status.get(JobStatus.running.value, 0),
+        running_sandboxes=sandboxes,
+        since=since,
+        finished=sum(outcome_counts.values()),
+        succeeded=sum(outcome_counts.get(s, 0) for s in SUCCESS_STATUSES),
+        median_seconds=median,
+        p95_seconds=p95,
+        per_day=sorted(per_day.items()),
+    )
+
+
+def _duration_percentiles(session: Session, where: Any) -> tuple[float | None, float | None]:
+    """Median and p95 of finished_at - started_at: in the database on PostgreSQL, in Python on SQLite."""
+    if session.get_bind().dialect.name == "postgresql":
+        epoch: Any = func.extract("epoch", Job.finished_at - Job.started_at)
+        row = session.execute(
+            select(
+                func.percentile_cont(0.5).within_group(epoch),
+                func.percentile_cont(0.95).within_group(epoch),
+            ).where(where)
+        ).one()
+        return (None if row[0] is None else float(row[0]), None if row[1] is None else float(row[1]))
+    seconds = (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
+    values = sorted(float(v) for (v,) in session.execute(select(seconds).where(where)) if v is not None)
+    if not values:
+        return None, None
+    return _percentile(values, 0.5), _percentile(values, 0.95)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks, as PostgreSQL's percentile_cont does."""
+    position = (len(values) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)

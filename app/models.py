@@ -1,4 +1,4 @@
-"""ORM models: jobs, webhook deliveries, and each job's event timeline."""
+"""ORM models: jobs, webhook deliveries, each job's event timeline, and dashboard operators."""
 
 from __future__ import annotations
 
@@ -177,6 +177,18 @@ class JobEvent(Base):
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "at": _iso(self.at), "kind": self.kind, "message": self.message, "data": self.data}
+
+
+class Operator(Base):
+    """A dashboard account: a username and an scrypt hash (see app/auth.py); never the password itself."""
+
+    __tablename__ = "operators"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_login_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 def _iso(value: datetime | None) -> str | None:

@@ -52,6 +52,13 @@ class Settings(BaseSettings):
     gitea_webhook_secret: SecretStr = SecretStr("")
 
     admin_token: SecretStr = SecretStr("")
+    # Dashboard sign-in. The key signs session cookies and CSRF tokens; empty: one is generated
+    # once and kept in data_dir/secret_key (mode 0600). Set it when several replicas serve the dashboard.
+    secret_key: SecretStr = SecretStr("")
+    # A username header set by the company's reverse proxy (e.g. "X-Forwarded-User"); empty: off.
+    # Only safe when the proxy is the sole way in and strips the header from clients' requests.
+    trust_proxy_user_header: str = ""
+    session_max_age_seconds: int = Field(default=12 * 3600, ge=60)
     sandbox: Literal["local", "kubernetes"] = "local"
     # Kubernetes sandbox (FROGFIX_SANDBOX=kubernetes): one pod per attempt in this namespace.
     sandbox_namespace: str = "frogfix-sandboxes"
@@ -112,6 +119,7 @@ class Settings(BaseSettings):
             self.gitea_token,
             self.gitea_webhook_secret,
             self.admin_token,
+            self.secret_key,
         ]
         return [
             v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6 and v.get_secret_value() != "EMPTY"

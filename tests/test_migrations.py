@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, inspect
 from app import migrate
 from app.models import Base
 
-HEAD = "0002"
+HEAD = "0003"
 
 
 def _check_schema(url: str) -> None:
@@ -26,7 +26,7 @@ def _check_schema(url: str) -> None:
             assert diff == [], f"models and migrations disagree: {diff}"
             tables = set(inspect(conn).get_table_names())
             indexes = {i["name"]: i for i in inspect(conn).get_indexes("jobs")}
-        assert {"jobs", "webhook_deliveries", "job_events", "alembic_version"} <= tables
+        assert {"jobs", "webhook_deliveries", "job_events", "operators", "alembic_version"} <= tables
         assert indexes["uq_jobs_active_issue"]["unique"]
     finally:
         engine.dispose()

@@ -1,30 +1,28 @@
-"""The JSON API for operators: jobs, behind `Authorization: Bearer <FROGFIX_ADMIN_TOKEN>`."""
+"""The JSON API for operators: jobs, behind `Authorization: Bearer <FROGFIX_ADMIN_TOKEN>` or a dashboard session."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 
 from app import jobs
 from app.db import session_scope
 from app.settings import get_settings
+from app.web.security import bearer_problem
 
 StatusName = Literal[
     "queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled", "rejected"
 ]
 
 
-def require_admin(authorization: Annotated[str | None, Header()] = None) -> None:
-    expected = get_settings().admin_token.get_secret_value()
-    if not expected:
-        raise HTTPException(
-            401, "the API is closed: FROGFIX_ADMIN_TOKEN is not set", headers={"WWW-Authenticate": "Bearer"}
-        )
-    scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+def require_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
+    """The admin bearer token, or an operator signed in to the dashboard (set by app/web/security.py)."""
+    if getattr(request.state, "operator", None):
+        return
+    problem = bearer_problem(authorization, get_settings())
+    if problem is not None:
+        raise HTTPException(401, problem, headers={"WWW-Authenticate": "Bearer"})
 
 
 router = APIRouter(prefix="/api", tags=["jobs"], dependencies=[Depends(require_admin)])

@@ -1,16 +1,21 @@
-"""The FastAPI application: webhooks, the JSON API, health and metrics."""
+"""The FastAPI application: webhooks, the JSON API, health and metrics, and the dashboard."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from app.logs import configure_logging
 from app.settings import get_settings
 from app.sweep import SweepThread
-from app.web import api, health, webhooks
+from app.web import api, dashboard, health, webhooks
+from app.web.security import DashboardSecurity
+
+STATIC_DIR = Path(__file__).resolve().parent / "static"
 
 
 def create_app(run_sweep: bool | None = None) -> FastAPI:
@@ -38,4 +43,8 @@ def create_app(run_sweep: bool | None = None) -> FastAPI:
     app.include_router(webhooks.router)
     app.include_router(api.router)
     app.include_router(health.router)
+    app.include_router(dashboard.router)
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    # Sign-in and CSRF for every path but the webhooks, health, metrics and static files.
+    app.add_middleware(DashboardSecurity)
     return app

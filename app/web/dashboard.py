@@ -1,0 +1,513 @@
+"""The operators' dashboard under `/`: sign-in, overview, job list, job page, cancel/retry/replay.
+
+Server-rendered with Jinja2; the only script is our own static/app.js (live updates by polling),
+and every page works without it. Sign-in and CSRF are enforced by app/web/security.py before a
+request reaches these routes; the routes read the operator from `request.state`.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Form, HTTPException, Query, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.concurrency import run_in_threadpool
+
+from app import auth, jobs
+from app.db import session_scope
+from app.logs import get_logger
+from app.models import ACTIVE_STATUSES, utcnow
+from app.queue import send_replay_job, send_run_job
+from app.settings import get_settings
+from app.web import views
+from app.web.security import clear_cookie_header, safe_next, session_cookie_header
+
+HERE = Path(__file__).resolve().parent
+router = APIRouter(include_in_schema=False)
+templates = Jinja2Templates(directory=str(HERE / "templates"))
+templates.env.filters.update(
+    time=views.fmt_time,
+    ago=views.fmt_ago,
+    duration=views.fmt_duration,
+    status_label=lambda s: views.STATUS_LABELS.get(s, s),
+    exit_label=views.exit_label,
+    http_url=views.http_url,
+)
+templates.env.globals.update(STATUS_ORDER=views.STATUS_ORDER, ACTIVE=views.ACTIVE, FINAL=views.FINAL)
+log = get_logger("frogfix.dashboard")
+# Failed sign-ins: 10 per username from one address, and 100 per username from anywhere, in 5 minutes.
+# Keyed on the pair so that, behind a reverse proxy (one address for everyone), one person guessing
+# cannot lock all operators out.
+throttle = auth.LoginThrottle(limit=10, window=300)
+user_throttle = auth.LoginThrottle(limit=100, window=300)
+
+PAGE_SIZE = 50
+LIVE_POLL_MS = 2000
+LIST_POLL_MS = 5000
+CSP = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; object-src 'none'; "
+    "base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
+)
+MODEL_SLOTS_HELP = "jobs in status running: each holds one model slot while its agent works"
+SANDBOX_HELP = "attempts in status running, of jobs that are still active: each has a sandbox open"
+
+
+def _render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> HTMLResponse:
+    """Render a page with what every page needs, and headers that keep it in its own frame and origin."""
+    flash = _take_flash(request)
+    base = {
+        "operator": getattr(request.state, "operator", None),
+        "csrf_token": getattr(request.state, "csrf_token", ""),
+        "flash": flash,
+        "now": datetime.now(UTC),
+        "path": request.url.path,
+    }
+    response = templates.TemplateResponse(request, name, {**base, **context}, status_code=status)
+    response.headers["content-security-policy"] = CSP
+    response.headers["x-content-type-options"] = "nosniff"
+    response.headers["x-frame-options"] = "DENY"
+    response.headers["referrer-policy"] = "same-origin"
+    response.headers["cache-control"] = "no-store"
+    if flash is not None:
+        response.headers.append("set-cookie", clear_cookie_header(auth.FLASH_COOKIE))
+    return response
+
+
+def _key() -> bytes:
+    return auth.secret_key(get_settings())
+
+
+def _redirect_with_flash(url: str, message: str, kind: str = "ok") -> RedirectResponse:
+    """After an action: back to a page, with a one-time message in a signed cookie (not in the URL)."""
+    response = RedirectResponse(url, status_code=303)
+    value = auth.sign(_key(), "flash", {"m": message[:500], "k": kind, "t": int(time.time())})
+    response.headers.append("set-cookie", f"{auth.FLASH_COOKIE}={value}; Path=/; Max-Age=60; HttpOnly; SameSite=Lax")
+    return response
+
+
+def _take_flash(request: Request) -> dict[str, str] | None:
+    data = auth.unsign(_key(), "flash", request.cookies.get(auth.FLASH_COOKIE))
+    if not data or not isinstance(data.get("t"), int) or time.time() - int(str(data["t"])) > 60:
+        return None
+    return {"message": str(data.get("m", "")), "kind": "error" if data.get("k") == "error" else "ok"}
+
+
+def _who(request: Request) -> str:
+    operator = getattr(request.state, "operator", None)
+    return f"{operator} (dashboard)" if operator else "an operator (dashboard)"
+
+
+# -- sign-in ------------------------------------------------------------------------------------
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, next: str = "/") -> Response:
+    if getattr(request.state, "operator", None):
+        return RedirectResponse(safe_next(next), status_code=303)
+    return _render(request, "login.html", {"next": safe_next(next), "error": None, "username": ""})
+
+
+@router.post("/login", response_class=HTMLResponse)
+def login(
+    request: Request,
+    username: Annotated[str, Form(max_length=200)] = "",
+    password: Annotated[str, Form(max_length=auth.MAX_PASSWORD_LENGTH + 1)] = "",
+    next: Annotated[str, Form(max_length=2000)] = "/",
+) -> Response:
+    username = username.strip()
+    client = request.client.host if request.client else "unknown"
+    pair, user_key = f"{username.casefold()}|{client}", username.casefold()
+    target = safe_next(next)
+    if throttle.blocked(pair) or user_throttle.blocked(user_key):
+        log.warning("sign_in_throttled", username=username[:64], client=client)
+        context = {"next": target, "error": "Too many failed sign-ins; wait a few minutes.", "username": username}
+        return _render(request, "login.html", context, status=429)
+    with session_scope() as session:
+        operator = auth.verify_operator(session, username, password)
+        fingerprint = auth.password_fingerprint(_key(), operator.password_hash) if operator else ""
+    if operator is None:
+        throttle.failed(pair)
+        user_throttle.failed(user_key)
+        log.info("sign_in_failed", username=username[:64], client=client)
+        context = {"next": target, "error": "Wrong username or password.", "username": username}
+        return _render(request, "login.html", context, status=401)
+    throttle.succeeded(pair)
+    log.info("sign_in", username=username, client=client)
+    settings = get_settings()
+    fresh = auth.new_session(username, "password", fingerprint)  # a new id: no session fixation
+    response = RedirectResponse(target, status_code=303)
+    value = auth.encode_session(_key(), fresh)
+    response.headers.append("set-cookie", session_cookie_header(request, value, settings.session_max_age_seconds))
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request) -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.headers.append("set-cookie", clear_cookie_header(auth.SESSION_COOKIE))
+    return response
+
+
+# -- overview and list --------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request) -> Response:
+    with session_scope() as session:
+        data = jobs.dashboard_overview(session)
+        recent = jobs.dashboard_jobs(session, jobs.JobFilter(), limit=8)
+    total = sum(data.by_status.values())
+    context = {
+        "o": data,
+        "total": total,
+        "chart": views.jobs_per_day_svg(data.per_day),
+        "series": views.CHART_SERIES,
+        "recent": recent.rows,
+        "model_slots_help": MODEL_SLOTS_HELP,
+        "sandbox_help": SANDBOX_HELP,
+        "poll_ms": LIST_POLL_MS,
+        "job_seconds": views.job_seconds,
+    }
+    return _render(request, "overview.html", context)
+
+
+def _cursor(value: str | None) -> tuple[datetime, int] | None:
+    """`<microseconds since the epoch>_<id>`: exact, short, and opaque enough for a URL."""
+    if not value:
+        return None
+    try:
+        micros, job_id = value.split("_", 1)
+        return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=int(micros)), int(job_id)
+    except (ValueError, OverflowError) as exc:
+        raise HTTPException(400, "bad page cursor") from exc
+
+
+def _cursor_text(cursor: tuple[datetime, int] | None) -> str | None:
+    if cursor is None:
+        return None
+    at = views.aware(cursor[0])
+    assert at is not None
+    delta = at - datetime(1970, 1, 1, tzinfo=UTC)
+    return f"{delta // timedelta(microseconds=1)}_{cursor[1]}"
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def job_list(
+    request: Request,
+    status: Annotated[str | None, Query(max_length=16)] = None,
+    forge: Annotated[str | None, Query(max_length=16)] = None,
+    project: Annotated[str | None, Query(max_length=255)] = None,
+    q: Annotated[str | None, Query(max_length=200)] = None,
+    older: Annotated[str | None, Query(max_length=64)] = None,
+    newer: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    status = status if status in views.STATUS_ORDER else None
+    forge = forge if forge in ("gitlab", "gitea") else None
+    project = (project or "").strip() or None
+    q = (q or "").strip() or None
+    flt = jobs.JobFilter(status, forge, project)
+    with session_scope() as session:
+        page = jobs.dashboard_jobs(
+            session, flt, q, older_than=_cursor(older), newer_than=_cursor(newer), limit=PAGE_SIZE
+        )
+    filters = {k: v for k, v in {"status": status, "forge": forge, "project": project, "q": q}.items() if v}
+    context = {
+        "page": page,
+        "filters": filters,
+        "older": _cursor_text(page.older),
+        "newer": _cursor_text(page.newer),
+        "first_page": older is None and newer is None,
+        "search_window": jobs.SEARCH_WINDOW,
+        "poll_ms": LIST_POLL_MS,
+        "job_seconds": views.job_seconds,
+    }
+    return _render(request, "jobs.html", context)
+
+
+# -- one job ------------------------------------------------------------------------------------
+
+
+def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
+    command, runs, flaky = views.test_logs(attempt.tests)
+    trajectory_meta: dict[str, Any] = {}
+    problem = None
+    if attempt.trajectory_path:
+        try:
+            trajectory_meta = views.load_trajectory(attempt.trajectory_path, data_dir).meta
+        except (views.TrajectoryUnavailable, OSError) as exc:
+            # A running attempt writes its file after its first step; before that, nothing is wrong.
+            missing = not Path(attempt.trajectory_path).exists()
+            problem = "no step saved yet" if attempt.status == "running" and missing else str(exc)
+    return {
+        "a": attempt,
+        "diff": views.parse_diff(attempt.patch),
+        "test_command": command,
+        "test_runs": runs,
+        "flaky": flaky,
+        "meta": trajectory_meta,
+        "trajectory_problem": problem,
+    }
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: int) -> Response:
+    settings = get_settings()
+    with session_scope() as session:
+        try:
+            job = jobs.get_job(session, job_id)
+        except jobs.UnknownJob as exc:
+            return _render(request, "not_found.html", {"message": str(exc)}, status=404)
+        events = jobs.job_events(session, job_id)
+        attempts = jobs.job_attempts(session, job_id)
+    views_ = [_attempt_view(a, settings.data_dir) for a in attempts]
+    shown = next((v for v in reversed(views_) if v["a"].status == "verified"), views_[-1] if views_ else None)
+    provenance = _provenance(job, shown)
+    context = {
+        "job": job,
+        "events": events,
+        "attempts": views_,
+        "shown": shown,
+        "provenance": provenance,
+        "active": job.status in ACTIVE_STATUSES,
+        "retryable": job.status in jobs.RETRYABLE,
+        "can_replay": job.status not in ACTIVE_STATUSES and any(a.trajectory_path for a in attempts),
+        "seconds": views.job_seconds(job.started_at, job.finished_at),
+        "poll_ms": LIVE_POLL_MS,
+        "last_event_id": events[-1].id if events else 0,
+        "stages": _stages(job.status, [e.kind for e in events]),
+        "live_state": live_state(job, attempts[-1] if attempts else None, len(attempts)),
+    }
+    return _render(request, "job.html", context)
+
+
+def live_state(job: Any, latest: Any, attempts: int) -> str:
+    """Changes whenever the server-rendered parts of the job page would: the page then re-fetches them."""
+    attempt = f"{latest.number}/{latest.run}:{latest.status}" if latest is not None else "-"
+    return f"{job.status}|{attempts}|{attempt}|{int(bool(job.cancel_requested))}|{job.mr_url or ''}"
+
+
+def _stages(status: str, kinds: list[str]) -> list[tuple[str, str]]:
+    """The pipeline's stages with a state each (done, current, todo, failed), for the stage strip."""
+    names = ["queued", "admitted", "prepared", "agent", "verifying", "publishing", "finished"]
+    reached = {"queued"}
+    if "admitted" in kinds:
+        reached.add("admitted")
+    if "prepared" in kinds:
+        reached.add("prepared")
+    if "agent_started" in kinds:
+        reached.add("agent")
+    if {"verified", "not_verified"} & set(kinds) or status in ("verifying", "publishing", "done"):
+        reached.add("verifying")
+    if status in ("publishing", "done") or "pushed" in kinds:
+        reached.add("publishing")
+    final = status in views.FINAL
+    if final:
+        reached.add("finished")
+    last = max(names.index(n) for n in reached)
+    out = []
+    for i, name in enumerate(names):
+        if name == "finished" and final:
+            out.append((status, "done" if status == "done" else "failed"))
+        elif i < last or (final and i == last):
+            out.append((name, "done"))
+        elif i == last:
+            out.append((name, "current"))
+        else:
+            out.append((name, "todo"))
+    return out
+
+
+def _provenance(job: Any, shown: dict[str, Any] | None) -> list[tuple[str, str]]:
+    meta = shown["meta"] if shown else {}
+    sampling = meta.get("sampling") or {}
+    rows = [
+        ("forge", job.forge),
+        ("project", job.project),
+        ("issue", f"#{job.issue}"),
+        ("triggered by", job.trigger_user or "—"),
+        ("webhook delivery", job.delivery_id or "—"),
+        ("base commit", job.base_commit or meta.get("base_commit") or "—"),
+        ("branch", job.branch or "—"),
+        ("model", str(meta.get("model") or "—")),
+        ("sampling", ", ".join(f"{k}={v}" for k, v in sampling.items()) if isinstance(sampling, dict) and sampling
+         else "—"),
+        ("harness", str(meta.get("harness_version") or "—")),
+        ("attempt shown", f"{shown['a'].number} of run {shown['a'].run}" if shown else "—"),
+        ("runs of this job", str(job.attempt)),
+    ]
+    return rows
+
+
+@router.get("/jobs/{job_id}/progress")
+def job_progress(job_id: int, after: Annotated[int, Query(ge=0)] = 0) -> JSONResponse:
+    """What the job page polls while the job is active: status, steps, the newest step, new events."""
+    settings = get_settings()
+    with session_scope() as session:
+        try:
+            job = jobs.get_job(session, job_id)
+        except jobs.UnknownJob as exc:
+            raise HTTPException(404, str(exc)) from exc
+        events = jobs.events_after(session, job_id, after)
+        attempt = jobs.latest_attempt(session, job_id)
+        attempts = jobs.attempt_counts(session, [job_id]).get(job_id, 0)
+    step = None
+    if attempt is not None and attempt.status == "running" and attempt.trajectory_path:
+        try:
+            step = views.current_step(views.load_trajectory(attempt.trajectory_path, settings.data_dir))
+        except (views.TrajectoryUnavailable, OSError):
+            step = None
+    seconds = views.job_seconds(job.started_at, job.finished_at)
+    body = {
+        "id": job.id,
+        "state": live_state(job, attempt, attempts),
+        "status": job.status,
+        "status_label": views.STATUS_LABELS.get(job.status, job.status),
+        "active": job.status in ACTIVE_STATUSES,
+        "steps": job.steps,
+        "cancel_requested": job.cancel_requested,
+        "duration": views.fmt_duration(seconds),
+        "attempt": None
+        if attempt is None
+        else {
+            "id": attempt.id, "number": attempt.number, "run": attempt.run, "status": attempt.status,
+            "steps": attempt.steps,
+        },
+        "current_step": step,
+        "mr_url": job.mr_url,
+        "events": [
+            {"id": e.id, "at": views.fmt_time(e.at), "kind": e.kind, "message": e.message} for e in events
+        ],
+    }
+    return JSONResponse(body, headers={"cache-control": "no-store"})
+
+
+@router.get("/jobs/{job_id}/attempts/{attempt_id}/trajectory", response_class=HTMLResponse)
+def trajectory_page(request: Request, job_id: int, attempt_id: int) -> Response:
+    settings = get_settings()
+    with session_scope() as session:
+        try:
+            job = jobs.get_job(session, job_id)
+            attempt = jobs.get_attempt(session, job_id, attempt_id)
+        except jobs.UnknownJob as exc:
+            return _render(request, "not_found.html", {"message": str(exc)}, status=404)
+    try:
+        trajectory = views.load_trajectory(attempt.trajectory_path, settings.data_dir)
+        problem = None
+    except (views.TrajectoryUnavailable, OSError) as exc:
+        trajectory, problem = None, str(exc)
+    context = {"job": job, "attempt": attempt, "t": trajectory, "problem": problem}
+    return _render(request, "trajectory.html", context)
+
+
+@router.get("/jobs/{job_id}/attempts/{attempt_id}/trajectory.json")
+def trajectory_file(job_id: int, attempt_id: int) -> Response:
+    """The raw file, as the worker saved it (already redacted), for tools and for `replay`."""
+    settings = get_settings()
+    with session_scope() as session:
+        try:
+            attempt = jobs.get_attempt(session, job_id, attempt_id)
+        except jobs.UnknownJob as exc:
+            raise HTTPException(404, str(exc)) from exc
+    try:
+        path = views.trajectory_file(attempt.trajectory_path, settings.data_dir)
+    except views.TrajectoryUnavailable as exc:
+        raise HTTPException(404, str(exc)) from exc
+    return FileResponse(
+        path,
+        media_type="application/json",
+        filename=f"job-{job_id}-run-{attempt.run}-attempt-{attempt.number}.json",
+        headers={"cache-control": "no-store", "x-content-type-options": "nosniff"},
+    )
+
+
+# -- actions ------------------------------------------------------------------------------------
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel(request: Request, job_id: int) -> Response:
+    try:
+        with session_scope() as session:
+            jobs.cancel_job(session, job_id, _who(request))
+            # Read the outcome back from the row: what the operator sees is what the database holds.
+            outcome = jobs.get_job(session, job_id).status
+    except jobs.UnknownJob as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except jobs.InvalidTransition as exc:
+        return _redirect_with_flash(f"/jobs/{job_id}", f"Not cancelled: {exc}.", "error")
+    log.info("job_cancel", job_id=job_id, by=_who(request), outcome=outcome)
+    message = (
+        "Cancelled."
+        if outcome == "cancelled"
+        else "Cancel requested: the worker stops the job at its next check (after the current step)."
+    )
+    return _redirect_with_flash(f"/jobs/{job_id}", message)
+
+
+@router.post("/jobs/{job_id}/retry")
+async def retry(request: Request, job_id: int) -> Response:
+    """Queue the job again, commit, and only then send the task (DESIGN: enqueue after the commit)."""
+
+    def queue_again() -> str | None:
+        try:
+            with session_scope() as session:
+                jobs.retry_job(session, job_id, _who(request))
+        except jobs.InvalidTransition as exc:
+            return str(exc)
+        if send_run_job(job_id):
+            with session_scope() as session:
+                jobs.mark_enqueued(session, job_id)
+        return None
+
+    try:
+        problem = await run_in_threadpool(queue_again)
+    except jobs.UnknownJob as exc:
+        raise HTTPException(404, str(exc)) from exc
+    except SQLAlchemyError:
+        log.exception("job_retry_failed", job_id=job_id)
+        return _redirect_with_flash(f"/jobs/{job_id}", "Not retried: the database is unavailable.", "error")
+    if problem:
+        return _redirect_with_flash(f"/jobs/{job_id}", f"Not retried: {problem}.", "error")
+    log.info("job_retry", job_id=job_id, by=_who(request))
+    return _redirect_with_flash(f"/jobs/{job_id}", "Queued again; a worker picks it up shortly.")
+
+
+@router.post("/jobs/{job_id}/replay")
+def replay(request: Request, job_id: int) -> Response:
+    """Ask a worker to replay the job's recording: note it on the timeline, commit, then send the task.
+
+    The replay itself (recorded model replies in a fresh sandbox) runs where sandboxes run, on a
+    worker, as the task `frogfix.replay_job` sent by name (app/ never imports worker/); it writes its
+    outcome on the timeline. When the broker cannot take the task, the operator is told the command.
+    """
+    who = _who(request)
+    with session_scope() as session:
+        try:
+            job = jobs.get_job(session, job_id)
+        except jobs.UnknownJob as exc:
+            raise HTTPException(404, str(exc)) from exc
+        if job.status in ACTIVE_STATUSES:
+            return _redirect_with_flash(f"/jobs/{job_id}", "Not replayed: the job is still running.", "error")
+        if not any(a.trajectory_path for a in jobs.job_attempts(session, job_id)):
+            return _redirect_with_flash(f"/jobs/{job_id}", "Nothing to replay: this job has no trajectory.", "error")
+        jobs.add_event(
+            session, job.id, "replay_requested", f"replay requested by {who}", {"requested_at": utcnow().isoformat()}
+        )
+    if not send_replay_job(job_id, who):
+        log.warning("job_replay_not_sent", job_id=job_id, by=who)
+        return _redirect_with_flash(
+            f"/jobs/{job_id}",
+            f"The task queue is unreachable, so no worker got the replay: run ./manage.py replay {job_id} "
+            "on a worker host.",
+            "error",
+        )
+    log.info("job_replay", job_id=job_id, by=who)
+    return _redirect_with_flash(
+        f"/jobs/{job_id}",
+        "Replay queued: a worker re-runs the recorded model replies in a fresh sandbox; the result appears on "
+        f"the timeline (or run ./manage.py replay {job_id} on a worker host).",
+    )

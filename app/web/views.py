@@ -1,0 +1,516 @@
+"""What the dashboard shows, shaped for its templates: pure functions, no database and no HTTP.
+
+Kept apart from the routes so they can be tested on their own: durations, the coloured diff,
+the trajectory split into steps, the test evidence, and the jobs-per-day chart as inline SVG.
+Everything that ends up in HTML is escaped here or by Jinja's autoescape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from html import escape
+from pathlib import Path
+from threading import Lock
+from typing import Any
+
+from markupsafe import Markup
+
+FINAL = ("done", "no_fix", "failed", "cancelled", "rejected")
+ACTIVE = ("queued", "running", "verifying", "publishing")
+STATUS_ORDER = ("queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled", "rejected")
+STATUS_LABELS = {
+    "queued": "queued",
+    "running": "running",
+    "verifying": "verifying",
+    "publishing": "publishing",
+    "done": "done",
+    "no_fix": "no fix",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "rejected": "rejected",
+}
+EXIT_LABELS = {
+    "agent": "the agent finished",
+    "max_turns": "step limit reached",
+    "max_time": "time limit reached",
+    "max_context_len": "context full",
+    "max_tokens_per_turn": "reply too long",
+    "llm_query_error": "model unreachable",
+    "tool_error": "sandbox failure",
+    "cancelled": "cancelled",
+}
+FOLD_CHARS = 1_500  # tool outputs and logs longer than this start folded
+FOLD_LINES = 25
+SHOW_CHARS = 200_000  # a single output shown in the page is cut here (the raw file has all of it)
+MAX_TRAJECTORY_BYTES = 64 * 1024 * 1024
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; they were written as UTC."""
+    if value is None:
+        return None
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def fmt_time(value: datetime | None) -> str:
+    value = aware(value)
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
+
+
+def fmt_ago(value: datetime | None, now: datetime | None = None) -> str:
+    value = aware(value)
+    if value is None:
+        return "—"
+    seconds = ((now or datetime.now(UTC)) - value).total_seconds()
+    if seconds < 0:
+        return "just now"
+    return f"{fmt_duration(seconds)} ago" if seconds >= 1 else "just now"
+
+
+def exit_label(reason: str | None) -> str:
+    return EXIT_LABELS.get(reason or "", reason or "—")
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """Short and human: 0.4 s, 42 s, 3 min 05 s, 2 h 07 min, 3 d 4 h."""
+    if seconds is None:
+        return "—"
+    if seconds < 9.95:
+        return f"{max(0.0, seconds):.1f} s"
+    s = round(seconds)
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 86400:
+        return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+    return f"{s // 86400} d {(s % 86400) // 3600} h"
+
+
+def http_url(value: str | None) -> str | None:
+    """The URL when it is http(s), else None: links from webhook payloads never run script."""
+    if value and value.lower().startswith(("https://", "http://")):
+        return value
+    return None
+
+
+def job_seconds(started: datetime | None, finished: datetime | None, now: datetime | None = None) -> float | None:
+    """How long a job ran: to its end, or until now while it runs."""
+    started, finished = aware(started), aware(finished)
+    if started is None:
+        return None
+    return max(0.0, ((finished or now or datetime.now(UTC)) - started).total_seconds())
+
+
+# -- the diff ---------------------------------------------------------------------------------
+
+
+@dataclass
+class DiffLine:
+    kind: str  # add, del, ctx, hunk, meta
+    text: str
+    old: int | None = None
+    new: int | None = None
+
+
+@dataclass
+class DiffFile:
+    path: str
+    added: int = 0
+    removed: int = 0
+    lines: list[DiffLine] = field(default_factory=list)
+    status: str = "modified"
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+
+
+def parse_diff(patch: str | None) -> list[DiffFile]:
+    """A unified `git diff` split per file, each line with its kind and old/new line numbers."""
+    files: list[DiffFile] = []
+    current: DiffFile | None = None
+    old = new = 0
+    in_hunk = False
+    for raw in (patch or "").splitlines():
+        if raw.startswith("diff --git "):
+            parts = raw[len("diff --git ") :].split(" b/", 1)
+            current = DiffFile(parts[-1] if len(parts) == 2 else raw[len("diff --git ") :])
+            files.append(current)
+            in_hunk = False
+            continue
+        if current is None:  # a patch without `diff --git` headers
+            current = DiffFile("(patch)")
+            files.append(current)
+        if raw.startswith("@@"):
+            m = _HUNK.match(raw)
+            if m:
+                old, new = int(m.group(1)), int(m.group(2))
+            current.lines.append(DiffLine("hunk", raw))
+            in_hunk = True
+            continue
+        if not in_hunk:
+            if raw.startswith("new file mode"):
+                current.status = "added"
+            elif raw.startswith("deleted file mode"):
+                current.status = "deleted"
+            elif raw.startswith("rename to "):
+                current.status = "renamed"
+            elif raw.startswith("+++ ") and raw[4:] != "/dev/null":
+                current.path = raw[4:].removeprefix("b/")
+            if not raw.startswith(("--- ", "+++ ", "index ")):
+                current.lines.append(DiffLine("meta", raw))
+            continue
+        if raw.startswith("+"):
+            current.lines.append(DiffLine("add", raw[1:], None, new))
+            current.added += 1
+            new += 1
+        elif raw.startswith("-"):
+            current.lines.append(DiffLine("del", raw[1:], old, None))
+            current.removed += 1
+            old += 1
+        elif raw.startswith("\\"):
+            current.lines.append(DiffLine("meta", raw))
+        else:
+            current.lines.append(DiffLine("ctx", raw[1:] if raw.startswith(" ") else raw, old, new))
+            old += 1
+            new += 1
+    return files
+
+
+# -- test evidence ----------------------------------------------------------------------------
+
+
+@dataclass
+class TestLog:
+    label: str
+    exit_code: int | None
+    log: str
+    timed_out: bool = False
+    seconds: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def folded(self) -> bool:
+        return len(self.log) > FOLD_CHARS or self.log.count("\n") > FOLD_LINES
+
+
+def test_logs(tests: dict[str, Any] | None) -> tuple[str | None, list[TestLog], bool]:
+    """(command, [before, after...], flaky) from an attempt's `tests` JSON (after: one run or a list)."""
+    if not tests:
+        return None, [], False
+    runs: list[TestLog] = []
+    before = tests.get("before")
+    if isinstance(before, dict):
+        runs.append(_test_log("before the patch", before))
+    after = tests.get("after")
+    afters = after if isinstance(after, list) else [after] if isinstance(after, dict) else []
+    for i, run in enumerate(afters):
+        if isinstance(run, dict):
+            runs.append(_test_log("with the patch" + (f", run {i + 1}" if len(afters) > 1 else ""), run))
+    command = tests.get("command")
+    return (str(command) if command else None), runs, bool(tests.get("flaky"))
+
+
+def _test_log(label: str, run: dict[str, Any]) -> TestLog:
+    code = run.get("exit_code")
+    seconds = run.get("seconds")
+    return TestLog(
+        label,
+        code if isinstance(code, int) else None,
+        str(run.get("log") or "")[:SHOW_CHARS],
+        bool(run.get("timed_out")),
+        float(seconds) if isinstance(seconds, int | float) else None,
+    )
+
+
+# -- trajectories -----------------------------------------------------------------------------
+
+
+@dataclass
+class ToolCallView:
+    call_id: str
+    name: str
+    arguments: list[tuple[str, str]]  # (name, value) pairs, values as text
+    raw_arguments: str | None  # when they were not a JSON object
+    output: str | None
+    output_chars: int = 0
+    seconds: float | None = None
+    rejected: bool = False
+    source: str = "native"
+
+    @property
+    def folded(self) -> bool:
+        text = self.output or ""
+        return len(text) > FOLD_CHARS or text.count("\n") > FOLD_LINES
+
+    @property
+    def headline(self) -> str:
+        """One line that says what the call did: the command, the file or the pattern."""
+        for key in ("command", "file_path", "path", "pattern"):
+            for name, value in self.arguments:
+                if name == key and value:
+                    first = value.strip().splitlines()[0] if value.strip() else ""
+                    return first[:160] + ("…" if len(first) > 160 or "\n" in value.strip() else "")
+        return ""
+
+
+@dataclass
+class StepView:
+    number: int  # 1-based, as the dashboard counts
+    reasoning: str | None
+    content: str | None
+    calls: list[ToolCallView]
+    finish_reason: str | None = None
+    tokens: int | None = None
+    model_seconds: float | None = None
+    tool_seconds: float | None = None
+
+
+@dataclass
+class TrajectoryView:
+    path: str
+    meta: dict[str, Any]
+    system_prompt: str | None
+    task: str | None
+    steps: list[StepView]
+    final_message: str | None
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.meta.get("partial"))
+
+
+class TrajectoryUnavailable(Exception):
+    """The file is missing, outside the data folder, too large or not a trajectory."""
+
+
+_TEXT_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
+_TEXT_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
+
+
+def _text_calls(content: str) -> list[tuple[str, list[tuple[str, str]]]]:
+    """The tool calls a model wrote as text (`<function=...>`), for display only."""
+    return [
+        (m.group(1).strip(), [(p.group(1).strip(), p.group(2)) for p in _TEXT_PARAM.finditer(m.group(2))])
+        for m in _TEXT_CALL.finditer(content)
+    ]
+
+
+def _arguments(raw: Any) -> tuple[list[tuple[str, str]], str | None]:
+    value = raw
+    if isinstance(raw, str):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return [], raw
+    if isinstance(value, dict):
+        pairs = [(str(k), v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)) for k, v in value.items()]
+        return pairs, None
+    return [], None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # OpenAI content parts
+        return "".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in value)
+    return str(value)
+
+
+def build_trajectory(document: dict[str, Any], path: str = "") -> TrajectoryView:
+    """Split the saved messages into steps: one assistant message and the tool answers that follow it."""
+    messages = [m for m in document.get("messages") or [] if isinstance(m, dict)]
+    summaries = [s for s in document.get("steps") or [] if isinstance(s, dict)]
+    system_prompt = next((_text(m.get("content")) for m in messages if m.get("role") == "system"), None)
+    task = next((_text(m.get("content")) for m in messages if m.get("role") == "user"), None)
+    steps: list[StepView] = []
+    pending: dict[str, ToolCallView] = {}
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            index = len(steps)
+            summary = summaries[index] if index < len(summaries) else {}
+            calls: list[ToolCallView] = []
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call, dict):
+                    continue
+                function = call.get("function") or {}
+                args, raw = _arguments(function.get("arguments"))
+                calls.append(ToolCallView(str(call.get("id") or ""), str(function.get("name") or "?"), args, raw, None))
+            content = _text(message.get("content"))
+            if not calls and content and "<function=" in content:
+                ids = [str(c.get("id", "")) for c in summary.get("tool_calls") or [] if isinstance(c, dict)]
+                for i, (name, params) in enumerate(_text_calls(content)):
+                    call_id = ids[i] if i < len(ids) else f"text-{index}-{i}"
+                    calls.append(ToolCallView(call_id, name, params, None, None, source="text"))
+            for record in summary.get("tool_calls") or []:
+                if not isinstance(record, dict):
+                    continue
+                for view in calls:
+                    if view.call_id == record.get("id"):
+                        seconds = record.get("seconds")
+                        view.seconds = float(seconds) if isinstance(seconds, int | float) else None
+                        view.rejected = bool(record.get("rejected"))
+                        view.source = str(record.get("source") or view.source)
+            usage = summary.get("usage") if isinstance(summary.get("usage"), dict) else None
+            steps.append(
+                StepView(
+                    number=index + 1,
+                    reasoning=_text(message.get("reasoning_content")),
+                    content=content,
+                    calls=calls,
+                    finish_reason=summary.get("finish_reason"),
+                    tokens=usage.get("total_tokens") if usage else None,
+                    model_seconds=summary.get("model_seconds"),
+                    tool_seconds=summary.get("tool_seconds"),
+                )
+            )
+            pending = {c.call_id: c for c in calls}
+        elif role == "tool" and steps:
+            output = _text(message.get("content")) or ""
+            call_id = str(message.get("tool_call_id") or "")
+            answered = pending.get(call_id) or next((c for c in steps[-1].calls if c.output is None), None)
+            if answered is None:
+                answered = ToolCallView(call_id, "?", [], None, None)
+                steps[-1].calls.append(answered)
+            answered.output_chars = len(output)
+            answered.output = output[:SHOW_CHARS]
+    meta = {k: v for k, v in document.items() if k not in ("messages", "steps", "tools")}
+    return TrajectoryView(path, meta, system_prompt, task, steps, _text(document.get("final_message")))
+
+
+_cache_lock = Lock()
+_cache: OrderedDict[tuple[str, int, int], TrajectoryView] = OrderedDict()
+
+
+def load_trajectory(path: str | None, data_dir: Path) -> TrajectoryView:
+    """Read and split a trajectory file; only files under the data folder are read.
+
+    Parsed views are cached by (path, mtime, size): the live job page asks again every few seconds
+    and the file only changes when a step ends.
+    """
+    resolved = trajectory_file(path, data_dir)
+    stat = resolved.stat()
+    key = (str(resolved), stat.st_mtime_ns, stat.st_size)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    try:
+        document = json.loads(resolved.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise TrajectoryUnavailable(f"the trajectory file could not be read: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
+        raise TrajectoryUnavailable("the file is not a Leaf trajectory")
+    view = build_trajectory(document, str(resolved))
+    with _cache_lock:
+        _cache[key] = view
+        while len(_cache) > 8:
+            _cache.popitem(last=False)
+    return view
+
+
+def trajectory_file(path: str | None, data_dir: Path) -> Path:
+    """The trajectory's path, checked: it exists, is a regular file, under `data_dir`, and not huge."""
+    if not path:
+        raise TrajectoryUnavailable("this attempt has no trajectory file")
+    root = Path(os.path.realpath(data_dir))
+    resolved = Path(os.path.realpath(path))
+    if root not in resolved.parents:
+        raise TrajectoryUnavailable(f"{path} is outside this server's data folder ({data_dir})")
+    if not resolved.is_file():
+        raise TrajectoryUnavailable(f"{path} is not on this server (is the data folder shared with the worker?)")
+    if resolved.stat().st_size > MAX_TRAJECTORY_BYTES:
+        raise TrajectoryUnavailable("the trajectory file is too large to show here; download it instead")
+    return resolved
+
+
+def current_step(view: TrajectoryView) -> dict[str, Any] | None:
+    """The newest step in a short form, for the live progress line."""
+    if not view.steps:
+        return None
+    step = view.steps[-1]
+    calls = [{"name": c.name, "headline": c.headline} for c in step.calls]
+    return {"number": step.number, "calls": calls}
+
+
+# -- the jobs-per-day chart ------------------------------------------------------------------
+
+CHART_SERIES = (
+    ("done", "done"),
+    ("no_fix", "no fix"),
+    ("failed", "failed"),
+    ("cancelled", "cancelled"),
+    ("rejected", "rejected"),
+    ("active", "in progress"),
+)
+
+
+def jobs_per_day_svg(per_day: list[tuple[str, dict[str, int]]]) -> Markup:
+    """A stacked bar per day, coloured by outcome through CSS classes (so dark mode restyles it)."""
+    width, height = 1100, 230
+    left, right, top, bottom = 40, 8, 10, 28
+    plot_w, plot_h = width - left - right, height - top - bottom
+    days = per_day or []
+    totals = [sum(c.values()) for _, c in days]
+    peak = max(totals, default=0)
+    scale_max = _nice_ceiling(peak)
+    slot = plot_w / max(1, len(days))
+    bar_w = max(2.0, slot * 0.7)
+    parts = [
+        f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="Jobs per day by outcome" xmlns="http://www.w3.org/2000/svg">'
+    ]
+    for tick in range(5):
+        value = scale_max * tick / 4
+        y = top + plot_h - plot_h * tick / 4
+        parts.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}"/>')
+        parts.append(f'<text class="axis" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+    for i, (day, counts) in enumerate(days):
+        x = left + slot * i + (slot - bar_w) / 2
+        y = top + plot_h
+        grouped = {key: 0 for key, _ in CHART_SERIES}
+        for status, n in counts.items():
+            grouped["active" if status in ACTIVE else status if status in grouped else "failed"] += n
+        for key, label in CHART_SERIES:
+            n = grouped[key]
+            if not n or not scale_max:
+                continue
+            h = plot_h * n / scale_max
+            y -= h
+            parts.append(
+                f'<rect class="bar s-{key}" x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}">'
+                f"<title>{escape(day)}: {n} {escape(label)}</title></rect>"
+            )
+        if len(days) <= 16 or i % 2 == 0:
+            parts.append(
+                f'<text class="axis" x="{x + bar_w / 2:.1f}" y="{height - 10}" text-anchor="middle">'
+                f"{escape(day[5:])}</text>"
+            )
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def _nice_ceiling(value: int) -> int:
+    """A round axis maximum at or above `value`, in 4 equal integer ticks (4, 8, 20, 100, 200...)."""
+    if value <= 4:
+        return 4
+    raw = -(-value // 4)  # the smallest tick that fits
+    if raw < 10:
+        return raw * 4
+    magnitude = 10 ** (len(str(raw)) - 1)
+    for mult in (1, 2, 2.5, 5, 10):
+        step = mult * magnitude
+        if step >= raw and step == int(step):
+            return int(step) * 4
+    return raw * 4
