@@ -56,9 +56,9 @@ def data_dir(frogfix_env: dict[str, Any]) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # a live sync_playwright holds an event loop; others need asyncio.run
 def chromium() -> Iterator[Any]:
-    """One headless Debian Chromium for the session, driven by Playwright (never `playwright install`)."""
+    """One headless Debian Chromium per module, driven by Playwright (never `playwright install`)."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
