@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -107,12 +108,40 @@ def obj(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
+# NUL and lone surrogates are valid in JSON escapes but no database stores them (PostgreSQL
+# refuses NUL in text, and neither SQLite nor PostgreSQL can encode a lone surrogate as UTF-8).
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# Control characters (NUL included) and lone surrogates have no place in a project path.
+_BAD_PATH_CHARS = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+MAX_PROJECT_PATH = 255
+
+
+def storable(value: str) -> str:
+    """`value` with NUL and lone surrogates replaced by U+FFFD, so the database can store it."""
+    return _UNSTORABLE.sub("\ufffd", value)
+
+
 def text_or_none(value: Any, limit: int = 1_000_000) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         value = str(value)
-    return value[:limit]
+    return storable(value[:limit])
+
+
+def project_path(value: Any, what: str) -> str:
+    """A forge project path (`group/sub/name`): refused, never truncated or rewritten, when it is
+    not one a forge can send: empty, too long, control characters, or `.`/`..`/empty segments."""
+    if not isinstance(value, str) or not value.strip():
+        raise WebhookMalformed(f"{what} must be a non-empty string")
+    path = value.strip()
+    if len(path) > MAX_PROJECT_PATH:
+        raise WebhookMalformed(f"{what} is longer than {MAX_PROJECT_PATH} characters")
+    if _BAD_PATH_CHARS.search(path):
+        raise WebhookMalformed(f"{what} contains control characters")
+    if any(part in ("", ".", "..") for part in path.split("/")):
+        raise WebhookMalformed(f"{what} must not have empty, '.' or '..' segments")
+    return path
 
 
 def positive_int(value: Any, what: str) -> int:

@@ -17,6 +17,7 @@ from app.forge.base import (
     decode_json_object,
     obj,
     positive_int,
+    project_path,
     text_or_none,
 )
 
@@ -83,16 +84,14 @@ def _interpret(
 
     issue = obj(payload.get("issue"), "issue")
     repo = obj(payload.get("repository"), "repository")
-    full_name = repo.get("full_name")
-    if not isinstance(full_name, str) or not full_name.strip():
-        raise WebhookMalformed("repository.full_name must be a non-empty string")
+    full_name = project_path(repo.get("full_name"), "repository.full_name")
     number = positive_int(issue.get("number", payload.get("number")), "issue.number")
     sender: dict[str, Any] = payload["sender"] if isinstance(payload.get("sender"), dict) else {}
     action = text_or_none(payload.get("action"), 64)
     labels = _label_names(issue.get("labels"))
     fields: dict[str, Any] = {
         "action": action,
-        "project": full_name.strip()[:255],
+        "project": full_name,
         "project_id": text_or_none(repo.get("id"), 64),
         "issue": number,
         "issue_url": text_or_none(issue.get("html_url"), 2000),

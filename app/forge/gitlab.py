@@ -19,6 +19,7 @@ from app.forge.base import (
     decode_json_object,
     obj,
     positive_int,
+    project_path,
     text_or_none,
 )
 
@@ -115,15 +116,13 @@ def _interpret(
     attrs = obj(payload.get("object_attributes"), "object_attributes")
     project = obj(payload.get("project"), "project")
     iid = positive_int(attrs.get("iid"), "object_attributes.iid")
-    path = project.get("path_with_namespace")
-    if not isinstance(path, str) or not path.strip():
-        raise WebhookMalformed("project.path_with_namespace must be a non-empty string")
+    path = project_path(project.get("path_with_namespace"), "project.path_with_namespace")
     user: dict[str, Any] = payload["user"] if isinstance(payload.get("user"), dict) else {}
     action = text_or_none(attrs.get("action"), 64)
     labels = _label_titles(payload.get("labels")) or _label_titles(attrs.get("labels"))
     fields: dict[str, Any] = {
         "action": action,
-        "project": path.strip()[:255],
+        "project": path,
         "project_id": text_or_none(project.get("id") or attrs.get("project_id"), 64),
         "issue": iid,
         "issue_url": text_or_none(attrs.get("url"), 2000),

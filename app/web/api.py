@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from app import jobs
 from app.db import session_scope
 from app.settings import get_settings
+from app.web.params import JobId, Offset, ProjectFilter
 from app.web.security import bearer_problem
 
 StatusName = Literal[
@@ -31,10 +32,10 @@ router = APIRouter(prefix="/api", tags=["jobs"], dependencies=[Depends(require_a
 @router.get("/jobs", summary="List jobs, newest first")
 def list_jobs(
     limit: Annotated[int, Query(ge=1, le=5000)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     status: StatusName | None = None,
     forge: Literal["gitlab", "gitea"] | None = None,
-    project: Annotated[str | None, Query(max_length=255)] = None,
+    project: ProjectFilter = None,
 ) -> dict[str, Any]:
     with session_scope() as session:
         items, total = jobs.list_jobs(session, jobs.JobFilter(status, forge, project), limit, offset)
@@ -42,7 +43,7 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}", summary="One job with its timeline")
-def get_job(job_id: int) -> dict[str, Any]:
+def get_job(job_id: JobId) -> dict[str, Any]:
     with session_scope() as session:
         try:
             job = jobs.get_job(session, job_id)

@@ -25,6 +25,7 @@ from app.models import ACTIVE_STATUSES, utcnow
 from app.queue import send_replay_job, send_run_job
 from app.settings import get_settings
 from app.web import views
+from app.web.params import NO_NUL, AttemptId, JobId, Offset, ProjectFilter
 from app.web.security import clear_cookie_header, safe_next, session_cookie_header
 
 HERE = Path(__file__).resolve().parent
@@ -201,10 +202,10 @@ def job_list(
     request: Request,
     status: Annotated[str | None, Query(max_length=16)] = None,
     forge: Annotated[str | None, Query(max_length=16)] = None,
-    project: Annotated[str | None, Query(max_length=255)] = None,
-    q: Annotated[str | None, Query(max_length=200)] = None,
-    older: Annotated[str | None, Query(max_length=64)] = None,
-    newer: Annotated[str | None, Query(max_length=64)] = None,
+    project: ProjectFilter = None,
+    q: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
+    older: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
+    newer: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
 ) -> Response:
     status = status if status in views.STATUS_ORDER else None
     forge = forge if forge in ("gitlab", "gitea") else None
@@ -255,7 +256,7 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: int) -> Response:
+def job_page(request: Request, job_id: JobId) -> Response:
     settings = get_settings()
     with session_scope() as session:
         try:
@@ -344,7 +345,7 @@ def _provenance(job: Any, shown: dict[str, Any] | None) -> list[tuple[str, str]]
 
 
 @router.get("/jobs/{job_id}/progress")
-def job_progress(job_id: int, after: Annotated[int, Query(ge=0)] = 0) -> JSONResponse:
+def job_progress(job_id: JobId, after: Offset = 0) -> JSONResponse:
     """What the job page polls while the job is active: status, steps, the newest step, new events."""
     settings = get_settings()
     with session_scope() as session:
@@ -387,7 +388,7 @@ def job_progress(job_id: int, after: Annotated[int, Query(ge=0)] = 0) -> JSONRes
 
 
 @router.get("/jobs/{job_id}/attempts/{attempt_id}/trajectory", response_class=HTMLResponse)
-def trajectory_page(request: Request, job_id: int, attempt_id: int) -> Response:
+def trajectory_page(request: Request, job_id: JobId, attempt_id: AttemptId) -> Response:
     settings = get_settings()
     with session_scope() as session:
         try:
@@ -405,7 +406,7 @@ def trajectory_page(request: Request, job_id: int, attempt_id: int) -> Response:
 
 
 @router.get("/jobs/{job_id}/attempts/{attempt_id}/trajectory.json")
-def trajectory_file(job_id: int, attempt_id: int) -> Response:
+def trajectory_file(job_id: JobId, attempt_id: AttemptId) -> Response:
     """The raw file, as the worker saved it (already redacted), for tools and for `replay`."""
     settings = get_settings()
     with session_scope() as session:
@@ -429,7 +430,7 @@ def trajectory_file(job_id: int, attempt_id: int) -> Response:
 
 
 @router.post("/jobs/{job_id}/cancel")
-def cancel(request: Request, job_id: int) -> Response:
+def cancel(request: Request, job_id: JobId) -> Response:
     try:
         with session_scope() as session:
             jobs.cancel_job(session, job_id, _who(request))
@@ -449,7 +450,7 @@ def cancel(request: Request, job_id: int) -> Response:
 
 
 @router.post("/jobs/{job_id}/retry")
-async def retry(request: Request, job_id: int) -> Response:
+async def retry(request: Request, job_id: JobId) -> Response:
     """Queue the job again, commit, and only then send the task (DESIGN: enqueue after the commit)."""
 
     def queue_again() -> str | None:
@@ -477,7 +478,7 @@ async def retry(request: Request, job_id: int) -> Response:
 
 
 @router.post("/jobs/{job_id}/replay")
-def replay(request: Request, job_id: int) -> Response:
+def replay(request: Request, job_id: JobId) -> Response:
     """Ask a worker to replay the job's recording: note it on the timeline, commit, then send the task.
 
     The replay itself (recorded model replies in a fresh sandbox) runs where sandboxes run, on a

@@ -216,7 +216,7 @@ def _read_json_call(inner: str) -> TextCall:
         data = json.loads(inner)
     except ValueError as exc:
         return TextCall(name="", error=f"{ERROR_NAME}: the JSON in a <tool_call> block is invalid ({exc}).")
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"].strip():
         return TextCall(name="", error=f"{ERROR_NAME}: a JSON tool call needs a \"name\". {_FORM_HINT}")
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):

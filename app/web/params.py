@@ -1,0 +1,15 @@
+"""Request parameters every route shares, bounded to what the database can hold (else a 422, never a 500)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Path, Query
+
+MAX_DB_INT = 2**31 - 1  # PostgreSQL's integer; ids and offsets beyond it cannot exist
+NO_NUL = r"^[^\x00]*$"  # PostgreSQL refuses NUL in text
+
+JobId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="A job's id")]
+AttemptId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="An attempt's id")]
+Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT)]
+ProjectFilter = Annotated[str | None, Query(max_length=255, pattern=NO_NUL)]
