@@ -372,6 +372,15 @@ def update_attempt(session: Session, attempt_id: int, *, finished: bool = False,
     session.execute(update(JobAttempt).where(JobAttempt.id == attempt_id).values(**values))
 
 
+def close_open_attempts(session: Session, job_id: int, status: str, why: str) -> None:
+    """Attempts a job left `running` (its run ended early, or its worker died) end with the job."""
+    session.execute(
+        update(JobAttempt)
+        .where(JobAttempt.job_id == job_id, JobAttempt.status == "running")
+        .values(status=status, error=why[:10_000], finished_at=utcnow())
+    )
+
+
 def job_attempts(session: Session, job_id: int) -> list[JobAttempt]:
     query = select(JobAttempt).where(JobAttempt.job_id == job_id).order_by(JobAttempt.run, JobAttempt.number)
     return list(session.execute(query).scalars())
@@ -388,6 +397,7 @@ def recover_stale_jobs(session: Session, stale_after: timedelta, max_runs: int) 
     ).all()
     outcomes = []
     for job_id, runs in stale:
+        close_open_attempts(session, job_id, "failed", "the worker running this attempt stopped answering")
         if runs >= max_runs:
             why = f"the worker running this job stopped {runs} times; giving up"
             set_status(session, job_id, JobStatus.failed, error=why, expected=("running", "verifying", "publishing"))
@@ -588,10 +598,22 @@ def dashboard_jobs(
     counts = attempt_counts(session, [r.id for r in fetched])
     rows = [
         JobRow(
-            id=r.id, forge=r.forge, project=r.project, issue=r.issue, issue_url=r.issue_url, title=r.title,
-            status=r.status, trigger_user=r.trigger_user, mr_url=r.mr_url, steps=r.steps or 0, runs=r.attempt or 0,
-            cancel_requested=bool(r.cancel_requested), created_at=r.created_at, started_at=r.started_at,
-            finished_at=r.finished_at, attempts=counts.get(r.id, 0),
+            id=r.id,
+            forge=r.forge,
+            project=r.project,
+            issue=r.issue,
+            issue_url=r.issue_url,
+            title=r.title,
+            status=r.status,
+            trigger_user=r.trigger_user,
+            mr_url=r.mr_url,
+            steps=r.steps or 0,
+            runs=r.attempt or 0,
+            cancel_requested=bool(r.cancel_requested),
+            created_at=r.created_at,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            attempts=counts.get(r.id, 0),
         )
         for r in fetched
     ]
@@ -624,9 +646,7 @@ def attempt_counts(session: Session, job_ids: list[int]) -> dict[int, int]:
 
 def events_after(session: Session, job_id: int, after_id: int = 0, limit: int = 200) -> list[JobEvent]:
     """Timeline events newer than `after_id`, for the job page's live updates."""
-    query = (
-        select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after_id).order_by(JobEvent.id).limit(limit)
-    )
+    query = select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.id > after_id).order_by(JobEvent.id).limit(limit)
     return list(session.execute(query).scalars())
 
 
@@ -682,8 +702,7 @@ def dashboard_overview(session: Session, now: datetime | None = None, days: int 
     )
     window = and_(Job.created_at >= since, Job.status.in_(OUTCOME_STATUSES))
     outcome_counts = {
-        s: int(n)
-        for s, n in session.execute(select(Job.status, func.count()).where(window).group_by(Job.status))
+        s: int(n) for s, n in session.execute(select(Job.status, func.count()).where(window).group_by(Job.status))
     }
     ran = and_(window, Job.started_at.is_not(None), Job.finished_at.is_not(None))
     median, p95 = _duration_percentiles(session, ran)

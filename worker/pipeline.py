@@ -221,8 +221,11 @@ class Pipeline:
         except SandboxError as exc:
             return self.end(JobStatus.failed, f"sandbox failure: {exc}", "FrogFix stopped: the sandbox failed.")
         except self.deps.time_limit_errors:
-            return self.end(JobStatus.failed, f"the job ran past its time limit ({self.s.job_timeout_seconds:.0f} s)",
-                            "FrogFix stopped: the job took longer than its time limit.")
+            return self.end(
+                JobStatus.failed,
+                f"the job ran past its time limit ({self.s.job_timeout_seconds:.0f} s)",
+                "FrogFix stopped: the job took longer than its time limit.",
+            )
         except Exception as exc:
             log.exception("pipeline_bug")
             return self.end(
@@ -237,6 +240,10 @@ class Pipeline:
 
     def end(self, status: JobStatus, reason: str, comment: str | None) -> str:
         reason = self.redact(reason)
+        with session_scope() as session:
+            jobs.close_open_attempts(
+                session, self.job_id, "cancelled" if status == JobStatus.cancelled else "failed", reason
+            )
         self.event(status.value, reason)
         self.status(status, error=None if status == JobStatus.no_fix else reason)
         if comment is not None or status == JobStatus.no_fix:

@@ -123,6 +123,9 @@ def test_sigkill_mid_job_then_recovery_opens_exactly_one_mr(
     status, kinds, runs = _state(job_id)
     assert status == "done", kinds
     assert "requeued" in kinds and runs == 2 and kinds.count("done") == 1
+    with session_scope() as s:
+        attempts = [(a.run, a.status) for a in jobs.job_attempts(s, job_id)]
+    assert attempts == [(1, "failed"), (2, "verified")]  # the dead run's attempt is not left "running"
     assert len(world.gitlab.open_mrs(PROJECT)) == 1
     branch = f"frogfix/issue-{issue['iid']}"
     shown = subprocess.run(
