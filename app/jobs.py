@@ -14,6 +14,7 @@ from typing import Any, cast
 from sqlalchemy import Table, and_, bindparam, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.forge.base import WebhookEvent
@@ -228,16 +229,30 @@ def job_events(session: Session, job_id: int) -> list[JobEvent]:
 
 
 def request_cancel(session: Session, job: Job, why: str) -> None:
-    """A queued job is cancelled at once; a running one is asked to stop at its next check."""
-    if job.status == JobStatus.queued.value:
+    """A queued job is cancelled at once; a running one is asked to stop at its next check.
+
+    The queued case is guarded: if a worker claimed the job meanwhile, it is asked to stop instead.
+    """
+    was = job.status
+    if was == JobStatus.queued.value:
+        done = cast(
+            CursorResult[Any],
+            session.execute(
+                update(Job)
+                .where(Job.id == job.id, Job.status == JobStatus.queued.value)
+                .values(status=JobStatus.cancelled.value, finished_at=utcnow(), updated_at=utcnow(), error=why[:2000])
+            ),
+        )
+        if done.rowcount:
+            add_event(session, job.id, "cancelled", why)
+            return
+        was = JobStatus.running.value  # claimed between our read and our update
+    if was in ACTIVE_STATUSES:
         session.execute(
             update(Job)
-            .where(Job.id == job.id, Job.status == JobStatus.queued.value)
-            .values(status=JobStatus.cancelled.value, finished_at=utcnow(), updated_at=utcnow(), error=why[:2000])
+            .where(Job.id == job.id, Job.status.in_(ACTIVE_STATUSES))
+            .values(cancel_requested=True, updated_at=utcnow())
         )
-        add_event(session, job.id, "cancelled", why)
-    elif job.status in ACTIVE_STATUSES:
-        session.execute(update(Job).where(Job.id == job.id).values(cancel_requested=True, updated_at=utcnow()))
         add_event(session, job.id, "cancel_requested", why)
     else:
         raise InvalidTransition(f"job {job.id} is already {job.status}")
@@ -433,6 +448,15 @@ def retry_job(session: Session, job_id: int, who: str) -> None:
     other = active_job(session, job.forge, job.project, job.issue)
     if other is not None:
         raise InvalidTransition(f"job {other.id} is already active for this issue")
+    try:
+        with session.begin_nested():
+            _requeue(session, job_id)
+    except IntegrityError as exc:  # a webhook created a job for this issue meanwhile
+        raise InvalidTransition("a job is already active for this issue") from exc
+    add_event(session, job_id, "retried", f"queued again by {who}")
+
+
+def _requeue(session: Session, job_id: int) -> None:
     session.execute(
         update(Job)
         .where(Job.id == job_id, Job.status.in_(RETRYABLE))
@@ -446,7 +470,6 @@ def retry_job(session: Session, job_id: int, who: str) -> None:
             updated_at=utcnow(),
         )
     )
-    add_event(session, job_id, "retried", f"queued again by {who}")
 
 
 # -- dashboard reads ----------------------------------------------------------------------------

@@ -64,12 +64,13 @@ def model_from(settings: Settings) -> ModelClient:
     )
 
 
-def leaf_limits_from(settings: Settings) -> LeafLimits:
+def leaf_limits_from(settings: Settings, max_seconds: float | None = None) -> LeafLimits:
+    seconds = settings.job_timeout_seconds if max_seconds is None else min(max_seconds, settings.job_timeout_seconds)
     return LeafLimits(
         max_steps=settings.leaf_max_steps,
         max_context_tokens=settings.leaf_max_context_tokens,
         max_completion_tokens=settings.leaf_max_completion_tokens,
-        max_seconds=settings.job_timeout_seconds,
+        max_seconds=max(1.0, seconds),
     )
 
 
@@ -137,9 +138,11 @@ def run_agent(
     cancel: Callable[[], bool] | None = None,
     image: str | None = None,
     labels: dict[str, str] | None = None,
+    max_seconds: float | None = None,
 ) -> tuple[LeafResult, str]:
     """Leaf in a fresh sandbox over `workspace`; returns the result and the patch against the base.
 
+    `max_seconds` caps the loop below the job's limit (what is left of the job's time).
     Raises SandboxError when the sandbox itself fails (an infrastructure failure).
     """
 
@@ -155,7 +158,7 @@ def run_agent(
             box,
             task,
             system_prompt=system_prompt(settings.prompts_dir),
-            limits=leaf_limits_from(settings),
+            limits=leaf_limits_from(settings, max_seconds),
             on_step=step,
             cancel=cancel,
         )

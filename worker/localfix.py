@@ -136,6 +136,8 @@ class LocalFix:
         self.root.mkdir(parents=True, exist_ok=True)
         try:
             return self._run(base)
+        except git.GitCommandError as exc:  # e.g. an unusual checkout that cannot be cloned
+            return self._failed(base, "git_error", f"git failed: {str(exc.stderr or exc).strip()[:500]}")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 

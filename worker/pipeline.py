@@ -38,6 +38,11 @@ from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
 log = get_logger("frogfix.pipeline")
 BOT_AUTHOR = ("FrogFix", "frogfix@localhost")
 INFRA_EXITS = ("llm_query_error", "tool_error")
+RUN_STATUSES = ("running", "verifying", "publishing")  # a claimed job's statuses while this run owns it
+
+
+class Superseded(Exception):
+    """The job was re-queued or finished elsewhere while this run went on: touch nothing more."""
 
 
 class JobEnded(Exception):
@@ -169,6 +174,7 @@ class Pipeline:
         self.cancelled = CancelCheck(job_id)
         self.root = self.s.resolved_workspace_dir() / f"job-{job_id}-run-{self.run_number}"
         self.url = job_url(self.s, job_id)
+        self.deadline = time.monotonic() + self.s.job_timeout_seconds
 
     # -- timeline helpers --------------------------------------------------------------------
 
@@ -178,8 +184,12 @@ class Pipeline:
         log.info(kind, message=message[:500])
 
     def status(self, status: JobStatus, **values: Any) -> None:
+        """Move the job on; if it is no longer ours (re-queued after a stale heartbeat), stop here."""
+        values.setdefault("expected", RUN_STATUSES)  # never "queued": that means another run owns it now
         with session_scope() as session:
-            jobs.set_status(session, self.job_id, status, **values)
+            moved = jobs.set_status(session, self.job_id, status, **values)
+        if not moved:
+            raise Superseded(f"the job is no longer {' or '.join(values['expected'])}")
 
     def check_cancel(self) -> None:
         if self.cancelled():
@@ -208,6 +218,9 @@ class Pipeline:
                 raise JobEnded(JobStatus.no_fix, "no attempt produced a patch that passes the tests")
             self.publish(mirror, base, info_branch, clone_url, *result)
             return JobStatus.done.value
+        except Superseded as exc:
+            log.warning("superseded", reason=str(exc))
+            return "superseded"
         except JobEnded as end:
             return self.end(end.status, end.reason, end.comment)
         except (ForgeTransient, RepoTransient) as exc:
@@ -245,7 +258,10 @@ class Pipeline:
                 session, self.job_id, "cancelled" if status == JobStatus.cancelled else "failed", reason
             )
         self.event(status.value, reason)
-        self.status(status, error=None if status == JobStatus.no_fix else reason)
+        try:
+            self.status(status, error=None if status == JobStatus.no_fix else reason)
+        except Superseded:  # another run owns the job now; it will tell the issue how it ended
+            return "superseded"
         if comment is not None or status == JobStatus.no_fix:
             text = comment or reason
             self.comment(comment_finished(status.value.replace("_", " "), text, self.job_id, self.url, self.redact))
@@ -367,6 +383,7 @@ class Pipeline:
             cancel=self.cancelled,
             image=config.image,
             labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
+            max_seconds=self.deadline - time.monotonic(),
         )
         repos.remove_workspace(ws)
         fields: dict[str, Any] = {
@@ -375,7 +392,7 @@ class Pipeline:
             "trajectory_path": str(trajectory),
             "patch": patch,
             "summary": self.redact(result.final_answer)[:20_000],
-            "error": result.error,
+            "error": self.redact(result.error) if result.error else None,
         }
         with session_scope() as session:
             jobs.update_job(session, self.job_id, exit_reason=result.exit_reason, steps=result.steps)
@@ -528,10 +545,16 @@ class AttemptOutcome:
 
 def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[BaseException], ...] = ()) -> str:
     """Run a claimed job to a final status; never raises."""
-    deps = deps or Deps.from_settings()
-    deps.time_limit_errors = deps.time_limit_errors or time_limit_errors
-    with (
-        structlog.contextvars.bound_contextvars(job_id=job_id),
-        Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4))),
-    ):
-        return Pipeline(job_id, deps).run()
+    with structlog.contextvars.bound_contextvars(job_id=job_id):
+        try:
+            deps = deps or Deps.from_settings()
+            deps.time_limit_errors = deps.time_limit_errors or time_limit_errors
+            pipeline = Pipeline(job_id, deps)
+        except Exception as exc:  # it could not even start: end the claimed job rather than leave it running
+            log.exception("pipeline_start_failed")
+            why = f"could not start: {type(exc).__name__}: {exc}"
+            with session_scope() as session:
+                jobs.set_status(session, job_id, JobStatus.failed, error=why)
+            return JobStatus.failed.value
+        with Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4))):
+            return pipeline.run()
