@@ -200,8 +200,13 @@ def demo(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON o
 # ---------------------------------------------------------------------------------------------
 
 WIDTH = 80
-STATUSES = ("queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled", "rejected")
-FINAL = ("done", "no_fix", "failed", "cancelled", "rejected")
+def _statuses() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from app.models import FINAL_STATUSES, JobStatus
+
+    return tuple(s.value for s in JobStatus), FINAL_STATUSES
+
+
+STATUSES, FINAL = _statuses()
 JOB_ARG = typer.Argument(help="The job's id (a number; `replay` and `show` also take a local job's local-... id).")
 
 

@@ -322,18 +322,9 @@ class JobFilter:
 
 def list_jobs(session: Session, flt: JobFilter, limit: int = 50, offset: int = 0) -> tuple[list[Job], int]:
     """Newest first, with the total matching count."""
-    conditions = []
-    if flt.status:
-        conditions.append(Job.status == flt.status)
-    if flt.forge:
-        conditions.append(Job.forge == flt.forge)
-    if flt.project:
-        conditions.append(Job.project == flt.project)
-    where = and_(*conditions) if conditions else None
-    query = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
-    count = select(func.count()).select_from(Job)
-    if where is not None:
-        query, count = query.where(where), count.where(where)
+    conditions = _filter_conditions(flt)
+    query = select(Job).where(*conditions).order_by(Job.created_at.desc(), Job.id.desc()).limit(limit).offset(offset)
+    count = select(func.count()).select_from(Job).where(*conditions)
     return list(session.execute(query).scalars()), int(session.execute(count).scalar_one())
 
 
