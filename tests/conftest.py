@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.processes import Workers
 from tests.servers import Postgres, Redis, postgres_server, redis_server
 
 SHARED_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "forge"
@@ -71,6 +72,14 @@ def redis() -> Iterator[Redis]:
         pytest.fail("redis-server is not installed (apt-get install redis-server); .ci/run installs it")
     with redis_server() as server:
         yield server
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[Workers]:
+    """Real `manage.py worker` processes, stopped (and killed if need be) after the test."""
+    w = Workers(tmp_path)
+    yield w
+    w.stop_all()
 
 
 @pytest.fixture

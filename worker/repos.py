@@ -40,8 +40,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from app.forge.client import OutboundText, git_auth_env
@@ -55,6 +56,7 @@ LOCK_WAIT = NETWORK_TIMEOUT + 60.0  # a lock holder's own calls are bounded, so 
 IDENTITY = ("FrogFix", "frogfix@localhost")
 
 log = get_logger("frogfix.repos")
+T = TypeVar("T")
 
 _KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
@@ -120,6 +122,27 @@ class RepoError(Exception):
 
 class RepoTransient(RepoError):
     """Network trouble (refused, timed out, 5xx): the same call may well work later."""
+
+
+def retry_transient(
+    what: str,
+    fn: Callable[[], T],
+    *,
+    delays: Sequence[float] = (1.0, 4.0),
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Run a network git operation, again after each delay while it fails with RepoTransient.
+
+    Fetches and our force-pushes of one ref are idempotent, so a blip of the git server (a 502
+    from its proxy, a dropped connection) costs seconds instead of the whole job.
+    """
+    for delay in delays:
+        try:
+            return fn()
+        except RepoTransient as exc:
+            log.warning("git_retry", what=what, error=str(exc)[:300], wait_s=delay)
+            sleep(delay)
+    return fn()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -113,6 +113,16 @@ def parse_push_commands(body: bytes) -> list[tuple[str, str, str]]:
     return updates
 
 
+@dataclass
+class GitFault:
+    """One scripted misbehaviour of the git server for a matching request, consumed when used."""
+
+    status: int = 503
+    hang_s: float = 0.0
+    after: bool = False  # serve the request first (a push lands), then hang or answer the fault
+    path_contains: str | None = None
+
+
 class GitHttpDouble:
     """Serves the bare repositories under `root` at `base_url/<path>` through git http-backend.
 
@@ -126,6 +136,10 @@ class GitHttpDouble:
         self.pushes: list[Push] = []
         self.requests: list[GitRequest] = []
         self.lock = threading.Lock()
+        self.faults: list[GitFault] = []
+        self.first_fault: GitFault | None = None
+        self._first_seen: set[tuple[str, str, str]] = set()
+        self._stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -141,7 +155,35 @@ class GitHttpDouble:
     def url_for(self, name: str) -> str:
         return f"{self.base_url}/{name}"
 
+    def fail_next(self, count: int = 1, status: int = 503, *, path_contains: str | None = None) -> None:
+        """The next `count` matching requests answer `status` without touching the repository."""
+        with self.lock:
+            self.faults.extend(GitFault(status=status, path_contains=path_contains) for _ in range(count))
+
+    def hang_next(self, seconds: float, *, path_contains: str | None = None, after: bool = False) -> None:
+        """The next matching request gets no answer for `seconds` (after serving it, with `after`)."""
+        with self.lock:
+            self.faults.append(GitFault(status=504, hang_s=seconds, after=after, path_contains=path_contains))
+
+    def fail_each_first(self, fault: GitFault | None) -> None:
+        """Every distinct request (method, path, query) gets `fault` the first time it is made."""
+        with self.lock:
+            self.first_fault = fault
+            self._first_seen.clear()
+
+    def _take_fault(self, method: str, path: str, query: str) -> GitFault | None:
+        with self.lock:
+            for i, fault in enumerate(self.faults):
+                if fault.path_contains is None or fault.path_contains in path:
+                    return self.faults.pop(i)
+            key = (method, path, query)
+            if self.first_fault is not None and key not in self._first_seen:
+                self._first_seen.add(key)
+                return self.first_fault
+        return None
+
     def close(self) -> None:
+        self._stopping.set()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
@@ -167,6 +209,12 @@ class GitHttpDouble:
         ):
             record.status = 401
             self._send(handler, 401, {"WWW-Authenticate": 'Basic realm="GitHttpDouble"'}, b"authentication required\n")
+            return
+        fault = self._take_fault(method, path, split.query)
+        if fault is not None and not fault.after:
+            self._stopping.wait(fault.hang_s)
+            record.status = fault.status
+            self._send(handler, fault.status, {"Content-Type": "text/plain"}, b"injected by the double\n")
             return
 
         env = {
@@ -198,6 +246,11 @@ class GitHttpDouble:
             repo = path[: -len("/git-receive-pack")].lstrip("/")
             with self.lock:
                 self.pushes.append(Push(repo, parse_push_commands(body), status))
+        if fault is not None:  # served; now the answer is lost
+            self._stopping.wait(fault.hang_s)
+            record.status = fault.status
+            self._send(handler, fault.status, {"Content-Type": "text/plain"}, b"injected by the double\n")
+            return
         self._send(handler, status, headers, payload)
 
     @staticmethod

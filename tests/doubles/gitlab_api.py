@@ -16,7 +16,7 @@ import json
 import re
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -87,6 +87,8 @@ class JsonApiDouble:
         self.lock = threading.RLock()
         self.requests: list[Recorded] = []
         self.faults: list[Fault] = []
+        self.first_fault: Fault | None = None
+        self.first_seen: set[tuple[str, str, str]] = set()
         self._stopping = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
         self._server.daemon_threads = True
@@ -146,18 +148,43 @@ class JsonApiDouble:
                 )
 
     def hang_next(
-        self, count: int = 1, seconds: float = 5.0, *, method: str | None = None, path_contains: str | None = None
+        self,
+        count: int = 1,
+        seconds: float = 5.0,
+        *,
+        method: str | None = None,
+        path_contains: str | None = None,
+        after: bool = False,
     ) -> None:
-        """The next `count` matching requests get no answer for `seconds` (the client must time out)."""
+        """The next `count` matching requests get no answer for `seconds` (the client must time out).
+
+        With `after=True` the forge acts first and then goes silent: the client never learns it did.
+        """
         with self.lock:
             for _ in range(count):
-                self.faults.append(Fault(status=504, hang_s=seconds, method=method, path_contains=path_contains))
+                self.faults.append(
+                    Fault(status=504, hang_s=seconds, method=method, path_contains=path_contains, after=after)
+                )
 
-    def _take_fault(self, method: str, path: str) -> Fault | None:
+    def fail_each_first(self, fault: Fault | None) -> None:
+        """Every distinct request (method, path, query) gets `fault` the first time it is made.
+
+        One job then meets the fault at every forge call in turn, and each call's retry succeeds.
+        `None` switches this off.
+        """
+        with self.lock:
+            self.first_fault = fault
+            self.first_seen.clear()
+
+    def _take_fault(self, method: str, path: str, query: str = "") -> Fault | None:
         with self.lock:
             for i, fault in enumerate(self.faults):
                 if fault.matches(method, path):
                     return self.faults.pop(i)
+            key = (method, path, query)
+            if self.first_fault is not None and key not in self.first_seen:
+                self.first_seen.add(key)
+                return replace(self.first_fault)
         return None
 
     # -- what tests assert on --------------------------------------------------------------
@@ -202,7 +229,7 @@ class JsonApiDouble:
         with self.lock:
             self.requests.append(Recorded(method, path, split.path, query, headers, body, raw))
 
-        fault = self._take_fault(method, path)
+        fault = self._take_fault(method, path, split.query)
         if fault is not None and not fault.after:
             if fault.hang_s:
                 self._stopping.wait(fault.hang_s)
@@ -217,6 +244,8 @@ class JsonApiDouble:
             except Exception as exc:  # a bug in the double must show up as a 500, not a hung client
                 answer = Answer(500, {"message": f"double error: {type(exc).__name__}: {exc}"})
             if fault is not None:
+                if fault.hang_s:
+                    self._stopping.wait(fault.hang_s)
                 answer = self._fault_answer(fault)
         self._send(handler, answer)
 

@@ -51,7 +51,14 @@ class Drop:
     """Close the connection without answering: the client sees a connection error."""
 
 
-ScriptItem = Reply | Status | Hang | Drop
+@dataclass
+class Cut:
+    """Start a 200 answer (head and part of the body), then close: the connection dies mid-reply."""
+
+    reply: Reply
+
+
+ScriptItem = Reply | Status | Hang | Drop | Cut
 Responder = Callable[[int, bytes], ScriptItem]
 
 
@@ -113,6 +120,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         if isinstance(item, Drop):
+            self.close_connection = True
+            self.connection.shutdown(socket.SHUT_RDWR)
+            return
+        if isinstance(item, Cut):
+            whole = owner._completion(item.reply)
+            head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(whole)}\r\n\r\n"
+            self.wfile.write(head.encode() + whole[: len(whole) // 2])
+            self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return

@@ -154,13 +154,17 @@ def test_overflow_markers_only_count_on_client_errors() -> None:
     assert not is_context_overflow(400, "invalid tool_choice")
 
 
-def test_nonsense_answers_are_query_errors(serve: Serve, client_for: ClientFor) -> None:
-    server = serve(Status(200, {"choices": []}), Status(200, b"not json at all"))
-    model = client_for(server)
+def test_nonsense_answers_are_retried_then_query_errors(serve: Serve, client_for: ClientFor) -> None:
+    # A garbled 200 (cut by a proxy, say) is retried like a 5xx; an answer that stays garbled is an error.
+    server = serve(Status(200, {"choices": []}), Status(200, b"not json at all"), assistant("fine"))
+    reply = client_for(server, max_retries=2).complete(MESSAGES, TOOL_SCHEMAS)
+    assert reply.message["content"] == "fine" and server.count == 3
+    server = serve(Status(200, {"choices": []}), Status(200, {"choices": []}))
     with pytest.raises(ModelQueryError, match="without a message"):
-        model.complete(MESSAGES, TOOL_SCHEMAS)
-    with pytest.raises(ModelQueryError):
-        model.complete(MESSAGES, TOOL_SCHEMAS)
+        client_for(server, max_retries=1).complete(MESSAGES, TOOL_SCHEMAS)
+    server = serve(Status(200, b"not json at all"), Status(200, b"{"))
+    with pytest.raises(ModelQueryError, match=r"invalid JSON|non-JSON"):
+        client_for(server, max_retries=1).complete(MESSAGES, TOOL_SCHEMAS)
 
 
 def test_unreachable_server_is_a_query_error() -> None:

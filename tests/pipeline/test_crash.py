@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from app import jobs
 from app.db import session_scope
@@ -21,50 +16,8 @@ from app.sweep import sweep_once
 from tests.conftest import configure
 from tests.doubles.openai_server import ScriptItem
 from tests.pipeline.conftest import PROJECT, TRIGGER, World, fixing_script
+from tests.processes import Workers, sandboxes_running
 from tests.servers import Redis, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-class Workers:
-    """Worker processes in their own process groups, so SIGKILL takes the pool children too."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.log_dir = log_dir
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self) -> subprocess.Popen[bytes]:
-        log = open(self.log_dir / f"worker-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "worker"],
-            env=dict(os.environ),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            start_new_session=True,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[Workers]:
-    w = Workers(tmp_path)
-    yield w
-    w.stop_all()
 
 
 def _state(job_id: int) -> tuple[str, list[str], int]:
@@ -74,10 +27,7 @@ def _state(job_id: int) -> tuple[str, list[str], int]:
 
 
 def _sandboxes_running() -> list[str]:
-    """bwrap processes over this test's workspaces (other sandboxes on the machine are not ours)."""
-    ours = os.environ["FROGFIX_WORKSPACE_DIR"]
-    out = subprocess.run(["pgrep", "-af", "bwrap"], capture_output=True, text=True).stdout
-    return [line for line in out.splitlines() if ours in line]
+    return sandboxes_running(os.environ["FROGFIX_WORKSPACE_DIR"])
 
 
 def test_sigkill_mid_job_then_recovery_opens_exactly_one_mr(

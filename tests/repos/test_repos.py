@@ -482,3 +482,32 @@ def test_remove_workspace_reports_what_it_cannot_remove(shared_tmp: Path) -> Non
     else:
         with pytest.raises(RepoError):
             remove_workspace(Path("/proc/self/fdinfo"))
+
+
+def test_retry_transient_retries_network_trouble_only() -> None:
+    waits: list[float] = []
+    outcomes: list[Exception | str] = [repos.RepoTransient("502"), repos.RepoTransient("reset"), "ok"]
+
+    def flaky() -> str:
+        out = outcomes.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+    assert repos.retry_transient("git fetch", flaky, delays=(1.0, 4.0), sleep=waits.append) == "ok"
+    assert waits == [1.0, 4.0]
+
+    def refused() -> str:
+        raise repos.RepoError("authentication failed")
+
+    waits.clear()
+    with pytest.raises(repos.RepoError, match="authentication"):
+        repos.retry_transient("git push", refused, sleep=waits.append)
+    assert waits == []  # a permanent error is not worth another try
+
+    def down() -> str:
+        raise repos.RepoTransient("connection refused")
+
+    with pytest.raises(repos.RepoTransient):
+        repos.retry_transient("git fetch", down, delays=(0.0, 0.0), sleep=waits.append)
+    assert waits == [0.0, 0.0]  # bounded: the delays, then one last try

@@ -271,7 +271,7 @@ class OpenAIChatModel:
             if wait <= 0:
                 raise ModelQueryError(f"model call ran out of time after {attempt - 1} attempt(s)")
             retry_after: float | None = None
-            failure: openai.OpenAIError
+            failure: Exception
             try:
                 data = self._client.post(
                     "/chat/completions",
@@ -298,10 +298,13 @@ class OpenAIChatModel:
                 error, failure = f"connection error: {_cause(exc)}", exc
             except openai.OpenAIError as exc:
                 raise ModelQueryError(f"model call failed: {type(exc).__name__}: {exc}") from exc
-            except ValueError as exc:  # a 200 whose body is not JSON
-                raise ModelQueryError(f"model answered with invalid JSON: {exc}") from exc
+            except ValueError as exc:  # a 200 whose body is not JSON: a cut or garbled answer, worth another try
+                error, failure = f"answered with invalid JSON: {exc}", exc
             else:
-                return self._reply(data, started, attempt)
+                try:
+                    return self._reply(data, started, attempt)
+                except ModelQueryError as exc:  # a 200 without a usable message: the same, one layer up
+                    error, failure = str(exc), exc
             if attempt > self.max_retries:
                 raise ModelQueryError(f"model call failed after {attempt} attempt(s): {error}") from failure
             delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
