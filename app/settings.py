@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     model_repetition_penalty: float = 1.0
     model_timeout_seconds: float = 600.0
     model_max_retries: int = 4
+    forge_timeout_seconds: float = Field(default=30.0, gt=0)  # one forge API call; retries come on top
+    forge_retry_budget_seconds: float = Field(default=90.0, gt=0)  # all retries of one forge call together
 
     leaf_max_steps: int = 150
     leaf_max_context_tokens: int = 131_072
@@ -77,6 +79,9 @@ class Settings(BaseSettings):
     attempts: int = Field(default=1, ge=1, le=10)  # independent attempts; the first that verifies is published
     verify_runs: int = Field(default=2, ge=1, le=10)  # patched test runs; differing results are flaky
     refuse_protected_changes: bool = False  # refuse (not just flag) patches touching tests, CI or protected paths
+    # A larger patch refuses the attempt (the sandbox stops reading the diff there): this bot makes small fixes.
+    max_patch_bytes: int = Field(default=1024 * 1024, ge=1024, le=256 * 1024**2)
+    allow_binary_patches: bool = False  # binary files cannot be reviewed in an MR's diff, so they are refused
     allowed_projects: str = ""  # comma-separated glob patterns (e.g. "acme/*,tools/bot"); empty allows all
     public_url: str = ""  # where operators reach this service, for links in comments and MRs
     stale_job_seconds: float = 600.0  # an active job without a heartbeat this long lost its worker

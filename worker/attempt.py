@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Callable
 from contextlib import closing
@@ -23,6 +24,19 @@ from worker.repo_config import RepoConfig
 LOG_LIMIT = 60_000
 # Bytecode caches would otherwise land in `git add -A` and so in the patch.
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+# How both backends report that the runner (sandbox/runner.py `_git`) stopped reading a diff at its byte limit.
+RUNNER_PATCH_LIMIT = re.compile(r"sandbox runner: ValueError: the patch is larger than \d+ bytes")
+
+
+class PatchTooLarge(SandboxError):
+    """The agent's changes make a patch over FROGFIX_MAX_PATCH_BYTES: the attempt is refused, the sandbox is fine.
+
+    A SandboxError, so callers that do not know it still stop cleanly; the pipeline catches it first.
+    """
+
+    def __init__(self, limit: int, result: LeafResult) -> None:
+        super().__init__(f"the patch is larger than {limit} bytes (FROGFIX_MAX_PATCH_BYTES)")
+        self.limit, self.result = limit, result
 
 
 @dataclass
@@ -113,7 +127,9 @@ def sandbox_options(settings: Settings) -> dict[str, Any]:
 def open_job_sandbox(
     workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
 ) -> Sandbox:
-    return open_sandbox(sandbox_spec(workspace, settings, image, labels), settings.sandbox, **sandbox_options(settings))
+    """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox."""
+    options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
+    return open_sandbox(sandbox_spec(workspace, settings, image, labels), settings.sandbox, **options)
 
 
 def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
@@ -143,7 +159,8 @@ def run_agent(
     """Leaf in a fresh sandbox over `workspace`; returns the result and the patch against the base.
 
     `max_seconds` caps the loop below the job's limit (what is left of the job's time).
-    Raises SandboxError when the sandbox itself fails (an infrastructure failure).
+    Raises SandboxError when the sandbox itself fails (an infrastructure failure), and its
+    subclass PatchTooLarge when the changes exceed FROGFIX_MAX_PATCH_BYTES.
     """
 
     def step(record: StepRecord) -> None:
@@ -162,7 +179,13 @@ def run_agent(
             on_step=step,
             cancel=cancel,
         )
-        patch = box.patch(base_commit)
+        try:
+            patch = box.patch(base_commit)
+        except SandboxError as exc:
+            if not RUNNER_PATCH_LIMIT.fullmatch(str(exc)):
+                raise
+            writer.finish(result, patch="")
+            raise PatchTooLarge(settings.max_patch_bytes, result) from None
     writer.finish(result, patch=patch)
     return result, patch
 

@@ -17,21 +17,23 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from sqlalchemy.exc import SQLAlchemyError
 
 from app import jobs
 from app.db import session_scope
 from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
+from app.forge.retry import RetryPolicy
 from app.logs import SecretRedactor, get_logger
 from app.models import JobStatus
 from app.settings import Settings, get_settings
 from sandbox.base import SandboxError
 from worker import repos
-from worker.attempt import TestRun, apply_patch, model_from, run_agent, run_tests, sampling_from
+from worker.attempt import PatchTooLarge, TestRun, apply_patch, model_from, run_agent, run_tests, sampling_from
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord
 from worker.leaf.model import ModelClient
 from worker.leaf.trajectory import TrajectoryWriter
-from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, review_flags
+from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, refusal_reasons, review_flags
 from worker.report import Provenance, TestEvidence, comment_finished, comment_started, mr_description
 from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
 
@@ -54,14 +56,19 @@ class JobEnded(Exception):
 
 
 def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:
+    options: dict[str, Any] = {
+        "redact": redact,
+        "timeout": settings.forge_timeout_seconds,
+        "retry": RetryPolicy(budget_s=settings.forge_retry_budget_seconds),
+    }
     if kind == "gitlab":
         from app.forge.gitlab_api import GitLabForge
 
-        return GitLabForge(settings.gitlab_url, settings.gitlab_token.get_secret_value(), redact=redact)
+        return GitLabForge(settings.gitlab_url, settings.gitlab_token.get_secret_value(), **options)
     if kind == "gitea":
         from app.forge.gitea_api import GiteaForge
 
-        return GiteaForge(settings.gitea_url, settings.gitea_token.get_secret_value(), redact=redact)
+        return GiteaForge(settings.gitea_url, settings.gitea_token.get_secret_value(), **options)
     raise ForgeError(f"unknown forge {kind!r}")
 
 
@@ -150,8 +157,11 @@ class CancelCheck:
         now = time.monotonic()
         if not self._value and now - self._last >= self.every:
             self._last = now
-            with session_scope() as session:
-                self._value = jobs.cancel_requested(session, self.job_id)
+            try:
+                with session_scope() as session:
+                    self._value = jobs.cancel_requested(session, self.job_id)
+            except SQLAlchemyError as exc:  # the database away for a moment: ask again at the next check
+                log.warning("cancel_check_failed", job_id=self.job_id, error=str(exc)[:300])
         return self._value
 
 
@@ -308,7 +318,8 @@ class Pipeline:
         assert self.forge is not None
         info = self.forge.project_info(self.project)
         key = repos.mirror_key(self.forge_kind, self.project)
-        mirror = self.deps.repos.mirror(key, info.clone_url, self.forge.git_auth_header())
+        auth = self.forge.git_auth_header()
+        mirror = repos.retry_transient("git fetch", lambda: self.deps.repos.mirror(key, info.clone_url, auth))
         base = repos.resolve(mirror, info.default_branch)
         branch = f"frogfix/issue-{self.issue}"
         with session_scope() as session:
@@ -369,22 +380,26 @@ class Pipeline:
             f"attempt {number}: running the agent ({self.s.model_name})",
             {"attempt": number, "trajectory": str(trajectory), "test_command": config.test_command},
         )
-        result, patch = run_agent(
-            ws,
-            base,
-            settings=self.s,
-            model=self.deps.model_for(),
-            title=self.title,
-            body=sanitize_issue_text(self.body),
-            project=self.project,
-            issue_number=self.issue,
-            writer=writer,
-            on_step=on_step,
-            cancel=self.cancelled,
-            image=config.image,
-            labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
-            max_seconds=self.deadline - time.monotonic(),
-        )
+        too_large: PatchTooLarge | None = None
+        try:
+            result, patch = run_agent(
+                ws,
+                base,
+                settings=self.s,
+                model=self.deps.model_for(),
+                title=self.title,
+                body=sanitize_issue_text(self.body),
+                project=self.project,
+                issue_number=self.issue,
+                writer=writer,
+                on_step=on_step,
+                cancel=self.cancelled,
+                image=config.image,
+                labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
+                max_seconds=self.deadline - time.monotonic(),
+            )
+        except PatchTooLarge as exc:  # the sandbox is fine; this attempt's changes are refused, none stored
+            too_large, result, patch = exc, exc.result, ""
         repos.remove_workspace(ws)
         fields: dict[str, Any] = {
             "exit_reason": result.exit_reason,
@@ -396,6 +411,14 @@ class Pipeline:
         }
         with session_scope() as session:
             jobs.update_job(session, self.job_id, exit_reason=result.exit_reason, steps=result.steps)
+
+        def refuse(reasons: list[str]) -> AttemptOutcome:
+            """Never pushed: the attempt ends rejected with the reason on it and on the job's timeline."""
+            reason = self.redact(f"attempt {number}'s patch was refused: {'; '.join(reasons)}")
+            self._finish_attempt(attempt_id, "rejected", {**fields, "error": reason})
+            self.event("patch_refused", reason, {"attempt": number, "reasons": [self.redact(r) for r in reasons]})
+            return AttemptOutcome(None, reason, before)
+
         self.event(
             "agent_finished",
             f"attempt {number}: {result.exit_reason} after {result.steps} steps",
@@ -404,6 +427,8 @@ class Pipeline:
         if result.exit_reason == "cancelled":
             self._finish_attempt(attempt_id, "cancelled", fields)
             raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+        if too_large is not None:
+            return refuse([str(too_large)])
         if not patch:
             status = "failed" if result.exit_reason in INFRA_EXITS else "no_fix"
             self._finish_attempt(attempt_id, status, fields)
@@ -419,16 +444,15 @@ class Pipeline:
                 None, "no test command was found to verify the patch; add test_command to .frogfix.yml", before
             )
 
-        self.status(JobStatus.verifying)
         flags = review_flags(patch, config)
-        refused = [f for f in flags if f.startswith("changes protected path")] or (
-            flags if self.s.refuse_protected_changes else []
-        )
+        # `config` was read from the base commit, so a patch rewriting .frogfix.yml cannot change the verification.
+        refused = refusal_reasons(patch, config, allow_binary=self.s.allow_binary_patches)
+        if self.s.refuse_protected_changes:
+            refused += [flag for flag in flags if flag not in refused]
         if refused:
             fields["flags"] = flags
-            self._finish_attempt(attempt_id, "rejected", fields)
-            self.status(JobStatus.running, expected=("verifying",))
-            return AttemptOutcome(None, f"attempt {number}'s patch was refused: {'; '.join(refused)}", before)
+            return refuse(refused)
+        self.status(JobStatus.verifying)
         if before is None:
             before = self._tests(mirror, base, config, None, "before")
         after = [self._tests(mirror, base, config, patch, f"after, run {i + 1}") for i in range(self.s.verify_runs)]
@@ -440,15 +464,21 @@ class Pipeline:
         fields.update(tests=evidence.to_dict(), flags=flags)
         verified = codes == {0}
         self._finish_attempt(attempt_id, "verified" if verified else "no_fix", fields)
+        timeout = f"timed out after {config.test_timeout:g} s"
         self.event(
             "verified" if verified else "not_verified",
-            f"attempt {number}: tests before exit {before.exit_code}, after exit "
-            f"{', '.join(str(r.exit_code) for r in after)}",
+            f"attempt {number}: tests before {timeout if before.timed_out else f'exit {before.exit_code}'}, after "
+            + ("exit " + ", ".join(str(r.exit_code) for r in after) if not after[0].timed_out else timeout),
             {"attempt": number, "flaky": flaky},
         )
         if not verified:
             self.status(JobStatus.running, expected=("verifying",))
-            why = "flaky" if flaky else f"exit {after[0].exit_code}"
+            if flaky:
+                why = "flaky"
+            elif after[0].timed_out:
+                why = timeout
+            else:
+                why = f"exit {after[0].exit_code}" if after[0].exit_code is not None else after[0].log[:300]
             return AttemptOutcome(None, f"attempt {number}'s patch did not pass the tests ({why})", before)
         return AttemptOutcome((patch, result.final_answer, evidence, flags, number, config), "verified", before)
 
@@ -489,7 +519,8 @@ class Pipeline:
         branch = f"frogfix/issue-{self.issue}"
         message = self.redact(f"Fix #{self.issue}: {self.title}"[:200] + f"\n\nDrafted by FrogFix (job {self.job_id}).")
         sha = repos.commit_patch(mirror, base, patch, message, BOT_AUTHOR, self.root / "publish")
-        repos.push_branch(mirror, clone_url, self.forge.git_auth_header(), branch, sha)
+        auth = self.forge.git_auth_header()
+        repos.retry_transient("git push", lambda: repos.push_branch(mirror, clone_url, auth, branch, sha))
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
         provenance = Provenance(
             model=self.s.model_name,

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import posixpath
 import tomllib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,14 +147,12 @@ def _read(path: Path) -> str:
 
 
 def changed_paths(patch: str) -> list[str]:
-    """The paths a `git diff` touches (both sides of renames), in order of appearance."""
+    """The paths a `git diff` touches (both sides of renames), in order of appearance; quoted names unquoted."""
     paths: list[str] = []
-    for line in patch.splitlines():
-        if line.startswith("diff --git "):
-            parts = line[len("diff --git ") :].split(" b/", 1)
-            for part in (parts[0].removeprefix("a/"), parts[1] if len(parts) > 1 else ""):
-                if part and part not in paths:
-                    paths.append(part)
+    for diff in file_diffs(patch):
+        for path in (diff.old_path, diff.path):
+            if path and path not in paths:
+                paths.append(path)
     return paths
 
 
@@ -169,3 +169,143 @@ def review_flags(patch: str, config: RepoConfig) -> list[str]:
         elif matches(path, ALWAYS_FLAGGED):
             flags.append(f"changes test or CI file {path}")
     return flags
+
+
+@dataclass
+class FileDiff:
+    """One file's section of a `git diff --binary`: both sides' paths, header lines and added lines."""
+
+    old_path: str
+    path: str
+    header: list[str] = field(default_factory=list)
+    added: list[str] = field(default_factory=list)
+    binary: bool = False
+
+    def has(self, prefix: str) -> bool:
+        return any(line.startswith(prefix) for line in self.header)
+
+    @property
+    def symlink(self) -> bool:
+        """The new side is a symlink (mode 120000): added, retargeted, or turned into one."""
+        if self.has("deleted file mode"):
+            return False
+        return any(
+            line in ("new file mode 120000", "new mode 120000")
+            or (line.startswith("index ") and line.endswith(" 120000"))
+            for line in self.header
+        )
+
+
+def _unquote(name: str) -> str:
+    """A path as git prints it: C-quoted (`"a/sp\303\251cial"`) when it holds odd bytes."""
+    if not (len(name) >= 2 and name[0] == name[-1] == '"'):
+        return name
+    body, out, i = name[1:-1], bytearray(), 0
+    escapes = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
+    while i < len(body):
+        octal = body[i + 1 : i + 4]
+        if body[i] == "\\" and len(octal) == 3 and all(c in "01234567" for c in octal):
+            out.append(int(octal, 8) & 0xFF)
+            i += 4
+        elif body[i] == "\\" and i + 1 < len(body) and body[i + 1] in escapes:
+            out.append(escapes[body[i + 1]])
+            i += 2
+        else:
+            out.extend(body[i].encode("utf-8", "surrogateescape"))
+            i += 1
+    return out.decode("utf-8", "surrogateescape")
+
+
+def _quoted_end(text: str) -> int:
+    """The index just past the C-quoted name that `text` starts with (-1 when it is not closed)."""
+    i = 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+        elif text[i] == '"':
+            return i + 1
+        else:
+            i += 1
+    return -1
+
+
+def _header_paths(line: str) -> tuple[str, str]:
+    """Both sides from `diff --git a/X b/Y`, for sections without `---`/`+++` lines (binary, mode, rename)."""
+    rest = line[len("diff --git ") :]
+    if rest.startswith('"') and (end := _quoted_end(rest)) != -1:
+        return _unquote(rest[:end])[2:], _unquote(rest[end + 1 :])[2:]
+    if rest.endswith('"') and (start := rest.rfind(' "b/')) != -1:
+        return rest[:start][2:], _unquote(rest[start + 1 :])[2:]
+    half = (len(rest) - 5) // 2  # `a/X b/X`: both sides are the same path unless it was renamed
+    if half > 0 and rest[: 2 + half] == "a/" + rest[5 + half :] and rest[2 + half : 5 + half] == " b/":
+        return rest[5 + half :], rest[5 + half :]
+    old, _, new = rest.partition(" b/")
+    return old.removeprefix("a/"), new
+
+
+def file_diffs(patch: str) -> Iterator[FileDiff]:
+    """The file sections of a patch, in order."""
+    current: FileDiff | None = None
+    in_hunks = False
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            if current is not None:
+                yield current
+            current, in_hunks = FileDiff(*_header_paths(line), [line]), False
+            continue
+        if current is None:
+            continue
+        if line.startswith("@@") or line == "GIT binary patch":
+            in_hunks = True
+            current.binary = current.binary or line == "GIT binary patch"
+        elif not in_hunks:
+            current.header.append(line)
+            name = line[4:].rstrip("\t")  # git ends a name that holds spaces with a tab
+            if line.startswith("--- ") and name != "/dev/null":
+                current.old_path = _unquote(name)[2:]
+            elif line.startswith("+++ ") and name != "/dev/null":
+                current.path = _unquote(name)[2:]
+            elif line.startswith(("rename from ", "copy from ")):
+                current.old_path = _unquote(line.split(" from ", 1)[1])
+            elif line.startswith(("rename to ", "copy to ")):
+                current.path = _unquote(line.split(" to ", 1)[1])
+            elif line.startswith("Binary files "):
+                current.binary = True
+        elif line.startswith("+"):
+            current.added.append(line[1:])
+    if current is not None:
+        yield current
+
+
+def _escapes(link: str, target: str) -> bool:
+    """Whether a symlink at `link` (repository-relative) with `target` resolves outside the checkout or into .git."""
+    if not target or target.startswith("/"):
+        return True
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
+    first = resolved.split("/", 1)[0]
+    return first == ".." or first.lower() == ".git"
+
+
+def refusal_reasons(patch: str, config: RepoConfig, *, allow_binary: bool = False) -> list[str]:
+    """Why a patch must not be pushed at all (not merely flagged): each reason names the file.
+
+    Protected paths are the repository's own rule; `.frogfix.yml` is FrogFix's guard rail, which
+    only people change (it is always read from the base commit anyway); a symlink out of the
+    checkout would point a reviewer's or CI's checkout at their own machine; binary files cannot be
+    reviewed in a diff.
+    """
+    reasons: list[str] = []
+    for path in changed_paths(patch):
+        if matches(path, config.protected_paths):
+            reasons.append(f"changes protected path {path}")
+        elif path == CONFIG_FILE:
+            reasons.append(f"changes FrogFix's own configuration {CONFIG_FILE} (only people may change it)")
+    for diff in file_diffs(patch):
+        if diff.symlink:
+            target = "\n".join(diff.added)
+            if _escapes(diff.path, target):
+                reasons.append(f"adds symlink {diff.path} pointing outside the repository ({target[:200]!r})")
+        elif diff.binary and not allow_binary and not diff.has("deleted file mode"):
+            verb = "adds" if diff.has("new file mode") else "changes"
+            reasons.append(f"{verb} binary file {diff.path}")
+    return reasons

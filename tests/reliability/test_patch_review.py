@@ -1,0 +1,120 @@
+"""What a patch may not do, read from patches real git made: symlinks out, binary files, FrogFix's config.
+
+Also: the sandbox cuts the diff at FROGFIX_MAX_PATCH_BYTES, and the pipeline recognises that cut.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+
+from app.settings import Settings
+from sandbox.base import SandboxError
+from tests.doubles.git_http import git, make_worktree
+from worker.attempt import RUNNER_PATCH_LIMIT, open_job_sandbox
+from worker.repo_config import RepoConfig, changed_paths, file_diffs, refusal_reasons, review_flags
+
+
+def staged_patch(repo: Path) -> str:
+    """The patch exactly as the sandbox takes it: `git add -A` then `git diff --cached --binary`."""
+    assert git("add", "-A", cwd=repo).returncode == 0
+    done = git("diff", "--cached", "--binary", "HEAD", cwd=repo)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_worktree(
+        tmp_path / "repo",
+        {"calc.py": "x = 1\n", "tests/test_calc.py": "def test(): pass\n", "docs/guide.md": "guide\n"},
+    )
+
+
+def test_symlinks_out_of_the_checkout_are_refused_and_inward_ones_are_not(repo: Path) -> None:
+    os.symlink("/etc/passwd", repo / "abs")
+    os.symlink("../../outside", repo / "docs" / "up")
+    os.symlink("../.git/config", repo / "docs" / "gitconfig")
+    os.symlink("../calc.py", repo / "docs" / "calc_link")  # stays inside: fine
+    os.symlink("guide.md", repo / "docs" / "same_dir")  # fine
+    reasons = refusal_reasons(staged_patch(repo), RepoConfig())
+    assert reasons == [
+        "adds symlink abs pointing outside the repository ('/etc/passwd')",
+        "adds symlink docs/gitconfig pointing outside the repository ('../.git/config')",
+        "adds symlink docs/up pointing outside the repository ('../../outside')",
+    ]
+
+
+def test_retargeting_an_existing_symlink_outwards_is_refused(repo: Path) -> None:
+    os.symlink("calc.py", repo / "link")
+    assert git("add", "-A", cwd=repo).returncode == 0 and git("commit", "-qm", "link", cwd=repo).returncode == 0
+    (repo / "link").unlink()
+    os.symlink("/root/.ssh/id_rsa", repo / "link")
+    assert refusal_reasons(staged_patch(repo), RepoConfig()) == [
+        "adds symlink link pointing outside the repository ('/root/.ssh/id_rsa')"
+    ]
+
+
+def test_binary_files_are_refused_unless_allowed(repo: Path) -> None:
+    (repo / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
+    (repo / "calc.py").write_bytes(b"x = 1\x00\n")  # a text file turned binary
+    patch = staged_patch(repo)
+    assert refusal_reasons(patch, RepoConfig()) == ["adds binary file blob.bin", "changes binary file calc.py"]
+    assert refusal_reasons(patch, RepoConfig(), allow_binary=True) == []
+    assert git("add", "-A", cwd=repo).returncode == 0 and git("commit", "-qm", "bin", cwd=repo).returncode == 0
+    (repo / "blob.bin").unlink()  # removing a binary file is reviewable: nothing to refuse
+    assert refusal_reasons(staged_patch(repo), RepoConfig()) == []
+
+
+def test_frogfix_yml_and_protected_paths_are_refused_even_with_quoted_names(repo: Path) -> None:
+    (repo / ".frogfix.yml").write_text('test_command: "true"\n')
+    (repo / "tests" / "tést ü.py").write_text("x\n")  # git C-quotes this name in the patch
+    patch = staged_patch(repo)
+    assert '"b/tests/t\\303\\251st \\303\\274.py"' in patch
+    assert changed_paths(patch) == [".frogfix.yml", "tests/tést ü.py"]
+    config = RepoConfig(protected_paths=("tests/**",))
+    assert refusal_reasons(patch, config) == [
+        "changes FrogFix's own configuration .frogfix.yml (only people may change it)",
+        "changes protected path tests/tést ü.py",
+    ]
+    assert review_flags(patch, RepoConfig()) == [
+        "changes test or CI file .frogfix.yml",
+        "changes test or CI file tests/tést ü.py",
+    ]
+
+
+def test_renames_name_both_sides(repo: Path) -> None:
+    assert git("mv", "docs/guide.md", "tests/guide.md", cwd=repo).returncode == 0
+    patch = staged_patch(repo)
+    [diff] = file_diffs(patch)
+    assert (diff.old_path, diff.path) == ("docs/guide.md", "tests/guide.md")
+    assert refusal_reasons(patch, RepoConfig(protected_paths=("docs/**",))) == ["changes protected path docs/guide.md"]
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    """A git checkout under a 0711 folder, as the sandbox's unprivileged uid needs."""
+    parent = Path(tempfile.mkdtemp(prefix="frogfix-patch-limit-"))
+    parent.chmod(0o711)
+    yield make_worktree(parent / "ws", {"a.txt": "a\n"})
+    shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.mark.bwrap
+def test_the_sandbox_stops_reading_a_diff_at_max_patch_bytes(workspace: Path) -> None:
+    base = git("rev-parse", "HEAD", cwd=workspace).stdout.strip()
+    settings = Settings(max_patch_bytes=4096)
+    with closing(open_job_sandbox(workspace, settings)) as box:
+        box.call_tool("Write", {"file_path": "small.txt", "content": "x\n" * 100})
+        assert "small.txt" in box.patch(base)
+        box.call_tool("Write", {"file_path": "big.txt", "content": "line\n" * 2000})
+        with pytest.raises(SandboxError) as caught:
+            box.patch(base)
+        assert RUNNER_PATCH_LIMIT.fullmatch(str(caught.value)), str(caught.value)
+        assert "small.txt" in box.call_tool("Glob", {"pattern": "*.txt"})  # the sandbox is still usable
