@@ -753,7 +753,9 @@ def take_patch(root: str, base: str, timeout: float = 600.0, max_bytes: int = MA
         raise ValueError(f"bad base commit: {base!r}")
     git = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "diff.noprefix=false"]
     _git([*git, "add", "-A"], "add", root, timeout, 1 << 20)
-    diff = [*git, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv"]
+    # --no-renames: a moved file is a deletion and an addition, so a reviewer (and our refusal rules) see
+    # the mode and content of what lands, e.g. a symlink whose relative target escapes after a move.
+    diff = [*git, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames"]
     diff += ["--src-prefix=a/", "--dst-prefix=b/", base, "--"]
     return _git(diff, "diff", root, timeout, max_bytes)
 

@@ -21,11 +21,11 @@ import git
 from app.logs import SecretRedactor
 from app.settings import Settings, get_settings
 from sandbox.base import SandboxError
-from worker.attempt import TestRun, apply_patch, model_from, run_agent, run_tests, sampling_from
+from worker.attempt import PatchTooLarge, TestRun, apply_patch, model_from, run_agent, run_tests, sampling_from
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import LeafResult, StepRecord
 from worker.leaf.trajectory import TrajectoryWriter
-from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, review_flags
+from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, refusal_reasons, review_flags
 
 
 class FixError(Exception):
@@ -182,18 +182,36 @@ class LocalFix:
                 writer=writer,
                 on_step=on_step,
             )
+        except PatchTooLarge as exc:  # the model's changes are refused, as the pipeline refuses them
+            self.say(f"no fix: {exc}")
+            return FixOutcome(
+                job_id=self.job_id,
+                status="no_fix",
+                exit_reason=exc.result.exit_reason,
+                steps=exc.result.steps,
+                patch="",
+                test_command=config.test_command,
+                before=None,
+                after=None,
+                trajectory=str(self.trajectory_path),
+                error=str(exc),
+                final_answer=exc.result.final_answer,
+            )
         except SandboxError as exc:
             return self._failed(base, "tool_error", f"sandbox failure: {exc}", writer=writer)
         self.say(
             f"agent finished: {result.exit_reason} after {result.steps} steps; patch {len(patch.splitlines())} lines"
         )
 
+        refused = refusal_reasons(patch, config, allow_binary=self.settings.allow_binary_patches)
+        for reason in refused:
+            self.say(f"refused: {reason}")
         before = after = None
         if config.test_command:
             before = self._tests(base, config, None, "before")
-            if patch:
+            if patch and not refused:
                 after = self._tests(base, config, patch, "after")
-        status = self._status(result, patch, after)
+        status = "no_fix" if refused else self._status(result, patch, after)
         outcome = FixOutcome(
             job_id=self.job_id,
             status=status,
@@ -204,8 +222,8 @@ class LocalFix:
             before=before,
             after=after,
             trajectory=str(self.trajectory_path),
-            error=result.error,
-            flags=review_flags(patch, config),
+            error="; ".join(refused) or result.error,
+            flags=refused + [f for f in review_flags(patch, config) if f not in refused],
             final_answer=result.final_answer,
         )
         writer.finish(

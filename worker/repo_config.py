@@ -40,6 +40,13 @@ ALWAYS_FLAGGED = (
     ".drone.yml",
     "Jenkinsfile",
     CONFIG_FILE,
+    # where test runners read options that can deselect or skip tests
+    "pytest.ini",
+    "**/pytest.ini",
+    "tox.ini",
+    "setup.cfg",
+    "pyproject.toml",
+    "noxfile.py",
 )
 
 

@@ -172,3 +172,25 @@ def test_demo_command_fixes_its_sample_repository(tmp_path: Path) -> None:
         and out["tests"]["after"]["exit_code"] == 0
     )
     assert changed_paths(out["patch"]) == ["calc.py"]
+
+
+@pytest.mark.bwrap
+def test_fix_refuses_what_the_pipeline_refuses(tmp_path: Path) -> None:
+    """A patch that passes the tests but adds a binary file and an oversized one is no fix, with the reasons."""
+    repo = make_sample_repo(tmp_path)
+    binary = text_call("Bash", command="printf 'MZ\\000\\001\\002' > tool.exe")
+    edit = text_call("Edit", file_path="calc.py", old_string="return a - b", new_string="return a + b")
+    script = [assistant(edit), assistant(binary), assistant("Fixed, and added a helper binary.")]
+    with ScriptedOpenAIServer(script) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json")
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["status"] == "no_fix", out
+    assert "adds binary file tool.exe" in out["flags"] and "adds binary file tool.exe" in out["error"]
+    assert out["tests"]["after"] is None  # a refused patch is not worth running the tests on
+
+    big = text_call("Bash", command="head -c 3000000 /dev/urandom | base64 > big.txt")
+    with ScriptedOpenAIServer([assistant(edit), assistant(big), assistant("Done.")]) as server:
+        proc = run_fix(repo, tmp_path / "data2", server.base_url, "--json")
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["status"] == "no_fix" and out["patch"] == "", out
+    assert "larger than" in out["error"]

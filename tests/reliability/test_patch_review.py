@@ -118,3 +118,20 @@ def test_the_sandbox_stops_reading_a_diff_at_max_patch_bytes(workspace: Path) ->
             box.patch(base)
         assert RUNNER_PATCH_LIMIT.fullmatch(str(caught.value)), str(caught.value)
         assert "small.txt" in box.call_tool("Glob", {"pattern": "*.txt"})  # the sandbox is still usable
+
+
+@pytest.mark.bwrap
+def test_a_symlink_moved_so_that_it_points_out_is_refused(workspace: Path) -> None:
+    """The sandbox's diff has no renames, so a moved link shows as an added link with its target."""
+    (workspace / "docs" / "inner").mkdir(parents=True)
+    (workspace / "docs" / "guide.md").write_text("guide\n")
+    os.symlink("../guide.md", workspace / "docs" / "inner" / "link")  # inside the checkout: fine
+    git("add", "-A", cwd=workspace)
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "link", cwd=workspace)
+    base = git("rev-parse", "HEAD", cwd=workspace).stdout.strip()
+    with closing(open_job_sandbox(workspace, Settings())) as box:
+        box.call_tool("Bash", {"command": "git mv docs/inner/link link"})  # now ../guide.md leaves the checkout
+        patch = box.patch(base)
+    assert "rename from" not in patch
+    reasons = refusal_reasons(patch, RepoConfig())
+    assert any(r.startswith("adds symlink link pointing outside the repository") for r in reasons), reasons
