@@ -228,6 +228,24 @@ def job_events(session: Session, job_id: int) -> list[JobEvent]:
     return list(session.execute(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.id)).scalars())
 
 
+def announced_this_round(session: Session, job_id: int) -> bool:
+    """Whether the issue was already told this job started, since it was created or last retried.
+
+    A run that replaces one whose worker died continues the same announced work: it says nothing new.
+    """
+    round_started = (
+        select(func.max(JobEvent.id))
+        .where(JobEvent.job_id == job_id, JobEvent.kind.in_(("created", "retried")))
+        .scalar_subquery()
+    )
+    found = session.execute(
+        select(JobEvent.id)
+        .where(JobEvent.job_id == job_id, JobEvent.kind == "announced", JobEvent.id > func.coalesce(round_started, 0))
+        .limit(1)
+    ).first()
+    return found is not None
+
+
 def request_cancel(session: Session, job: Job, why: str) -> None:
     """A queued job is cancelled at once; a running one is asked to stop at its next check.
 

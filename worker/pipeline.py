@@ -205,14 +205,16 @@ class Pipeline:
         if self.cancelled():
             raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
 
-    def comment(self, body: str) -> None:
+    def comment(self, body: str) -> bool:
         """Best effort: a comment that cannot be posted is noted on the timeline, never fatal."""
         if self.forge is None:
-            return
+            return False
         try:
             self.forge.comment(self.project, self.issue, self.redact(body))
         except ForgeError as exc:
             self.event("comment_failed", f"could not comment on the issue: {exc}")
+            return False
+        return True
 
     # -- the stages ---------------------------------------------------------------------------
 
@@ -312,7 +314,10 @@ class Pipeline:
                 session, self.job_id, title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url
             )
         self.event("admitted", f"{adder} may trigger; issue re-read from the API")
-        self.comment(comment_started(self.job_id, self.url))
+        with session_scope() as session:
+            announced = jobs.announced_this_round(session, self.job_id)
+        if not announced and self.comment(comment_started(self.job_id, self.url)):
+            self.event("announced", "told the issue that FrogFix is working on it")
 
     def prepare(self) -> tuple[Path, str, str, str]:
         assert self.forge is not None

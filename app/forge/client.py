@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import re
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -161,6 +162,11 @@ class Forge(Protocol):
     def git_auth_header(self) -> str: ...
 
     def close(self) -> None: ...
+
+
+def comment_marker() -> str:
+    """A hidden, unique first line for one comment: a retry after a lost answer can find what was posted."""
+    return f"<!-- frogfix:{secrets.token_hex(8)} -->\n"
 
 
 def upsert_draft_mr(

@@ -8,6 +8,7 @@ versions report `draft` in the answer; older ones do not, and then the title dec
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any, Literal
 from urllib.parse import quote
@@ -27,6 +28,7 @@ from app.forge.client import (
     ProjectInfo,
     Redactor,
     basic_auth_header,
+    comment_marker,
     error_for_status,
     has_prefix,
     secret_forms,
@@ -285,12 +287,25 @@ class GiteaForge:
         return self._mr(data)
 
     def comment(self, project: str, number: int, body: str) -> None:
-        self._call(
-            "POST",
-            f"{self._repo_path(project)}/issues/{int(number)}/comments",
-            f"comment on #{number} in {project}",
-            json={"body": self._text.body(body)},
-        )
+        """Post a comment once: a try after a failed one first looks for the comment among the newest."""
+        marker = comment_marker()
+        path = f"{self._repo_path(project)}/issues/{int(number)}/comments"
+        what = f"comment on #{number} in {project}"
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+        tries = 0
+
+        def post() -> None:
+            nonlocal tries
+            tries += 1
+            if tries > 1:  # the last try may have posted before its answer was lost
+                recent = self._request("GET", path, what, params={"since": since})
+                if isinstance(recent, list) and any(
+                    isinstance(c, dict) and marker in str(c.get("body") or "") for c in recent
+                ):
+                    return
+            self._request("POST", path, what, json={"body": self._text.body(marker + body)})
+
+        self._retry.call(what, post)
 
     def git_auth_header(self) -> str:
         """HTTP Basic with the token as user name and `x-oauth-basic` as password.

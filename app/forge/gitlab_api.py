@@ -28,6 +28,7 @@ from app.forge.client import (
     ProjectInfo,
     Redactor,
     basic_auth_header,
+    comment_marker,
     error_for_status,
     secret_forms,
 )
@@ -248,11 +249,22 @@ class GitLabForge:
         return self._mr(data)
 
     def comment(self, project: str, number: int, body: str) -> None:
-        payload = {"body": self._text.body(body)}
-        self._call(
-            f"comment on #{number} in {project}",
-            lambda: self._project(project).issues.get(number, lazy=True).notes.create(payload, **_ONCE),
-        )
+        """Post a note once: a try after a failed one first looks for the note among the newest."""
+        marker = comment_marker()
+        payload = {"body": self._text.body(marker + body)}
+        notes = self._project(project).issues.get(number, lazy=True).notes
+        tries = 0
+
+        def post() -> None:
+            nonlocal tries
+            tries += 1
+            if tries > 1:  # the last try may have posted before its answer was lost
+                newest = notes.list(order_by="created_at", sort="desc", per_page=50, get_all=False, **_ONCE)
+                if any(marker in str(n.attributes.get("body") or "") for n in newest):
+                    return
+            notes.create(payload, **_ONCE)
+
+        self._call(f"comment on #{number} in {project}", post)
 
     def git_auth_header(self) -> str:
         """HTTP Basic with user `oauth2` and the token as password: GitLab accepts this for git over HTTP."""

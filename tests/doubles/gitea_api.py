@@ -262,6 +262,14 @@ class GiteaDouble(JsonApiDouble):
                 return self._page(self.timeline[(repo_name, issue["number"])], query, rest, repo_name)
             if rest[2:] == ["comments"] and method == "POST":
                 return self._comment(repo_name, issue, body)
+            if rest[2:] == ["comments"] and method == "GET":  # oldest first, all of them (`since` filters)
+                since = (query.get("since") or [""])[0]
+                found = [
+                    {k: v for k, v in c.items() if k not in ("repo", "issue")}
+                    for c in self.comments
+                    if c["repo"] == repo_name and c["issue"] == issue["number"] and c["updated_at"] >= since
+                ]
+                return Answer(200, found)
         if rest == ["pulls"] and method == "GET":
             state = (query.get("state") or ["open"])[0]
             found = [p for (r, _), p in sorted(self.pulls.items(), reverse=True) if r == repo_name]

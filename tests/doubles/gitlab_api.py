@@ -520,6 +520,10 @@ class GitLabDouble(JsonApiDouble):
                 )
             if rest[2:] == ["notes"] and method == "POST":
                 return self._note(pid, issue, body)
+            if rest[2:] == ["notes"] and method == "GET":  # GitLab's default order: newest first
+                found = [n for n in self.notes if n["project_id"] == pid and n["noteable_iid"] == issue["iid"]]
+                found.sort(key=lambda n: n["id"], reverse=(query.get("sort") or ["desc"])[0] != "asc")
+                return paginate(found, query, self.base_url, f"{base_path}/issues/{issue['iid']}/notes")
         if rest == ["merge_requests"] and method == "GET":
             found = [m for m in self.mrs if m["project_id"] == pid]
             for key in ("state", "source_branch", "target_branch"):

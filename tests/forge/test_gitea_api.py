@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 
 import httpx
 import pytest
@@ -153,7 +154,21 @@ def test_refuses_a_non_draft_answer(gitea_double: GiteaDouble, retry: RetryPolic
 
 def test_comments(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
     make(gitea_double, retry).comment(P, 1, "FrogFix started working on this issue.")
-    assert [(c["issue"], c["body"]) for c in gitea_double.comments] == [(1, "FrogFix started working on this issue.")]
+    [(number, body)] = [(c["issue"], c["body"]) for c in gitea_double.comments]
+    assert number == 1 and re.fullmatch(r"<!-- frogfix:[0-9a-f]{16} -->\nFrogFix started working on this issue\.", body)
+
+
+@pytest.mark.parametrize("after", [True, False])
+def test_a_comment_whose_answer_was_lost_is_posted_once(
+    gitea_double: GiteaDouble, retry: RetryPolicy, after: bool
+) -> None:
+    """A proxy's 502 after Gitea stored the comment (after=True) or before it (after=False): one comment either way."""
+    gitea_double.fail_next(1, 502, method="POST", path_contains="/comments", after=after)
+    forge = make(gitea_double, retry)
+    forge.comment(P, 1, "first")
+    forge.comment(P, 1, "first")  # the same text again is a new comment, not a retry
+    assert [c["body"].split("\n", 1)[1] for c in gitea_double.comments] == ["first", "first"]
+    assert len(gitea_double.calls("POST", "/comments")) == (2 if after else 3)
 
 
 def test_429_honours_retry_after(gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:
@@ -192,7 +207,7 @@ def test_connection_refused_is_transient(retry: RetryPolicy) -> None:
 def test_budget_exhausted_raises_transient(
     gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock
 ) -> None:
-    gitea_double.fail_next(10, 503)
+    gitea_double.fail_next(10, 503, method="POST")
     with pytest.raises(ForgeTransient) as caught:
         make(gitea_double, retry).comment(P, 1, "hello")
     assert caught.value.status == 503

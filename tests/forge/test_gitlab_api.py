@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.forge.client import (
@@ -129,9 +131,21 @@ def test_refuses_a_non_draft_answer(
 
 def test_comments(gitlab_double: GitLabDouble, retry: RetryPolicy) -> None:
     make(gitlab_double, retry).comment(P, 1, "FrogFix started working on this issue.")
-    assert [(n["noteable_iid"], n["body"]) for n in gitlab_double.notes] == [
-        (1, "FrogFix started working on this issue.")
-    ]
+    [(iid, body)] = [(n["noteable_iid"], n["body"]) for n in gitlab_double.notes]
+    assert iid == 1 and re.fullmatch(r"<!-- frogfix:[0-9a-f]{16} -->\nFrogFix started working on this issue\.", body)
+
+
+@pytest.mark.parametrize("after", [True, False])
+def test_a_comment_whose_answer_was_lost_is_posted_once(
+    gitlab_double: GitLabDouble, retry: RetryPolicy, after: bool
+) -> None:
+    """A proxy's 502 after GitLab stored the note (after=True) or before it (after=False): one note either way."""
+    gitlab_double.fail_next(1, 502, method="POST", path_contains="/notes", after=after)
+    forge = make(gitlab_double, retry)
+    forge.comment(P, 1, "first")
+    forge.comment(P, 1, "first")  # the same text again is a new comment, not a retry
+    assert [n["body"].split("\n", 1)[1] for n in gitlab_double.notes] == ["first", "first"]
+    assert len(gitlab_double.calls("POST", "/notes")) == (2 if after else 3)
 
 
 def test_429_honours_retry_after(gitlab_double: GitLabDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:

@@ -70,7 +70,7 @@ def test_gitlab_webhook_to_draft_mr(client: Any, world: World) -> None:
 
     job, kinds, attempts = _job(job_id)
     assert job.status == "done" and job.trigger_user == "dev" and job.branch == f"frogfix/issue-{issue['iid']}"
-    assert kinds[:4] == ["created", "claimed", "admitted", "prepared"] and kinds[-1] == "done"
+    assert kinds[:5] == ["created", "claimed", "admitted", "announced", "prepared"] and kinds[-1] == "done"
     [mr] = world.gitlab.open_mrs(PROJECT)
     assert mr["draft"] is True and mr["title"].startswith("Draft: ") and mr["source_branch"] == job.branch
     assert mr["target_branch"] == "main" and job.mr_url == mr["web_url"]
