@@ -297,19 +297,24 @@ def set_status(
     *,
     error: str | None = None,
     expected: tuple[str, ...] = ACTIVE_STATUSES,
+    run: int | None = None,
     **values: Any,
 ) -> bool:
-    """Move an active job to `status` (guarded by `expected`); final states stamp finished_at."""
+    """Move an active job to `status` (guarded by `expected`); final states stamp finished_at.
+
+    With `run`, only while that run still owns the job: a run the sweep replaced (its worker
+    was paused, not dead) must not end or move the job its successor is working on.
+    """
     now = utcnow()
     changes: dict[str, Any] = {"status": status.value, "updated_at": now, **values}
     if error is not None:
         changes["error"] = error[:10_000]
     if status.value in FINAL_STATUSES:
         changes["finished_at"] = now
-    result = cast(
-        CursorResult[Any],
-        session.execute(update(Job).where(Job.id == job_id, Job.status.in_(expected)).values(**changes)),
-    )
+    where = [Job.id == job_id, Job.status.in_(expected)]
+    if run is not None:
+        where.append(Job.attempt == run)
+    result = cast(CursorResult[Any], session.execute(update(Job).where(*where).values(**changes)))
     return bool(result.rowcount)
 
 
@@ -370,17 +375,26 @@ def oldest_queued_age(session: Session, now: datetime | None = None) -> float:
     return max(0.0, ((now or utcnow()) - oldest).total_seconds())
 
 
-def update_job(session: Session, job_id: int, **values: Any) -> None:
-    """Set plain fields (title, base commit, steps...) without touching the status."""
-    session.execute(update(Job).where(Job.id == job_id).values(updated_at=utcnow(), **values))
+def update_job(session: Session, job_id: int, *, run: int | None = None, **values: Any) -> None:
+    """Set plain fields (title, base commit, steps...) without touching the status (with `run`: if it owns the job)."""
+    where = [Job.id == job_id] if run is None else [Job.id == job_id, Job.attempt == run]
+    session.execute(update(Job).where(*where).values(updated_at=utcnow(), **values))
 
 
 def cancel_requested(session: Session, job_id: int) -> bool:
     return bool(session.execute(select(Job.cancel_requested).where(Job.id == job_id)).scalar())
 
 
-def touch_heartbeat(session: Session, job_id: int) -> None:
-    session.execute(update(Job).where(Job.id == job_id).values(heartbeat_at=utcnow()))
+def run_states(session: Session, job_ids: set[int]) -> dict[int, tuple[str, int]]:
+    """Status and current run number of each job that exists among `job_ids`."""
+    rows = session.execute(select(Job.id, Job.status, Job.attempt).where(Job.id.in_(job_ids))).all()
+    return {job_id: (status, attempt) for job_id, status, attempt in rows}
+
+
+def touch_heartbeat(session: Session, job_id: int, run: int | None = None) -> None:
+    """A replaced run's heartbeat must not keep its successor's job looking alive."""
+    where = [Job.id == job_id] if run is None else [Job.id == job_id, Job.attempt == run]
+    session.execute(update(Job).where(*where).values(heartbeat_at=utcnow()))
 
 
 def start_attempt(session: Session, job_id: int, run: int, number: int) -> int:
@@ -396,13 +410,12 @@ def update_attempt(session: Session, attempt_id: int, *, finished: bool = False,
     session.execute(update(JobAttempt).where(JobAttempt.id == attempt_id).values(**values))
 
 
-def close_open_attempts(session: Session, job_id: int, status: str, why: str) -> None:
-    """Attempts a job left `running` (its run ended early, or its worker died) end with the job."""
-    session.execute(
-        update(JobAttempt)
-        .where(JobAttempt.job_id == job_id, JobAttempt.status == "running")
-        .values(status=status, error=why[:10_000], finished_at=utcnow())
-    )
+def close_open_attempts(session: Session, job_id: int, status: str, why: str, run: int | None = None) -> None:
+    """Attempts a job left `running` (its run ended early, or its worker died) end with the job (or that run)."""
+    where = [JobAttempt.job_id == job_id, JobAttempt.status == "running"]
+    if run is not None:
+        where.append(JobAttempt.run == run)
+    session.execute(update(JobAttempt).where(*where).values(status=status, error=why[:10_000], finished_at=utcnow()))
 
 
 def job_attempts(session: Session, job_id: int) -> list[JobAttempt]:

@@ -8,6 +8,7 @@ tests hand in doubles that speak the real protocols.
 from __future__ import annotations
 
 import fnmatch
+import re
 import shutil
 import threading
 import time
@@ -24,7 +25,7 @@ from app.db import session_scope
 from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
 from app.forge.retry import RetryPolicy
 from app.logs import SecretRedactor, get_logger
-from app.models import JobStatus
+from app.models import FINAL_STATUSES, JobStatus
 from app.settings import Settings, get_settings
 from sandbox.base import SandboxError
 from worker import repos
@@ -118,11 +119,36 @@ def project_allowed(settings: Settings, project: str) -> bool:
     return not patterns or any(fnmatch.fnmatchcase(project, p) for p in patterns)
 
 
+WORKSPACE_NAME = re.compile(r"job-(\d+)-run-(\d+)")
+
+
+def remove_finished_workspaces(root: Path) -> list[str]:
+    """Remove workspaces of runs that are over: a job the sweep failed after its worker died leaves one.
+
+    A folder is removed when its job is final or a later run owns the job; folders of jobs this
+    database does not know are left alone (another FrogFix may share the folder).
+    """
+    found = {p: (int(m[1]), int(m[2])) for p in root.glob("job-*-run-*") if (m := WORKSPACE_NAME.fullmatch(p.name))}
+    if not found:
+        return []
+    with session_scope() as session:
+        states = jobs.run_states(session, {job_id for job_id, _ in found.values()})
+    removed = []
+    for path, (job_id, run) in found.items():
+        state = states.get(job_id)
+        if state is not None and (state[0] in FINAL_STATUSES or run < state[1]):
+            repos.remove_workspace(path)
+            removed.append(path.name)
+    if removed:
+        log.info("removed_finished_workspaces", folders=removed)
+    return removed
+
+
 class Heartbeat:
     """Stamps the job every few seconds, so a job whose worker died is found and recovered."""
 
-    def __init__(self, job_id: int, interval: float) -> None:
-        self.job_id, self.interval = job_id, interval
+    def __init__(self, job_id: int, interval: float, run: int | None = None) -> None:
+        self.job_id, self.interval, self.run = job_id, interval, run
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
 
@@ -130,7 +156,7 @@ class Heartbeat:
         while True:
             try:
                 with session_scope() as session:
-                    jobs.touch_heartbeat(session, self.job_id)
+                    jobs.touch_heartbeat(session, self.job_id, self.run)
             except Exception as exc:  # a database hiccup must not end the job
                 log.warning("heartbeat_failed", job_id=self.job_id, error=str(exc)[:300])
             if self._stop.wait(self.interval):
@@ -197,9 +223,14 @@ class Pipeline:
         """Move the job on; if it is no longer ours (re-queued after a stale heartbeat), stop here."""
         values.setdefault("expected", RUN_STATUSES)  # never "queued": that means another run owns it now
         with session_scope() as session:
-            moved = jobs.set_status(session, self.job_id, status, **values)
+            moved = jobs.set_status(session, self.job_id, status, run=self.run_number, **values)
         if not moved:
-            raise Superseded(f"the job is no longer {' or '.join(values['expected'])}")
+            raise Superseded(f"the job is no longer {' or '.join(values['expected'])} in run {self.run_number}")
+
+    def update(self, **values: Any) -> None:
+        """Plain fields of the job, written only while this run owns it."""
+        with session_scope() as session:
+            jobs.update_job(session, self.job_id, run=self.run_number, **values)
 
     def check_cancel(self) -> None:
         if self.cancelled():
@@ -221,6 +252,7 @@ class Pipeline:
     def run(self) -> str:
         for leftover in self.root.parent.glob(f"job-{self.job_id}-run-*"):  # from a run whose worker died
             repos.remove_workspace(leftover)
+        remove_finished_workspaces(self.root.parent)
         try:
             self.forge = self.deps.forge_for(self.forge_kind)
             self.admit()
@@ -264,16 +296,25 @@ class Pipeline:
                 self.forge.close()
 
     def end(self, status: JobStatus, reason: str, comment: str | None) -> str:
+        """The job's final status, its event and this run's open attempts, in one transaction, if still ours."""
         reason = self.redact(reason)
         with session_scope() as session:
-            jobs.close_open_attempts(
-                session, self.job_id, "cancelled" if status == JobStatus.cancelled else "failed", reason
+            moved = jobs.set_status(
+                session,
+                self.job_id,
+                status,
+                error=None if status == JobStatus.no_fix else reason,
+                expected=RUN_STATUSES,
+                run=self.run_number,
             )
-        self.event(status.value, reason)
-        try:
-            self.status(status, error=None if status == JobStatus.no_fix else reason)
-        except Superseded:  # another run owns the job now; it will tell the issue how it ended
+            if moved:
+                attempts = "cancelled" if status == JobStatus.cancelled else "failed"
+                jobs.close_open_attempts(session, self.job_id, attempts, reason, run=self.run_number)
+                jobs.add_event(session, self.job_id, status.value, reason)
+        if not moved:  # another run owns the job now; it will tell the issue how it ended
+            log.warning("superseded", reason=f"could not end the job {status.value}: {reason}"[:500])
             return "superseded"
+        log.info(status.value, message=reason[:500])
         if comment is not None or status == JobStatus.no_fix:
             text = comment or reason
             self.comment(comment_finished(status.value.replace("_", " "), text, self.job_id, self.url, self.redact))
@@ -309,10 +350,7 @@ class Pipeline:
             )
         self.title, self.body = issue.title, issue.body or ""
         self.issue_url = issue.web_url or self.issue_url
-        with session_scope() as session:
-            jobs.update_job(
-                session, self.job_id, title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url
-            )
+        self.update(title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url)
         self.event("admitted", f"{adder} may trigger; issue re-read from the API")
         with session_scope() as session:
             announced = jobs.announced_this_round(session, self.job_id)
@@ -327,8 +365,7 @@ class Pipeline:
         mirror = repos.retry_transient("git fetch", lambda: self.deps.repos.mirror(key, info.clone_url, auth))
         base = repos.resolve(mirror, info.default_branch)
         branch = f"frogfix/issue-{self.issue}"
-        with session_scope() as session:
-            jobs.update_job(session, self.job_id, base_commit=base, branch=branch)
+        self.update(base_commit=base, branch=branch)
         self.event(
             "prepared",
             f"mirror updated; base {info.default_branch} at {base[:12]}",
@@ -378,7 +415,7 @@ class Pipeline:
         def on_step(record: StepRecord) -> None:
             with session_scope() as session:
                 jobs.update_attempt(session, attempt_id, steps=record.step + 1)
-                jobs.update_job(session, self.job_id, steps=record.step + 1)
+                jobs.update_job(session, self.job_id, run=self.run_number, steps=record.step + 1)
 
         self.event(
             "agent_started",
@@ -414,8 +451,7 @@ class Pipeline:
             "summary": self.redact(result.final_answer)[:20_000],
             "error": self.redact(result.error) if result.error else None,
         }
-        with session_scope() as session:
-            jobs.update_job(session, self.job_id, exit_reason=result.exit_reason, steps=result.steps)
+        self.update(exit_reason=result.exit_reason, steps=result.steps)
 
         def refuse(reasons: list[str]) -> AttemptOutcome:
             """Never pushed: the attempt ends rejected with the reason on it and on the job's timeline."""
@@ -555,15 +591,25 @@ class Pipeline:
             description,
         )
         with session_scope() as session:
-            jobs.update_job(session, self.job_id, mr_url=mr.web_url, flags=flags)
-            jobs.set_status(session, self.job_id, JobStatus.done, expected=("publishing",))
-            jobs.add_event(
+            done = jobs.set_status(
                 session,
                 self.job_id,
-                "done",
-                f"{'opened' if created else 'updated'} draft {mr.web_url}",
-                {"mr_url": mr.web_url, "created": created},
+                JobStatus.done,
+                expected=("publishing",),
+                run=self.run_number,
+                mr_url=mr.web_url,
+                flags=flags,
             )
+            if done:
+                jobs.add_event(
+                    session,
+                    self.job_id,
+                    "done",
+                    f"{'opened' if created else 'updated'} draft {mr.web_url}",
+                    {"mr_url": mr.web_url, "created": created},
+                )
+        if not done:  # the MR is there; the run that owns the job now finds and updates it
+            raise Superseded(f"the job left 'publishing' in run {self.run_number} while this run published")
         self.comment(
             comment_finished(
                 "draft merge request ready", f"Please review {mr.web_url}.", self.job_id, self.url, self.redact
@@ -592,5 +638,5 @@ def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[
             with session_scope() as session:
                 jobs.set_status(session, job_id, JobStatus.failed, error=why)
             return JobStatus.failed.value
-        with Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4))):
+        with Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4)), pipeline.run_number):
             return pipeline.run()

@@ -250,11 +250,12 @@ class ScriptedOpenAIServer:
                 self.requests.append(body)
                 self.headers.append(headers)
             self._track_prefix(body)
-            if self._responder is not None:
-                return self._responder(index, body)
-            if not self._script:
-                return Status(500, {"error": {"message": "scripted server: script exhausted"}})
-            return self._script.pop(0)
+            responder = self._responder
+            if responder is None:
+                if not self._script:
+                    return Status(500, {"error": {"message": "scripted server: script exhausted"}})
+                return self._script.pop(0)
+        return responder(index, body)  # outside the lock: a responder that holds one answer holds no other
 
     def _track_prefix(self, body: bytes) -> None:
         try:

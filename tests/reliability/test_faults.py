@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -597,3 +598,77 @@ def test_cancel_check_rides_out_a_database_outage(frogfix_env: dict[str, Any]) -
     configure(frogfix_env["monkeypatch"], database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
     check = CancelCheck(job_id=1, every=0.0)
     assert check() is False and check() is False
+
+
+# --------------------------------------------------------------------------------------------
+# Runs the sweep replaced: a worker that died for good, and one that was only paused
+# --------------------------------------------------------------------------------------------
+
+
+def _gated_turn_one(system: System) -> list[threading.Event]:
+    """The fixing script, whose turn-1 answer waits on the next gate of the returned list each time."""
+    script = fixing_script()
+    gates = [threading.Event() for _ in range(4)]
+    asked = {"n": 0}
+
+    def respond(index: int, body: bytes) -> ScriptItem:
+        turn = model_turn(body)
+        if turn == 1:
+            gate = gates[asked["n"]]
+            asked["n"] += 1
+            while not (gate.wait(0.1) or system.release.is_set()):
+                pass
+        return script[turn]
+
+    system.world.model._responder = respond
+    return gates
+
+
+def test_a_job_whose_workers_keep_dying_fails_and_its_workspaces_go(system: System) -> None:
+    configure(system.world.env["monkeypatch"], max_job_runs="2")
+    gates = _gated_turn_one(system)
+    proc = system.workers.start()
+    doomed = system.job_for(system.labelled_issue())
+    for run in (1, 2):
+        wait_until(lambda r=run: system.world.model.count >= 2 * r, timeout=60)
+        system.workers.kill(proc)
+        gates[run - 1].set()
+        proc = system.workers.start()
+        wait_until(lambda r=run: sweep_once() is not None and (job(doomed).attempt > r or status(doomed) != "running"))
+    ended = job(doomed)
+    assert ended.status == "failed" and "stopped 2 times" in (ended.error or ""), (ended.error, kinds(doomed))
+    assert workspaces_left(system.workspaces) == [f"job-{doomed}-run-2"]  # the sweep cannot reach the worker's disk
+    for gate in gates:
+        gate.set()
+    ok = system.job_for(system.labelled_issue())  # the next run on this host removes what the failed job left
+    system.recover_until_final([ok])
+    assert status(ok) == "done", kinds(ok)
+    assert_settled(system)
+
+
+def test_a_paused_worker_that_wakes_up_cannot_touch_the_run_that_replaced_it(system: System) -> None:
+    gates = _gated_turn_one(system)
+    paused = system.workers.start()
+    job_id = system.job_for(system.labelled_issue())
+    wait_until(lambda: system.world.model.count >= 2, timeout=60)  # run 1 waits for its second answer
+    os.killpg(paused.pid, signal.SIGSTOP)  # not dead: frozen, as a VM pause or a swap storm would
+    try:
+        wait_until(lambda: sweep_once() is not None and status(job_id) == "queued", timeout=30, interval=0.5)
+        system.workers.start()
+        wait_until(lambda: system.world.model.count >= 4, timeout=60)  # run 2 waits for its second answer
+    finally:
+        os.killpg(paused.pid, signal.SIGCONT)
+    gates[0].set()  # run 1 goes on, in a workspace run 2 has removed, and ends
+    wait_until(lambda: "superseded" in system.workers.logs() or status(job_id) != "running", timeout=90, interval=0.5)
+    now = job(job_id)
+    assert now.status == "running" and now.attempt == 2, (now.status, now.error, kinds(job_id))  # run 2's still
+    gates[1].set()
+    system.recover_until_final([job_id])
+    timeline = kinds(job_id)
+    assert status(job_id) == "done" and timeline.count("done") == 1, timeline
+    assert not {"failed", "no_fix", "cancelled"} & set(timeline), timeline
+    with session_scope() as s:
+        attempts = {(a.run, a.status) for a in jobs.job_attempts(s, job_id)}
+    assert attempts == {(1, "failed"), (2, "verified")}, attempts
+    assert len(system.world.gitlab.open_mrs(PROJECT)) == 1
+    assert_settled(system)
