@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 _engines: dict[str, Engine] = {}
 _factories: dict[str, sessionmaker[Session]] = {}
 
@@ -69,3 +74,28 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+def in_transaction(
+    work: Callable[[Session], T],
+    *,
+    waits: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0),
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """`work` in one transaction, done again while the database is unreachable (a restart, a failover).
+
+    For a worker's writes: without this, a database restart in the middle of a job costs the whole
+    run (its end cannot be written, so the job waits for the stale-job sweep). Only losing the
+    connection is retried; `work` must be safe to repeat, which guarded updates and events are.
+    """
+    for wait in (*waits, None):
+        try:
+            with session_scope() as session:
+                return work(session)
+        except DBAPIError as exc:
+            lost = isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated
+            if wait is None or not lost:
+                raise
+            log.warning("database unreachable, trying again in %.1fs: %s", wait, str(exc).splitlines()[0][:200])
+            sleep(wait)
+    raise AssertionError("unreachable")

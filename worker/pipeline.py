@@ -19,9 +19,10 @@ from typing import Any
 
 import structlog
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 
 from app import jobs
-from app.db import session_scope
+from app.db import in_transaction, session_scope
 from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
 from app.forge.retry import RetryPolicy
 from app.logs import SecretRedactor, get_logger
@@ -215,22 +216,21 @@ class Pipeline:
     # -- timeline helpers --------------------------------------------------------------------
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-        with session_scope() as session:
-            jobs.add_event(session, self.job_id, kind, self.redact(message), data)
+        in_transaction(lambda session: jobs.add_event(session, self.job_id, kind, self.redact(message), data))
         log.info(kind, message=message[:500])
 
     def status(self, status: JobStatus, **values: Any) -> None:
         """Move the job on; if it is no longer ours (re-queued after a stale heartbeat), stop here."""
         values.setdefault("expected", RUN_STATUSES)  # never "queued": that means another run owns it now
-        with session_scope() as session:
-            moved = jobs.set_status(session, self.job_id, status, run=self.run_number, **values)
+        moved = in_transaction(
+            lambda session: jobs.set_status(session, self.job_id, status, run=self.run_number, **values)
+        )
         if not moved:
             raise Superseded(f"the job is no longer {' or '.join(values['expected'])} in run {self.run_number}")
 
     def update(self, **values: Any) -> None:
         """Plain fields of the job, written only while this run owns it."""
-        with session_scope() as session:
-            jobs.update_job(session, self.job_id, run=self.run_number, **values)
+        in_transaction(lambda session: jobs.update_job(session, self.job_id, run=self.run_number, **values))
 
     def check_cancel(self) -> None:
         if self.cancelled():
@@ -252,7 +252,10 @@ class Pipeline:
     def run(self) -> str:
         for leftover in self.root.parent.glob(f"job-{self.job_id}-run-*"):  # from a run whose worker died
             repos.remove_workspace(leftover)
-        remove_finished_workspaces(self.root.parent)
+        try:
+            remove_finished_workspaces(self.root.parent)
+        except SQLAlchemyError as exc:  # housekeeping only: the next run tries again
+            log.warning("workspace_cleanup_failed", error=str(exc)[:300])
         try:
             self.forge = self.deps.forge_for(self.forge_kind)
             self.admit()
@@ -298,7 +301,8 @@ class Pipeline:
     def end(self, status: JobStatus, reason: str, comment: str | None) -> str:
         """The job's final status, its event and this run's open attempts, in one transaction, if still ours."""
         reason = self.redact(reason)
-        with session_scope() as session:
+
+        def write(session: Session) -> bool:
             moved = jobs.set_status(
                 session,
                 self.job_id,
@@ -311,7 +315,9 @@ class Pipeline:
                 attempts = "cancelled" if status == JobStatus.cancelled else "failed"
                 jobs.close_open_attempts(session, self.job_id, attempts, reason, run=self.run_number)
                 jobs.add_event(session, self.job_id, status.value, reason)
-        if not moved:  # another run owns the job now; it will tell the issue how it ended
+            return moved
+
+        if not in_transaction(write):  # another run owns the job now; it will tell the issue how it ended
             log.warning("superseded", reason=f"could not end the job {status.value}: {reason}"[:500])
             return "superseded"
         log.info(status.value, message=reason[:500])
@@ -352,8 +358,7 @@ class Pipeline:
         self.issue_url = issue.web_url or self.issue_url
         self.update(title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url)
         self.event("admitted", f"{adder} may trigger; issue re-read from the API")
-        with session_scope() as session:
-            announced = jobs.announced_this_round(session, self.job_id)
+        announced = in_transaction(lambda session: jobs.announced_this_round(session, self.job_id))
         if not announced and self.comment(comment_started(self.job_id, self.url)):
             self.event("announced", "told the issue that FrogFix is working on it")
 
@@ -390,8 +395,7 @@ class Pipeline:
         raise JobEnded(JobStatus.no_fix, last_reason, last_reason)
 
     def one_attempt(self, mirror: Path, base: str, number: int, before: TestRun | None) -> AttemptOutcome:
-        with session_scope() as session:
-            attempt_id = jobs.start_attempt(session, self.job_id, self.run_number, number)
+        attempt_id = in_transaction(lambda session: jobs.start_attempt(session, self.job_id, self.run_number, number))
         ws = self.root / f"attempt-{number}"
         self.deps.pool.prepare(mirror, base, ws)
         config = load_repo_config(ws)
@@ -524,8 +528,7 @@ class Pipeline:
         return AttemptOutcome((patch, result.final_answer, evidence, flags, number, config), "verified", before)
 
     def _finish_attempt(self, attempt_id: int, status: str, fields: dict[str, Any]) -> None:
-        with session_scope() as session:
-            jobs.update_attempt(session, attempt_id, finished=True, status=status, **fields)
+        in_transaction(lambda session: jobs.update_attempt(session, attempt_id, finished=True, status=status, **fields))
 
     def _tests(self, mirror: Path, base: str, config: RepoConfig, patch: str | None, label: str) -> TestRun:
         ws = self.root / f"tests-{label.replace(' ', '-').replace(',', '')}"
@@ -590,7 +593,8 @@ class Pipeline:
             self.redact(f"Fix #{self.issue}: {self.title}"),
             description,
         )
-        with session_scope() as session:
+
+        def finish(session: Session) -> bool:
             done = jobs.set_status(
                 session,
                 self.job_id,
@@ -608,7 +612,9 @@ class Pipeline:
                     f"{'opened' if created else 'updated'} draft {mr.web_url}",
                     {"mr_url": mr.web_url, "created": created},
                 )
-        if not done:  # the MR is there; the run that owns the job now finds and updates it
+            return done
+
+        if not in_transaction(finish):  # the MR is there; the run that owns the job now finds and updates it
             raise Superseded(f"the job left 'publishing' in run {self.run_number} while this run published")
         self.comment(
             comment_finished(
