@@ -52,9 +52,9 @@ class Superseded(Exception):
 class JobEnded(Exception):
     """A stage decided the job's final status (rejected, cancelled, failed, no_fix)."""
 
-    def __init__(self, status: JobStatus, reason: str, comment: str | None = None) -> None:
+    def __init__(self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None) -> None:
         super().__init__(reason)
-        self.status, self.reason, self.comment = status, reason, comment
+        self.status, self.reason, self.comment, self.notify = status, reason, comment, notify
 
 
 def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:
@@ -269,7 +269,7 @@ class Pipeline:
             log.warning("superseded", reason=str(exc))
             return "superseded"
         except JobEnded as end:
-            return self.end(end.status, end.reason, end.comment)
+            return self.end(end.status, end.reason, end.comment, end.notify)
         except (ForgeTransient, RepoTransient) as exc:
             return self.end(
                 JobStatus.failed,
@@ -298,7 +298,7 @@ class Pipeline:
             if self.forge is not None:
                 self.forge.close()
 
-    def end(self, status: JobStatus, reason: str, comment: str | None) -> str:
+    def end(self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None) -> str:
         """The job's final status, its event and this run's open attempts, in one transaction, if still ours."""
         reason = self.redact(reason)
 
@@ -323,7 +323,8 @@ class Pipeline:
         log.info(status.value, message=reason[:500])
         if comment is not None or status == JobStatus.no_fix:
             text = comment or reason
-            self.comment(comment_finished(status.value.replace("_", " "), text, self.job_id, self.url, self.redact))
+            outcome = status.value.replace("_", " ")
+            self.comment(comment_finished(outcome, text, self.job_id, self.url, self.redact, notify=notify))
         return status.value
 
     def admit(self) -> None:
@@ -351,8 +352,9 @@ class Pipeline:
             raise JobEnded(
                 JobStatus.rejected,
                 f"{adder} may not trigger FrogFix here",
-                f"@{adder} added `{label}` but needs at least Developer (write) access to this "
+                f"{adder} added `{label}` but needs at least Developer (write) access to this "
                 "project for FrogFix to act on it.",
+                notify=adder,
             )
         self.title, self.body = issue.title, issue.body or ""
         self.issue_url = issue.web_url or self.issue_url

@@ -6,6 +6,7 @@ and the forge client bounds the size again. Test logs are trimmed and folded.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,30 @@ def _fence(text: str) -> str:
     return f"{ticks}text\n{text.replace(chr(0), '')}\n{ticks}"
 
 
+ZWSP = "\u200b"
+_QUICK_ACTION = re.compile(r"^(\s*)/", re.M)
+
+
+def inert(text: str) -> str:
+    """Text the model or a repository chose, made harmless as Markdown on the forge.
+
+    No @mentions (they notify people), no images or raw HTML (a reviewer's browser would fetch a
+    URL the model chose: a way to call home), and no line-leading `/` (GitLab runs quick actions
+    such as /merge or /close written by the bot's account).
+    """
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = text.replace("@", "@" + ZWSP).replace("![", "!" + ZWSP + "[")
+    return _QUICK_ACTION.sub(lambda m: m.group(1) + ZWSP + "/", text)
+
+
+def _code(text: str) -> str:
+    """An inline code span that `text` cannot close, safe in a table cell too."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    ticks = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{ticks}{pad}{text.replace('|', chr(92) + '|')}{pad}{ticks}"
+
+
 def diffstat(patch: str) -> list[tuple[str, int, int]]:
     stats: list[tuple[str, int, int]] = []
     current: list[Any] | None = None
@@ -88,12 +113,13 @@ def mr_description(
     lines = [f"Draft fix for {issue_ref}" + (f" ({issue_url})" if issue_url else "") + ", opened by FrogFix.", ""]
     lines += ["A human must review this change before it is merged. FrogFix never merges.", ""]
     if flags:
-        lines += ["**Review flags:**", *[f"- **{flag}**" for flag in flags], ""]
+        lines += ["**Review flags:**", *[f"- **{inert(flag)}**" for flag in flags], ""]
     if tests.flaky:
         lines += ["**The patched tests gave different results between runs: treat them as flaky.**", ""]
-    lines += ["### What the agent says", "", (summary.strip() or "(no summary)")[:SUMMARY_LIMIT], ""]
+    # The model's own words, which a hostile issue may have shaped: shown as plain text, never rendered.
+    lines += ["### What the agent says", "", _fence((summary.strip() or "(no summary)")[:SUMMARY_LIMIT]), ""]
     lines += ["### Files changed", "", "| file | + | - |", "| --- | --: | --: |"]
-    lines += [f"| `{path}` | {added} | {removed} |" for path, added, removed in diffstat(patch)]
+    lines += [f"| {_code(path)} | {added} | {removed} |" for path, added, removed in diffstat(patch)]
     lines += ["", "### Tests", "", f"Command: `{tests.command}`", ""]
     lines += [f"- before the patch (base commit): {_exit(tests.before)}"]
     lines += [f"- with the patch, run {i + 1}: {_exit(run)}" for i, run in enumerate(tests.after)]
@@ -136,6 +162,19 @@ def comment_started(job_id: int, job_url: str | None) -> str:
     )
 
 
-def comment_finished(outcome: str, detail: str, job_id: int, job_url: str | None, redact: Callable[[str], str]) -> str:
+def comment_finished(
+    outcome: str,
+    detail: str,
+    job_id: int,
+    job_url: str | None,
+    redact: Callable[[str], str],
+    *,
+    notify: str | None = None,
+) -> str:
+    """`detail` may quote what the model or the repository chose (file names, test output): made inert.
+
+    `notify` is a forge user name FrogFix itself decided to mention (who added the label).
+    """
     where = f"[job {job_id}]({job_url})" if job_url else f"job {job_id}"
-    return redact(f"FrogFix finished ({where}): **{outcome}**. {detail}")
+    mention = f"@{notify} " if notify and re.fullmatch(r"[\w.-]+", notify) else ""
+    return redact(f"{mention}FrogFix finished ({where}): **{outcome}**. {inert(detail)}")
