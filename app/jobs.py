@@ -290,6 +290,11 @@ def claim_job(session: Session, job_id: int) -> bool:
     return bool(result.rowcount)
 
 
+def _job_of_run(job_id: int, run: int | None) -> list[Any]:
+    """The job's row, and with `run` only while that run owns it (a later claim moved `attempt` on)."""
+    return [Job.id == job_id] if run is None else [Job.id == job_id, Job.attempt == run]
+
+
 def set_status(
     session: Session,
     job_id: int,
@@ -311,9 +316,7 @@ def set_status(
         changes["error"] = error[:10_000]
     if status.value in FINAL_STATUSES:
         changes["finished_at"] = now
-    where = [Job.id == job_id, Job.status.in_(expected)]
-    if run is not None:
-        where.append(Job.attempt == run)
+    where = [*_job_of_run(job_id, run), Job.status.in_(expected)]
     result = cast(CursorResult[Any], session.execute(update(Job).where(*where).values(**changes)))
     return bool(result.rowcount)
 
@@ -377,8 +380,7 @@ def oldest_queued_age(session: Session, now: datetime | None = None) -> float:
 
 def update_job(session: Session, job_id: int, *, run: int | None = None, **values: Any) -> None:
     """Set plain fields (title, base commit, steps...) without touching the status (with `run`: if it owns the job)."""
-    where = [Job.id == job_id] if run is None else [Job.id == job_id, Job.attempt == run]
-    session.execute(update(Job).where(*where).values(updated_at=utcnow(), **values))
+    session.execute(update(Job).where(*_job_of_run(job_id, run)).values(updated_at=utcnow(), **values))
 
 
 def cancel_requested(session: Session, job_id: int) -> bool:
@@ -393,8 +395,7 @@ def run_states(session: Session, job_ids: set[int]) -> dict[int, tuple[str, int]
 
 def touch_heartbeat(session: Session, job_id: int, run: int | None = None) -> None:
     """A replaced run's heartbeat must not keep its successor's job looking alive."""
-    where = [Job.id == job_id] if run is None else [Job.id == job_id, Job.attempt == run]
-    session.execute(update(Job).where(*where).values(heartbeat_at=utcnow()))
+    session.execute(update(Job).where(*_job_of_run(job_id, run)).values(heartbeat_at=utcnow()))
 
 
 def start_attempt(session: Session, job_id: int, run: int, number: int) -> int:

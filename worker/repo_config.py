@@ -180,12 +180,13 @@ def review_flags(patch: str, config: RepoConfig) -> list[str]:
 
 @dataclass
 class FileDiff:
-    """One file's section of a `git diff --binary`: both sides' paths, header lines and added lines."""
+    """One file's section of a `git diff --binary`: both sides' paths, header lines, added lines, removed count."""
 
     old_path: str
     path: str
     header: list[str] = field(default_factory=list)
     added: list[str] = field(default_factory=list)
+    removed: int = 0
     binary: bool = False
 
     def has(self, prefix: str) -> bool:
@@ -280,6 +281,8 @@ def file_diffs(patch: str) -> Iterator[FileDiff]:
                 current.binary = True
         elif line.startswith("+"):
             current.added.append(line[1:])
+        elif line.startswith("-"):
+            current.removed += 1
     if current is not None:
         yield current
 

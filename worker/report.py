@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.leaf.trajectory import HARNESS_VERSION
+from worker.repo_config import file_diffs
 
 LOG_EXCERPT = 12_000
 SUMMARY_LIMIT = 4_000
@@ -76,18 +77,8 @@ def _code(text: str) -> str:
 
 
 def diffstat(patch: str) -> list[tuple[str, int, int]]:
-    stats: list[tuple[str, int, int]] = []
-    current: list[Any] | None = None
-    for line in patch.splitlines():
-        if line.startswith("diff --git "):
-            path = line.split(" b/", 1)[-1]
-            current = [path, 0, 0]
-            stats.append(current)  # type: ignore[arg-type]
-        elif current is not None and line.startswith("+") and not line.startswith("+++"):
-            current[1] += 1
-        elif current is not None and line.startswith("-") and not line.startswith("---"):
-            current[2] += 1
-    return [(str(p), int(a), int(d)) for p, a, d in stats]
+    """(path, lines added, lines removed) per file, from the one patch parser the review rules use."""
+    return [(diff.path, len(diff.added), diff.removed) for diff in file_diffs(patch)]
 
 
 def _exit(run: dict[str, Any] | None) -> str:

@@ -169,6 +169,21 @@ def comment_marker() -> str:
     return f"<!-- frogfix:{secrets.token_hex(8)} -->\n"
 
 
+def post_once(post: Callable[[], None], already_posted: Callable[[], bool]) -> Callable[[], None]:
+    """One try of a comment POST for RetryPolicy: every try after the first looks before it posts,
+    because the try before may have posted and only lost its answer."""
+    tries = 0
+
+    def attempt() -> None:
+        nonlocal tries
+        tries += 1
+        if tries > 1 and already_posted():
+            return
+        post()
+
+    return attempt
+
+
 def upsert_draft_mr(
     forge: Forge, project: str, source_branch: str, target_branch: str, title: str, description: str
 ) -> tuple[MergeRequest, bool]:

@@ -31,6 +31,7 @@ from app.forge.client import (
     comment_marker,
     error_for_status,
     has_prefix,
+    post_once,
     secret_forms,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
@@ -292,20 +293,17 @@ class GiteaForge:
         path = f"{self._repo_path(project)}/issues/{int(number)}/comments"
         what = f"comment on #{number} in {project}"
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
-        tries = 0
+
+        def posted() -> bool:
+            recent = self._request("GET", path, what, params={"since": since})
+            return isinstance(recent, list) and any(
+                isinstance(c, dict) and marker in str(c.get("body") or "") for c in recent
+            )
 
         def post() -> None:
-            nonlocal tries
-            tries += 1
-            if tries > 1:  # the last try may have posted before its answer was lost
-                recent = self._request("GET", path, what, params={"since": since})
-                if isinstance(recent, list) and any(
-                    isinstance(c, dict) and marker in str(c.get("body") or "") for c in recent
-                ):
-                    return
             self._request("POST", path, what, json={"body": self._text.body(marker + body)})
 
-        self._retry.call(what, post)
+        self._retry.call(what, post_once(post, posted))
 
     def git_auth_header(self) -> str:
         """HTTP Basic with the token as user name and `x-oauth-basic` as password.

@@ -30,6 +30,7 @@ from app.forge.client import (
     basic_auth_header,
     comment_marker,
     error_for_status,
+    post_once,
     secret_forms,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
@@ -253,18 +254,12 @@ class GitLabForge:
         marker = comment_marker()
         payload = {"body": self._text.body(marker + body)}
         notes = self._project(project).issues.get(number, lazy=True).notes
-        tries = 0
 
-        def post() -> None:
-            nonlocal tries
-            tries += 1
-            if tries > 1:  # the last try may have posted before its answer was lost
-                newest = notes.list(order_by="created_at", sort="desc", per_page=50, get_all=False, **_ONCE)
-                if any(marker in str(n.attributes.get("body") or "") for n in newest):
-                    return
-            notes.create(payload, **_ONCE)
+        def posted() -> bool:
+            newest = notes.list(order_by="created_at", sort="desc", per_page=50, get_all=False, **_ONCE)
+            return any(marker in str(n.attributes.get("body") or "") for n in newest)
 
-        self._call(f"comment on #{number} in {project}", post)
+        self._call(f"comment on #{number} in {project}", post_once(lambda: notes.create(payload, **_ONCE), posted))
 
     def git_auth_header(self) -> str:
         """HTTP Basic with user `oauth2` and the token as password: GitLab accepts this for git over HTTP."""

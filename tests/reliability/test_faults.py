@@ -199,6 +199,30 @@ def commit_to_bare(bare: Path, files: dict[str, str], tmp: Path) -> None:
     shutil.rmtree(work)
 
 
+def hold_turn_one(system: System, holds: int) -> list[threading.Event]:
+    """The fixing script, whose turn-1 answer waits on a gate of its own for the first `holds` runs.
+
+    Gate k lets the k-th held answer go (the test sets it once the worker is killed, paused or
+    meant to go on); later runs are not held, and teardown frees whatever is still waiting.
+    """
+    script = fixing_script()
+    gates = [threading.Event() for _ in range(holds)]
+    asked = {"n": 0}
+    lock = threading.Lock()
+
+    def respond(index: int, body: bytes) -> ScriptItem:
+        turn = model_turn(body)
+        with lock:
+            gate = gates[asked["n"]] if turn == 1 and asked["n"] < holds else None
+            asked["n"] += turn == 1
+        while gate is not None and not (gate.wait(0.1) or system.release.is_set()):
+            pass
+        return script[turn]
+
+    system.world.model._responder = respond
+    return gates
+
+
 # --------------------------------------------------------------------------------------------
 # SIGKILL at each stage, twice, then a run that finishes
 # --------------------------------------------------------------------------------------------
@@ -250,18 +274,7 @@ def test_sigkill_at_each_stage_twice_then_one_mr(system: System, stage: str, tmp
     w = system.world
     if stage == "verify":  # slow tests, so the kill lands while the worker verifies
         commit_to_bare(w.bare("gitlab"), {".frogfix.yml": "test_command: sleep 2 && python3 -m pytest -q\n"}, tmp_path)
-    script = fixing_script()
-    killed = [threading.Event(), threading.Event()]  # one per killed run: lets its held answer go
-    held = {"runs": 0}
-
-    def respond(index: int, body: bytes) -> ScriptItem:
-        turn = model_turn(body)
-        if stage == "agent" and turn == 1 and held["runs"] < 2:
-            held["runs"] += 1
-            killed[held["runs"] - 1].wait(HOLD_S)  # the worker is killed while it waits for this answer
-        return script[turn]
-
-    w.model._responder = respond
+    killed = hold_turn_one(system, 2 if stage == "agent" else 0)  # the agent stage's runs 1 and 2 wait there
     iid = system.labelled_issue()
     ids: list[int] = []
     there = _hold(system, stage, 1, iid, lambda: ids[0])
@@ -273,7 +286,8 @@ def test_sigkill_at_each_stage_twice_then_one_mr(system: System, stage: str, tmp
         assert status(job_id) == STAGE_STATUS[stage] and job(job_id).attempt == run, kinds(job_id)
         before = snapshot()
         system.workers.kill(proc)
-        killed[run - 1].set()
+        if killed:
+            killed[run - 1].set()
         time.sleep(0.3)
         assert sandboxes_running(system.workspaces) == [], "the sandbox outlived its worker"
         if run == 1:
@@ -304,27 +318,8 @@ def test_sigkill_at_each_stage_twice_then_one_mr(system: System, stage: str, tmp
 # --------------------------------------------------------------------------------------------
 
 
-def _held_agent(system: System, holds: int) -> threading.Event:
-    """The fixing script, whose second answer waits until the returned event is set (`holds` times)."""
-    script = fixing_script()
-    gate = threading.Event()
-    left = {"n": holds}
-
-    def respond(index: int, body: bytes) -> ScriptItem:
-        turn = model_turn(body)
-        if turn == 1 and left["n"] > 0:
-            left["n"] -= 1
-            while not (gate.wait(0.1) or system.release.is_set()):
-                pass
-            gate.clear()
-        return script[turn]
-
-    system.world.model._responder = respond
-    return gate
-
-
 def test_redis_restarted_twice_while_jobs_run(system: System) -> None:
-    gate = _held_agent(system, holds=2)
+    gates = hold_turn_one(system, 2)
     system.workers.start()
     first = system.job_for(system.labelled_issue())
     wait_until(lambda: system.world.model.count >= 2, timeout=60)
@@ -336,7 +331,7 @@ def test_redis_restarted_twice_while_jobs_run(system: System) -> None:
     second = int(r.json()["job_id"])
     assert status(second) == "queued" and job(second).last_enqueued_at is None
     system.redis.start()
-    gate.set()  # the first job goes on, and finishes, with a new Redis under its worker
+    gates[0].set()  # the first job goes on, and finishes, with a new Redis under its worker
     wait_until(lambda: status(first) in FINAL_STATUSES, timeout=60, interval=0.2)
     assert status(first) == "done", kinds(first)
     # the sweep sends the second job; the worker reconnected and runs it; Redis restarts again mid-run
@@ -344,7 +339,7 @@ def test_redis_restarted_twice_while_jobs_run(system: System) -> None:
     wait_until(lambda: system.world.model.count >= 6, timeout=60)  # 4 answers for the first, 2 for the second
     system.redis.stop()
     system.redis.start()
-    gate.set()
+    gates[1].set()
     system.recover_until_final([first, second])
     assert status(second) == "done", kinds(second)
     assert len(system.world.gitlab.open_mrs(PROJECT)) == 2
@@ -354,7 +349,7 @@ def test_redis_restarted_twice_while_jobs_run(system: System) -> None:
 def test_postgres_restarted_twice_while_a_job_runs(system: System) -> None:
     # a heartbeat missed during an outage is not a dead worker: give it more than the outage lasts
     configure(system.world.env["monkeypatch"], stale_job_seconds="20")
-    gate = _held_agent(system, holds=1)
+    [gate] = hold_turn_one(system, 1)
     system.workers.start()
     job_id = system.job_for(system.labelled_issue())
     wait_until(lambda: system.world.model.count >= 2, timeout=60)
@@ -607,28 +602,9 @@ def test_cancel_check_rides_out_a_database_outage(frogfix_env: dict[str, Any]) -
 # --------------------------------------------------------------------------------------------
 
 
-def _gated_turn_one(system: System) -> list[threading.Event]:
-    """The fixing script, whose turn-1 answer waits on the next gate of the returned list each time."""
-    script = fixing_script()
-    gates = [threading.Event() for _ in range(4)]
-    asked = {"n": 0}
-
-    def respond(index: int, body: bytes) -> ScriptItem:
-        turn = model_turn(body)
-        if turn == 1:
-            gate = gates[asked["n"]]
-            asked["n"] += 1
-            while not (gate.wait(0.1) or system.release.is_set()):
-                pass
-        return script[turn]
-
-    system.world.model._responder = respond
-    return gates
-
-
 def test_a_job_whose_workers_keep_dying_fails_and_its_workspaces_go(system: System) -> None:
     configure(system.world.env["monkeypatch"], max_job_runs="2")
-    gates = _gated_turn_one(system)
+    gates = hold_turn_one(system, 2)
     proc = system.workers.start()
     doomed = system.job_for(system.labelled_issue())
     for run in (1, 2):
@@ -640,8 +616,6 @@ def test_a_job_whose_workers_keep_dying_fails_and_its_workspaces_go(system: Syst
     ended = job(doomed)
     assert ended.status == "failed" and "stopped 2 times" in (ended.error or ""), (ended.error, kinds(doomed))
     assert workspaces_left(system.workspaces) == [f"job-{doomed}-run-2"]  # the sweep cannot reach the worker's disk
-    for gate in gates:
-        gate.set()
     ok = system.job_for(system.labelled_issue())  # the next run on this host removes what the failed job left
     system.recover_until_final([ok])
     assert status(ok) == "done", kinds(ok)
@@ -649,7 +623,7 @@ def test_a_job_whose_workers_keep_dying_fails_and_its_workspaces_go(system: Syst
 
 
 def test_a_paused_worker_that_wakes_up_cannot_touch_the_run_that_replaced_it(system: System) -> None:
-    gates = _gated_turn_one(system)
+    gates = hold_turn_one(system, 2)
     paused = system.workers.start()
     job_id = system.job_for(system.labelled_issue())
     wait_until(lambda: system.world.model.count >= 2, timeout=60)  # run 1 waits for its second answer
