@@ -1,42 +1,37 @@
-"""One attempt's sandboxed work, shared by `manage.py fix` and the pipeline: run Leaf, run the tests."""
+"""One attempt, owned here: workspace, `.frogfix.yml`, trajectory, sandbox, Leaf, patch, review rules, tests.
+
+The pipeline, `manage.py fix` and replay all run an attempt through `AttemptRunner.run` and differ
+only in what they hand it: an observer (database writes, progress lines, or the replay checker)
+and a workspace source (the pool, a local checkout, or the recorded base). So a rule added here (a
+refusal, a verification run, the line between infrastructure failures and no fix) holds for all.
+"""
 
 from __future__ import annotations
 
+import enum
 import re
-import shutil
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import git
 
 from app.settings import Settings
-from sandbox.base import Sandbox, SandboxError, SandboxLimits, SandboxSpec
-from sandbox.factory import open_sandbox
+from app.statuses import INFRA_EXITS, AttemptStatus, ExitReason
+from sandbox.base import PatchTooLarge, SandboxError
+from worker import repos
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
-from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
-from worker.leaf.prompts import render_task, system_prompt
+from worker.leaf.model import ModelClient
 from worker.leaf.trajectory import TrajectoryWriter
-from worker.repo_config import RepoConfig
+from worker.repo_config import RepoConfig, load_repo_config, refusal_reasons, review_flags
+from worker.report import TestEvidence
+from worker.wiring import open_job_sandbox
+from worker.workspaces import WorkspaceSource
 
 LOG_LIMIT = 60_000
-# Bytecode caches would otherwise land in `git add -A` and so in the patch.
-SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
-# How both backends report that the runner (sandbox/runner.py `_git`) stopped reading a diff at its byte limit.
-RUNNER_PATCH_LIMIT = re.compile(r"sandbox runner: ValueError: the patch is larger than \d+ bytes")
-
-
-class PatchTooLarge(SandboxError):
-    """The agent's changes make a patch over FROGFIX_MAX_PATCH_BYTES: the attempt is refused, the sandbox is fine.
-
-    A SandboxError, so callers that do not know it still stop cleanly; the pipeline catches it first.
-    """
-
-    def __init__(self, limit: int, result: LeafResult) -> None:
-        super().__init__(f"the patch is larger than {limit} bytes (FROGFIX_MAX_PATCH_BYTES)")
-        self.limit, self.result = limit, result
+FLAKY_FLAG = "the patched tests gave different results between runs (flaky)"
 
 
 @dataclass
@@ -55,81 +50,130 @@ class TestRun:
         }
 
 
-def sampling_from(settings: Settings) -> SamplingParams:
-    s = settings
-    return SamplingParams(
-        temperature=s.model_temperature,
-        top_p=s.model_top_p,
-        top_k=s.model_top_k,
-        min_p=s.model_min_p,
-        repetition_penalty=s.model_repetition_penalty,
-        max_completion_tokens=s.leaf_max_completion_tokens,
-    )
+class AttemptOutcome(enum.StrEnum):
+    """How an attempt ended; `AttemptResult.status` maps it to the attempt row's status."""
+
+    verified = "verified"
+    not_verified = "not_verified"  # tests failed, timed out or were flaky
+    refused = "refused"  # a review rule (or the patch size) refused the patch: never tested, never pushed
+    no_patch = "no_patch"
+    no_test_command = "no_test_command"
+    cancelled = "cancelled"
+    unreviewed = "unreviewed"  # a plain replay: the agent's run and patch only
 
 
-def model_from(settings: Settings) -> ModelClient:
-    return OpenAIChatModel(
-        base_url=settings.model_base_url,
-        model=settings.model_name,
-        api_key=settings.model_api_key.get_secret_value(),
-        sampling=sampling_from(settings),
-        timeout=settings.model_timeout_seconds,
-        max_retries=settings.model_max_retries,
-    )
+@dataclass(frozen=True)
+class AttemptSpec:
+    """What one attempt runs: the prompt, the limits, and where its trajectory goes."""
+
+    job_id: int | str
+    number: int
+    base_commit: str
+    system_prompt: str
+    task: str
+    limits: LeafLimits
+    trajectory: Path
+    model_label: str
+    sampling: dict[str, Any]
+    trajectory_fields: dict[str, Any] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
-def leaf_limits_from(settings: Settings, max_seconds: float | None = None) -> LeafLimits:
-    seconds = settings.job_timeout_seconds if max_seconds is None else min(max_seconds, settings.job_timeout_seconds)
-    return LeafLimits(
-        max_steps=settings.leaf_max_steps,
-        max_context_tokens=settings.leaf_max_context_tokens,
-        max_completion_tokens=settings.leaf_max_completion_tokens,
-        max_seconds=max(1.0, seconds),
-    )
+@dataclass(frozen=True)
+class ReviewPolicy:
+    """The rules a patch meets before it is trusted: refusals, then `verify_runs` patched test runs."""
+
+    allow_binary: bool
+    refuse_flagged: bool
+    verify_runs: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> ReviewPolicy:
+        return cls(settings.allow_binary_patches, settings.refuse_protected_changes, settings.verify_runs)
 
 
-def sandbox_spec(
-    workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
-) -> SandboxSpec:
-    return SandboxSpec(
-        workspace=str(workspace),
-        env=dict(SANDBOX_ENV),
-        limits=SandboxLimits(wall_seconds=settings.job_timeout_seconds),
-        image=image,
-        labels=labels or {},
-    )
+@dataclass
+class Verification:
+    """The tests on the base commit once, then `runs` times with the patch; differing results are flaky."""
+
+    command: str
+    before: TestRun
+    after: list[TestRun]
+
+    @property
+    def flaky(self) -> bool:
+        return len({run.exit_code for run in self.after}) > 1
+
+    @property
+    def passed(self) -> bool:
+        return {run.exit_code for run in self.after} == {0}
+
+    def evidence(self) -> TestEvidence:
+        return TestEvidence(self.command, self.before.to_dict(), [run.to_dict() for run in self.after], self.flaky)
+
+    def why_not(self, timeout: float) -> str:
+        first = self.after[0]
+        if self.flaky:
+            return "flaky"
+        if first.timed_out:
+            return f"timed out after {timeout:g} s"
+        return f"exit {first.exit_code}" if first.exit_code is not None else first.log[:300]
+
+    def summary(self, timeout: float) -> str:
+        limit = f"timed out after {timeout:g} s"
+        before = limit if self.before.timed_out else f"exit {self.before.exit_code}"
+        after = limit if self.after[0].timed_out else "exit " + ", ".join(str(r.exit_code) for r in self.after)
+        return f"tests before {before}, after {after}"
 
 
-def sandbox_options(settings: Settings) -> dict[str, Any]:
-    """The backend's own options from settings (the local backend needs none)."""
-    if settings.sandbox != "kubernetes":
-        return {}
-    s = settings
-    options: dict[str, Any] = {
-        "namespace": s.sandbox_namespace,
-        "default_image": s.sandbox_image,
-        "cpu": s.sandbox_cpu,
-        "ephemeral_storage": s.sandbox_ephemeral_storage,
-        "workspace_size": s.sandbox_workspace_size,
-        "tmp_size": s.sandbox_tmp_size,
-        "start_timeout_s": s.sandbox_start_timeout_seconds,
-    }
-    optional = {
-        "memory": s.sandbox_memory,
-        "runtime_class": s.sandbox_runtime_class,
-        "kubeconfig": s.kubeconfig,
-        "context": s.kube_context,
-    }
-    options.update({k: v for k, v in optional.items() if v})
-    return options
+@dataclass
+class AttemptResult:
+    """Everything an attempt produced, typed: callers record or print it, none recomputes it."""
+
+    number: int
+    outcome: AttemptOutcome
+    reason: str
+    leaf: LeafResult
+    patch: str
+    config: RepoConfig
+    trajectory: Path
+    flags: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    verification: Verification | None = None
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        """The model or the sandbox failed, not the model's judgement: the job fails rather than finds no fix."""
+        return self.outcome == AttemptOutcome.no_patch and self.leaf.exit_reason in INFRA_EXITS
+
+    @property
+    def status(self) -> AttemptStatus:
+        if self.outcome == AttemptOutcome.verified:
+            return AttemptStatus.verified
+        if self.outcome == AttemptOutcome.refused:
+            return AttemptStatus.rejected
+        if self.outcome == AttemptOutcome.cancelled:
+            return AttemptStatus.cancelled
+        return AttemptStatus.failed if self.infrastructure_failure else AttemptStatus.no_fix
+
+    @property
+    def evidence(self) -> TestEvidence | None:
+        return self.verification.evidence() if self.verification else None
 
 
-def open_job_sandbox(
-    workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
-) -> Sandbox:
-    """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox."""
-    options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
-    return open_sandbox(sandbox_spec(workspace, settings, image, labels), settings.sandbox, **options)
+class AttemptObserver(Protocol):
+    """What the caller sees of an attempt as it runs; each caller's observer is its only difference."""
+
+    def on_step(self, record: StepRecord) -> None: ...
+
+    def cancelled(self) -> bool:
+        """Asked before every model call and tool call; True stops the loop (`cancelled`)."""
+        ...
+
+    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        """`agent_started`, `agent_finished`, `patch_refused`, `testing`, `tested`, `verifying`, `verified`,
+        `not_verified`: the pipeline writes them on the job's timeline, `fix` prints them."""
+        ...
 
 
 def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
@@ -137,57 +181,6 @@ def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
         return text
     half = limit // 2
     return f"{text[:half]}\n[... {len(text) - limit} chars cut ...]\n{text[-half:]}"
-
-
-def run_agent(
-    workspace: Path,
-    base_commit: str,
-    *,
-    settings: Settings,
-    model: ModelClient,
-    title: str,
-    body: str,
-    project: str,
-    issue_number: int | str,
-    writer: TrajectoryWriter,
-    on_step: Callable[[StepRecord], None] | None = None,
-    cancel: Callable[[], bool] | None = None,
-    image: str | None = None,
-    labels: dict[str, str] | None = None,
-    max_seconds: float | None = None,
-) -> tuple[LeafResult, str]:
-    """Leaf in a fresh sandbox over `workspace`; returns the result and the patch against the base.
-
-    `max_seconds` caps the loop below the job's limit (what is left of the job's time).
-    Raises SandboxError when the sandbox itself fails (an infrastructure failure), and its
-    subclass PatchTooLarge when the changes exceed FROGFIX_MAX_PATCH_BYTES.
-    """
-
-    def step(record: StepRecord) -> None:
-        writer.on_step(record)
-        if on_step is not None:
-            on_step(record)
-
-    task = render_task(title, body, prompts_dir=settings.prompts_dir, project=project, issue_number=issue_number)
-    with closing(open_job_sandbox(workspace, settings, image, labels)) as box:
-        result = run_leaf(
-            model,
-            box,
-            task,
-            system_prompt=system_prompt(settings.prompts_dir),
-            limits=leaf_limits_from(settings, max_seconds),
-            on_step=step,
-            cancel=cancel,
-        )
-        try:
-            patch = box.patch(base_commit)
-        except SandboxError as exc:
-            if not RUNNER_PATCH_LIMIT.fullmatch(str(exc)):
-                raise
-            writer.finish(result, patch="")
-            raise PatchTooLarge(settings.max_patch_bytes, result) from None
-    writer.finish(result, patch=patch)
-    return result, patch
 
 
 def apply_patch(workspace: Path, patch: str, scratch: Path) -> str | None:
@@ -216,5 +209,181 @@ def run_tests(
     except SandboxError as exc:
         return TestRun(None, f"sandbox failure while running the tests: {exc}")
     finally:
-        shutil.rmtree(workspace, ignore_errors=True)
+        repos.remove_workspace(workspace)
     return TestRun(res.exit_code, bounded_log(redact(res.log)), res.timed_out, res.duration_s)
+
+
+class Verifier:
+    """Runs the test command in fresh sandboxes: once on the base commit (kept for later attempts), then patched."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        redact: Callable[[str], str],
+        source: WorkspaceSource,
+        root: Path,
+        observer: AttemptObserver,
+    ) -> None:
+        self.settings, self.redact, self.source, self.root, self.observer = settings, redact, source, root, observer
+        self._before: TestRun | None = None
+
+    def before(self, config: RepoConfig, base: str) -> TestRun:
+        if self._before is None:
+            self._before = self._run(config, base, None, "before the patch")
+        return self._before
+
+    def verify(self, config: RepoConfig, base: str, patch: str, runs: int) -> Verification:
+        before = self.before(config, base)
+        label = "after the patch" if runs == 1 else "after the patch, run {}"
+        after = [self._run(config, base, patch, label.format(i + 1)) for i in range(runs)]
+        return Verification(config.test_command or "", before, after)
+
+    def _run(self, config: RepoConfig, base: str, patch: str | None, label: str) -> TestRun:
+        ws = self.root / ("tests-" + re.sub(r"[^a-z0-9]+", "-", label))
+        self.source.checkout(ws, base)
+        if patch:
+            problem = apply_patch(ws, patch, self.root)
+            if problem:
+                repos.remove_workspace(ws)
+                return TestRun(None, problem)
+        self.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
+        run = run_tests(ws, config, self.settings, self.redact, image=config.image)
+        timed_out = " (timed out)" if run.timed_out else ""
+        self.observer.stage("tested", f"tests {label}: exit code {run.exit_code}{timed_out}", {"label": label})
+        return run
+
+
+class AttemptRunner:
+    """Runs a job's attempts one after another over one workspace source; the base's test run is shared."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        redact: Callable[[str], str],
+        source: WorkspaceSource,
+        root: Path,
+        observer: AttemptObserver,
+    ) -> None:
+        self.settings, self.redact, self.source, self.root, self.observer = settings, redact, source, root, observer
+        self.verifier = Verifier(settings, redact, source, root, observer)
+
+    def run(self, spec: AttemptSpec, model: ModelClient, review: ReviewPolicy | None) -> AttemptResult:
+        """One attempt to its outcome. `review=None` (a plain replay) stops after the agent's patch.
+
+        Raises RepoConfigError for an unusable `.frogfix.yml` and SandboxError when the sandbox
+        itself fails (infrastructure); everything the model did comes back as the result.
+        """
+        ws = self.root / f"attempt-{spec.number}"
+        self.source.checkout(ws, spec.base_commit)
+        try:
+            config = load_repo_config(ws)
+            self.observer.stage(
+                "agent_started",
+                f"attempt {spec.number}: running the agent ({spec.model_label})",
+                {
+                    "attempt": spec.number,
+                    "trajectory": str(spec.trajectory),
+                    "test_command": config.test_command,
+                    "test_command_source": config.test_command_source,
+                },
+            )
+            leaf, patch, too_large = self._agent(spec, model, ws, config)
+        finally:
+            repos.remove_workspace(ws)
+        self.observer.stage(
+            "agent_finished",
+            f"attempt {spec.number}: {leaf.exit_reason} after {leaf.steps} steps",
+            {"attempt": spec.number, "exit_reason": leaf.exit_reason, "steps": leaf.steps, "patch_bytes": len(patch)},
+        )
+        result = AttemptResult(spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory)
+        if review is None:
+            return result
+        return self._judge(result, spec.base_commit, review, too_large)
+
+    def _agent(
+        self, spec: AttemptSpec, model: ModelClient, ws: Path, config: RepoConfig
+    ) -> tuple[LeafResult, str, PatchTooLarge | None]:
+        """Leaf in a fresh sandbox over `ws`, then the patch against the base; an oversized patch is kept out."""
+        writer = TrajectoryWriter(
+            spec.trajectory,
+            job_id=spec.job_id,
+            model=spec.model_label,
+            sampling=spec.sampling,
+            base_commit=spec.base_commit,
+            redact=self.redact,
+            fields=spec.trajectory_fields,
+        )
+
+        def on_step(record: StepRecord) -> None:
+            writer.on_step(record)
+            self.observer.on_step(record)
+
+        with closing(open_job_sandbox(ws, self.settings, config.image, spec.labels)) as box:
+            leaf = run_leaf(
+                model, box, spec.task, system_prompt=spec.system_prompt, limits=spec.limits,
+                on_step=on_step, cancel=self.observer.cancelled,
+            )
+            try:
+                patch = box.patch(spec.base_commit)
+            except PatchTooLarge as exc:  # the sandbox is fine; this attempt's changes are refused, none stored
+                writer.finish(leaf, patch="")
+                return leaf, "", exc
+        writer.finish(leaf, patch=patch)
+        return leaf, patch, None
+
+    def _judge(
+        self, result: AttemptResult, base: str, review: ReviewPolicy, too_large: PatchTooLarge | None
+    ) -> AttemptResult:
+        """The review rules, then the tests; the first that says no decides the outcome."""
+        n, leaf, patch, config = result.number, result.leaf, result.patch, result.config
+        if leaf.exit_reason == ExitReason.cancelled:
+            return _ended(result, AttemptOutcome.cancelled, "cancelled on request")
+        if too_large is not None:
+            return self._refuse(result, [f"the patch is larger than {too_large.limit} bytes (FROGFIX_MAX_PATCH_BYTES)"])
+        if not patch:
+            reason = (
+                f"the model could not be used: {leaf.error}"
+                if leaf.exit_reason == ExitReason.llm_query_error
+                else f"attempt {n} ended ({leaf.exit_reason}) without changing any file"
+            )
+            return _ended(result, AttemptOutcome.no_patch, reason)
+        result.flags = review_flags(patch, config)
+        if not config.test_command:
+            reason = "no test command was found to verify the patch; add test_command to .frogfix.yml"
+            return _ended(result, AttemptOutcome.no_test_command, reason)
+        # `config` was read from the base commit, so a patch rewriting .frogfix.yml cannot change the verification.
+        refused = refusal_reasons(patch, config, allow_binary=review.allow_binary)
+        if review.refuse_flagged:
+            refused += [flag for flag in result.flags if flag not in refused]
+        if refused:
+            return self._refuse(result, refused)
+        return self._verify(result, base, review)
+
+    def _refuse(self, result: AttemptResult, reasons: list[str]) -> AttemptResult:
+        """Never tested, never pushed: the reasons go to the observer and on the result."""
+        result.refused = reasons
+        reason = self.redact(f"attempt {result.number}'s patch was refused: {'; '.join(reasons)}")
+        data = {"attempt": result.number, "reasons": [self.redact(r) for r in reasons]}
+        self.observer.stage("patch_refused", reason, data)
+        return _ended(result, AttemptOutcome.refused, reason)
+
+    def _verify(self, result: AttemptResult, base: str, review: ReviewPolicy) -> AttemptResult:
+        config = result.config
+        self.observer.stage("verifying", f"attempt {result.number}: verifying the patch", {"attempt": result.number})
+        verification = self.verifier.verify(config, base, result.patch, review.verify_runs)
+        result.verification = verification
+        if verification.flaky:
+            result.flags = [*result.flags, FLAKY_FLAG]
+        kind = "verified" if verification.passed else "not_verified"
+        summary = f"attempt {result.number}: {verification.summary(config.test_timeout)}"
+        self.observer.stage(kind, summary, {"attempt": result.number, "flaky": verification.flaky})
+        if verification.passed:
+            return _ended(result, AttemptOutcome.verified, "verified")
+        why = verification.why_not(config.test_timeout)
+        reason = f"attempt {result.number}'s patch did not pass the tests ({why})"
+        return _ended(result, AttemptOutcome.not_verified, reason)
+
+
+def _ended(result: AttemptResult, outcome: AttemptOutcome, reason: str) -> AttemptResult:
+    result.outcome, result.reason = outcome, reason
+    return result

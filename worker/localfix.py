@@ -7,6 +7,7 @@ patch, then run the test command in fresh sandboxes on the base commit and with 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
 import sys
@@ -20,12 +21,16 @@ import git
 
 from app.logs import SecretRedactor
 from app.settings import Settings, get_settings
+from app.statuses import FixStatus
 from sandbox.base import SandboxError
-from worker.attempt import PatchTooLarge, TestRun, apply_patch, model_from, run_agent, run_tests, sampling_from
+from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun
 from worker.issue_text import sanitize_issue_text
-from worker.leaf.loop import LeafResult, StepRecord
-from worker.leaf.trajectory import TrajectoryWriter
-from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, refusal_reasons, review_flags
+from worker.leaf.loop import StepRecord
+from worker.leaf.model import ModelClient
+from worker.leaf.prompts import render_task, system_prompt
+from worker.repo_config import RepoConfigError
+from worker.wiring import leaf_limits_from, model_from, sampling_from
+from worker.workspaces import CheckoutSource
 
 
 class FixError(Exception):
@@ -35,17 +40,21 @@ class FixError(Exception):
 @dataclass
 class FixOutcome:
     job_id: str
-    status: str  # fixed, no_fix, failed
+    status: str  # FixStatus: fixed, no_fix, failed
     exit_reason: str
     steps: int
     patch: str
     test_command: str | None
     before: TestRun | None
-    after: TestRun | None
+    after: list[TestRun]
     trajectory: str
     error: str | None = None
     flags: list[str] = field(default_factory=list)
     final_answer: str = ""
+
+    @property
+    def flaky(self) -> bool:
+        return len({run.exit_code for run in self.after}) > 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,7 +65,10 @@ class FixOutcome:
             "tests": {
                 "command": self.test_command,
                 "before": self.before.to_dict() if self.before else None,
-                "after": self.after.to_dict() if self.after else None,
+                # The first patched run; `after_runs` has every one (FROGFIX_VERIFY_RUNS), `flaky` if they differ.
+                "after": self.after[0].to_dict() if self.after else None,
+                "after_runs": [run.to_dict() for run in self.after],
+                "flaky": self.flaky,
             },
             "trajectory": self.trajectory,
             "job_id": self.job_id,
@@ -76,17 +88,6 @@ def read_issue_file(path: Path) -> tuple[str, str]:
     if not lines:
         raise FixError(f"the issue file {path} is empty; its first line is the title")
     return lines[0].lstrip("# ").strip(), "\n".join(lines[1:]).strip()
-
-
-def clone_workspace(repo_dir: Path, dest: Path, base_commit: str) -> None:
-    """A private copy at the base commit, with no remote: nothing in it points anywhere else."""
-    git.Repo.clone_from(str(repo_dir), str(dest), no_hardlinks=True, no_checkout=True)
-    repo = git.Repo(dest)
-    repo.git.checkout("--detach", "--quiet", base_commit)
-    repo.delete_remote(repo.remote("origin"))
-    with repo.config_writer() as cfg:
-        cfg.set_value("user", "name", "FrogFix")
-        cfg.set_value("user", "email", "frogfix@localhost")
 
 
 class LocalFix:
@@ -117,7 +118,7 @@ class LocalFix:
         if self.progress is not None:
             print(f"[frogfix {self.job_id}] {self.redactor.redact(message)}", file=self.progress, flush=True)
 
-    def model(self) -> Any:
+    def model(self) -> ModelClient:
         if self._model is None:
             self._model = model_from(self.settings)
         return self._model
@@ -137,148 +138,115 @@ class LocalFix:
         try:
             return self._run(base)
         except git.GitCommandError as exc:  # e.g. an unusual checkout that cannot be cloned
-            return self._failed(base, "git_error", f"git failed: {str(exc.stderr or exc).strip()[:500]}")
+            return self._failed("git_error", f"git failed: {str(exc.stderr or exc).strip()[:500]}")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _run(self, base: str) -> FixOutcome:
-        agent_ws = self.root / "agent"
-        clone_workspace(self.repo_dir, agent_ws, base)
-        self.say(f"workspace ready at base commit {base[:12]}")
-        try:
-            config = load_repo_config(agent_ws)
-        except RepoConfigError as exc:
-            return self._failed(base, "config_error", str(exc))
-        self.say(f"test command: {config.test_command or '(none found)'} ({config.test_command_source})")
-
-        writer = TrajectoryWriter(
-            self.trajectory_path,
-            job_id=self.job_id,
-            model=self.settings.model_name,
-            sampling=sampling_from(self.settings).body_fields(),
-            base_commit=base,
-            redact=self.redactor.redact,
-            fields={"issue": {"title": self.title}, "repository": str(self.repo_dir)},
-        )
-
-        def on_step(record: StepRecord) -> None:
-            names = ", ".join(c.name for c in record.calls) or "final answer"
-            self.say(f"step {record.step + 1}: {names} (context {record.context_tokens} tokens)")
-
+        runner = AttemptRunner(self.settings, self.redactor.redact, CheckoutSource(self.repo_dir), self.root, self)
         if self._model is None:
             self.say(f"running the agent with {self.settings.model_name} at {self.settings.model_base_url}")
         else:
             self.say(f"running the agent with {type(self._model).__name__} (no model server)")
         try:
-            result, patch = run_agent(
-                agent_ws,
-                base,
-                settings=self.settings,
-                model=self.model(),
-                title=self.title,
-                body=sanitize_issue_text(self.body),
-                project=self.repo_dir.name,
-                issue_number="",
-                writer=writer,
-                on_step=on_step,
-            )
-        except PatchTooLarge as exc:  # the model's changes are refused, as the pipeline refuses them
-            self.say(f"no fix: {exc}")
-            return FixOutcome(
-                job_id=self.job_id,
-                status="no_fix",
-                exit_reason=exc.result.exit_reason,
-                steps=exc.result.steps,
-                patch="",
-                test_command=config.test_command,
-                before=None,
-                after=None,
-                trajectory=str(self.trajectory_path),
-                error=str(exc),
-                final_answer=exc.result.final_answer,
-            )
+            result = runner.run(self.spec(base), self.model(), ReviewPolicy.from_settings(self.settings))
+        except RepoConfigError as exc:
+            return self._failed("config_error", str(exc))
         except SandboxError as exc:
-            return self._failed(base, "tool_error", f"sandbox failure: {exc}", writer=writer)
-        self.say(
-            f"agent finished: {result.exit_reason} after {result.steps} steps; patch {len(patch.splitlines())} lines"
-        )
-
-        refused = refusal_reasons(patch, config, allow_binary=self.settings.allow_binary_patches)
-        for reason in refused:
+            return self._failed("tool_error", f"sandbox failure: {exc}", trajectory=True)
+        for reason in result.refused:
             self.say(f"refused: {reason}")
-        before = after = None
-        if config.test_command:
-            before = self._tests(base, config, None, "before")
-            if patch and not refused:
-                after = self._tests(base, config, patch, "after")
-        status = "no_fix" if refused else self._status(result, patch, after)
-        outcome = FixOutcome(
-            job_id=self.job_id,
-            status=status,
-            exit_reason=result.exit_reason,
-            steps=result.steps,
-            patch=patch,
-            test_command=config.test_command,
-            before=before,
-            after=after,
-            trajectory=str(self.trajectory_path),
-            error="; ".join(refused) or result.error,
-            flags=refused + [f for f in review_flags(patch, config) if f not in refused],
-            final_answer=result.final_answer,
-        )
-        writer.finish(
-            result,
-            patch=patch,
-            fields={"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}},
-        )
+        before = runner.verifier.before(result.config, base) if result.config.test_command else None
+        outcome = self.outcome(result, before)
+        self.amend_trajectory({"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}})
         return outcome
 
-    @staticmethod
-    def _status(result: LeafResult, patch: str, after: TestRun | None) -> str:
-        if not patch:
-            return "failed" if result.exit_reason in ("llm_query_error", "tool_error") else "no_fix"
-        if after is None:  # no test command: a patch we could not verify is not a fix
-            return "no_fix"
-        return "fixed" if after.exit_code == 0 else "no_fix"
+    def spec(self, base: str) -> AttemptSpec:
+        s = self.settings
+        task = render_task(
+            self.title, sanitize_issue_text(self.body), prompts_dir=s.prompts_dir, project=self.repo_dir.name,
+            issue_number="",
+        )
+        return AttemptSpec(
+            job_id=self.job_id,
+            number=1,
+            base_commit=base,
+            system_prompt=system_prompt(s.prompts_dir),
+            task=task,
+            limits=leaf_limits_from(s),
+            trajectory=self.trajectory_path,
+            model_label=s.model_name,
+            sampling=sampling_from(s).body_fields(),
+            trajectory_fields={"issue": {"title": self.title}, "repository": str(self.repo_dir)},
+        )
 
-    def _tests(self, base: str, config: RepoConfig, patch: str | None, label: str) -> TestRun:
-        ws = self.root / f"tests-{label}"
-        clone_workspace(self.repo_dir, ws, base)
-        if patch:
-            problem = apply_patch(ws, patch, self.root)
-            if problem:
-                shutil.rmtree(ws, ignore_errors=True)
-                return TestRun(None, problem)
-        self.say(f"running the tests {label} the patch: {config.test_command}")
-        run = run_tests(ws, config, self.settings, self.redactor.redact)
-        self.say(f"tests {label}: exit code {run.exit_code}{' (timed out)' if run.timed_out else ''}")
-        return run
+    def outcome(self, result: AttemptResult, before: TestRun | None) -> FixOutcome:
+        """The attempt's verdict as `fix` reports it: only a verified patch is `fixed`; a flaky one is not."""
+        if result.outcome == AttemptOutcome.verified:
+            status = FixStatus.fixed
+        else:
+            status = FixStatus.failed if result.infrastructure_failure else FixStatus.no_fix
+        leaf, verification = result.leaf, result.verification
+        return FixOutcome(
+            job_id=self.job_id,
+            status=status,
+            exit_reason=leaf.exit_reason,
+            steps=leaf.steps,
+            patch=result.patch,
+            test_command=result.config.test_command,
+            before=before,
+            after=verification.after if verification else [],
+            trajectory=str(self.trajectory_path),
+            error="; ".join(result.refused) or leaf.error,
+            flags=result.refused + [f for f in result.flags if f not in result.refused],
+            final_answer=leaf.final_answer,
+        )
 
-    def _failed(
-        self,
-        base: str,
-        reason: str,
-        error: str,
-        *,
-        writer: TrajectoryWriter | None = None,
-        result: LeafResult | None = None,
-    ) -> FixOutcome:
+    def amend_trajectory(self, fields: dict[str, Any]) -> None:
+        """Add `fix`'s verdict to the finished trajectory, atomically (readers see the old or the new file)."""
+        path = self.trajectory_path
+        data = json.loads(path.read_text("utf-8"))
+        data.update(json.loads(self.redactor.redact(json.dumps(fields, ensure_ascii=False))))
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), "utf-8")
+        os.replace(temporary, path)
+
+    # -- the observer: progress lines ------------------------------------------------------------
+
+    def on_step(self, record: StepRecord) -> None:
+        names = ", ".join(c.name for c in record.calls) or "final answer"
+        self.say(f"step {record.step + 1}: {names} (context {record.context_tokens} tokens)")
+
+    def cancelled(self) -> bool:
+        return False
+
+    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        if kind == "agent_started":
+            source = data.get("test_command_source")
+            self.say(f"workspace ready; test command: {data.get('test_command') or '(none found)'} ({source})")
+        elif kind == "agent_finished":
+            steps, size = data["steps"], data["patch_bytes"]
+            self.say(f"agent finished: {data['exit_reason']} after {steps} steps; patch {size} bytes")
+        elif kind in ("testing", "tested", "not_verified", "verified"):
+            self.say(message)
+
+    def _failed(self, reason: str, error: str, *, trajectory: bool = False) -> FixOutcome:
         self.say(f"failed: {error}")
         return FixOutcome(
             job_id=self.job_id,
-            status="failed",
+            status=FixStatus.failed,
             exit_reason=reason,
-            steps=result.steps if result else 0,
+            steps=0,
             patch="",
             test_command=None,
             before=None,
-            after=None,
-            trajectory=str(self.trajectory_path) if writer else "",
+            after=[],
+            trajectory=str(self.trajectory_path) if trajectory else "",
             error=error,
         )
 
 
-EXIT_CODES = {"fixed": 0, "no_fix": 1, "failed": 2}
+EXIT_CODES: dict[str, int] = {FixStatus.fixed: 0, FixStatus.no_fix: 1, FixStatus.failed: 2}
 
 
 def run_fix_command(repo_dir: Path, issue_file: Path, as_json: bool) -> int:
@@ -323,8 +291,9 @@ def run_and_report(repo_dir: Path, title: str, body: str, as_json: bool, model: 
         )
         if outcome.test_command:
             b = outcome.before.exit_code if outcome.before else None
-            a = outcome.after.exit_code if outcome.after else None
-            print(f"tests: {outcome.test_command}: before exit {b}, after exit {a}")
+            a = ", ".join(str(run.exit_code) for run in outcome.after) or None
+            flaky = " (flaky)" if outcome.flaky else ""
+            print(f"tests: {outcome.test_command}: before exit {b}, after exit {a}{flaky}")
         for flag in outcome.flags:
             print(f"flag: {flag}")
         print(f"trajectory: {outcome.trajectory}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -24,24 +23,24 @@ from sqlalchemy.orm import Session
 from app import jobs
 from app.db import in_transaction, session_scope
 from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
-from app.forge.retry import RetryPolicy
 from app.logs import SecretRedactor, get_logger
 from app.models import FINAL_STATUSES, JobStatus
 from app.settings import Settings, get_settings
 from sandbox.base import SandboxError
 from worker import repos
-from worker.attempt import PatchTooLarge, TestRun, apply_patch, model_from, run_agent, run_tests, sampling_from
+from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord
 from worker.leaf.model import ModelClient
-from worker.leaf.trajectory import TrajectoryWriter
-from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config, refusal_reasons, review_flags
-from worker.report import Provenance, TestEvidence, comment_finished, comment_started, mr_description
+from worker.leaf.prompts import render_task, system_prompt
+from worker.repo_config import RepoConfigError
+from worker.report import Provenance, comment_finished, comment_started, mr_description
 from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
+from worker.wiring import leaf_limits_from, make_forge, model_from, sampling_from
+from worker.workspaces import PoolSource
 
 log = get_logger("frogfix.pipeline")
 BOT_AUTHOR = ("FrogFix", "frogfix@localhost")
-INFRA_EXITS = ("llm_query_error", "tool_error")
 RUN_STATUSES = ("running", "verifying", "publishing")  # a claimed job's statuses while this run owns it
 
 
@@ -55,23 +54,6 @@ class JobEnded(Exception):
     def __init__(self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None) -> None:
         super().__init__(reason)
         self.status, self.reason, self.comment, self.notify = status, reason, comment, notify
-
-
-def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:
-    options: dict[str, Any] = {
-        "redact": redact,
-        "timeout": settings.forge_timeout_seconds,
-        "retry": RetryPolicy(budget_s=settings.forge_retry_budget_seconds),
-    }
-    if kind == "gitlab":
-        from app.forge.gitlab_api import GitLabForge
-
-        return GitLabForge(settings.gitlab_url, settings.gitlab_token.get_secret_value(), **options)
-    if kind == "gitea":
-        from app.forge.gitea_api import GiteaForge
-
-        return GiteaForge(settings.gitea_url, settings.gitea_token.get_secret_value(), **options)
-    raise ForgeError(f"unknown forge {kind!r}")
 
 
 @dataclass
@@ -192,6 +174,47 @@ class CancelCheck:
         return self._value
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """The repository as `prepare` left it: the mirror, the base commit, and where the MR goes."""
+
+    mirror: Path
+    base: str
+    default_branch: str
+    clone_url: str
+
+
+class JobObserver:
+    """An attempt seen by the pipeline: steps on the attempt row, stages on the job's timeline."""
+
+    def __init__(self, pipeline: Pipeline) -> None:
+        self.pipeline = pipeline
+        self.attempt_id = 0  # set by `one_attempt` before each attempt
+
+    def on_step(self, record: StepRecord) -> None:
+        p = self.pipeline
+        with session_scope() as session:
+            jobs.update_attempt(session, self.attempt_id, steps=record.step + 1)
+            jobs.update_job(session, p.job_id, run=p.run_number, steps=record.step + 1)
+
+    def cancelled(self) -> bool:
+        return self.pipeline.cancelled()
+
+    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        p = self.pipeline
+        if kind == "verifying":
+            p.status(JobStatus.verifying)
+            return
+        if kind in ("testing", "tested"):  # each test run; the verdict is the event
+            log.info(kind, message=message[:500])
+            return
+        if kind == "agent_finished":
+            p.update(exit_reason=data["exit_reason"], steps=data["steps"])
+        p.event(kind, message, data)
+        if kind == "not_verified":
+            p.status(JobStatus.running, expected=("verifying",))
+
+
 class Pipeline:
     """One run of one job."""
 
@@ -259,11 +282,8 @@ class Pipeline:
         try:
             self.forge = self.deps.forge_for(self.forge_kind)
             self.admit()
-            mirror, base, info_branch, clone_url = self.prepare()
-            result = self.attempts(mirror, base)
-            if result is None:
-                raise JobEnded(JobStatus.no_fix, "no attempt produced a patch that passes the tests")
-            self.publish(mirror, base, info_branch, clone_url, *result)
+            prepared = self.prepare()
+            self.publish(prepared, self.attempts(prepared))
             return JobStatus.done.value
         except Superseded as exc:
             log.warning("superseded", reason=str(exc))
@@ -364,7 +384,7 @@ class Pipeline:
         if not announced and self.comment(comment_started(self.job_id, self.url)):
             self.event("announced", "told the issue that FrogFix is working on it")
 
-    def prepare(self) -> tuple[Path, str, str, str]:
+    def prepare(self) -> Prepared:
         assert self.forge is not None
         info = self.forge.project_info(self.project)
         key = repos.mirror_key(self.forge_kind, self.project)
@@ -379,182 +399,74 @@ class Pipeline:
             {"base_commit": base, "default_branch": info.default_branch},
         )
         self.root.mkdir(parents=True, exist_ok=True)
-        return mirror, base, info.default_branch, info.clone_url
+        return Prepared(mirror, base, info.default_branch, info.clone_url)
 
-    def attempts(self, mirror: Path, base: str) -> tuple[str, str, TestEvidence, list[str], int, RepoConfig] | None:
+    def attempts(self, prepared: Prepared) -> AttemptResult:
         """Run up to FROGFIX_ATTEMPTS independent attempts; the first verified one wins."""
-        before: TestRun | None = None
+        observer = JobObserver(self)
+        runner = AttemptRunner(self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, observer)
         last_reason = "no attempt ran"
         for number in range(1, self.s.attempts + 1):
             self.check_cancel()
-            outcome = self.one_attempt(mirror, base, number, before)
-            before = outcome.before or before
-            if outcome.verified is not None:
-                return outcome.verified
-            last_reason = outcome.reason
-            if outcome.fatal:
-                raise JobEnded(JobStatus.failed, outcome.reason, f"FrogFix stopped: {outcome.reason}")
+            result = self.one_attempt(runner, observer, prepared.base, number)
+            if result.outcome == AttemptOutcome.verified:
+                return result
+            last_reason = result.reason
+            if result.infrastructure_failure:
+                raise JobEnded(JobStatus.failed, result.reason, f"FrogFix stopped: {result.reason}")
         raise JobEnded(JobStatus.no_fix, last_reason, last_reason)
 
-    def one_attempt(self, mirror: Path, base: str, number: int, before: TestRun | None) -> AttemptOutcome:
-        attempt_id = in_transaction(lambda session: jobs.start_attempt(session, self.job_id, self.run_number, number))
-        ws = self.root / f"attempt-{number}"
-        self.deps.pool.prepare(mirror, base, ws)
-        config = load_repo_config(ws)
+    def one_attempt(self, runner: AttemptRunner, observer: JobObserver, base: str, number: int) -> AttemptResult:
+        """One attempt through the shared runner, recorded as an attempt row of this run."""
+        observer.attempt_id = in_transaction(
+            lambda session: jobs.start_attempt(session, self.job_id, self.run_number, number)
+        )
         trajectory = self.s.data_dir / "trajectories" / f"job-{self.job_id}-run-{self.run_number}-{number}.json"
-        writer = TrajectoryWriter(
-            trajectory,
+        spec = AttemptSpec(
             job_id=self.job_id,
-            model=self.s.model_name,
-            sampling=sampling_from(self.s).body_fields(),
+            number=number,
             base_commit=base,
-            redact=self.redact,
-            fields={
-                "attempt": number,
-                "run": self.run_number,
-                "forge": self.forge_kind,
-                "project": self.project,
-                "issue": self.issue,
+            system_prompt=system_prompt(self.s.prompts_dir),
+            task=render_task(
+                self.title, sanitize_issue_text(self.body), prompts_dir=self.s.prompts_dir,
+                project=self.project, issue_number=self.issue,
+            ),
+            limits=leaf_limits_from(self.s, self.deadline - time.monotonic()),
+            trajectory=trajectory,
+            model_label=self.s.model_name,
+            sampling=sampling_from(self.s).body_fields(),
+            trajectory_fields={
+                "attempt": number, "run": self.run_number, "forge": self.forge_kind,
+                "project": self.project, "issue": self.issue,
             },
+            labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
         )
-
-        def on_step(record: StepRecord) -> None:
-            with session_scope() as session:
-                jobs.update_attempt(session, attempt_id, steps=record.step + 1)
-                jobs.update_job(session, self.job_id, run=self.run_number, steps=record.step + 1)
-
-        self.event(
-            "agent_started",
-            f"attempt {number}: running the agent ({self.s.model_name})",
-            {"attempt": number, "trajectory": str(trajectory), "test_command": config.test_command},
-        )
-        too_large: PatchTooLarge | None = None
-        try:
-            result, patch = run_agent(
-                ws,
-                base,
-                settings=self.s,
-                model=self.deps.model_for(),
-                title=self.title,
-                body=sanitize_issue_text(self.body),
-                project=self.project,
-                issue_number=self.issue,
-                writer=writer,
-                on_step=on_step,
-                cancel=self.cancelled,
-                image=config.image,
-                labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
-                max_seconds=self.deadline - time.monotonic(),
-            )
-        except PatchTooLarge as exc:  # the sandbox is fine; this attempt's changes are refused, none stored
-            too_large, result, patch = exc, exc.result, ""
-        repos.remove_workspace(ws)
-        fields: dict[str, Any] = {
-            "exit_reason": result.exit_reason,
-            "steps": result.steps,
-            "trajectory_path": str(trajectory),
-            "patch": patch,
-            "summary": self.redact(result.final_answer)[:20_000],
-            "error": self.redact(result.error) if result.error else None,
-        }
-        self.update(exit_reason=result.exit_reason, steps=result.steps)
-
-        def refuse(reasons: list[str]) -> AttemptOutcome:
-            """Never pushed: the attempt ends rejected with the reason on it and on the job's timeline."""
-            reason = self.redact(f"attempt {number}'s patch was refused: {'; '.join(reasons)}")
-            self._finish_attempt(attempt_id, "rejected", {**fields, "error": reason})
-            self.event("patch_refused", reason, {"attempt": number, "reasons": [self.redact(r) for r in reasons]})
-            return AttemptOutcome(None, reason, before)
-
-        self.event(
-            "agent_finished",
-            f"attempt {number}: {result.exit_reason} after {result.steps} steps",
-            {"attempt": number, "exit_reason": result.exit_reason, "patch_bytes": len(patch)},
-        )
-        if result.exit_reason == "cancelled":
-            self._finish_attempt(attempt_id, "cancelled", fields)
+        result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s))
+        self._record_attempt(observer.attempt_id, result)
+        if result.outcome == AttemptOutcome.cancelled:
             raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
-        if too_large is not None:
-            return refuse([str(too_large)])
-        if not patch:
-            status = "failed" if result.exit_reason in INFRA_EXITS else "no_fix"
-            self._finish_attempt(attempt_id, status, fields)
-            reason = (
-                f"the model could not be used: {result.error}"
-                if result.exit_reason == "llm_query_error"
-                else f"attempt {number} ended ({result.exit_reason}) without changing any file"
-            )
-            return AttemptOutcome(None, reason, before, fatal=result.exit_reason in INFRA_EXITS)
-        if not config.test_command:
-            self._finish_attempt(attempt_id, "no_fix", fields)
-            return AttemptOutcome(
-                None, "no test command was found to verify the patch; add test_command to .frogfix.yml", before
-            )
+        return result
 
-        flags = review_flags(patch, config)
-        # `config` was read from the base commit, so a patch rewriting .frogfix.yml cannot change the verification.
-        refused = refusal_reasons(patch, config, allow_binary=self.s.allow_binary_patches)
-        if self.s.refuse_protected_changes:
-            refused += [flag for flag in flags if flag not in refused]
-        if refused:
-            fields["flags"] = flags
-            return refuse(refused)
-        self.status(JobStatus.verifying)
-        if before is None:
-            before = self._tests(mirror, base, config, None, "before")
-        after = [self._tests(mirror, base, config, patch, f"after, run {i + 1}") for i in range(self.s.verify_runs)]
-        codes = {run.exit_code for run in after}
-        flaky = len(codes) > 1
-        evidence = TestEvidence(config.test_command, before.to_dict(), [run.to_dict() for run in after], flaky)
-        if flaky:
-            flags = [*flags, "the patched tests gave different results between runs (flaky)"]
-        fields.update(tests=evidence.to_dict(), flags=flags)
-        verified = codes == {0}
-        self._finish_attempt(attempt_id, "verified" if verified else "no_fix", fields)
-        timeout = f"timed out after {config.test_timeout:g} s"
-        self.event(
-            "verified" if verified else "not_verified",
-            f"attempt {number}: tests before {timeout if before.timed_out else f'exit {before.exit_code}'}, after "
-            + ("exit " + ", ".join(str(r.exit_code) for r in after) if not after[0].timed_out else timeout),
-            {"attempt": number, "flaky": flaky},
+    def _record_attempt(self, attempt_id: int, result: AttemptResult) -> None:
+        leaf = result.leaf
+        error = self.redact(leaf.error) if leaf.error else None
+        fields: dict[str, Any] = {
+            "exit_reason": leaf.exit_reason,
+            "steps": leaf.steps,
+            "trajectory_path": str(result.trajectory),
+            "patch": result.patch,
+            "summary": self.redact(leaf.final_answer)[:20_000],
+            "error": result.reason if result.outcome == AttemptOutcome.refused else error,
+            "flags": result.flags,
+        }
+        if result.evidence is not None:
+            fields["tests"] = result.evidence.to_dict()
+        in_transaction(
+            lambda session: jobs.update_attempt(session, attempt_id, finished=True, status=result.status, **fields)
         )
-        if not verified:
-            self.status(JobStatus.running, expected=("verifying",))
-            if flaky:
-                why = "flaky"
-            elif after[0].timed_out:
-                why = timeout
-            else:
-                why = f"exit {after[0].exit_code}" if after[0].exit_code is not None else after[0].log[:300]
-            return AttemptOutcome(None, f"attempt {number}'s patch did not pass the tests ({why})", before)
-        return AttemptOutcome((patch, result.final_answer, evidence, flags, number, config), "verified", before)
 
-    def _finish_attempt(self, attempt_id: int, status: str, fields: dict[str, Any]) -> None:
-        in_transaction(lambda session: jobs.update_attempt(session, attempt_id, finished=True, status=status, **fields))
-
-    def _tests(self, mirror: Path, base: str, config: RepoConfig, patch: str | None, label: str) -> TestRun:
-        ws = self.root / f"tests-{label.replace(' ', '-').replace(',', '')}"
-        self.deps.pool.prepare(mirror, base, ws)
-        if patch:
-            problem = apply_patch(ws, patch, self.root)
-            if problem:
-                shutil.rmtree(ws, ignore_errors=True)
-                return TestRun(None, problem)
-        return run_tests(ws, config, self.s, self.redact, image=config.image)
-
-    def publish(
-        self,
-        mirror: Path,
-        base: str,
-        target_branch: str,
-        clone_url: str,
-        patch: str,
-        summary: str,
-        evidence: TestEvidence,
-        flags: list[str],
-        number: int,
-        config: RepoConfig,
-    ) -> None:
+    def publish(self, prepared: Prepared, result: AttemptResult) -> None:
+        """Push the verified patch to the bot's branch and open (or update) the one draft MR."""
         assert self.forge is not None
         self.check_cancel()
         # Webhooks can be stale or missed (Gitea does not say which label changed): ask once more.
@@ -564,37 +476,50 @@ class Pipeline:
         self.status(JobStatus.publishing, expected=("verifying",))
         branch = f"frogfix/issue-{self.issue}"
         message = self.redact(f"Fix #{self.issue}: {self.title}"[:200] + f"\n\nDrafted by FrogFix (job {self.job_id}).")
-        sha = repos.commit_patch(mirror, base, patch, message, BOT_AUTHOR, self.root / "publish")
+        mirror, base = prepared.mirror, prepared.base
+        sha = repos.commit_patch(mirror, base, result.patch, message, BOT_AUTHOR, self.root / "publish")
         auth = self.forge.git_auth_header()
-        repos.retry_transient("git push", lambda: repos.push_branch(mirror, clone_url, auth, branch, sha))
+        repos.retry_transient("git push", lambda: repos.push_branch(mirror, prepared.clone_url, auth, branch, sha))
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
-        provenance = Provenance(
-            model=self.s.model_name,
-            sampling=sampling_from(self.s).body_fields(),
-            base_commit=base,
-            sandbox=f"{self.s.sandbox} ({config.image or 'default image'})",
-            attempt=number,
-            attempts=self.s.attempts,
-        )
-        description = mr_description(
-            issue_ref=f"#{self.issue}",
-            issue_url=self.issue_url,
-            summary=summary,
-            patch=patch,
-            tests=evidence,
-            flags=flags,
-            job_url=self.url,
-            provenance=provenance,
-            redact=self.redact,
-        )
         mr, created = upsert_draft_mr(
             self.forge,
             self.project,
             branch,
-            target_branch,
+            prepared.default_branch,
             self.redact(f"Fix #{self.issue}: {self.title}"),
-            description,
+            self.description(prepared, result),
         )
+        self.finish(mr.web_url, created, result.flags)
+        self.comment(
+            comment_finished(
+                "draft merge request ready", f"Please review {mr.web_url}.", self.job_id, self.url, self.redact
+            )
+        )
+
+    def description(self, prepared: Prepared, result: AttemptResult) -> str:
+        provenance = Provenance(
+            model=self.s.model_name,
+            sampling=sampling_from(self.s).body_fields(),
+            base_commit=prepared.base,
+            sandbox=f"{self.s.sandbox} ({result.config.image or 'default image'})",
+            attempt=result.number,
+            attempts=self.s.attempts,
+        )
+        assert result.evidence is not None, "only a verified attempt is published"
+        return mr_description(
+            issue_ref=f"#{self.issue}",
+            issue_url=self.issue_url,
+            summary=result.leaf.final_answer,
+            patch=result.patch,
+            tests=result.evidence,
+            flags=result.flags,
+            job_url=self.url,
+            provenance=provenance,
+            redact=self.redact,
+        )
+
+    def finish(self, mr_url: str, created: bool, flags: list[str]) -> None:
+        """The job is done with its MR, in one transaction with its event, if this run still owns it."""
 
         def finish(session: Session) -> bool:
             done = jobs.set_status(
@@ -603,7 +528,7 @@ class Pipeline:
                 JobStatus.done,
                 expected=("publishing",),
                 run=self.run_number,
-                mr_url=mr.web_url,
+                mr_url=mr_url,
                 flags=flags,
             )
             if done:
@@ -611,26 +536,13 @@ class Pipeline:
                     session,
                     self.job_id,
                     "done",
-                    f"{'opened' if created else 'updated'} draft {mr.web_url}",
-                    {"mr_url": mr.web_url, "created": created},
+                    f"{'opened' if created else 'updated'} draft {mr_url}",
+                    {"mr_url": mr_url, "created": created},
                 )
             return done
 
         if not in_transaction(finish):  # the MR is there; the run that owns the job now finds and updates it
             raise Superseded(f"the job left 'publishing' in run {self.run_number} while this run published")
-        self.comment(
-            comment_finished(
-                "draft merge request ready", f"Please review {mr.web_url}.", self.job_id, self.url, self.redact
-            )
-        )
-
-
-@dataclass
-class AttemptOutcome:
-    verified: tuple[str, str, TestEvidence, list[str], int, RepoConfig] | None
-    reason: str
-    before: TestRun | None
-    fatal: bool = False
 
 
 def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[BaseException], ...] = ()) -> str:

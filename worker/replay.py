@@ -41,7 +41,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,19 +54,12 @@ from app.queue import send_run_job
 from app.settings import Settings, get_settings
 from sandbox.base import SandboxError
 from worker import repos
-from worker.attempt import (
-    TestRun,
-    apply_patch,
-    leaf_limits_from,
-    model_from,
-    open_job_sandbox,
-    run_tests,
-    sampling_from,
-)
-from worker.leaf.loop import LeafResult, StepRecord, plan_calls, run_leaf
+from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
+from worker.leaf.loop import LeafLimits, StepRecord, plan_calls
 from worker.leaf.model import ModelClient, ModelQueryError, ModelReply, ReplayModel
-from worker.leaf.trajectory import TrajectoryWriter
-from worker.repo_config import RepoConfig, RepoConfigError, load_repo_config
+from worker.repo_config import RepoConfigError
+from worker.wiring import leaf_limits_from, make_forge, model_from, sampling_from
+from worker.workspaces import CheckoutSource, MirrorSource
 
 log = get_logger("frogfix.replay")
 Progress = Callable[[str], None]
@@ -158,6 +150,8 @@ class ReplayReport:
     tests_after: dict[str, Any] | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)  # live: the review rules' reasons, as the pipeline gives them
+    verified: bool | None = None  # live: the patch passed every verification run
 
     @property
     def attempt_label(self) -> str:
@@ -171,7 +165,7 @@ class ReplayReport:
         if self.status in ("reproduced", "queued"):
             return 0
         if self.status == "live":
-            return 0 if self.patch else 1
+            return 0 if self.patch and not self.refused else 1
         return 1
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,6 +192,8 @@ class ReplayReport:
             "tests_after": self.tests_after,
             "error": self.error,
             "notes": self.notes,
+            "refused": self.refused,
+            "verified": self.verified,
         }
 
 
@@ -363,12 +359,10 @@ class RepoSource:
 
     def checkout(self, dest: Path, commit: str) -> None:
         if self.kind == "mirror":
-            repos.make_workspace(self.path, dest, commit)
+            MirrorSource(self.path).checkout(dest, commit)
             return
-        from worker.localfix import clone_workspace
-
         try:
-            clone_workspace(self.path, dest, commit)
+            CheckoutSource(self.path).checkout(dest, commit)
         except Exception as exc:  # GitPython's errors carry the whole command line; say it plainly
             repos.remove_workspace(dest)
             raise ReplayError(f"cannot check out {commit[:12]} from {self.path}: {type(exc).__name__}") from exc
@@ -439,8 +433,6 @@ def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str]
     if _has_commit(mirror, base):
         progress(f"repository: the mirror on disk has {base[:12]}")
         return RepoSource("mirror", mirror)
-    from worker.pipeline import make_forge
-
     progress(f"repository: updating the mirror of {rec.project} from {rec.forge}")
     forge = make_forge(rec.forge, settings, redact)
     try:
@@ -593,19 +585,59 @@ def _safe_label(job_id: int | str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", str(job_id))[:100]
 
 
-def _tests_after(source: RepoSource, root: Path, base: str, patch: str, config: RepoConfig, settings: Settings,
-                 redact: Callable[[str], str], progress: Progress) -> dict[str, Any]:
-    ws = root / "tests-after"
-    source.checkout(ws, base)
-    problem = apply_patch(ws, patch, root)
-    if problem:
-        repos.remove_workspace(ws)
-        run = TestRun(None, problem)
-    else:
-        progress(f"running the tests on the patch: {config.test_command}")
-        run = run_tests(ws, config, settings, redact, image=config.image)
-    progress(f"tests after the patch: exit code {run.exit_code}")
-    return {"command": config.test_command, **run.to_dict()}
+class ReplayObserver:
+    """Progress lines; in a plain replay the checker compares every step and stops the loop at the first difference."""
+
+    def __init__(self, checker: Checker | None, progress: Progress, total: int) -> None:
+        self.checker, self.progress, self.total = checker, progress, total
+
+    def on_step(self, record: StepRecord) -> None:
+        names = ", ".join(c.name for c in record.calls) or "final answer"
+        if self.checker is None:
+            self.progress(f"step {record.step + 1}: {names}")
+            return
+        self.checker.live = record.history
+        verdict = "DIFFERS" if self.checker.check() is not None else "ok"
+        self.progress(f"step {record.step + 1}/{self.total}: {names}: {verdict}")
+
+    def cancelled(self) -> bool:
+        return self.checker.should_stop() if self.checker is not None else False
+
+    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        if kind in ("testing", "tested", "patch_refused", "verified", "not_verified"):
+            self.progress(message)
+
+
+def _replay_model(rec: Recording, settings: Settings, live: bool, model: ModelClient | None,
+                  checker: Checker | None) -> tuple[ModelClient, _ReplayingModel | None, LeafLimits]:
+    """The live model (or `model`), or the recorded replies with as many steps as were recorded."""
+    limits = leaf_limits_from(settings)
+    if live or checker is None:
+        return (model if model is not None else model_from(settings)), None, limits
+    replaying = _ReplayingModel(ReplayModel.from_trajectory(rec.data), checker)
+    # One more step where the recording just stops, so the loop reaches the check that ends it
+    # there rather than running out of steps first.
+    extra = 0 if rec.exit_reason in NATURAL_EXITS else 1
+    return replaying, replaying, replace(limits, max_steps=max(rec.n_steps, rec.replies, 1) + extra)
+
+
+def _spec(rec: Recording, settings: Settings, mode: str, limits: LeafLimits) -> AttemptSpec:
+    """The recorded system prompt and task, run again under the recorded (or, live, the current) model."""
+    messages = rec.messages
+    live = mode == "live"
+    return AttemptSpec(
+        job_id=rec.job_id,
+        number=rec.number or 1,
+        base_commit=rec.base_commit,
+        system_prompt=str(messages[0].get("content") or ""),
+        task=str(messages[1].get("content") or ""),
+        limits=limits,
+        trajectory=_replay_trajectory_path(rec, settings, mode),
+        model_label=settings.model_name if live else f"replay of {rec.data.get('model')}",
+        sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
+        trajectory_fields={"mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number},
+        labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": "replay"},
+    )
 
 
 def _run(
@@ -618,138 +650,108 @@ def _run(
     live: bool,
     model: ModelClient | None,
 ) -> ReplayReport:
-    redact = redactor.redact
-    messages = rec.messages
-    system_prompt, task = str(messages[0].get("content") or ""), str(messages[1].get("content") or "")
-    checker = Checker(messages, redact, stop_at_end=(rec.exit_reason not in NATURAL_EXITS))
-    limits = leaf_limits_from(settings)
-    replaying: _ReplayingModel | None = None
-    if live:
-        chosen = model if model is not None else model_from(settings)
-    else:
-        replaying = _ReplayingModel(ReplayModel.from_trajectory(rec.data), checker)
-        chosen = replaying
-        # As many steps as were recorded; one more where the recording just stops, so the loop
-        # reaches the check that ends it there rather than running out of steps first.
-        extra = 0 if rec.exit_reason in NATURAL_EXITS else 1
-        limits = replace(limits, max_steps=max(rec.n_steps, rec.replies, 1) + extra)
-    mode = "live" if live else "replay"
-    trajectory = _replay_trajectory_path(rec, settings, mode)
-    writer = TrajectoryWriter(
-        trajectory,
-        job_id=rec.job_id,
-        model=settings.model_name if live else f"replay of {rec.data.get('model')}",
-        sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
-        base_commit=rec.base_commit,
-        redact=redact,
-        fields={"mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number},
-    )
-    total = rec.replies
-
-    def on_step(record: StepRecord) -> None:
-        writer.on_step(record)
-        names = ", ".join(c.name for c in record.calls) or "final answer"
-        if live:
-            progress(f"step {record.step + 1}: {names}")
-            return
-        checker.live = record.history
-        verdict = "DIFFERS" if checker.check() is not None else "ok"
-        progress(f"step {record.step + 1}/{total}: {names}: {verdict}")
-
+    """The recorded attempt again through the shared attempt runner; live, with the pipeline's review and tests."""
+    checker = None if live else Checker(rec.messages, redactor.redact, stop_at_end=rec.exit_reason not in NATURAL_EXITS)
+    chosen, replaying, limits = _replay_model(rec, settings, live, model, checker)
+    spec = _spec(rec, settings, "live" if live else "replay", limits)
     root = settings.resolved_workspace_dir() / f"replay-{_safe_label(rec.job_id)}-{secrets.token_hex(4)}"
-    ws = root / "agent"
     root.mkdir(parents=True, exist_ok=True)
-    tests_after: dict[str, Any] | None = None
+    runner = AttemptRunner(settings, redactor.redact, source, root, ReplayObserver(checker, progress, rec.replies))
+    progress(f"workspace at base commit {rec.base_commit[:12]}; opening the sandbox ({settings.sandbox})")
     try:
-        source.checkout(ws, rec.base_commit)
-        config: RepoConfig | None
-        try:
-            config = load_repo_config(ws)
-        except RepoConfigError as exc:
-            progress(f"note: .frogfix.yml is not usable ({exc}); the default image is used")
-            config = None
-        progress(f"workspace ready at base commit {rec.base_commit[:12]}; opening the sandbox ({settings.sandbox})")
-        image = config.image if config else None
-        labels = {"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": "replay"}
-        try:
-            with closing(open_job_sandbox(ws, settings, image, labels)) as box:
-                result: LeafResult = run_leaf(
-                    chosen,
-                    box,
-                    task,
-                    system_prompt=system_prompt,
-                    limits=limits,
-                    on_step=on_step,
-                    cancel=None if live else checker.should_stop,
-                )
-                patch = box.patch(rec.base_commit)
-        except SandboxError as exc:
-            raise ReplayError(f"the sandbox failed: {exc}") from exc
-        finally:
-            close = getattr(chosen, "close", None) if live and model is None else None
-            if callable(close):
-                close()
-        writer.finish(result, patch=patch)
-        if live and patch and config is not None and config.test_command:
-            tests_after = _tests_after(source, root, rec.base_commit, patch, config, settings, redact, progress)
+        result = runner.run(spec, chosen, ReviewPolicy.from_settings(settings) if live else None)
+    except RepoConfigError as exc:
+        raise ReplayError(f".frogfix.yml at the base commit is not usable: {exc}") from exc
+    except SandboxError as exc:
+        raise ReplayError(f"the sandbox failed: {exc}") from exc
     finally:
+        close = getattr(chosen, "close", None) if live and model is None else None
+        if callable(close):
+            close()
         repos.remove_workspace(root)
+    report = _report(rec, spec, result)
+    if live:
+        return _live_verdict(report, result)
+    assert checker is not None and replaying is not None
+    return _replay_verdict(report, rec, result, checker, replaying)
 
-    report = ReplayReport(
+
+def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult) -> ReplayReport:
+    leaf = result.leaf
+    return ReplayReport(
         job_id=rec.job_id,
-        mode=mode,
+        mode="replay" if result.outcome == AttemptOutcome.unreviewed else "live",
         status="",
         message="",
         run=rec.run,
         number=rec.number,
         recorded_trajectory=str(rec.path),
-        trajectory=str(trajectory),
+        trajectory=str(spec.trajectory),
         base_commit=rec.base_commit,
         steps_recorded=rec.replies,
-        steps_replayed=len(result.records),
+        steps_replayed=len(leaf.records),
         recorded_exit_reason=rec.exit_reason,
-        exit_reason=result.exit_reason,
+        exit_reason=leaf.exit_reason,
         recorded_patch=rec.patch,
-        patch=patch,
-        patch_identical=None if rec.patch is None else rec.patch == patch,
-        tests_after=tests_after,
-        error=result.error,
+        patch=result.patch,
+        patch_identical=None if rec.patch is None else rec.patch == result.patch,
+        error=leaf.error,
     )
-    if live:
-        report.status = "live"
-        same = "the same patch as" if report.patch_identical else "a different patch from"
-        report.message = (
-            f"live run ended {result.exit_reason} after {result.steps} steps with "
-            + (f"{same} the recording" if patch else "no patch")
-            + (f"; tests after the patch exit {tests_after['exit_code']}" if tests_after else "")
-        )
-        return report
 
-    assert replaying is not None
-    checker.live = result.messages
+
+def _live_verdict(report: ReplayReport, result: AttemptResult) -> ReplayReport:
+    """A live run is judged like the pipeline's attempts: refused, verified or not, never published."""
+    report.status = "live"
+    report.refused = list(result.refused)
+    report.verified = result.outcome == AttemptOutcome.verified
+    verification = result.verification
+    if verification is not None:
+        report.tests_after = {
+            "command": verification.command,
+            **verification.after[0].to_dict(),
+            "runs": [run.to_dict() for run in verification.after],
+            "flaky": verification.flaky,
+            "before": verification.before.to_dict(),
+        }
+    same = "the same patch as" if report.patch_identical else "a different patch from"
+    leaf = result.leaf
+    message = f"live run ended {leaf.exit_reason} after {leaf.steps} steps with "
+    message += f"{same} the recording" if result.patch else "no patch"
+    if result.refused:
+        message += f"; {result.reason}"
+    elif report.tests_after:
+        message += f"; tests after the patch exit {report.tests_after['exit_code']}"
+        message += "" if report.verified else f" ({result.reason})"
+    report.message = message
+    return report
+
+
+def _replay_verdict(
+    report: ReplayReport, rec: Recording, result: AttemptResult, checker: Checker, replaying: _ReplayingModel
+) -> ReplayReport:
+    """Reproduced, diverged (with the first differing tool result), or the same steps with another patch."""
+    leaf, patch = result.leaf, result.patch
+    checker.live = leaf.messages
     divergence = checker.check()
     reached_end = checker.reached_end or replaying.ran_out
-    if divergence is None and not reached_end and len(result.messages) < len(messages):
+    if divergence is None and not reached_end and len(leaf.messages) < len(rec.messages):
         checker.divergence = divergence = Divergence(
-            max(len(result.records) - 1, 0), None, None,
-            f"the replay ended ({result.exit_reason}{': ' + result.error if result.error else ''}) "
-            f"after {len(result.records)} of {rec.replies} recorded steps",
+            max(len(leaf.records) - 1, 0), None, None,
+            f"the replay ended ({leaf.exit_reason}{': ' + leaf.error if leaf.error else ''}) "
+            f"after {len(leaf.records)} of {rec.replies} recorded steps",
             "", "",
         )
     report.divergence = divergence
     report.tool_results_checked = checker.checked
     report.reached_recording_end = reached_end
-    report.exit_matches = divergence is None and (result.exit_reason == rec.exit_reason or reached_end)
+    report.exit_matches = divergence is None and (leaf.exit_reason == rec.exit_reason or reached_end)
     lines = f"{len(patch.splitlines())} lines" if patch else "empty"
     if divergence is not None:
         report.status = "diverged"
-        if divergence.call_id is None:
-            report.message = divergence.reason
-        else:
-            report.message = (
-                f"step {divergence.step} ({divergence.tool}, call {divergence.call_id}): {divergence.reason}; "
-                "the replay stopped there"
-            )
+        report.message = divergence.reason if divergence.call_id is None else (
+            f"step {divergence.step} ({divergence.tool}, call {divergence.call_id}): {divergence.reason}; "
+            "the replay stopped there"
+        )
     elif report.patch_identical is False:
         report.status = "patch_differs"
         recorded_lines = f"{len((rec.patch or '').splitlines())} lines" if rec.patch else "empty"

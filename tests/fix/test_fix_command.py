@@ -194,3 +194,42 @@ def test_fix_refuses_what_the_pipeline_refuses(tmp_path: Path) -> None:
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["status"] == "no_fix" and out["patch"] == "", out
     assert "larger than" in out["error"]
+
+
+FLAKY_TEST = '''
+def test_passes_only_on_the_first_patched_run():
+    """Flaky on purpose and deterministically: each verification run has its own workspace folder, which the
+    sandbox's mount table names; the second patched run's folder ends in `run-2`."""
+    with open("/proc/self/mountinfo") as mounts:
+        assert "run-2 /workspace " not in mounts.read()
+'''
+
+
+@pytest.mark.bwrap
+def test_fix_reports_a_flaky_patch_as_flaky_not_fixed(tmp_path: Path) -> None:
+    """`fix` verifies like the pipeline: FROGFIX_VERIFY_RUNS patched runs, and results that differ are no fix."""
+    repo = make_sample_repo(tmp_path)
+    (repo / "test_flaky.py").write_text(FLAKY_TEST)
+    git(repo, "add", "test_flaky.py")
+    git(repo, "commit", "-q", "-m", "a test that fails one run in two")
+    edit = text_call("Edit", file_path="calc.py", old_string="return a - b", new_string="return a + b")
+    with ScriptedOpenAIServer([assistant(edit), assistant("Fixed add().")]) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json", env_extra={"FROGFIX_VERIFY_RUNS": "2"})
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 1 and out["status"] == "no_fix", out
+    tests = out["tests"]
+    assert tests["flaky"] is True and [run["exit_code"] for run in tests["after_runs"]] == [0, 1]
+    assert tests["before"]["exit_code"] == 1 and tests["after"]["exit_code"] == 0
+    assert "the patched tests gave different results between runs (flaky)" in out["flags"]
+    assert "+    return a + b" in out["patch"]  # the patch is reported, but not as a fix
+    saved = json.loads(Path(out["trajectory"]).read_text())
+    assert saved["fix"]["status"] == "no_fix" and saved["fix"]["tests"]["flaky"] is True
+
+    # The same repository without the flaky test is fixed: it was the differing runs, not the patch.
+    git(repo, "rm", "-q", "test_flaky.py")
+    git(repo, "commit", "-q", "-m", "drop the flaky test")
+    with ScriptedOpenAIServer([assistant(edit), assistant("Fixed add().")]) as server:
+        proc = run_fix(repo, tmp_path / "data2", server.base_url, "--json", env_extra={"FROGFIX_VERIFY_RUNS": "2"})
+    out = json.loads(proc.stdout)
+    assert proc.returncode == 0 and out["status"] == "fixed", out
+    assert out["tests"]["flaky"] is False and [r["exit_code"] for r in out["tests"]["after_runs"]] == [0, 0]

@@ -13,6 +13,7 @@ import pytest
 
 from tests.conftest import configure
 from worker.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
+from worker.leaf.model import ModelReply, ReplayModel
 from worker.localfix import LocalFix
 from worker.replay import ReplayError, replay_job
 
@@ -83,3 +84,38 @@ def test_a_fix_job_whose_checkout_is_gone_says_so(local_env: dict[str, Any], tmp
     with pytest.raises(ReplayError, match="is gone"):
         replay_job(job_id)
     assert replay_job(job_id, repo_dir=moved / "calc").status == "reproduced"
+
+
+def _assistant(content: str | None, calls: list[dict[str, Any]]) -> ModelReply:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = calls
+    return ModelReply(message=message, finish_reason="tool_calls" if calls else "stop")
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def test_live_replay_refuses_what_the_pipeline_refuses(local_env: dict[str, Any], tmp_path: Path) -> None:
+    """`replay --live` runs the same review rules as the pipeline: a patch that rewrites `.frogfix.yml` (here to
+    make the tests a no-op) is refused, its tests never run, and the CLI's exit code says it is no fix."""
+    repo = make_sample_repo(tmp_path / "src")
+    job_id, _ = _fix(repo)
+    hostile = ReplayModel(
+        [
+            _assistant(None, [_call("h1", "Edit", {
+                "file_path": "calc.py", "old_string": "return a - b", "new_string": "return a + b",
+            })]),
+            _assistant(None, [_call("h2", "Write", {
+                "file_path": ".frogfix.yml", "content": "test_command: 'true'\n",
+            })]),
+            _assistant("Fixed, and made the tests faster.", []),
+        ]
+    )
+    live = replay_job(job_id, live=True, model=hostile)
+    assert live.status == "live" and live.exit_code == 1, live.message
+    assert live.refused and "changes FrogFix's own configuration .frogfix.yml" in live.refused[0]
+    assert "refused" in live.message and live.verified is False
+    assert live.tests_after is None  # a refused patch is never tested
+    assert live.patch and "+test_command: 'true'" in live.patch  # reported for the reviewer, never published

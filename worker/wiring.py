@@ -1,0 +1,117 @@
+"""Settings to seams: the one place that turns `FROGFIX_*` settings into a model client, a sandbox or a forge client.
+
+The pipeline, `manage.py fix`, replay and the benches all build their seams here, so a new setting
+reaches every caller at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from app.forge.client import Forge, ForgeError
+from app.forge.retry import RetryPolicy
+from app.settings import Settings
+from sandbox.base import Sandbox, SandboxLimits, SandboxSpec
+from sandbox.factory import open_sandbox
+from worker.leaf.loop import LeafLimits
+from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
+
+# Bytecode caches would otherwise land in `git add -A` and so in the patch.
+SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def sampling_from(settings: Settings) -> SamplingParams:
+    s = settings
+    return SamplingParams(
+        temperature=s.model_temperature,
+        top_p=s.model_top_p,
+        top_k=s.model_top_k,
+        min_p=s.model_min_p,
+        repetition_penalty=s.model_repetition_penalty,
+        max_completion_tokens=s.leaf_max_completion_tokens,
+    )
+
+
+def model_from(settings: Settings) -> ModelClient:
+    return OpenAIChatModel(
+        base_url=settings.model_base_url,
+        model=settings.model_name,
+        api_key=settings.model_api_key.get_secret_value(),
+        sampling=sampling_from(settings),
+        timeout=settings.model_timeout_seconds,
+        max_retries=settings.model_max_retries,
+    )
+
+
+def leaf_limits_from(settings: Settings, max_seconds: float | None = None) -> LeafLimits:
+    """The job's limits; `max_seconds` caps the loop below the job's limit (what is left of the job's time)."""
+    seconds = settings.job_timeout_seconds if max_seconds is None else min(max_seconds, settings.job_timeout_seconds)
+    return LeafLimits(
+        max_steps=settings.leaf_max_steps,
+        max_context_tokens=settings.leaf_max_context_tokens,
+        max_completion_tokens=settings.leaf_max_completion_tokens,
+        max_seconds=max(1.0, seconds),
+    )
+
+
+def sandbox_spec(
+    workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
+) -> SandboxSpec:
+    return SandboxSpec(
+        workspace=str(workspace),
+        env=dict(SANDBOX_ENV),
+        limits=SandboxLimits(wall_seconds=settings.job_timeout_seconds),
+        image=image,
+        labels=labels or {},
+    )
+
+
+def sandbox_options(settings: Settings) -> dict[str, Any]:
+    """The backend's own options from settings (the local backend needs none)."""
+    if settings.sandbox != "kubernetes":
+        return {}
+    s = settings
+    options: dict[str, Any] = {
+        "namespace": s.sandbox_namespace,
+        "default_image": s.sandbox_image,
+        "cpu": s.sandbox_cpu,
+        "ephemeral_storage": s.sandbox_ephemeral_storage,
+        "workspace_size": s.sandbox_workspace_size,
+        "tmp_size": s.sandbox_tmp_size,
+        "start_timeout_s": s.sandbox_start_timeout_seconds,
+    }
+    optional = {
+        "memory": s.sandbox_memory,
+        "runtime_class": s.sandbox_runtime_class,
+        "kubeconfig": s.kubeconfig,
+        "context": s.kube_context,
+    }
+    options.update({k: v for k, v in optional.items() if v})
+    return options
+
+
+def open_job_sandbox(
+    workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
+) -> Sandbox:
+    """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox."""
+    options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
+    return open_sandbox(sandbox_spec(workspace, settings, image, labels), settings.sandbox, **options)
+
+
+def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:
+    options: dict[str, Any] = {
+        "redact": redact,
+        "timeout": settings.forge_timeout_seconds,
+        "retry": RetryPolicy(budget_s=settings.forge_retry_budget_seconds),
+    }
+    if kind == "gitlab":
+        from app.forge.gitlab_api import GitLabForge
+
+        return GitLabForge(settings.gitlab_url, settings.gitlab_token.get_secret_value(), **options)
+    if kind == "gitea":
+        from app.forge.gitea_api import GiteaForge
+
+        return GiteaForge(settings.gitea_url, settings.gitea_token.get_secret_value(), **options)
+    raise ForgeError(f"unknown forge {kind!r}")
