@@ -381,7 +381,7 @@ def _print_job(d: dict[str, Any]) -> None:
         for flag in a.get("flags") or []:
             lines.extend(_wrap(f"flag: {flag}", indent, len(head)))
         if a.get("trajectory_path"):
-            lines.append(f"{indent}{a['trajectory_path']}")
+            lines.append(f"{indent}{_trajectory_shown(a['trajectory_path'])}")
     lines.append("timeline (UTC)")
     day = None
     for e in d["events"]:
@@ -391,6 +391,17 @@ def _print_job(d: dict[str, Any]) -> None:
             lines.append(f"  {day}")
         lines.extend(_event_lines(e))
     typer.echo("\n".join(lines))
+
+
+def _trajectory_shown(stored: str) -> str:
+    """Where an attempt's trajectory is on this machine (jobs store it relative to the data folder)."""
+    from app import trajectory
+    from app.settings import get_settings
+
+    try:
+        return str(trajectory.resolve(get_settings().data_dir, stored))
+    except trajectory.TrajectoryError as exc:  # refused: say why rather than print a path not to open
+        return str(exc)
 
 
 def _event_lines(e: dict[str, Any]) -> list[str]:
@@ -432,18 +443,20 @@ def _last_event_id(job_id: int) -> int:
 
 def _show_local(job: str, json_out: bool) -> None:
     """A local (`manage.py fix`) job has no row, only its trajectory: show what that holds."""
-    import json
-
+    from app import trajectory
     from app.jobs import UnknownJob
     from app.settings import get_settings
-    from worker.replay import LOCAL_ID
 
-    path = get_settings().data_dir / "trajectories" / f"{job}.json"
-    if not LOCAL_ID.fullmatch(job) or not path.is_file():
-        raise UnknownJob(f"no job with id {job!r}")
-    data = json.loads(path.read_text("utf-8"))
+    try:
+        path = trajectory.existing(get_settings().data_dir, trajectory.local_path(job))
+    except trajectory.TrajectoryError as exc:
+        raise UnknownJob(f"no job with id {job!r}") from exc
+    try:
+        data = trajectory.load(path)
+    except trajectory.TrajectoryError as exc:
+        _fail("show", str(exc), 1)
     fix = data.get("fix") or {}
-    summary = {
+    summary: dict[str, Any] = {
         "id": job,
         "kind": "local",
         "status": fix.get("status") or ("running" if data.get("partial") else "unknown"),

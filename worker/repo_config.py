@@ -15,12 +15,13 @@ import fnmatch
 import json
 import posixpath
 import tomllib
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from app.patches import file_diffs
 
 CONFIG_FILE = ".frogfix.yml"
 DEFAULT_TEST_TIMEOUT = 900.0
@@ -176,115 +177,6 @@ def review_flags(patch: str, config: RepoConfig) -> list[str]:
         elif matches(path, ALWAYS_FLAGGED):
             flags.append(f"changes test or CI file {path}")
     return flags
-
-
-@dataclass
-class FileDiff:
-    """One file's section of a `git diff --binary`: both sides' paths, header lines, added lines, removed count."""
-
-    old_path: str
-    path: str
-    header: list[str] = field(default_factory=list)
-    added: list[str] = field(default_factory=list)
-    removed: int = 0
-    binary: bool = False
-
-    def has(self, prefix: str) -> bool:
-        return any(line.startswith(prefix) for line in self.header)
-
-    @property
-    def symlink(self) -> bool:
-        """The new side is a symlink (mode 120000): added, retargeted, or turned into one."""
-        if self.has("deleted file mode"):
-            return False
-        return any(
-            line in ("new file mode 120000", "new mode 120000")
-            or (line.startswith("index ") and line.endswith(" 120000"))
-            for line in self.header
-        )
-
-
-def _unquote(name: str) -> str:
-    """A path as git prints it: C-quoted (`"a/sp\303\251cial"`) when it holds odd bytes."""
-    if not (len(name) >= 2 and name[0] == name[-1] == '"'):
-        return name
-    body, out, i = name[1:-1], bytearray(), 0
-    escapes = {"a": 7, "b": 8, "t": 9, "n": 10, "v": 11, "f": 12, "r": 13, '"': 34, "\\": 92}
-    while i < len(body):
-        octal = body[i + 1 : i + 4]
-        if body[i] == "\\" and len(octal) == 3 and all(c in "01234567" for c in octal):
-            out.append(int(octal, 8) & 0xFF)
-            i += 4
-        elif body[i] == "\\" and i + 1 < len(body) and body[i + 1] in escapes:
-            out.append(escapes[body[i + 1]])
-            i += 2
-        else:
-            out.extend(body[i].encode("utf-8", "surrogateescape"))
-            i += 1
-    return out.decode("utf-8", "surrogateescape")
-
-
-def _quoted_end(text: str) -> int:
-    """The index just past the C-quoted name that `text` starts with (-1 when it is not closed)."""
-    i = 1
-    while i < len(text):
-        if text[i] == "\\":
-            i += 2
-        elif text[i] == '"':
-            return i + 1
-        else:
-            i += 1
-    return -1
-
-
-def _header_paths(line: str) -> tuple[str, str]:
-    """Both sides from `diff --git a/X b/Y`, for sections without `---`/`+++` lines (binary, mode, rename)."""
-    rest = line[len("diff --git ") :]
-    if rest.startswith('"') and (end := _quoted_end(rest)) != -1:
-        return _unquote(rest[:end])[2:], _unquote(rest[end + 1 :])[2:]
-    if rest.endswith('"') and (start := rest.rfind(' "b/')) != -1:
-        return rest[:start][2:], _unquote(rest[start + 1 :])[2:]
-    half = (len(rest) - 5) // 2  # `a/X b/X`: both sides are the same path unless it was renamed
-    if half > 0 and rest[: 2 + half] == "a/" + rest[5 + half :] and rest[2 + half : 5 + half] == " b/":
-        return rest[5 + half :], rest[5 + half :]
-    old, _, new = rest.partition(" b/")
-    return old.removeprefix("a/"), new
-
-
-def file_diffs(patch: str) -> Iterator[FileDiff]:
-    """The file sections of a patch, in order."""
-    current: FileDiff | None = None
-    in_hunks = False
-    for line in patch.splitlines():
-        if line.startswith("diff --git "):
-            if current is not None:
-                yield current
-            current, in_hunks = FileDiff(*_header_paths(line), [line]), False
-            continue
-        if current is None:
-            continue
-        if line.startswith("@@") or line == "GIT binary patch":
-            in_hunks = True
-            current.binary = current.binary or line == "GIT binary patch"
-        elif not in_hunks:
-            current.header.append(line)
-            name = line[4:].rstrip("\t")  # git ends a name that holds spaces with a tab
-            if line.startswith("--- ") and name != "/dev/null":
-                current.old_path = _unquote(name)[2:]
-            elif line.startswith("+++ ") and name != "/dev/null":
-                current.path = _unquote(name)[2:]
-            elif line.startswith(("rename from ", "copy from ")):
-                current.old_path = _unquote(line.split(" from ", 1)[1])
-            elif line.startswith(("rename to ", "copy to ")):
-                current.path = _unquote(line.split(" to ", 1)[1])
-            elif line.startswith("Binary files "):
-                current.binary = True
-        elif line.startswith("+"):
-            current.added.append(line[1:])
-        elif line.startswith("-"):
-            current.removed += 1
-    if current is not None:
-        yield current
 
 
 def _escapes(link: str, target: str) -> bool:

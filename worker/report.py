@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.patches import file_diffs
 from worker.leaf.trajectory import HARNESS_VERSION
-from worker.repo_config import file_diffs
 
 LOG_EXCERPT = 12_000
 SUMMARY_LIMIT = 4_000

@@ -24,6 +24,7 @@ from app.logs import get_logger
 from app.models import ACTIVE_STATUSES, utcnow
 from app.queue import send_replay_job, send_run_job
 from app.settings import get_settings
+from app.trajectory import TrajectoryMissing
 from app.web import views
 from app.web.params import NO_NUL, AttemptId, JobId, Offset, ProjectFilter
 from app.web.security import clear_cookie_header, safe_next, session_cookie_header
@@ -242,7 +243,7 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
             trajectory_meta = views.load_trajectory(attempt.trajectory_path, data_dir).meta
         except (views.TrajectoryUnavailable, OSError) as exc:
             # A running attempt writes its file after its first step; before that, nothing is wrong.
-            missing = not Path(attempt.trajectory_path).exists()
+            missing = isinstance(exc, TrajectoryMissing | FileNotFoundError)
             problem = "no step saved yet" if attempt.status == "running" and missing else str(exc)
     return {
         "a": attempt,

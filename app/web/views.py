@@ -8,7 +8,6 @@ Everything that ends up in HTML is escaped here or by Jinja's autoescape.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -19,6 +18,9 @@ from threading import Lock
 from typing import Any
 
 from markupsafe import Markup
+
+from app import trajectory
+from app.patches import FileDiff, file_diffs
 
 FINAL = ("done", "no_fix", "failed", "cancelled", "rejected")
 ACTIVE = ("queued", "running", "verifying", "publishing")
@@ -128,58 +130,45 @@ class DiffFile:
 
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+(\d+)(?:,\d+)? @@")
+_HIDDEN_HEADER = ("diff --git ", "--- ", "+++ ", "index ")  # the file card's title says it already
 
 
 def parse_diff(patch: str | None) -> list[DiffFile]:
-    """A unified `git diff` split per file, each line with its kind and old/new line numbers."""
-    files: list[DiffFile] = []
-    current: DiffFile | None = None
+    """A unified `git diff` split per file, each line with its kind and old/new line numbers.
+
+    The files and their names come from app/patches.py (which reads git's quoted names); this
+    only numbers and colours the lines.
+    """
+    return [_diff_file(diff) for diff in file_diffs(patch or "", headerless="(patch)")]
+
+
+def _diff_file(diff: FileDiff) -> DiffFile:
+    shown = DiffFile(diff.path, status=diff.status)
+    shown.lines = [DiffLine("meta", line) for line in diff.header if not line.startswith(_HIDDEN_HEADER)]
     old = new = 0
     in_hunk = False
-    for raw in (patch or "").splitlines():
-        if raw.startswith("diff --git "):
-            parts = raw[len("diff --git ") :].split(" b/", 1)
-            current = DiffFile(parts[-1] if len(parts) == 2 else raw[len("diff --git ") :])
-            files.append(current)
-            in_hunk = False
-            continue
-        if current is None:  # a patch without `diff --git` headers
-            current = DiffFile("(patch)")
-            files.append(current)
+    for raw in diff.body:
         if raw.startswith("@@"):
             m = _HUNK.match(raw)
             if m:
                 old, new = int(m.group(1)), int(m.group(2))
-            current.lines.append(DiffLine("hunk", raw))
+            shown.lines.append(DiffLine("hunk", raw))
             in_hunk = True
-            continue
-        if not in_hunk:
-            if raw.startswith("new file mode"):
-                current.status = "added"
-            elif raw.startswith("deleted file mode"):
-                current.status = "deleted"
-            elif raw.startswith("rename to "):
-                current.status = "renamed"
-            elif raw.startswith("+++ ") and raw[4:] != "/dev/null":
-                current.path = raw[4:].removeprefix("b/")
-            if not raw.startswith(("--- ", "+++ ", "index ")):
-                current.lines.append(DiffLine("meta", raw))
-            continue
-        if raw.startswith("+"):
-            current.lines.append(DiffLine("add", raw[1:], None, new))
-            current.added += 1
+        elif not in_hunk or raw.startswith("\\"):  # binary data, "\ No newline at end of file"
+            shown.lines.append(DiffLine("meta", raw))
+        elif raw.startswith("+"):
+            shown.lines.append(DiffLine("add", raw[1:], None, new))
+            shown.added += 1
             new += 1
         elif raw.startswith("-"):
-            current.lines.append(DiffLine("del", raw[1:], old, None))
-            current.removed += 1
+            shown.lines.append(DiffLine("del", raw[1:], old, None))
+            shown.removed += 1
             old += 1
-        elif raw.startswith("\\"):
-            current.lines.append(DiffLine("meta", raw))
         else:
-            current.lines.append(DiffLine("ctx", raw[1:] if raw.startswith(" ") else raw, old, new))
+            shown.lines.append(DiffLine("ctx", raw[1:] if raw.startswith(" ") else raw, old, new))
             old += 1
             new += 1
-    return files
+    return shown
 
 
 # -- test evidence ----------------------------------------------------------------------------
@@ -288,8 +277,8 @@ class TrajectoryView:
         return bool(self.meta.get("partial"))
 
 
-class TrajectoryUnavailable(Exception):
-    """The file is missing, outside the data folder, too large or not a trajectory."""
+# The file is missing, outside the data folder, too large or not a trajectory: the page says so.
+TrajectoryUnavailable = trajectory.TrajectoryError
 
 
 _TEXT_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -396,8 +385,9 @@ _cache: OrderedDict[tuple[str, int, int], TrajectoryView] = OrderedDict()
 def load_trajectory(path: str | None, data_dir: Path) -> TrajectoryView:
     """Read and split a trajectory file; only files under the data folder are read.
 
-    Parsed views are cached by (path, mtime, size): the live job page asks again every few seconds
-    and the file only changes when a step ends.
+    Tolerant on purpose: a partially written file, or one from an older version, still shows
+    whatever steps it holds. Parsed views are cached by (path, mtime, size): the live job page
+    asks again every few seconds and the file only changes when a step ends.
     """
     resolved = trajectory_file(path, data_dir)
     stat = resolved.stat()
@@ -406,11 +396,8 @@ def load_trajectory(path: str | None, data_dir: Path) -> TrajectoryView:
         if key in _cache:
             _cache.move_to_end(key)
             return _cache[key]
-    try:
-        document = json.loads(resolved.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise TrajectoryUnavailable(f"the trajectory file could not be read: {exc}") from exc
-    if not isinstance(document, dict) or not isinstance(document.get("messages"), list):
+    document = trajectory.load(resolved)
+    if not isinstance(document.get("messages"), list):
         raise TrajectoryUnavailable("the file is not a Leaf trajectory")
     view = build_trajectory(document, str(resolved))
     with _cache_lock:
@@ -421,15 +408,9 @@ def load_trajectory(path: str | None, data_dir: Path) -> TrajectoryView:
 
 
 def trajectory_file(path: str | None, data_dir: Path) -> Path:
-    """The trajectory's path, checked: it exists, is a regular file, under `data_dir`, and not huge."""
-    if not path:
-        raise TrajectoryUnavailable("this attempt has no trajectory file")
-    root = Path(os.path.realpath(data_dir))
-    resolved = Path(os.path.realpath(path))
-    if root not in resolved.parents:
-        raise TrajectoryUnavailable(f"{path} is outside this server's data folder ({data_dir})")
-    if not resolved.is_file():
-        raise TrajectoryUnavailable(f"{path} is not on this server (is the data folder shared with the worker?)")
+    """The attempt's stored path (relative, or absolute from an older version) found under
+    `data_dir`, checked: a regular file, inside the data folder, and not huge."""
+    resolved = trajectory.existing(data_dir, path)
     if resolved.stat().st_size > MAX_TRAJECTORY_BYTES:
         raise TrajectoryUnavailable("the trajectory file is too large to show here; download it instead")
     return resolved

@@ -112,6 +112,42 @@ def test_show_prints_fields_attempts_and_timeline(three_jobs: dict[str, int]) ->
     assert [e["kind"] for e in data["events"]] == ["created", "verified", "done"]
 
 
+def test_show_prints_where_each_trajectory_is_in_this_data_folder(three_jobs: dict[str, int],
+                                                                    frogfix_env: dict[str, Any]) -> None:
+    """Jobs store the path relative to the data folder; older ones an absolute path that may have moved."""
+    done = three_jobs["done"]
+    here = Path(os.path.realpath(frogfix_env["data_dir"])) / "trajectories"
+    with session_scope() as s:
+        for number, stored in enumerate(("trajectories/job-1-run-2-1.json", "../../etc/passwd"), 1):
+            s.add(JobAttempt(job_id=done, run=2, number=number, status="no_fix", trajectory_path=stored))
+    text = manage("show", str(done)).stdout
+    assert f"{here}/job-1-run-1-1.json" in text  # stored as /data/trajectories/..., a folder since moved
+    assert f"{here}/job-1-run-2-1.json" in text
+    assert "../../etc/passwd is outside this server's data folder" in text
+    data = json.loads(manage("show", str(done), "--json").stdout)
+    stored = [a["trajectory_path"] for a in data["attempts"]]
+    assert stored[1:] == ["trajectories/job-1-run-2-1.json", "../../etc/passwd"]  # as recorded
+
+
+def test_show_reads_a_local_job_from_its_trajectory(frogfix_env: dict[str, Any]) -> None:
+    from app import trajectory
+
+    path = frogfix_env["data_dir"] / trajectory.local_path("local-20260101-000000-abcdef")
+    document = {"trajectory_format": "leaf-function-calling", "repository": "/src/calc", "base_commit": "ab" * 20,
+                "exit_reason": "agent", "n_steps": 3, "fix": {"status": "fixed", "flags": []}, "messages": []}
+    trajectory.write_atomic(path, json.dumps(document).encode())
+    data = json.loads(manage("show", "local-20260101-000000-abcdef", "--json").stdout)
+    summary = (data["kind"], data["status"], data["steps"], data["trajectory"])
+    assert summary == ("local", "fixed", 3, str(path.resolve()))
+    assert "local job local-20260101-000000-abcdef: fixed" in manage("show", "local-20260101-000000-abcdef").stdout
+    path.write_text("{cut short")
+    broken = manage("show", "local-20260101-000000-abcdef")
+    assert broken.returncode == 1 and "could not be read" in broken.stderr and "Traceback" not in broken.stderr
+    for unknown in ("local-nothing-here", "local-../../x"):
+        proc = manage("show", unknown)
+        assert proc.returncode == 2 and proc.stderr.strip() == f"frogfix show: no job with id {unknown!r}"
+
+
 def test_cancel_and_retry(three_jobs: dict[str, int]) -> None:
     queued, failed, done = three_jobs["queued"], three_jobs["failed"], three_jobs["done"]
 

@@ -18,6 +18,7 @@ from app import auth, jobs
 from app.db import session_scope
 from app.forge.base import WebhookEvent
 from app.models import Job, JobStatus, utcnow
+from app.trajectory import attempt_path
 from worker.leaf.loop import StepRecord, ToolCallRecord
 from worker.leaf.model import Usage
 from worker.leaf.trajectory import TrajectoryWriter
@@ -136,7 +137,8 @@ def finished_job(data_dir: Path, status: str = "done", *, project: str = "acme/c
                  steps: int = 4, with_trajectory: bool = True, age_minutes: float = 30) -> int:
     """A job that already ran to `status`, with one attempt, its patch, tests and trajectory."""
     job_id = new_job(project=project, issue=issue)
-    path = data_dir / "trajectories" / f"job-{job_id}-run-1-1.json"
+    stored = attempt_path(job_id, 1, 1)  # relative to the data folder, as the worker records it
+    path = data_dir / stored
     if with_trajectory:
         trajectory = ScriptedTrajectory(path, job_id)
         for i in range(steps):
@@ -148,7 +150,7 @@ def finished_job(data_dir: Path, status: str = "done", *, project: str = "acme/c
         attempt_id = jobs.start_attempt(session, job_id, 1, 1)
         jobs.update_attempt(
             session, attempt_id, finished=True, status="verified" if status == "done" else "no_fix",
-            steps=steps, trajectory_path=str(path) if with_trajectory else None,
+            steps=steps, trajectory_path=stored if with_trajectory else None,
             patch=PATCH if status == "done" else None, summary=FINAL_ANSWER, tests=TESTS if status == "done" else None,
             exit_reason="agent",
         )
@@ -204,10 +206,10 @@ class ScriptedRun(threading.Thread):
             jobs.update_job(session, self.job_id, base_commit="7445f7eee3b936b4c0ce26c8ba8aecf3503569ad",
                             branch="frogfix/issue-7")
             attempt_id = jobs.start_attempt(session, self.job_id, 1, 1)
-        path = self.data_dir / "trajectories" / f"job-{self.job_id}-run-1-1.json"
-        trajectory = ScriptedTrajectory(path, self.job_id)
+        stored = attempt_path(self.job_id, 1, 1)
+        trajectory = ScriptedTrajectory(self.data_dir / stored, self.job_id)
         with session_scope() as session:
-            jobs.update_attempt(session, attempt_id, trajectory_path=str(path))
+            jobs.update_attempt(session, attempt_id, trajectory_path=stored)
         self._event("agent_started", "attempt 1: running the agent (FrogNano-4B-2609)")
         for index in range(self.steps):
             time.sleep(self.delay)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -218,6 +219,78 @@ def test_a_trajectory_outside_the_data_folder_is_not_read(signed_in: Any, data_d
     page = signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory")
     assert page.status_code == 200 and "outside this server&#39;s data folder" in page.text
     assert signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory.json").status_code == 404
+
+
+def _set_trajectory_path(job_id: int, stored: str) -> int:
+    with session_scope() as s:
+        attempt = s.query(JobAttempt).filter_by(job_id=job_id).one()
+        attempt.trajectory_path = stored
+        return int(attempt.id)
+
+
+def test_a_trajectory_stored_relative_to_the_data_folder_is_shown(signed_in: Any, data_dir: Path) -> None:
+    job_id = finished_job(data_dir, "done")
+    with session_scope() as s:
+        stored = s.query(JobAttempt).filter_by(job_id=job_id).one().trajectory_path
+    assert stored == f"trajectories/job-{job_id}-run-1-1.json"
+    page = signed_in.get(f"/jobs/{job_id}").text
+    assert "FrogNano-4B-2609" in page and "not on this server" not in page and "outside this server" not in page
+    attempt_id = _set_trajectory_path(job_id, stored)
+    assert signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory").text.count('class="step card"') == 5
+    raw = signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory.json")
+    assert raw.status_code == 200 and raw.json()["job_id"] == job_id
+
+
+def test_an_absolute_path_from_a_data_folder_that_has_moved_is_found_here(signed_in: Any, data_dir: Path) -> None:
+    """Older versions stored absolute paths; after a move or a restore the file is in this data folder."""
+    job_id = finished_job(data_dir, "done")
+    old = f"/srv/frogfix-before-the-move/data/trajectories/job-{job_id}-run-1-1.json"
+    assert not Path(old).exists()
+    attempt_id = _set_trajectory_path(job_id, old)
+    page = signed_in.get(f"/jobs/{job_id}").text
+    assert "outside this server&#39;s data folder" not in page and "FrogNano-4B-2609" in page
+    trajectory = signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory").text
+    assert "outside this server" not in trajectory and trajectory.count('class="step card"') == 5
+    raw = signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory.json")
+    assert raw.status_code == 200 and raw.json()["trajectory_format"] == "leaf-function-calling"
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["trajectories/../../elsewhere.json", "../elsewhere.json", "/srv/old/data/trajectories/../../../elsewhere.json"],
+)
+def test_a_stored_path_that_escapes_the_data_folder_is_refused(
+    signed_in: Any, data_dir: Path, stored: str
+) -> None:
+    job_id = finished_job(data_dir, "failed", with_trajectory=False)
+    (data_dir.parent / "elsewhere.json").write_text('{"messages": []}')
+    attempt_id = _set_trajectory_path(job_id, stored)
+    page = signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory")
+    assert page.status_code == 200 and "outside this server&#39;s data folder" in page.text
+    assert signed_in.get(f"/jobs/{job_id}/attempts/{attempt_id}/trajectory.json").status_code == 404
+
+
+def test_the_diff_shows_file_names_git_quotes(signed_in: Any, data_dir: Path, tmp_path: Path) -> None:
+    """Git C-quotes names with non-ASCII bytes, tabs or quotes; the page shows the real names and lines."""
+    from tests.doubles.git_http import git, make_worktree
+
+    names = ["src/tést file.py", "tab\there.py", 'say "hi".py']
+    repo = make_worktree(tmp_path / "repo", {name: "old line\nkept\n" for name in names})
+    for i, name in enumerate(names):
+        (repo / name).write_text(f"new line {i}\nkept\n", encoding="utf-8")
+    assert git("add", "-A", cwd=repo).returncode == 0
+    patch = git("diff", "--cached", "--binary", "HEAD", cwd=repo).stdout
+    assert '"a/src/t\\303\\251st file.py"' in patch and '"a/tab\\there.py"' in patch
+    assert '"a/say \\"hi\\".py"' in patch
+    job_id = finished_job(data_dir, "done")
+    with session_scope() as s:
+        s.query(JobAttempt).filter_by(job_id=job_id).one().patch = patch
+    page = html.unescape(signed_in.get(f"/jobs/{job_id}").text)
+    shown = re.findall(r'<span class="path">(.*?)</span> <span class="muted small">(\w+)</span>', page, re.S)
+    assert shown == [(name, "modified") for name in sorted(names)]
+    for i in range(len(names)):
+        assert re.search(rf'class="d-add">.*?new line {i}</td>', page)
+    assert page.count('class="d-del">') == 3 and page.count('class="d-ctx">') == 3
 
 
 def test_progress_reports_status_steps_current_step_and_new_events(signed_in: Any, data_dir: Path) -> None:

@@ -47,6 +47,46 @@ def test_parse_diff_numbers_lines_and_counts_per_file() -> None:
     assert views.parse_diff("") == [] and views.parse_diff(None) == []
 
 
+def test_parse_diff_reads_quoted_names_binary_mode_and_rename_sections_and_plain_diffs() -> None:
+    patch = "\n".join(
+        [
+            'diff --git "a/t\\303\\251st file.bin" "b/t\\303\\251st file.bin"',
+            "new file mode 100644",
+            "index 0000000..e69de29",
+            "GIT binary patch",
+            "literal 3",
+            "KcmZQz00000",
+            "",
+            "diff --git a/run.sh b/run.sh",
+            "old mode 100644",
+            "new mode 100755",
+            "diff --git a/old name.py b/new name.py",
+            "similarity index 100%",
+            "rename from old name.py",
+            "rename to new name.py",
+            'diff --git a/gone.py "b/gone.py"',
+            "deleted file mode 100644",
+            "--- a/gone.py",
+            "+++ /dev/null",
+            "@@ -1 +0,0 @@",
+            "-x",
+        ]
+    )
+    binary, mode, renamed, gone = views.parse_diff(patch)
+    assert (binary.path, binary.status, binary.added, binary.removed) == ("tést file.bin", "added", 0, 0)
+    assert [line.kind for line in binary.lines] == ["meta"] * 5 and binary.lines[1].text == "GIT binary patch"
+    assert (mode.path, mode.status, [line.text for line in mode.lines]) == (
+        "run.sh", "modified", ["old mode 100644", "new mode 100755"],
+    )
+    assert (renamed.path, renamed.status) == ("new name.py", "renamed")
+    assert (gone.path, gone.status, gone.removed) == ("gone.py", "deleted", 1)
+    assert [(line.kind, line.old, line.text) for line in gone.lines] == [
+        ("meta", None, "deleted file mode 100644"), ("hunk", None, "@@ -1 +0,0 @@"), ("del", 1, "x"),
+    ]
+    plain = views.parse_diff("--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b")
+    assert [(f.path, f.added, f.removed) for f in plain] == [("x.py", 1, 1)]
+
+
 def test_a_trajectory_with_text_tool_calls_and_unanswered_calls() -> None:
     document = {
         "messages": [

@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from app.patches import file_diffs
 from app.settings import Settings
 from sandbox.base import SandboxError
 from tests.doubles.git_http import git, make_worktree
 from worker.attempt import RUNNER_PATCH_LIMIT, open_job_sandbox
-from worker.repo_config import RepoConfig, changed_paths, file_diffs, refusal_reasons, review_flags
+from worker.repo_config import RepoConfig, changed_paths, refusal_reasons, review_flags
 
 
 def staged_patch(repo: Path) -> str:

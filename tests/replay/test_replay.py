@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from app import jobs
+from app import jobs, trajectory
 from app.db import session_scope
 from app.models import Job
+from app.settings import get_settings
 from tests.doubles.openai_server import Status
 from tests.pipeline.conftest import PROJECT, TRIGGER, World, fixing_script
 from worker.replay import ReplayError, normalise, replay_job, start_replay
@@ -41,7 +42,7 @@ def _trajectory(job_id: int) -> Path:
     with session_scope() as s:
         [attempt] = jobs.job_attempts(s, job_id)
         assert attempt.trajectory_path
-        return Path(attempt.trajectory_path)
+        return trajectory.resolve(get_settings().data_dir, attempt.trajectory_path)
 
 
 def _edit_tool_output(path: Path, index: int, change: Any) -> None:

@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import openai
 
+from app import trajectory
+
 
 class ModelError(Exception):
     """Base of the two ways a model call can end a run."""
@@ -378,9 +380,11 @@ class ReplayModel:
 
     @classmethod
     def from_trajectory(cls, source: str | Path | Mapping[str, Any]) -> ReplayModel:
-        """Replay the assistant turns of a saved trajectory (a path or the decoded JSON)."""
-        loaded = source if isinstance(source, Mapping) else json.loads(Path(source).read_text("utf-8"))
-        data: Mapping[str, Any] = loaded if isinstance(loaded, Mapping) else {}
+        """Replay the assistant turns of a saved trajectory (a path or the decoded JSON).
+
+        A path is read with app/trajectory.py's `load` (TrajectoryError when it cannot be).
+        """
+        data: Mapping[str, Any] = source if isinstance(source, Mapping) else trajectory.load(Path(source))
         steps = [s for s in data.get("steps", []) if isinstance(s, Mapping)]
         messages = [m for m in data.get("messages", []) if isinstance(m, Mapping)]
         assistants = [m for m in messages if m.get("role") == "assistant"]

@@ -1,27 +1,29 @@
 """The saved trajectory: Leaf's `leaf-function-calling` JSON plus FrogFix's own fields.
 
-Written atomically (temporary file, fsync, rename) after every step, so a crash or a kill
-leaves the last complete step on disk, never half a file. Everything saved passes through
-`redact` first, string by string, so a configured secret cannot reach the file however it
-appears. Messages are append-only, so each one is redacted and encoded once and the file is
-assembled from cached pieces: a write costs O(new messages) of encoding plus the disk write.
+Written atomically (app/trajectory.py's `write_atomic`: temporary file, fsync, rename) after
+every step, so a crash or a kill leaves the last complete step on disk, never half a file. The
+format, the file's place and its reading belong to app/trajectory.py; this module fills it in.
+Everything saved passes through `redact` first, string by string, so a configured secret cannot
+reach the file however it appears. Messages are append-only, so each one is redacted and
+encoded once and the file is assembled from cached pieces: a write costs O(new messages) of
+encoding plus the disk write.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from app.trajectory import FORMAT_VERSION, TRAJECTORY_FORMAT, write_atomic
 from worker.leaf.loop import LeafResult, StepRecord
 from worker.leaf.tools import TOOL_SCHEMAS
 
-TRAJECTORY_FORMAT: Final = "leaf-function-calling"
-FORMAT_VERSION: Final = 1
+__all__ = ["FORMAT_VERSION", "HARNESS_VERSION", "TRAJECTORY_FORMAT", "TrajectoryWriter", "redact_value"]
+
 HARNESS_VERSION: Final = "frogfix-leaf/0.1.0"
 
 
@@ -150,18 +152,5 @@ class TrajectoryWriter:
 
     def write(self) -> None:
         """Replace the file atomically: readers see the old or the new version, whole."""
-        text = self._render().encode("utf-8")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(text)
-                handle.flush()
-                if self._fsync:
-                    os.fsync(handle.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            temporary.unlink(missing_ok=True)
-            raise
+        write_atomic(self.path, self._render().encode("utf-8"), fsync=self._fsync)
         self.writes += 1
