@@ -7,7 +7,6 @@ patch, then run the test command in fresh sandboxes on the base commit and with 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 import sys
@@ -19,6 +18,7 @@ from typing import Any, TextIO
 
 import git
 
+from app import trajectory
 from app.logs import SecretRedactor
 from app.settings import Settings, get_settings
 from app.statuses import FixStatus
@@ -110,7 +110,7 @@ class LocalFix:
         self.progress = progress
         self.job_id = job_id or datetime.now(UTC).strftime("local-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         self.root = self.settings.resolved_workspace_dir() / self.job_id
-        self.trajectory_path = self.settings.data_dir / "trajectories" / f"{self.job_id}.json"
+        self.trajectory_path = self.settings.data_dir / trajectory.local_path(self.job_id)
         self.redactor = SecretRedactor(self.settings.secret_values())
         self._model = model
 
@@ -205,11 +205,9 @@ class LocalFix:
     def amend_trajectory(self, fields: dict[str, Any]) -> None:
         """Add `fix`'s verdict to the finished trajectory, atomically (readers see the old or the new file)."""
         path = self.trajectory_path
-        data = json.loads(path.read_text("utf-8"))
+        data = trajectory.load(path)
         data.update(json.loads(self.redactor.redact(json.dumps(fields, ensure_ascii=False))))
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps(data, ensure_ascii=False, separators=(",", ":")), "utf-8")
-        os.replace(temporary, path)
+        trajectory.write_atomic(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
     # -- the observer: progress lines ------------------------------------------------------------
 

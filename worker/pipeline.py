@@ -20,7 +20,7 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from app import jobs
+from app import jobs, trajectory
 from app.db import in_transaction, session_scope
 from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
 from app.logs import SecretRedactor, get_logger
@@ -421,7 +421,6 @@ class Pipeline:
         observer.attempt_id = in_transaction(
             lambda session: jobs.start_attempt(session, self.job_id, self.run_number, number)
         )
-        trajectory = self.s.data_dir / "trajectories" / f"job-{self.job_id}-run-{self.run_number}-{number}.json"
         spec = AttemptSpec(
             job_id=self.job_id,
             number=number,
@@ -432,7 +431,7 @@ class Pipeline:
                 project=self.project, issue_number=self.issue,
             ),
             limits=leaf_limits_from(self.s, self.deadline - time.monotonic()),
-            trajectory=trajectory,
+            trajectory=self.s.data_dir / trajectory.attempt_path(self.job_id, self.run_number, number),
             model_label=self.s.model_name,
             sampling=sampling_from(self.s).body_fields(),
             trajectory_fields={
@@ -453,7 +452,7 @@ class Pipeline:
         fields: dict[str, Any] = {
             "exit_reason": leaf.exit_reason,
             "steps": leaf.steps,
-            "trajectory_path": str(result.trajectory),
+            "trajectory_path": trajectory.attempt_path(self.job_id, self.run_number, result.number),
             "patch": result.patch,
             "summary": self.redact(leaf.final_answer)[:20_000],
             "error": result.reason if result.outcome == AttemptOutcome.refused else error,

@@ -32,7 +32,6 @@ when it was saved.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import secrets
@@ -46,7 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app import jobs
+from app import jobs, trajectory
 from app.db import session_scope
 from app.logs import SecretRedactor, get_logger
 from app.models import ACTIVE_STATUSES
@@ -64,7 +63,6 @@ from worker.workspaces import CheckoutSource, MirrorSource
 log = get_logger("frogfix.replay")
 Progress = Callable[[str], None]
 
-LOCAL_ID = re.compile(r"local-[A-Za-z0-9][A-Za-z0-9._-]{0,120}")
 # Exits the replay reproduces by itself; for any other the recording just stops, and so does the replay.
 NATURAL_EXITS = frozenset({"agent", "max_turns", "max_context_len", "max_tokens_per_turn", "llm_query_error"})
 EXCERPT_CHARS = 200
@@ -209,7 +207,7 @@ def parse_job_id(value: int | str) -> int | str:
     text = value.strip()
     if text.lstrip("-").isdigit():
         return int(text)
-    if LOCAL_ID.fullmatch(text):
+    if trajectory.LOCAL_ID.fullmatch(text):
         return text
     raise jobs.UnknownJob(f"no job with id {text[:80]!r}")
 
@@ -250,22 +248,9 @@ class Recording:
 
 def _load_trajectory(path: Path) -> dict[str, Any]:
     try:
-        data = json.loads(path.read_text("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ReplayError(f"cannot read the trajectory {path}: {exc}") from exc
-    if not isinstance(data, dict) or data.get("trajectory_format") != "leaf-function-calling":
-        raise ReplayError(f"{path} is not a Leaf trajectory")
-    messages = data.get("messages")
-    if (
-        not isinstance(messages, list)
-        or len(messages) < 2
-        or not isinstance(messages[0], dict)
-        or not isinstance(messages[1], dict)
-        or messages[0].get("role") != "system"
-        or messages[1].get("role") != "user"
-    ):
-        raise ReplayError(f"{path} does not start with the system prompt and the task")
-    return data
+        return trajectory.read(path)
+    except trajectory.TrajectoryError as exc:
+        raise ReplayError(str(exc)) from exc
 
 
 @dataclass
@@ -298,11 +283,10 @@ def _select_attempt(
 
 def find_recording(job_id: int | str, attempt: int | str | None, settings: Settings) -> Recording:
     """The trajectory to replay: a forge job's chosen attempt, or a local job's one file."""
-    trajectories = settings.data_dir / "trajectories"
     if isinstance(job_id, str):
         if attempt not in (None, 1, "1"):
             raise ReplayError("a local job has one attempt; leave out --attempt")
-        path = trajectories / f"{job_id}.json"
+        path = settings.data_dir / trajectory.local_path(job_id)
         if not path.is_file():
             raise jobs.UnknownJob(f"no job with id {job_id} (no trajectory {path})")
         data = _load_trajectory(path)
@@ -326,7 +310,10 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
     with_files: list[_AttemptFile] = []
     for run, number, stored, patch in rows:
         # An attempt whose worker died has no stored path yet; its file is at the usual place.
-        path = Path(stored) if stored else trajectories / f"job-{job_id}-run-{run}-{number}.json"
+        try:
+            path = trajectory.resolve(settings.data_dir, stored or trajectory.attempt_path(job_id, run, number))
+        except trajectory.TrajectoryError:  # a stored path out of the data folder is never read
+            continue
         if path.is_file():
             with_files.append(_AttemptFile(run, number, path, patch))
     chosen = _select_attempt(with_files, attempt, job_id)
@@ -576,9 +563,7 @@ class _ReplayingModel:
 
 
 def _replay_trajectory_path(rec: Recording, settings: Settings, mode: str) -> Path:
-    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    name = f"{rec.path.stem}.{mode}-{stamp}-{secrets.token_hex(2)}.json"
-    return settings.data_dir / "trajectories" / "replays" / name
+    return settings.data_dir / trajectory.replay_path(rec.path, mode)
 
 
 def _safe_label(job_id: int | str) -> str:
@@ -792,6 +777,54 @@ def _note(job_id: int | str, kind: str, message: str, data: dict[str, Any] | Non
         log.warning("replay_note_failed", job_id=job_id, error=f"{type(exc).__name__}: {exc}"[:300])
 
 
+def _queue_live_run(key: int | str, who: str, say: Progress) -> ReplayReport:
+    """`--live --publish`: the job again as a new run of the normal pipeline, which updates its one MR."""
+    if isinstance(key, str):
+        raise ReplayError("a local job has no merge request to publish to")
+    with session_scope() as session:
+        jobs.get_job(session, key)
+    sent = queue_again(key, f"{who} (replay --live --publish)")
+    message = (
+        f"job {key} is queued again as a new run; the worker runs it with the live model and updates its MR"
+        if sent
+        else f"job {key} is queued again; the broker is unreachable, so the sweep will send it when it is back"
+    )
+    say(message)
+    return ReplayReport(job_id=key, mode="queued", status="queued", message=message)
+
+
+def _replay_recording(
+    rec: Recording,
+    where: str,
+    settings: Settings,
+    redactor: SecretRedactor,
+    say: Progress,
+    *,
+    live: bool,
+    model: ModelClient | None,
+    repo_dir: Path | None,
+) -> ReplayReport:
+    """Find the repository, run, and note on the job's timeline whatever stopped the replay from running."""
+    source: RepoSource | None = None
+    try:
+        source = repo_source(rec, settings, redactor.redact, say, repo_dir)
+        report = _run(rec, source, settings, redactor, say, live=live, model=model)
+        if source.note:
+            report.notes.append(source.note)
+        return report
+    except (ReplayError, repos.RepoError) as exc:
+        _note(rec.job_id, "replay_failed", f"replay of {where} could not run: {exc}")
+        if isinstance(exc, ReplayError):
+            raise
+        raise ReplayError(str(exc)) from exc
+    except Exception as exc:  # a forge or git failure while fetching: one clear line
+        _note(rec.job_id, "replay_failed", f"replay of {where} could not run: {type(exc).__name__}: {exc}")
+        raise ReplayError(f"{type(exc).__name__}: {redactor.redact(str(exc))}") from exc
+    finally:
+        if source is not None:
+            source.cleanup()
+
+
 def replay_job(
     job_id: int | str,
     *,
@@ -818,18 +851,7 @@ def replay_job(
             "--publish needs --live: a plain replay reproduces a patch the job already published or refused"
         )
     if live and publish:
-        if isinstance(key, str):
-            raise ReplayError("a local job has no merge request to publish to")
-        with session_scope() as session:
-            jobs.get_job(session, key)
-        sent = queue_again(key, f"{who} (replay --live --publish)")
-        message = (
-            f"job {key} is queued again as a new run; the worker runs it with the live model and updates its MR"
-            if sent
-            else f"job {key} is queued again; the broker is unreachable, so the sweep will send it when it is back"
-        )
-        say(message)
-        return ReplayReport(job_id=key, mode="queued", status="queued", message=message)
+        return _queue_live_run(key, who, say)
 
     redactor = SecretRedactor(s.secret_values())
     try:
@@ -844,23 +866,7 @@ def replay_job(
             raise ReplayError(f"job {key} is {status}; a live run waits until it has finished")
     where = f"run {rec.run}, attempt {rec.number}" if rec.run is not None else "the local run"
     say(f"{'live run of' if live else 'replaying'} {where} from {rec.path} ({rec.replies} recorded steps)")
-    source: RepoSource | None = None
-    try:
-        source = repo_source(rec, s, redactor.redact, say, repo_dir)
-        report = _run(rec, source, s, redactor, say, live=live, model=model)
-        if source.note:
-            report.notes.append(source.note)
-    except (ReplayError, repos.RepoError) as exc:
-        _note(key, "replay_failed", f"replay of {where} could not run: {exc}")
-        if isinstance(exc, ReplayError):
-            raise
-        raise ReplayError(str(exc)) from exc
-    except Exception as exc:  # a forge or git failure while fetching: one clear line
-        _note(key, "replay_failed", f"replay of {where} could not run: {type(exc).__name__}: {exc}")
-        raise ReplayError(f"{type(exc).__name__}: {redactor.redact(str(exc))}") from exc
-    finally:
-        if source is not None:
-            source.cleanup()
+    report = _replay_recording(rec, where, s, redactor, say, live=live, model=model, repo_dir=repo_dir)
     say(report.message)
     _note(
         key,

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from app import jobs
+from app import jobs, trajectory
 from app.db import session_scope
 from tests.doubles.openai_server import Status
 from tests.pipeline.conftest import (
@@ -45,9 +45,15 @@ def _branch_file(bare: Path, branch: str, path: str) -> str:
     ).stdout
 
 
+def stored_trajectory(stored: str) -> Path:
+    from app.settings import get_settings
+
+    return trajectory.resolve(get_settings().data_dir, stored)
+
+
 def _everything_written(world: World, job_id: int) -> str:
     _, _, attempts = _job(job_id)
-    trajectories = "".join(Path(a.trajectory_path).read_text() for a in attempts if a.trajectory_path)
+    trajectories = "".join(stored_trajectory(a.trajectory_path).read_text() for a in attempts if a.trajectory_path)
     return (
         world.gitlab.sent_text() + world.gitea.sent_text() + trajectories + json.dumps([a.to_dict() for a in attempts])
     )
@@ -198,7 +204,9 @@ def test_second_attempt_is_published_when_the_first_does_not_verify(client: Any,
     _, _, attempts = _job(job_id)
     assert [a.status for a in attempts] == ["no_fix", "verified"]
     assert attempts[0].trajectory_path != attempts[1].trajectory_path
-    assert all(Path(a.trajectory_path).is_file() for a in attempts)
+    # Stored relative to the data folder, so a moved or restored data folder keeps its trajectories.
+    assert all(not Path(a.trajectory_path).is_absolute() for a in attempts)
+    assert all(stored_trajectory(a.trajectory_path).is_file() for a in attempts)
     [mr] = world.gitlab.open_mrs(PROJECT)
     assert "attempt 2 of 2" in mr["description"] and "run 2" not in mr["description"]
 

@@ -25,6 +25,8 @@ import pytest
 
 from app import jobs
 from app.db import session_scope
+from app.settings import get_settings
+from app.trajectory import resolve
 from tests.conftest import configure
 from tests.doubles.git_http import git
 from tests.doubles.openai_server import Reply, ScriptItem, assistant, tool_call
@@ -119,7 +121,7 @@ def everything_recorded(world: World, job_id: int) -> str:
     parts = [json.dumps(job.to_dict(), default=str)]
     parts += [json.dumps(e.to_dict(), default=str) for e in events]
     parts += [json.dumps(a.to_dict(), default=str) for a in attempts]
-    parts += [Path(a.trajectory_path).read_text() for a in attempts if a.trajectory_path]
+    parts += [resolve(get_settings().data_dir, a.trajectory_path).read_text() for a in attempts if a.trajectory_path]
     parts += [world.gitlab.sent_text(), world.gitea.sent_text()]
     parts += [body.decode("utf-8", "replace") for body in world.model.requests]
     return "\n".join(parts)
@@ -401,7 +403,7 @@ def test_a_100_mb_file_ends_the_attempt_as_refused_not_the_job_as_a_sandbox_fail
     assert event(events, "no_fix").message == reason and job.error is None
     assert "sandbox failure" not in json.dumps([e.message for e in events])
     assert reason in last_comment(world) and world.git_gitlab.pushes == []
-    trajectory = json.loads(Path(attempt.trajectory_path).read_text())
+    trajectory = json.loads(resolve(get_settings().data_dir, attempt.trajectory_path).read_text())
     assert len(json.dumps(trajectory)) < 1024 * 1024
 
 
