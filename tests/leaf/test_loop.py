@@ -23,9 +23,11 @@ from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf.loop import (
     LeafLimits,
     LeafResult,
+    LeafRun,
     StepRecord,
     estimate_tokens,
     history_message,
+    initial_messages,
     run_leaf,
     trim_output,
 )
@@ -457,3 +459,15 @@ def test_model_failure_after_the_deadline_is_max_time_read_from_the_clock() -> N
     ticks = iter([5.0, 10.0, 50.0, 60.0])
     early = run(ReplayModel([]), limits=LeafLimits(max_seconds=100.0), clock=lambda: next(ticks))
     assert (early.exit_reason, early.error, early.elapsed_s) == ("llm_query_error", result.error, 55.0)
+
+
+def test_leaf_run_appends_to_the_history_it_was_given() -> None:
+    history = initial_messages(SYSTEM, "Fix the bug.")
+    sent = json.dumps(history)
+    leaf = LeafRun(replies(glob_turn(), {"role": "assistant", "content": "done"}), SandboxDouble(), history,
+                   LeafLimits(), TOOL_SCHEMAS, on_step=None, cancel=None, clock=time.monotonic)
+    result = leaf.run()
+    assert result.messages is history and json.dumps(history[:2]) == sent
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "assistant"]
+    assert (leaf.steps, leaf.records, leaf.final_answer) == (2, result.records, "done")
+    assert all(record.history is history for record in result.records)
