@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from sandbox.base import SandboxError
 from tests.doubles.openai_server import (
     Hang,
     ScriptedOpenAIServer,
@@ -19,7 +20,17 @@ from tests.doubles.openai_server import (
     tool_call,
 )
 from tests.doubles.sandbox_double import SandboxDouble
-from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, history_message, run_leaf, trim_output
+from worker.leaf.loop import (
+    LeafLimits,
+    LeafResult,
+    LeafRun,
+    StepRecord,
+    estimate_tokens,
+    history_message,
+    initial_messages,
+    run_leaf,
+    trim_output,
+)
 from worker.leaf.model import ModelReply, OpenAIChatModel, ReplayModel, Usage
 from worker.leaf.tools import TOOL_SCHEMAS
 
@@ -337,3 +348,126 @@ def test_model_client_bug_is_llm_query_error(fail: bool) -> None:
 
     result = run(Exploding() if fail else ReplayModel([]))
     assert result.exit_reason == "llm_query_error"
+
+
+# Each exit, pinned without HTTP: the recorded-model double answers at once, the clock is scripted.
+
+def replies(*messages: dict[str, Any], usage: Usage | None = None) -> ReplayModel:
+    return ReplayModel(ModelReply(m, "tool_calls" if m.get("tool_calls") else "stop", usage) for m in messages)
+
+
+def glob_turn(call_id: str = "g") -> dict[str, Any]:
+    return {"role": "assistant", "content": None, "tool_calls": [tool_call("Glob", {"pattern": "*"}, call_id)]}
+
+
+@pytest.mark.parametrize(("finish", "usage", "reason"), [
+    ("length", None, "max_tokens_per_turn"),  # no usage: the turn's own cap
+    ("max_tokens", Usage(1000, 8192, 9192), "max_tokens_per_turn"),
+    ("LENGTH", Usage(1000, 500, 1500), "max_context_len"),  # the server shortened the turn to fit
+    ("max_new_tokens", Usage(130_000, 1072, 131_072), "max_context_len"),
+])
+def test_length_exit_reasons(finish: str, usage: Usage | None, reason: str) -> None:
+    content = "<think>Plan the edit.</think>\nAlmost there.  "
+    sandbox = SandboxDouble()
+    seen: list[StepRecord] = []
+    result = run(ReplayModel([ModelReply({"role": "assistant", "content": content}, finish, usage)]),
+                 sandbox, on_step=seen.append)
+    assert (result.exit_reason, result.error, result.steps) == (reason, None, 1)
+    assert result.final_answer == "Almost there."
+    assert sandbox.calls == [] and result.records == seen and len(seen) == 1
+    assert seen[0].tool_messages == [] and seen[0].finish_reason == finish
+
+
+@pytest.mark.parametrize("failure", [SandboxError("pod gone"), RuntimeError("runner bug")])
+def test_tool_error_reports_the_partial_step(failure: Exception) -> None:
+    class Failing(SandboxDouble):
+        def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+            if self.calls:
+                self.calls.append((name, dict(arguments)))
+                raise failure
+            return super().call_tool(name, arguments)
+
+    sandbox = Failing(files={"a.py": "A"})
+    turn = {"role": "assistant", "content": None, "tool_calls": [
+        tool_call("Read", {"file_path": "a.py"}, "r1"), tool_call("Bash", {"command": "ls"}, "b1"),
+        tool_call("Read", {"file_path": "a.py"}, "r2")]}
+    seen: list[tuple[int, int]] = []
+    result = run(replies(turn, {"role": "assistant", "content": "never"}), sandbox,
+                 on_step=lambda record: seen.append((record.step, len(record.history))))
+    assert (result.exit_reason, result.error) == ("tool_error", f"{type(failure).__name__}: {failure}")
+    assert [name for name, _ in sandbox.calls] == ["Read", "Bash"]
+    assert [m.get("tool_call_id") for m in result.messages[3:]] == ["r1"]  # the failed call is not answered
+    assert seen == [(0, 4)] and [c.call_id for c in result.records[0].calls] == ["r1"]
+    assert result.final_answer == "" and result.steps == 1
+
+
+def test_cancel_before_a_later_model_call() -> None:
+    seen: list[StepRecord] = []
+    model = replies(glob_turn(), {"role": "assistant", "content": "never"})
+    result = run(model, on_step=seen.append, cancel=lambda: len(seen) >= 1)
+    assert (result.exit_reason, result.steps, len(seen), model.remaining) == ("cancelled", 1, 1, 1)
+    assert result.messages[-1]["role"] == "tool"
+
+
+def test_a_failing_cancel_check_carries_on() -> None:
+    def broken() -> bool:
+        raise OSError("database is gone")
+
+    result = run(replies(glob_turn(), {"role": "assistant", "content": "done"}), cancel=broken)
+    assert (result.exit_reason, result.final_answer, result.steps) == ("agent", "done", 2)
+
+
+def test_on_step_runs_once_per_step_after_its_tool_answers() -> None:
+    seen: list[tuple[int, int, int]] = []
+    result = run(replies(glob_turn("g1"), glob_turn("g2"), {"role": "assistant", "content": "done"}),
+                 on_step=lambda r: seen.append((r.step, len(r.history), len(r.tool_messages))))
+    assert seen == [(0, 4, 1), (1, 6, 1), (2, 7, 0)]
+    assert [r.step for r in result.records] == [0, 1, 2]
+
+
+def test_tool_output_that_is_not_text_is_stringified() -> None:
+    class Numbers(SandboxDouble):
+        def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+            return 42  # type: ignore[return-value]
+
+    result = run(replies(glob_turn(), {"role": "assistant", "content": "ok"}), Numbers())
+    assert tool_messages(result)[0]["content"] == "42"
+
+
+def test_context_is_estimated_without_usage_reports() -> None:
+    model = replies(glob_turn(), glob_turn("g2"))
+    result = run(model, limits=LeafLimits(max_context_tokens=60))
+    pieces = [result.messages[:2], result.messages[2:3], result.messages[3:]]
+    expected = sum(estimate_tokens(piece) for piece in pieces)
+    assert expected >= 60 > estimate_tokens(result.messages[:2])
+    assert (result.exit_reason, result.steps, model.remaining) == ("max_context_len", 1, 1)
+    assert result.records[0].context_tokens == result.usage.context_tokens == expected
+
+
+def test_zero_steps_allowed_is_max_turns() -> None:
+    model = replies({"role": "assistant", "content": "never"})
+    result = run(model, limits=LeafLimits(max_steps=0))
+    assert (result.exit_reason, result.steps, result.records, model.remaining) == ("max_turns", 0, [], 1)
+    assert [m["role"] for m in result.messages] == ["system", "user"]
+
+
+def test_model_failure_after_the_deadline_is_max_time_read_from_the_clock() -> None:
+    ticks = iter([5.0, 10.0, 200.0, 250.0])  # start, the step's time check, the failure's check, the end
+    result = run(ReplayModel([]), limits=LeafLimits(max_seconds=100.0), clock=lambda: next(ticks))
+    assert (result.exit_reason, result.steps, result.records) == ("max_time", 1, [])
+    assert result.error and result.elapsed_s == 245.0
+    ticks = iter([5.0, 10.0, 50.0, 60.0])
+    early = run(ReplayModel([]), limits=LeafLimits(max_seconds=100.0), clock=lambda: next(ticks))
+    assert (early.exit_reason, early.error, early.elapsed_s) == ("llm_query_error", result.error, 55.0)
+
+
+def test_leaf_run_appends_to_the_history_it_was_given() -> None:
+    history = initial_messages(SYSTEM, "Fix the bug.")
+    sent = json.dumps(history)
+    leaf = LeafRun(replies(glob_turn(), {"role": "assistant", "content": "done"}), SandboxDouble(), history,
+                   LeafLimits(), TOOL_SCHEMAS, on_step=None, cancel=None, clock=time.monotonic)
+    result = leaf.run()
+    assert result.messages is history and json.dumps(history[:2]) == sent
+    assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "assistant"]
+    assert (leaf.steps, leaf.records, leaf.final_answer) == (2, result.records, "done")
+    assert all(record.history is history for record in result.records)

@@ -307,133 +307,211 @@ def run_leaf(
     after every step that got a reply; its exceptions are logged, not fatal (persistence
     hiccups should not throw away a long run).
     """
-    limits = limits or LeafLimits()
     messages = initial_messages(system_prompt, task)
-    records: list[StepRecord] = []
-    totals = UsageTotals()
-    started = clock()
-    exit_reason: str | None = None
-    error: str | None = None
-    final_answer = ""
-    model_total = tool_total = 0.0
-    estimated = estimate_tokens(messages)
-    steps = 0
+    return LeafRun(
+        model, sandbox, messages, limits or LeafLimits(), tools, on_step=on_step, cancel=cancel, clock=clock
+    ).run()
 
-    for step in range(limits.max_steps):
-        if _asked(cancel):
-            exit_reason = "cancelled"
-            break
-        remaining = limits.max_seconds - (clock() - started)
-        if remaining <= 0:
-            exit_reason = "max_time"
-            break
-        steps += 1
-        model_started = time.perf_counter()
+
+class _Exit(Exception):
+    """Ends the run from wherever the reason is found; `LeafRun.run` turns it into the result."""
+
+    def __init__(self, reason: str, error: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.error = error
+
+
+@dataclass
+class _Answers:
+    """One step's tool answers, kept for its record even when the step ends the run."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[ToolCallRecord] = field(default_factory=list)
+    ending: _Exit | None = None
+
+
+@dataclass(eq=False)
+class LeafRun:
+    """One run's state: the append-only history, the step records, the totals and the clock.
+
+    `run` → `step` → `query` (the model) → `answer` → `execute` (each tool call). An exit is
+    an `_Exit` raised by whichever of them meets it, so no step carries a break flag. A
+    LeafRun is meant to be run once, from `messages` as `initial_messages` makes them
+    (`run_leaf` makes one per task, with the defaults).
+    """
+
+    model: ModelClient
+    sandbox: ToolSandbox
+    messages: list[dict[str, Any]] = field(repr=False)  # the history: appended to, never rewritten
+    limits: LeafLimits
+    tools: Sequence[Mapping[str, Any]]
+    on_step: Callable[[StepRecord], None] | None = field(kw_only=True)
+    cancel: Callable[[], bool] | None = field(kw_only=True)
+    clock: Callable[[], float] = field(kw_only=True)
+    records: list[StepRecord] = field(default_factory=list, init=False, repr=False)
+    totals: UsageTotals = field(default_factory=UsageTotals, init=False)
+    final_answer: str = field(default="", init=False)
+    model_seconds: float = field(default=0.0, init=False)
+    tool_seconds: float = field(default=0.0, init=False)
+    estimated: int = field(default=0, init=False)  # tokens, when the server reports none
+    steps: int = field(default=0, init=False)  # model calls made, including one that failed
+    started: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        self.estimated = estimate_tokens(self.messages)
+
+    def run(self) -> LeafResult:
+        """Step until something ends the run; every way of ending becomes a LeafResult."""
+        self.started = self.clock()
+        reason, error = "max_turns", None
         try:
-            reply = model.complete(
-                messages, tools, timeout=remaining, max_completion_tokens=limits.max_completion_tokens
-            )
-        except ContextOverflow as exc:
-            exit_reason, error = "max_context_len", str(exc)
-            break
-        except ModelQueryError as exc:
-            # A call cut short by the run's own deadline is the time limit, not a model failure.
-            timed_out = clock() - started >= limits.max_seconds
-            exit_reason, error = ("max_time" if timed_out else "llm_query_error"), str(exc)
-            break
-        except Exception as exc:  # a bug in a model client must still end the run cleanly
-            log.exception("model client failed")
-            exit_reason, error = "llm_query_error", f"{type(exc).__name__}: {exc}"
-            break
+            for index in range(self.limits.max_steps):
+                self.step(index)
+        except _Exit as ending:
+            reason, error = ending.reason, ending.error
+        return LeafResult(
+            exit_reason=reason,
+            steps=self.steps,
+            messages=self.messages,
+            final_answer=self.final_answer,
+            usage=self.totals,
+            error=error,
+            elapsed_s=self.clock() - self.started,
+            model_seconds=self.model_seconds,
+            tool_seconds=self.tool_seconds,
+            records=self.records,
+        )
+
+    def step(self, index: int) -> None:
+        """One model call and its tool calls, reported through `on_step` even when it ends the run."""
+        if _asked(self.cancel):
+            raise _Exit("cancelled")
+        remaining = self.limits.max_seconds - (self.clock() - self.started)
+        if remaining <= 0:
+            raise _Exit("max_time")
+        self.steps += 1
+        model_started = time.perf_counter()
+        reply = self.query(remaining)
         model_seconds = time.perf_counter() - model_started
-        model_total += model_seconds
-
-        assistant = history_message(reply.message)
-        messages.append(assistant)
-        totals.add(reply.usage)
-        estimated += estimate_tokens([assistant])
-        planned, from_text = plan_calls(reply.message, step)
-        truncated = (reply.finish_reason or "").lower() in LENGTH_FINISH_REASONS
-
-        tool_messages: list[dict[str, Any]] = []
-        calls: list[ToolCallRecord] = []
+        self.model_seconds += model_seconds
+        assistant = self._append_reply(reply)
+        planned, from_text = plan_calls(reply.message, index)
         tools_started = time.perf_counter()
-        if truncated or not planned:
-            visible = extract_text_calls(assistant.get("content") or "").visible
-            final_answer = visible.strip()
-            exit_reason = _length_exit(reply, limits) if truncated else "agent"
-        else:
-            for call in planned:
-                if _asked(cancel):
-                    exit_reason = "cancelled"
-                    break
-                call_started = time.perf_counter()
-                rejected = True
-                if call.error is not None:
-                    output = call.error
-                elif call.name not in TOOL_NAMES:
-                    output = f"Unknown tool: {call.name}"
-                else:
-                    rejected = False
-                    try:
-                        output = sandbox.call_tool(call.name, call.arguments or {})
-                    except SandboxError as exc:
-                        exit_reason, error = "tool_error", f"{type(exc).__name__}: {exc}"
-                        break
-                    except Exception as exc:  # the sandbox broke in a way it did not foresee
-                        log.exception("sandbox call_tool failed")
-                        exit_reason, error = "tool_error", f"{type(exc).__name__}: {exc}"
-                        break
-                    if not isinstance(output, str):
-                        output = str(output)
-                output = trim_output(output, limits.max_tool_output_chars)
-                tool_message = {"role": "tool", "tool_call_id": call.call_id, "content": output}
-                messages.append(tool_message)
-                tool_messages.append(tool_message)
-                calls.append(ToolCallRecord(
-                    call.call_id, call.name, call.arguments, output,
-                    time.perf_counter() - call_started, call.source, rejected,
-                ))
+        answers = self.answer(reply, assistant, planned)
         tool_seconds = time.perf_counter() - tools_started
-        tool_total += tool_seconds
-
-        added = estimate_tokens(tool_messages)
-        estimated += added
-        if reply.usage is not None and reply.usage.prompt_tokens:
-            context_tokens = reply.usage.prompt_tokens + reply.usage.completion_tokens + added
-        else:
-            context_tokens = estimated
-        totals.context_tokens = context_tokens
-
-        record = StepRecord(
-            step=step, assistant=assistant, tool_messages=tool_messages, calls=calls,
+        self.tool_seconds += tool_seconds
+        context_tokens = self._count_context(reply, answers.messages)
+        self._report(StepRecord(
+            step=index, assistant=assistant, tool_messages=answers.messages, calls=answers.calls,
             finish_reason=reply.finish_reason, usage=reply.usage, model_seconds=model_seconds,
             tool_seconds=tool_seconds, text_calls=from_text, context_tokens=context_tokens,
-            history=messages,
-        )
-        records.append(record)
-        if on_step is not None:
-            try:
-                on_step(record)
-            except Exception:
-                log.warning("on_step callback failed at step %d", step, exc_info=True)
-        if exit_reason is not None:
-            break
-        if context_tokens >= limits.max_context_tokens:
-            exit_reason = "max_context_len"
-            break
-    else:
-        exit_reason = "max_turns"
+            history=self.messages,
+        ))
+        if answers.ending is not None:
+            raise answers.ending
+        if context_tokens >= self.limits.max_context_tokens:
+            raise _Exit("max_context_len")
 
-    return LeafResult(
-        exit_reason=exit_reason or "max_turns",
-        steps=steps,
-        messages=messages,
-        final_answer=final_answer,
-        usage=totals,
-        error=error,
-        elapsed_s=clock() - started,
-        model_seconds=model_total,
-        tool_seconds=tool_total,
-        records=records,
-    )
+    def query(self, remaining: float) -> ModelReply:
+        """One model call with the whole history; its failures become exits."""
+        try:
+            return self.model.complete(
+                self.messages, self.tools, timeout=remaining,
+                max_completion_tokens=self.limits.max_completion_tokens,
+            )
+        except ContextOverflow as exc:
+            raise _Exit("max_context_len", str(exc)) from exc
+        except ModelQueryError as exc:
+            # A call cut short by the run's own deadline is the time limit, not a model failure.
+            timed_out = self.clock() - self.started >= self.limits.max_seconds
+            raise _Exit("max_time" if timed_out else "llm_query_error", str(exc)) from exc
+        except Exception as exc:  # a bug in a model client must still end the run cleanly
+            log.exception("model client failed")
+            raise _Exit("llm_query_error", f"{type(exc).__name__}: {exc}") from exc
+
+    def answer(self, reply: ModelReply, assistant: Mapping[str, Any], planned: Sequence[_Planned]) -> _Answers:
+        """Answer a reply's calls in order, appending each answer to the history as it comes.
+
+        A reply cut at its length or holding no calls is the end; its visible text is the final
+        answer. Cancelling, or a sandbox failure, stops before the call concerned, whose answer
+        is never appended; the answers so far are still the step's.
+        """
+        answers = _Answers()
+        truncated = (reply.finish_reason or "").lower() in LENGTH_FINISH_REASONS
+        if truncated or not planned:
+            self.final_answer = extract_text_calls(assistant.get("content") or "").visible.strip()
+            answers.ending = _Exit(_length_exit(reply, self.limits) if truncated else "agent")
+            return answers
+        for call in planned:
+            if _asked(self.cancel):
+                answers.ending = _Exit("cancelled")
+                return answers
+            try:
+                record = self.execute(call)
+            except _Exit as ending:
+                answers.ending = ending
+                return answers
+            message = {"role": "tool", "tool_call_id": call.call_id, "content": record.output}
+            self.messages.append(message)
+            answers.messages.append(message)
+            answers.calls.append(record)
+        return answers
+
+    def execute(self, call: _Planned) -> ToolCallRecord:
+        """One tool call's answer, trimmed once; a call the loop cannot make is answered by it."""
+        started = time.perf_counter()
+        rejected = True
+        if call.error is not None:
+            output = call.error
+        elif call.name not in TOOL_NAMES:
+            output = f"Unknown tool: {call.name}"
+        else:
+            rejected = False
+            output = self._call_sandbox(call)
+        output = trim_output(output, self.limits.max_tool_output_chars)
+        return ToolCallRecord(
+            call.call_id, call.name, call.arguments, output,
+            time.perf_counter() - started, call.source, rejected,
+        )
+
+    def _call_sandbox(self, call: _Planned) -> str:
+        """The sandbox's answer as text; a failure of the sandbox itself ends the run as tool_error."""
+        try:
+            output = self.sandbox.call_tool(call.name, call.arguments or {})
+        except SandboxError as exc:
+            raise _Exit("tool_error", f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # the sandbox broke in a way it did not foresee
+            log.exception("sandbox call_tool failed")
+            raise _Exit("tool_error", f"{type(exc).__name__}: {exc}") from exc
+        return output if isinstance(output, str) else str(output)
+
+    def _append_reply(self, reply: ModelReply) -> dict[str, Any]:
+        """Append the assistant message as returned and count its usage."""
+        assistant = history_message(reply.message)
+        self.messages.append(assistant)
+        self.totals.add(reply.usage)
+        self.estimated += estimate_tokens([assistant])
+        return assistant
+
+    def _count_context(self, reply: ModelReply, tool_messages: Sequence[Mapping[str, Any]]) -> int:
+        """The context after this step: the server's count plus the new answers, else the estimate."""
+        added = estimate_tokens(tool_messages)
+        self.estimated += added
+        usage = reply.usage
+        if usage is not None and usage.prompt_tokens:
+            context_tokens = usage.prompt_tokens + usage.completion_tokens + added
+        else:
+            context_tokens = self.estimated
+        self.totals.context_tokens = context_tokens
+        return context_tokens
+
+    def _report(self, record: StepRecord) -> None:
+        """Keep the record and hand it to `on_step`, whose failures must not end the run."""
+        self.records.append(record)
+        if self.on_step is None:
+            return
+        try:
+            self.on_step(record)
+        except Exception:
+            log.warning("on_step callback failed at step %d", record.step, exc_info=True)
