@@ -203,7 +203,7 @@ class Pipeline:
         with session_scope() as session:
             job = jobs.get_job(session, job_id)
             self.forge_kind, self.project, self.issue = job.forge, job.project, job.issue
-            self.run_number = job.attempt
+            self.run_number = job.run
             self.trigger_user = job.trigger_user
             self.title, self.body = job.title or "", job.body or ""
             self.issue_url = job.issue_url

@@ -49,9 +49,9 @@ from typing import Any
 
 from app import jobs
 from app.db import session_scope
+from app.jobs.requeue import requeue_and_send
 from app.logs import SecretRedactor, get_logger
 from app.models import ACTIVE_STATUSES
-from app.queue import send_run_job
 from app.settings import Settings, get_settings
 from sandbox.base import SandboxError
 from worker import repos
@@ -770,13 +770,7 @@ def queue_again(job_id: int, who: str) -> bool:
 
     False when the broker is unreachable: the job stays queued and the sweep sends it later.
     """
-    with session_scope() as session:
-        jobs.retry_job(session, job_id, who)
-    if not send_run_job(job_id):
-        return False
-    with session_scope() as session:
-        jobs.mark_enqueued(session, job_id)
-    return True
+    return requeue_and_send(job_id, who)
 
 
 def _note(job_id: int | str, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
