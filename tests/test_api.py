@@ -76,6 +76,8 @@ def test_list_jobs_newest_first_with_total_and_filters(client: Any) -> None:
         "updated_at",
     }
     assert required <= set(body["items"][0])
+    # The run number under its new name, and under its first name for clients written before it.
+    assert all(j["run"] == j["attempt"] == 0 for j in body["items"])
     page = client.get("/api/jobs", params={"limit": 5, "offset": 5}, headers=AUTH).json()
     assert [j["issue"] for j in page["items"]] == [7, 6, 5, 4, 3] and page["total"] == 12
     failed = client.get("/api/jobs", params={"status": "failed"}, headers=AUTH).json()

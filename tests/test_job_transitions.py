@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -72,3 +73,73 @@ def test_a_run_whose_job_was_requeued_touches_nothing_more(frogfix_env: dict[str
     assert pipeline.end(JobStatus.failed, "boom", None) == "superseded"
     with session_scope() as s:
         assert records.get_job(s, job_id).status == "queued"
+
+
+def test_requeue_and_send_commits_then_sends_and_stamps(
+    frogfix_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one requeue the dashboard, manage.py retry and replay --publish share."""
+    from app.jobs import requeue
+
+    job_id = _job()
+    with session_scope() as s:
+        transitions.cancel_job(s, job_id, "alice")
+        before = records.get_job(s, job_id).enqueue_count
+    seen: list[str] = []
+
+    def send(sent_id: int) -> bool:
+        with session_scope() as s:  # the requeue is committed before the task is sent
+            seen.append(records.get_job(s, sent_id).status)
+        return True
+
+    monkeypatch.setattr(requeue, "send_run_job", send)
+    assert requeue.requeue_and_send(job_id, "bob", committed=lambda: seen.append("committed")) is True
+    with session_scope() as s:
+        job = records.get_job(s, job_id)
+        kinds = [e.kind for e in records.job_events(s, job_id)]
+    assert seen == ["committed", "queued"]
+    assert job.status == "queued" and job.enqueue_count == before + 1 and job.last_enqueued_at is not None
+    assert kinds[-1] == "retried"
+
+
+def test_requeue_with_the_broker_down_leaves_the_job_to_the_sweep(
+    frogfix_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.jobs import requeue
+
+    job_id = _job()
+    with session_scope() as s:
+        transitions.cancel_job(s, job_id, "alice")
+    monkeypatch.setattr(requeue, "send_run_job", lambda _job_id: False)
+    assert requeue.requeue_and_send(job_id, "bob") is False
+    with session_scope() as s:
+        job = records.get_job(s, job_id)
+        due = transitions.jobs_due_for_enqueue(s, timedelta(hours=1))
+    assert job.status == "queued" and job.last_enqueued_at is None and job_id in due
+
+
+def test_requeue_refuses_a_job_that_is_not_finished(
+    frogfix_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.jobs import requeue
+
+    job_id = _job()
+    sent: list[int] = []
+    monkeypatch.setattr(requeue, "send_run_job", lambda j: sent.append(j) or True)
+    with pytest.raises(transitions.InvalidTransition, match="only failed, no_fix, cancelled, rejected"):
+        requeue.requeue_and_send(job_id, "bob")
+    with pytest.raises(records.UnknownJob):
+        requeue.requeue_and_send(999_999, "bob")
+    assert sent == []
+
+
+def test_a_claim_starts_the_next_run(frogfix_env: dict[str, Any]) -> None:
+    """Job.run counts claims; each attempt records the run it belongs to."""
+    job_id = _job()
+    with session_scope() as s:
+        assert records.get_job(s, job_id).run == 0
+        assert transitions.claim_job(s, job_id)
+        assert not transitions.claim_job(s, job_id)  # a second delivery of the task loses
+    with session_scope() as s:
+        assert records.run_states(s, {job_id}) == {job_id: ("running", 1)}
+        assert records.get_job(s, job_id).to_dict()["run"] == 1
