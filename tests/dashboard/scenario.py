@@ -1,6 +1,6 @@
 """Jobs for the dashboard tests: seeded rows, real trajectory files, and a scripted run in a thread.
 
-The scripted run stands in for a worker: it moves a job through the same app/jobs.py functions the
+The scripted run stands in for a worker: it moves a job through the same app/jobs/ functions the
 pipeline calls (claim, events, attempts, steps after every agent step, final status) and writes the
 trajectory with the real TrajectoryWriter, so the dashboard reads what a worker would leave.
 """
