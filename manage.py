@@ -576,7 +576,7 @@ def _print_replay(report: Any) -> None:
         else f"{report.steps_replayed}",
     )
     exit_text = f"{report.exit_reason}"
-    if report.divergence is not None and report.exit_reason == "cancelled":
+    if report.divergence is not None and report.exit_reason == _statuses.ExitReason.cancelled:
         exit_text = "stopped at the divergence"
     if report.mode == "replay":
         exit_text += f" (recorded: {report.recorded_exit_reason})"
