@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from app import statuses as _statuses  # noqa: E402  (standard library only: cheap at start-up)
+
 cli = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
@@ -200,13 +202,7 @@ def demo(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON o
 # ---------------------------------------------------------------------------------------------
 
 WIDTH = 80
-def _statuses() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    from app.models import FINAL_STATUSES, JobStatus
-
-    return tuple(s.value for s in JobStatus), FINAL_STATUSES
-
-
-STATUSES, FINAL = _statuses()
+STATUSES, FINAL = _statuses.STATUS_ORDER, _statuses.FINAL_STATUSES
 JOB_ARG = typer.Argument(help="The job's id (a number; `replay` and `show` also take a local job's local-... id).")
 
 
@@ -230,7 +226,8 @@ def _job_errors(command: str) -> Iterator[None]:
     """Turn the expected failures into one line and an exit code, never a traceback."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from app.jobs import InvalidTransition, UnknownJob
+    from app.jobs.records import UnknownJob
+    from app.jobs.transitions import InvalidTransition
 
     try:
         yield
@@ -294,15 +291,15 @@ def jobs_command(
     json_out: Annotated[bool, typer.Option("--json", help='Print {"items": [...], "total": n}, as the API.')] = False,
 ) -> None:
     """List jobs, newest first, filtered like the dashboard."""
-    from app import jobs
     from app.db import session_scope
+    from app.jobs import records
 
     if status is not None and status not in STATUSES:
         _fail("jobs", f"unknown status {status!r} (one of: {', '.join(STATUSES)})")
     if forge is not None and forge not in ("gitlab", "gitea"):
         _fail("jobs", f"unknown forge {forge!r} (gitlab or gitea)")
     with _job_errors("jobs"), session_scope() as session:
-        items, total = jobs.list_jobs(session, jobs.JobFilter(status, forge, project), limit, offset)
+        items, total = records.list_jobs(session, records.JobFilter(status, forge, project), limit, offset)
         rows = [job.to_dict() for job in items]
     if json_out:
         _dump({"items": rows, "total": total})
@@ -318,15 +315,15 @@ def jobs_command(
 
 
 def _job_details(job_id: int) -> dict[str, Any]:
-    from app import jobs
     from app.db import session_scope
+    from app.jobs import records
 
     with session_scope() as session:
-        job = jobs.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         details = job.to_dict()
         details["issue_url"] = job.issue_url
-        details["attempts"] = [a.to_dict() for a in jobs.job_attempts(session, job_id)]
-        details["events"] = [e.to_dict() for e in jobs.job_events(session, job_id)]
+        details["attempts"] = [a.to_dict() for a in records.job_attempts(session, job_id)]
+        details["events"] = [e.to_dict() for e in records.job_events(session, job_id)]
     return details
 
 
@@ -354,8 +351,8 @@ def _print_job(d: dict[str, Any]) -> None:
     if d.get("base_commit"):
         field("base", f"{d['base_commit'][:12]}, branch {d.get('branch') or '-'}")
     field("MR", d.get("mr_url") or "none")
-    if d.get("exit_reason") or d.get("attempt"):
-        field("agent", f"{d.get('exit_reason') or '-'} after {d.get('steps') or 0} steps; runs {d.get('attempt') or 0}")
+    if d.get("exit_reason") or d.get("run"):
+        field("agent", f"{d.get('exit_reason') or '-'} after {d.get('steps') or 0} steps; runs {d.get('run') or 0}")
     else:
         field("agent", "has not run")
     if d.get("error"):
@@ -413,14 +410,14 @@ def _follow(command: str, job_id: int, seen: int, timeout: float) -> str:
     """Print the job's new timeline events as they come, until it is final (or `timeout` passes)."""
     import time
 
-    from app import jobs
     from app.db import session_scope
+    from app.jobs import records
 
     deadline = time.monotonic() + timeout
     while True:
         with session_scope() as session:
-            status = jobs.get_job(session, job_id).status
-            events = [e.to_dict() for e in jobs.job_events(session, job_id) if e.id > seen]
+            status = records.get_job(session, job_id).status
+            events = [e.to_dict() for e in records.job_events(session, job_id) if e.id > seen]
         for e in events:
             typer.echo("\n".join(_event_lines(e)), err=True)
             seen = e["id"]
@@ -433,18 +430,18 @@ def _follow(command: str, job_id: int, seen: int, timeout: float) -> str:
 
 
 def _last_event_id(job_id: int) -> int:
-    from app import jobs
     from app.db import session_scope
+    from app.jobs import records
 
     with session_scope() as session:
-        events = jobs.job_events(session, job_id)
+        events = records.job_events(session, job_id)
     return events[-1].id if events else 0
 
 
 def _show_local(job: str, json_out: bool) -> None:
     """A local (`manage.py fix`) job has no row, only its trajectory: show what that holds."""
     from app import trajectory
-    from app.jobs import UnknownJob
+    from app.jobs.records import UnknownJob
     from app.settings import get_settings
 
     try:
@@ -519,19 +516,20 @@ def cancel(
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 600,
 ) -> None:
     """Cancel a job: a queued one ends now, a running one stops at its next check."""
-    from app import jobs
     from app.db import session_scope
+    from app.jobs.records import get_job
+    from app.jobs.transitions import cancel_job
 
     with _job_errors("cancel"):
         job_id = _forge_job_id("cancel", job)
         last = _last_event_id(job_id)
         with session_scope() as session:
-            jobs.cancel_job(session, job_id, _who())
+            cancel_job(session, job_id, _who())
         # Read back rather than trust cancel_job's answer: its ORM update refreshes the job it
         # inspects, so it says "cancel_requested" even for a queued job it cancelled.
         with session_scope() as session:
-            status = jobs.get_job(session, job_id).status
-        if status == "cancelled":
+            status = get_job(session, job_id).status
+        if status == _statuses.JobStatus.cancelled:
             typer.echo(f"job {job_id} cancelled")
             return
         typer.echo(f"job {job_id}: asked the worker to stop at its next check")
@@ -549,20 +547,17 @@ def retry(
     timeout: Annotated[float, typer.Option(help="seconds --follow follows at most")] = 24 * 3600,
 ) -> None:
     """Queue a failed, no_fix, cancelled or rejected job again, as a new run of the same job."""
-    from app import jobs
-    from app.db import session_scope
-    from app.queue import send_run_job
+    from app.jobs.requeue import requeue_and_send
 
     with _job_errors("retry"):
         job_id = _forge_job_id("retry", job)
         last = _last_event_id(job_id)
-        with session_scope() as session:
-            jobs.retry_job(session, job_id, _who())
-        typer.echo(f"job {job_id} is queued again; sending it to the workers…", err=True)
-        sent = send_run_job(job_id)  # only now that the job is committed as queued
+        sent = requeue_and_send(
+            job_id,
+            _who(),
+            committed=lambda: typer.echo(f"job {job_id} is queued again; sending it to the workers…", err=True),
+        )
         if sent:
-            with session_scope() as session:
-                jobs.mark_enqueued(session, job_id)
             typer.echo(f"job {job_id} queued again and sent to the workers")
         else:
             typer.echo(
@@ -594,7 +589,7 @@ def _print_replay(report: Any) -> None:
         else f"{report.steps_replayed}",
     )
     exit_text = f"{report.exit_reason}"
-    if report.divergence is not None and report.exit_reason == "cancelled":
+    if report.divergence is not None and report.exit_reason == _statuses.ExitReason.cancelled:
         exit_text = "stopped at the divergence"
     if report.mode == "replay":
         exit_text += f" (recorded: {report.recorded_exit_reason})"

@@ -1,0 +1,22 @@
+"""FrogFix's application core: what the web app, the worker and manage.py share.
+
+Inside:
+- settings.py (FROGFIX_* environment), db.py (engine and `session_scope`), logs.py, migrate.py
+  (Alembic, migrations/ at the top level), auth.py (dashboard operators and signed cookies).
+- statuses.py: the one list of job and attempt statuses, exit reasons and `fix` outcomes, their
+  groups and the labels people read.
+- models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
+  webhook intake, the dashboard's read model, requeue-and-send).
+- queue.py: the Celery app and the task names (tasks are sent by name); sweep.py sends again
+  jobs whose task was lost.
+- forge/: the Forge seam: webhook parsing (pure, no I/O) and the GitLab and Gitea API clients.
+- web/: FastAPI: webhooks, the JSON API, health and metrics, the dashboard.
+
+What may import what:
+- Nothing in app/ imports worker/ or sandbox/: the worker depends on app, never the reverse, and
+  the web layer reaches the worker only through task names on the queue.
+- app/forge imports nothing else of ours, so the worker's pipeline can use it on its own.
+- statuses.py (and any other pure vocabulary module added beside it) imports only the standard
+  library, so worker/leaf, which must not import a database or web code, may use it.
+- web/ uses the core; the core never imports web/.
+"""

@@ -108,7 +108,7 @@ def validate_new_credentials(username: str, password: str) -> None:
 def create_operator(session: Session, username: str, password: str) -> None:
     """Add an operator account; ValueError (with the reason) on a taken username or a weak password.
 
-    The caller owns the transaction, as with app/jobs.py.
+    The caller owns the transaction, as with app/jobs/.
     """
     validate_new_credentials(username, password)
     if get_operator(session, username) is not None:

@@ -2,34 +2,35 @@
 
 from __future__ import annotations
 
-import enum
 from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, AttemptStatus, JobStatus
+
+__all__ = [
+    "ACTIVE_PREDICATE",
+    "ACTIVE_STATUSES",
+    "FINAL_STATUSES",
+    "Base",
+    "Job",
+    "JobAttempt",
+    "JobEvent",
+    "JobStatus",
+    "Operator",
+    "WebhookDelivery",
+    "utcnow",
+]
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-class JobStatus(enum.StrEnum):
-    queued = "queued"
-    running = "running"
-    verifying = "verifying"
-    publishing = "publishing"
-    done = "done"
-    no_fix = "no_fix"
-    failed = "failed"
-    cancelled = "cancelled"
-    rejected = "rejected"
-
-
-ACTIVE_STATUSES: tuple[str, ...] = ("queued", "running", "verifying", "publishing")
-FINAL_STATUSES: tuple[str, ...] = ("done", "no_fix", "failed", "cancelled", "rejected")
 # SQL text of the partial-index predicate; shared by the model, the migration and the upsert.
-ACTIVE_PREDICATE = "status IN ('queued', 'running', 'verifying', 'publishing')"
+ACTIVE_PREDICATE = "status IN (" + ", ".join(f"'{s}'" for s in ACTIVE_STATUSES) + ")"
 
 
 class Base(DeclarativeBase):
@@ -65,7 +66,7 @@ class Job(Base):
     body: Mapped[str | None] = mapped_column(Text, nullable=True)
     trigger_user: Mapped[str | None] = mapped_column(String(255), nullable=True)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.queued.value)
-    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    run: Mapped[int] = mapped_column(Integer, default=0)  # how many times a worker claimed the job
     base_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)
     branch: Mapped[str | None] = mapped_column(String(255), nullable=True)
     mr_url: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -95,7 +96,8 @@ class Job(Base):
             "title": self.title,
             "status": self.status,
             "trigger_user": self.trigger_user,
-            "attempt": self.attempt,
+            "attempt": self.run,  # the run number under its first name, for API clients written before `run`
+            "run": self.run,
             "base_commit": self.base_commit,
             "branch": self.branch,
             "mr_url": self.mr_url,
@@ -121,7 +123,7 @@ class JobAttempt(Base):
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
     run: Mapped[int] = mapped_column(Integer, default=1)  # the job's claim count when it ran
     number: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16), default="running")  # running, verified, rejected, failed
+    status: Mapped[str] = mapped_column(String(16), default=AttemptStatus.running.value)  # an AttemptStatus
     exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     steps: Mapped[int] = mapped_column(Integer, default=0)
     trajectory_path: Mapped[str | None] = mapped_column(Text, nullable=True)

@@ -1,11 +1,36 @@
-"""TEMPORARY shim until the app helper's statuses module is merged."""
+"""The one list of job statuses, attempt statuses, exit reasons and `fix` outcomes, with their groups.
+
+Every other module names these through this one, so a status added here reaches the database
+guards, the dashboard and the CLI at once. The enums are StrEnums: a member compares equal to
+the string stored in the database or written in a trajectory. The groups are tuples of plain
+strings, so they bind as SQL parameters on any driver.
+
+Standard library only: worker/leaf (which imports no database or web code) uses it too.
+"""
 
 from __future__ import annotations
 
-import enum
+from enum import StrEnum
+from typing import Final
 
 
-class AttemptStatus(enum.StrEnum):
+class JobStatus(StrEnum):
+    """A job's place in its life: the `jobs.status` column."""
+
+    queued = "queued"
+    running = "running"
+    verifying = "verifying"
+    publishing = "publishing"
+    done = "done"
+    no_fix = "no_fix"
+    failed = "failed"
+    cancelled = "cancelled"
+    rejected = "rejected"
+
+
+class AttemptStatus(StrEnum):
+    """How one attempt ended: the `job_attempts.status` column."""
+
     running = "running"
     verified = "verified"
     no_fix = "no_fix"
@@ -14,7 +39,9 @@ class AttemptStatus(enum.StrEnum):
     cancelled = "cancelled"
 
 
-class ExitReason(enum.StrEnum):
+class ExitReason(StrEnum):
+    """Why an agent run stopped: the Leaf loop's reasons, then those only `manage.py fix` reports."""
+
     agent = "agent"
     max_turns = "max_turns"
     max_time = "max_time"
@@ -23,12 +50,73 @@ class ExitReason(enum.StrEnum):
     llm_query_error = "llm_query_error"
     tool_error = "tool_error"
     cancelled = "cancelled"
+    git_error = "git_error"
+    config_error = "config_error"
 
 
-INFRA_EXITS = (ExitReason.llm_query_error, ExitReason.tool_error)
+class FixStatus(StrEnum):
+    """The outcome `manage.py fix` prints (DESIGN: `fixed`, `no_fix` or `failed`)."""
 
-
-class FixStatus(enum.StrEnum):
     fixed = "fixed"
     no_fix = "no_fix"
     failed = "failed"
+
+
+def _values(*members: StrEnum) -> tuple[str, ...]:
+    return tuple(m.value for m in members)
+
+
+ACTIVE_STATUSES: Final[tuple[str, ...]] = _values(
+    JobStatus.queued, JobStatus.running, JobStatus.verifying, JobStatus.publishing
+)
+FINAL_STATUSES: Final[tuple[str, ...]] = _values(
+    JobStatus.done, JobStatus.no_fix, JobStatus.failed, JobStatus.cancelled, JobStatus.rejected
+)
+# A claimed job's statuses while the run that claimed it owns it.
+RUN_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.running, JobStatus.verifying, JobStatus.publishing)
+# Finished jobs an operator may queue again as a new run.
+RETRYABLE_STATUSES: Final[tuple[str, ...]] = _values(
+    JobStatus.failed, JobStatus.no_fix, JobStatus.cancelled, JobStatus.rejected
+)
+SUCCESS_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.done)
+# Jobs that ran to a verdict (the dashboard's success rate and durations count these).
+OUTCOME_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.done, JobStatus.no_fix, JobStatus.failed)
+
+# Every reason the Leaf loop can stop for, in the order the loop documents them.
+LEAF_EXITS: Final[tuple[str, ...]] = _values(
+    ExitReason.agent,
+    ExitReason.max_turns,
+    ExitReason.max_time,
+    ExitReason.max_context_len,
+    ExitReason.max_tokens_per_turn,
+    ExitReason.llm_query_error,
+    ExitReason.tool_error,
+    ExitReason.cancelled,
+)
+# Exits that mean the infrastructure (model server, sandbox) failed, not that the agent found no fix.
+INFRA_EXITS: Final[tuple[str, ...]] = _values(ExitReason.llm_query_error, ExitReason.tool_error)
+
+# -- what the dashboard shows -------------------------------------------------------------------
+
+STATUS_ORDER: Final[tuple[str, ...]] = tuple(s.value for s in JobStatus)
+STATUS_LABELS: Final[dict[str, str]] = {s.value: s.value.replace("_", " ") for s in JobStatus}
+EXIT_LABELS: Final[dict[str, str]] = {
+    ExitReason.agent.value: "the agent finished",
+    ExitReason.max_turns.value: "step limit reached",
+    ExitReason.max_time.value: "time limit reached",
+    ExitReason.max_context_len.value: "context full",
+    ExitReason.max_tokens_per_turn.value: "reply too long",
+    ExitReason.llm_query_error.value: "model unreachable",
+    ExitReason.tool_error.value: "sandbox failure",
+    ExitReason.cancelled.value: "cancelled",
+}
+
+
+def status_label(status: str) -> str:
+    """A status as people read it (`no fix`); an unknown one as it is stored."""
+    return STATUS_LABELS.get(status, status)
+
+
+def exit_label(reason: str | None) -> str:
+    """An exit reason as people read it; an unknown one as it is stored, none as a dash."""
+    return EXIT_LABELS.get(reason or "", reason or "—")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from app import jobs
 from app.db import session_scope
+from app.jobs.requeue import send_and_stamp
+from app.jobs.transitions import jobs_due_for_enqueue, recover_stale_jobs
 from app.logs import get_logger
-from app.queue import send_run_job
 from app.settings import get_settings
 
 log = get_logger("frogfix.sweep")
@@ -19,17 +19,15 @@ def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int
     s = get_settings()
     age = timedelta(seconds=s.requeue_after_seconds if older_than_s is None else older_than_s)
     with session_scope() as session:
-        recovered = jobs.recover_stale_jobs(session, timedelta(seconds=s.stale_job_seconds), s.max_job_runs)
+        recovered = recover_stale_jobs(session, timedelta(seconds=s.stale_job_seconds), s.max_job_runs)
     for job_id, outcome in recovered:
         log.warning("stale_job", job_id=job_id, outcome=outcome)
     with session_scope() as session:
-        due = jobs.jobs_due_for_enqueue(session, age, limit)
+        due = jobs_due_for_enqueue(session, age, limit)
     sent = 0
     for job_id in due:
-        if not send_run_job(job_id):
+        if not send_and_stamp(job_id):
             break
-        with session_scope() as session:
-            jobs.mark_enqueued(session, job_id)
         sent += 1
     if due:
         log.info("sweep", due=len(due), sent=sent)

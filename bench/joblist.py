@@ -34,7 +34,7 @@ ADMIN_TOKEN = "bench-admin-token-0123456789"
 USERNAME, PASSWORD = "bench", "bench passphrase for the list"
 
 FILL = """
-INSERT INTO jobs (forge, project, project_id, issue, issue_url, clone_url, title, body, trigger_user, status, attempt,
+INSERT INTO jobs (forge, project, project_id, issue, issue_url, clone_url, title, body, trigger_user, status, run,
                   base_commit, branch, mr_url, error, delivery_id, cancel_requested, enqueue_count, steps, exit_reason,
                   flags, heartbeat_at, last_enqueued_at, created_at, updated_at, started_at, finished_at)
 SELECT forge, project, NULL, g, 'https://git.example/' || project || '/-/issues/' || g, NULL,

@@ -66,8 +66,8 @@ def main() -> None:
 
     from fastapi.testclient import TestClient
 
-    from app import jobs
     from app.db import session_scope
+    from app.jobs import records
     from app.logs import configure_logging
     from app.migrate import upgrade
     from app.settings import get_settings
@@ -103,8 +103,8 @@ def main() -> None:
             status = run_job(job_id)
             total = time.perf_counter() - started
             with session_scope() as s:
-                events = {e.kind: e.at for e in jobs.job_events(s, job_id)}
-                attempt = jobs.job_attempts(s, job_id)[0]
+                events = {e.kind: e.at for e in records.job_events(s, job_id)}
+                attempt = records.job_attempts(s, job_id)[0]
             tests_s = attempt.tests["before"]["seconds"] + sum(a["seconds"] for a in attempt.tests["after"])
             model_s = sum(model.server_seconds) - server_before
 

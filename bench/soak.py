@@ -1091,7 +1091,7 @@ def run(args: argparse.Namespace, stack: contextlib.ExitStack) -> int:
     sending.join(30)
 
     left = orphans(soak)
-    jobs = soak.query("SELECT id, forge, project, issue, status, coalesce(error, ''), attempt, enqueue_count FROM jobs")
+    jobs = soak.query("SELECT id, forge, project, issue, status, coalesce(error, ''), run, enqueue_count FROM jobs")
     if jobs is None:
         say("  !! could not read the jobs table; every expected job counts as lost")
     soak.workers.stop_all()  # before the leak audit, so every log line is written

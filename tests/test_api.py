@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from app import jobs
 from app.db import session_scope
 from app.forge.base import WebhookEvent
+from app.jobs import intake, records
 from app.models import Job, utcnow
 from tests.conftest import ADMIN_TOKEN, configure
 from tests.webhook_requests import gitea_headers, gitlab_headers, payload
@@ -29,7 +29,7 @@ def _seed(n: int) -> None:
                     project=f"team/p{i % 3}",
                     issue=i + 1,
                     status=["done", "failed", "queued"][i % 3],
-                    attempt=0,
+                    run=0,
                     cancel_requested=False,
                     enqueue_count=0,
                     created_at=utcnow() - timedelta(minutes=n - i),
@@ -76,6 +76,8 @@ def test_list_jobs_newest_first_with_total_and_filters(client: Any) -> None:
         "updated_at",
     }
     assert required <= set(body["items"][0])
+    # The run number under its new name, and under its first name for clients written before it.
+    assert all(j["run"] == j["attempt"] == 0 for j in body["items"])
     page = client.get("/api/jobs", params={"limit": 5, "offset": 5}, headers=AUTH).json()
     assert [j["issue"] for j in page["items"]] == [7, 6, 5, 4, 3] and page["total"] == 12
     failed = client.get("/api/jobs", params={"status": "failed"}, headers=AUTH).json()
@@ -183,7 +185,7 @@ def test_log_lines_carry_ids_and_never_secrets(frogfix_env: dict[str, Any]) -> N
         c.post("/webhooks/gitlab", content=body, headers=gitlab_headers(token=canary, delivery="dlv-10"))
     assert ok.status_code == 202
     with session_scope() as s:
-        jobs.add_event(s, ok.json()["job_id"], "note", f"a message mentioning {canary}")
+        records.add_event(s, ok.json()["job_id"], "note", f"a message mentioning {canary}")
         from app.logs import get_logger
 
         get_logger().info("job_note", job_id=ok.json()["job_id"], detail=f"the token is {canary}")
@@ -197,7 +199,7 @@ def test_log_lines_carry_ids_and_never_secrets(frogfix_env: dict[str, Any]) -> N
 
 def test_job_ids_are_unique_per_issue_in_events(frogfix_env: dict[str, Any]) -> None:
     with session_scope() as s:
-        first = jobs.record_delivery(s, WebhookEvent("gitea", "x1", "issues", "start", "t", project="a/b", issue=2))
+        first = intake.record_delivery(s, WebhookEvent("gitea", "x1", "issues", "start", "t", project="a/b", issue=2))
     with session_scope() as s:
-        second = jobs.record_delivery(s, WebhookEvent("gitea", "x2", "issues", "start", "t", project="a/b", issue=3))
+        second = intake.record_delivery(s, WebhookEvent("gitea", "x2", "issues", "start", "t", project="a/b", issue=3))
     assert first.job_id != second.job_id and first.enqueue and second.enqueue

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from sqlalchemy import update
 
-from app import jobs
 from app.db import session_scope
 from app.forge.base import WebhookEvent
+from app.jobs import intake, records, transitions
 from app.models import Job
+from app.statuses import JobStatus
 
 
 def _job(project: str = "a/b", issue: int = 1, delivery: str = "d-1") -> int:
     with session_scope() as s:
-        result = jobs.record_delivery(
+        result = intake.record_delivery(
             s, WebhookEvent("gitlab", delivery, "Issue Hook", "start", "t", project=project, issue=issue)
         )
     assert result.job_id is not None
@@ -25,12 +27,12 @@ def _job(project: str = "a/b", issue: int = 1, delivery: str = "d-1") -> int:
 def test_cancel_of_a_job_claimed_meanwhile_asks_the_worker_to_stop(frogfix_env: dict[str, Any]) -> None:
     job_id = _job()
     with session_scope() as s:
-        job = jobs.get_job(s, job_id)  # read while still queued...
+        job = records.get_job(s, job_id)  # read while still queued...
         s.execute(update(Job).where(Job.id == job_id).values(status="running"))  # ...then a worker claims it
-        jobs.request_cancel(s, job, "label removed")
+        transitions.request_cancel(s, job, "label removed")
     with session_scope() as s:
-        job = jobs.get_job(s, job_id)
-        kinds = [e.kind for e in jobs.job_events(s, job_id)]
+        job = records.get_job(s, job_id)
+        kinds = [e.kind for e in records.job_events(s, job_id)]
     assert job.status == "running" and job.cancel_requested is True
     assert kinds[-1] == "cancel_requested"
 
@@ -38,9 +40,9 @@ def test_cancel_of_a_job_claimed_meanwhile_asks_the_worker_to_stop(frogfix_env: 
 def test_operator_cancel_reports_what_happened(frogfix_env: dict[str, Any]) -> None:
     job_id = _job()
     with session_scope() as s:
-        assert jobs.cancel_job(s, job_id, "alice") == "cancelled"
-    with session_scope() as s, pytest.raises(jobs.InvalidTransition):
-        jobs.cancel_job(s, job_id, "alice")
+        assert transitions.cancel_job(s, job_id, "alice") == "cancelled"
+    with session_scope() as s, pytest.raises(transitions.InvalidTransition):
+        transitions.cancel_job(s, job_id, "alice")
 
 
 def test_retry_racing_a_new_job_is_a_clear_refusal(
@@ -48,13 +50,13 @@ def test_retry_racing_a_new_job_is_a_clear_refusal(
 ) -> None:
     job_id = _job()
     with session_scope() as s:
-        jobs.cancel_job(s, job_id, "alice")
+        transitions.cancel_job(s, job_id, "alice")
     _job(delivery="d-2")  # a webhook starts a new job for the same issue
-    monkeypatch.setattr(jobs, "active_job", lambda *a, **k: None)  # as if it landed right after our check
-    with session_scope() as s, pytest.raises(jobs.InvalidTransition, match="already active"):
-        jobs.retry_job(s, job_id, "alice")
+    monkeypatch.setattr(transitions, "active_job", lambda *a, **k: None)  # as if it landed right after our check
+    with session_scope() as s, pytest.raises(transitions.InvalidTransition, match="already active"):
+        transitions.retry_job(s, job_id, "alice")
     with session_scope() as s:
-        assert jobs.get_job(s, job_id).status == "cancelled"
+        assert records.get_job(s, job_id).status == "cancelled"
 
 
 def test_a_run_whose_job_was_requeued_touches_nothing_more(frogfix_env: dict[str, Any]) -> None:
@@ -62,12 +64,82 @@ def test_a_run_whose_job_was_requeued_touches_nothing_more(frogfix_env: dict[str
 
     job_id = _job()
     with session_scope() as s:
-        assert jobs.claim_job(s, job_id)
+        assert transitions.claim_job(s, job_id)
     pipeline = Pipeline(job_id, Deps.from_settings())
     with session_scope() as s:  # the sweep re-queued it: its heartbeat looked dead
         s.execute(update(Job).where(Job.id == job_id).values(status="queued"))
     with pytest.raises(Superseded):
-        pipeline.status(jobs.JobStatus.verifying)
-    assert pipeline.end(jobs.JobStatus.failed, "boom", None) == "superseded"
+        pipeline.status(JobStatus.verifying)
+    assert pipeline.end(JobStatus.failed, "boom", None) == "superseded"
     with session_scope() as s:
-        assert jobs.get_job(s, job_id).status == "queued"
+        assert records.get_job(s, job_id).status == "queued"
+
+
+def test_requeue_and_send_commits_then_sends_and_stamps(
+    frogfix_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one requeue the dashboard, manage.py retry and replay --publish share."""
+    from app.jobs import requeue
+
+    job_id = _job()
+    with session_scope() as s:
+        transitions.cancel_job(s, job_id, "alice")
+        before = records.get_job(s, job_id).enqueue_count
+    seen: list[str] = []
+
+    def send(sent_id: int) -> bool:
+        with session_scope() as s:  # the requeue is committed before the task is sent
+            seen.append(records.get_job(s, sent_id).status)
+        return True
+
+    monkeypatch.setattr(requeue, "send_run_job", send)
+    assert requeue.requeue_and_send(job_id, "bob", committed=lambda: seen.append("committed")) is True
+    with session_scope() as s:
+        job = records.get_job(s, job_id)
+        kinds = [e.kind for e in records.job_events(s, job_id)]
+    assert seen == ["committed", "queued"]
+    assert job.status == "queued" and job.enqueue_count == before + 1 and job.last_enqueued_at is not None
+    assert kinds[-1] == "retried"
+
+
+def test_requeue_with_the_broker_down_leaves_the_job_to_the_sweep(
+    frogfix_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.jobs import requeue
+
+    job_id = _job()
+    with session_scope() as s:
+        transitions.cancel_job(s, job_id, "alice")
+    monkeypatch.setattr(requeue, "send_run_job", lambda _job_id: False)
+    assert requeue.requeue_and_send(job_id, "bob") is False
+    with session_scope() as s:
+        job = records.get_job(s, job_id)
+        due = transitions.jobs_due_for_enqueue(s, timedelta(hours=1))
+    assert job.status == "queued" and job.last_enqueued_at is None and job_id in due
+
+
+def test_requeue_refuses_a_job_that_is_not_finished(
+    frogfix_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.jobs import requeue
+
+    job_id = _job()
+    sent: list[int] = []
+    monkeypatch.setattr(requeue, "send_run_job", lambda j: sent.append(j) or True)
+    with pytest.raises(transitions.InvalidTransition, match="only failed, no_fix, cancelled, rejected"):
+        requeue.requeue_and_send(job_id, "bob")
+    with pytest.raises(records.UnknownJob):
+        requeue.requeue_and_send(999_999, "bob")
+    assert sent == []
+
+
+def test_a_claim_starts_the_next_run(frogfix_env: dict[str, Any]) -> None:
+    """Job.run counts claims; each attempt records the run it belongs to."""
+    job_id = _job()
+    with session_scope() as s:
+        assert records.get_job(s, job_id).run == 0
+        assert transitions.claim_job(s, job_id)
+        assert not transitions.claim_job(s, job_id)  # a second delivery of the task loses
+    with session_scope() as s:
+        assert records.run_states(s, {job_id}) == {job_id: ("running", 1)}
+        assert records.get_job(s, job_id).to_dict()["run"] == 1

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, inspect
 from app import migrate
 from app.models import Base
 
-HEAD = "0003"
+HEAD = "0004"
 
 
 def _check_schema(url: str) -> None:
@@ -87,7 +87,7 @@ def test_partial_unique_index_allows_finished_duplicates(where: str, tmp_path: P
                         project="a/b",
                         issue=1,
                         status=status,
-                        attempt=0,
+                        run=0,
                         cancel_requested=False,
                         enqueue_count=0,
                     )
@@ -99,12 +99,44 @@ def test_partial_unique_index_allows_finished_duplicates(where: str, tmp_path: P
                     project="a/b",
                     issue=1,
                     status="running",
-                    attempt=0,
+                    run=0,
                     cancel_requested=False,
                     enqueue_count=0,
                 )
             )
             with pytest.raises(IntegrityError):
                 s.commit()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+def test_run_rename_keeps_each_jobs_run_number(where: str, tmp_path: Path, request: Any) -> None:
+    """0004 renames jobs.attempt to jobs.run in place: the number survives upgrade and downgrade."""
+    from sqlalchemy import text
+
+    url = (
+        f"sqlite:///{tmp_path / 'r.db'}"
+        if where == "sqlite"
+        else request.getfixturevalue("pg").create_database("runrename")
+    )
+    migrate.upgrade(url, "0003")
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (forge, project, issue, status, attempt, cancel_requested, enqueue_count,"
+                    " steps, created_at, updated_at) VALUES ('gitlab', 'a/b', 1, 'done', 3, false, 1, 0,"
+                    " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+        migrate.upgrade(url)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT run FROM jobs")).scalar_one() == 3
+            assert "attempt" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
+        migrate.downgrade(url, "0003")
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT attempt FROM jobs")).scalar_one() == 3
     finally:
         engine.dispose()

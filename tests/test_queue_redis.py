@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from app import jobs
 from app.db import session_scope
+from app.jobs import intake, records
 from app.models import FINAL_STATUSES
 from app.sweep import sweep_once
 from tests.conftest import configure
@@ -50,8 +50,8 @@ def worker_process(redis_env: dict[str, Any], tmp_path: Path) -> Iterator[subpro
 
 def _job(job_id: int) -> Any:
     with session_scope() as s:
-        job = jobs.get_job(s, job_id)
-        return job, [e.kind for e in jobs.job_events(s, job_id)]
+        job = records.get_job(s, job_id)
+        return job, [e.kind for e in records.job_events(s, job_id)]
 
 
 def test_worker_receives_the_task_for_a_committed_job(client: Any, worker_process: Any) -> None:
@@ -62,7 +62,7 @@ def test_worker_receives_the_task_for_a_committed_job(client: Any, worker_proces
     job, kinds = _job(job_id)
     assert kinds[:2] == ["created", "claimed"]
     # No forge is configured here, so the pipeline ends the job with a clear reason.
-    assert job.status == "failed" and "FROGFIX_GITLAB_URL" in (job.error or "") and job.attempt == 1
+    assert job.status == "failed" and "FROGFIX_GITLAB_URL" in (job.error or "") and job.run == 1
 
 
 def test_broker_outage_keeps_the_job_queued_and_the_sweep_sends_it_later(
@@ -95,7 +95,7 @@ def test_redelivered_task_does_not_run_a_job_twice(redis_env: dict[str, Any]) ->
 
     event = WebhookEvent("gitlab", "d-1", "Issue Hook", "start", "test", project="a/b", issue=1)
     with session_scope() as s:
-        job_id = jobs.record_delivery(s, event).job_id
+        job_id = intake.record_delivery(s, event).job_id
     assert job_id is not None
     assert run_job(job_id) == "failed"  # no forge configured: a clear, final failure
     assert run_job(job_id) == "not_claimed"

@@ -122,11 +122,11 @@ def test_label_removed_cancels_the_queued_job_and_a_new_label_starts_again(clien
 
 
 def test_label_removed_from_a_running_job_asks_it_to_stop(client: Any) -> None:
-    from app import jobs
+    from app.jobs import transitions
 
     client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
     with session_scope() as s:
-        assert jobs.claim_job(s, jobs_in_db()[0].id)
+        assert transitions.claim_job(s, jobs_in_db()[0].id)
     client.post("/webhooks/gitlab", content=payload("gitlab_label_removed.json"), headers=gitlab_headers())
     [job] = jobs_in_db()
     assert job.status == "running" and job.cancel_requested is True

@@ -21,7 +21,7 @@ import git
 from app import trajectory
 from app.logs import SecretRedactor
 from app.settings import Settings, get_settings
-from app.statuses import FixStatus
+from app.statuses import ExitReason, FixStatus
 from sandbox.base import SandboxError
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun
 from worker.issue_text import sanitize_issue_text
@@ -138,7 +138,7 @@ class LocalFix:
         try:
             return self._run(base)
         except git.GitCommandError as exc:  # e.g. an unusual checkout that cannot be cloned
-            return self._failed("git_error", f"git failed: {str(exc.stderr or exc).strip()[:500]}")
+            return self._failed(ExitReason.git_error, f"git failed: {str(exc.stderr or exc).strip()[:500]}")
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -151,9 +151,9 @@ class LocalFix:
         try:
             result = runner.run(self.spec(base), self.model(), ReviewPolicy.from_settings(self.settings))
         except RepoConfigError as exc:
-            return self._failed("config_error", str(exc))
+            return self._failed(ExitReason.config_error, str(exc))
         except SandboxError as exc:
-            return self._failed("tool_error", f"sandbox failure: {exc}", trajectory=True)
+            return self._failed(ExitReason.tool_error, f"sandbox failure: {exc}", trajectory=True)
         for reason in result.refused:
             self.say(f"refused: {reason}")
         before = runner.verifier.before(result.config, base) if result.config.test_command else None

@@ -20,12 +20,13 @@ import structlog
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from app import jobs, trajectory
+from app import trajectory
 from app.db import in_transaction, session_scope
 from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
+from app.jobs import records, transitions
 from app.logs import SecretRedactor, get_logger
-from app.models import FINAL_STATUSES, JobStatus
 from app.settings import Settings, get_settings
+from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus
 from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
@@ -41,7 +42,6 @@ from worker.workspaces import PoolSource
 
 log = get_logger("frogfix.pipeline")
 BOT_AUTHOR = ("FrogFix", "frogfix@localhost")
-RUN_STATUSES = ("running", "verifying", "publishing")  # a claimed job's statuses while this run owns it
 
 
 class Superseded(Exception):
@@ -115,7 +115,7 @@ def remove_finished_workspaces(root: Path) -> list[str]:
     if not found:
         return []
     with session_scope() as session:
-        states = jobs.run_states(session, {job_id for job_id, _ in found.values()})
+        states = records.run_states(session, {job_id for job_id, _ in found.values()})
     removed = []
     for path, (job_id, run) in found.items():
         state = states.get(job_id)
@@ -139,7 +139,7 @@ class Heartbeat:
         while True:
             try:
                 with session_scope() as session:
-                    jobs.touch_heartbeat(session, self.job_id, self.run)
+                    records.touch_heartbeat(session, self.job_id, self.run)
             except Exception as exc:  # a database hiccup must not end the job
                 log.warning("heartbeat_failed", job_id=self.job_id, error=str(exc)[:300])
             if self._stop.wait(self.interval):
@@ -168,7 +168,7 @@ class CancelCheck:
             self._last = now
             try:
                 with session_scope() as session:
-                    self._value = jobs.cancel_requested(session, self.job_id)
+                    self._value = records.cancel_requested(session, self.job_id)
             except SQLAlchemyError as exc:  # the database away for a moment: ask again at the next check
                 log.warning("cancel_check_failed", job_id=self.job_id, error=str(exc)[:300])
         return self._value
@@ -194,8 +194,8 @@ class JobObserver:
     def on_step(self, record: StepRecord) -> None:
         p = self.pipeline
         with session_scope() as session:
-            jobs.update_attempt(session, self.attempt_id, steps=record.step + 1)
-            jobs.update_job(session, p.job_id, run=p.run_number, steps=record.step + 1)
+            records.update_attempt(session, self.attempt_id, steps=record.step + 1)
+            records.update_job(session, p.job_id, run=p.run_number, steps=record.step + 1)
 
     def cancelled(self) -> bool:
         return self.pipeline.cancelled()
@@ -224,9 +224,9 @@ class Pipeline:
         self.s = deps.settings
         self.redact = deps.redactor.redact
         with session_scope() as session:
-            job = jobs.get_job(session, job_id)
+            job = records.get_job(session, job_id)
             self.forge_kind, self.project, self.issue = job.forge, job.project, job.issue
-            self.run_number = job.attempt
+            self.run_number = job.run
             self.trigger_user = job.trigger_user
             self.title, self.body = job.title or "", job.body or ""
             self.issue_url = job.issue_url
@@ -239,21 +239,21 @@ class Pipeline:
     # -- timeline helpers --------------------------------------------------------------------
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
-        in_transaction(lambda session: jobs.add_event(session, self.job_id, kind, self.redact(message), data))
+        in_transaction(lambda session: records.add_event(session, self.job_id, kind, self.redact(message), data))
         log.info(kind, message=message[:500])
 
     def status(self, status: JobStatus, **values: Any) -> None:
         """Move the job on; if it is no longer ours (re-queued after a stale heartbeat), stop here."""
         values.setdefault("expected", RUN_STATUSES)  # never "queued": that means another run owns it now
         moved = in_transaction(
-            lambda session: jobs.set_status(session, self.job_id, status, run=self.run_number, **values)
+            lambda session: transitions.set_status(session, self.job_id, status, run=self.run_number, **values)
         )
         if not moved:
             raise Superseded(f"the job is no longer {' or '.join(values['expected'])} in run {self.run_number}")
 
     def update(self, **values: Any) -> None:
         """Plain fields of the job, written only while this run owns it."""
-        in_transaction(lambda session: jobs.update_job(session, self.job_id, run=self.run_number, **values))
+        in_transaction(lambda session: records.update_job(session, self.job_id, run=self.run_number, **values))
 
     def check_cancel(self) -> None:
         if self.cancelled():
@@ -323,7 +323,7 @@ class Pipeline:
         reason = self.redact(reason)
 
         def write(session: Session) -> bool:
-            moved = jobs.set_status(
+            moved = transitions.set_status(
                 session,
                 self.job_id,
                 status,
@@ -332,9 +332,9 @@ class Pipeline:
                 run=self.run_number,
             )
             if moved:
-                attempts = "cancelled" if status == JobStatus.cancelled else "failed"
-                jobs.close_open_attempts(session, self.job_id, attempts, reason, run=self.run_number)
-                jobs.add_event(session, self.job_id, status.value, reason)
+                attempts = AttemptStatus.cancelled if status == JobStatus.cancelled else AttemptStatus.failed
+                records.close_open_attempts(session, self.job_id, attempts, reason, run=self.run_number)
+                records.add_event(session, self.job_id, status.value, reason)
             return moved
 
         if not in_transaction(write):  # another run owns the job now; it will tell the issue how it ended
@@ -380,7 +380,7 @@ class Pipeline:
         self.issue_url = issue.web_url or self.issue_url
         self.update(title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url)
         self.event("admitted", f"{adder} may trigger; issue re-read from the API")
-        announced = in_transaction(lambda session: jobs.announced_this_round(session, self.job_id))
+        announced = in_transaction(lambda session: records.announced_this_round(session, self.job_id))
         if not announced and self.comment(comment_started(self.job_id, self.url)):
             self.event("announced", "told the issue that FrogFix is working on it")
 
@@ -419,7 +419,7 @@ class Pipeline:
     def one_attempt(self, runner: AttemptRunner, observer: JobObserver, base: str, number: int) -> AttemptResult:
         """One attempt through the shared runner, recorded as an attempt row of this run."""
         observer.attempt_id = in_transaction(
-            lambda session: jobs.start_attempt(session, self.job_id, self.run_number, number)
+            lambda session: records.start_attempt(session, self.job_id, self.run_number, number)
         )
         spec = AttemptSpec(
             job_id=self.job_id,
@@ -461,7 +461,7 @@ class Pipeline:
         if result.evidence is not None:
             fields["tests"] = result.evidence.to_dict()
         in_transaction(
-            lambda session: jobs.update_attempt(session, attempt_id, finished=True, status=result.status, **fields)
+            lambda session: records.update_attempt(session, attempt_id, finished=True, status=result.status, **fields)
         )
 
     def publish(self, prepared: Prepared, result: AttemptResult) -> None:
@@ -521,7 +521,7 @@ class Pipeline:
         """The job is done with its MR, in one transaction with its event, if this run still owns it."""
 
         def finish(session: Session) -> bool:
-            done = jobs.set_status(
+            done = transitions.set_status(
                 session,
                 self.job_id,
                 JobStatus.done,
@@ -531,7 +531,7 @@ class Pipeline:
                 flags=flags,
             )
             if done:
-                jobs.add_event(
+                records.add_event(
                     session,
                     self.job_id,
                     "done",
@@ -555,7 +555,7 @@ def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[
             log.exception("pipeline_start_failed")
             why = f"could not start: {type(exc).__name__}: {exc}"
             with session_scope() as session:
-                jobs.set_status(session, job_id, JobStatus.failed, error=why)
+                transitions.set_status(session, job_id, JobStatus.failed, error=why)
             return JobStatus.failed.value
         with Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4)), pipeline.run_number):
             return pipeline.run()

@@ -12,7 +12,7 @@ publishes and never changes the job's status; it notes its outcome on the job's 
 `live=True` runs the recorded task again with the live model, in this process, as a new attempt
 that is never published (a fresh sandbox, then the tests on its patch in another). Its
 trajectory is written under replays/ and it is noted on the timeline, not in the job's attempts.
-`live=True, publish=True` instead queues the job again as a new run (`jobs.retry_job`, then the
+`live=True, publish=True` instead queues the job again as a new run (`transitions.retry_job`, then the
 task once that is committed): the normal pipeline runs it with the live model, verifies it and
 updates the job's one draft MR. `publish` without `live` is refused: a replay reproduces a patch
 the job already published or refused.
@@ -45,12 +45,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from app import jobs, trajectory
+from app import trajectory
 from app.db import session_scope
+from app.jobs import records
+from app.jobs.requeue import requeue_and_send
 from app.logs import SecretRedactor, get_logger
-from app.models import ACTIVE_STATUSES
-from app.queue import send_run_job
 from app.settings import Settings, get_settings
+from app.statuses import ACTIVE_STATUSES, ExitReason
 from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
@@ -64,7 +65,10 @@ log = get_logger("frogfix.replay")
 Progress = Callable[[str], None]
 
 # Exits the replay reproduces by itself; for any other the recording just stops, and so does the replay.
-NATURAL_EXITS = frozenset({"agent", "max_turns", "max_context_len", "max_tokens_per_turn", "llm_query_error"})
+NATURAL_EXITS = frozenset(
+    {ExitReason.agent, ExitReason.max_turns, ExitReason.max_context_len, ExitReason.max_tokens_per_turn,
+     ExitReason.llm_query_error}
+)
 EXCERPT_CHARS = 200
 
 NORMALISE_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
@@ -209,7 +213,7 @@ def parse_job_id(value: int | str) -> int | str:
         return int(text)
     if trajectory.LOCAL_ID.fullmatch(text):
         return text
-    raise jobs.UnknownJob(f"no job with id {text[:80]!r}")
+    raise records.UnknownJob(f"no job with id {text[:80]!r}")
 
 
 @dataclass
@@ -288,7 +292,7 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
             raise ReplayError("a local job has one attempt; leave out --attempt")
         path = settings.data_dir / trajectory.local_path(job_id)
         if not path.is_file():
-            raise jobs.UnknownJob(f"no job with id {job_id} (no trajectory {path})")
+            raise records.UnknownJob(f"no job with id {job_id} (no trajectory {path})")
         data = _load_trajectory(path)
         base = data.get("base_commit")
         if not isinstance(base, str) or not base:
@@ -301,10 +305,10 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
         )
 
     with session_scope() as session:
-        job = jobs.get_job(session, job_id)
+        job = records.get_job(session, job_id)
         forge, project, status, job_base = job.forge, job.project, job.status, job.base_commit
         rows = [
-            (a.run, a.number, a.trajectory_path, a.patch) for a in jobs.job_attempts(session, job_id)
+            (a.run, a.number, a.trajectory_path, a.patch) for a in records.job_attempts(session, job_id)
         ]
 
     with_files: list[_AttemptFile] = []
@@ -757,13 +761,7 @@ def queue_again(job_id: int, who: str) -> bool:
 
     False when the broker is unreachable: the job stays queued and the sweep sends it later.
     """
-    with session_scope() as session:
-        jobs.retry_job(session, job_id, who)
-    if not send_run_job(job_id):
-        return False
-    with session_scope() as session:
-        jobs.mark_enqueued(session, job_id)
-    return True
+    return requeue_and_send(job_id, who)
 
 
 def _note(job_id: int | str, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
@@ -772,7 +770,7 @@ def _note(job_id: int | str, kind: str, message: str, data: dict[str, Any] | Non
         return
     try:
         with session_scope() as session:
-            jobs.add_event(session, job_id, kind, message, data)
+            records.add_event(session, job_id, kind, message, data)
     except Exception as exc:
         log.warning("replay_note_failed", job_id=job_id, error=f"{type(exc).__name__}: {exc}"[:300])
 
@@ -782,7 +780,7 @@ def _queue_live_run(key: int | str, who: str, say: Progress) -> ReplayReport:
     if isinstance(key, str):
         raise ReplayError("a local job has no merge request to publish to")
     with session_scope() as session:
-        jobs.get_job(session, key)
+        records.get_job(session, key)
     sent = queue_again(key, f"{who} (replay --live --publish)")
     message = (
         f"job {key} is queued again as a new run; the worker runs it with the live model and updates its MR"
@@ -839,8 +837,8 @@ def replay_job(
 ) -> ReplayReport:
     """Replay a job's attempt (see the module docstring).
 
-    Raises `jobs.UnknownJob` for an unknown id, `ReplayError` when the replay cannot run and
-    `jobs.InvalidTransition` when `live and publish` cannot queue the job. `model` replaces the
+    Raises `records.UnknownJob` for an unknown id, `ReplayError` when the replay cannot run and
+    `transitions.InvalidTransition` when `live and publish` cannot queue the job. `model` replaces the
     live model (tests); `repo_dir` is where a local job's checkout lives now.
     """
     s = settings or get_settings()
@@ -861,7 +859,7 @@ def replay_job(
         raise
     if live and isinstance(key, int):
         with session_scope() as session:
-            status = jobs.get_job(session, key).status
+            status = records.get_job(session, key).status
         if status in ACTIVE_STATUSES:
             raise ReplayError(f"job {key} is {status}; a live run waits until it has finished")
     where = f"run {rec.run}, attempt {rec.number}" if rec.run is not None else "the local run"
@@ -893,15 +891,15 @@ MANAGE = Path(__file__).resolve().parent.parent / "manage.py"
 def start_replay(job_id: int, who: str) -> None:
     """Start a plain replay of `job_id` in the background and return at once (for the dashboard).
 
-    Raises `jobs.UnknownJob` at once for an unknown job. Records `replay_requested` on the
+    Raises `records.UnknownJob` at once for an unknown job. Records `replay_requested` on the
     timeline, then runs `manage.py replay JOB --json` as a separate process (so a sandbox failure
     cannot touch the web process), which records `replayed` (or `replay_failed`) with the outcome
     when it ends. Its output goes to `<data_dir>/replays/job-<id>-<time>.log`.
     """
     settings = get_settings()
     with session_scope() as session:
-        jobs.get_job(session, job_id)
-        jobs.add_event(session, job_id, "replay_requested", f"replay requested by {who}")
+        records.get_job(session, job_id)
+        records.add_event(session, job_id, "replay_requested", f"replay requested by {who}")
     folder = settings.data_dir / "replays"
     folder.mkdir(parents=True, exist_ok=True)
     logfile = folder / f"job-{job_id}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}.log"

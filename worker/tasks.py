@@ -8,8 +8,8 @@ import threading
 import structlog
 from celery.signals import worker_ready
 
-from app import jobs
 from app.db import session_scope
+from app.jobs import records, transitions
 from app.logs import get_logger
 from app.queue import REPLAY_JOB, RUN_JOB, SWEEP, celery_app
 from app.sweep import sweep_once
@@ -24,10 +24,10 @@ def run_job(job_id: int) -> str:
     """Claim the job (guarded, so a redelivered task does nothing) and hand it to the pipeline."""
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         with session_scope() as session:
-            if not jobs.claim_job(session, job_id):
+            if not transitions.claim_job(session, job_id):
                 log.info("job_not_claimed", reason="not queued (already claimed, cancelled or unknown)")
                 return "not_claimed"
-            jobs.add_event(session, job_id, "claimed", "a worker claimed the job")
+            records.add_event(session, job_id, "claimed", "a worker claimed the job")
         log.info("job_claimed")
         from celery.exceptions import SoftTimeLimitExceeded
 

@@ -6,15 +6,12 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 
-from app import jobs
 from app.db import session_scope
+from app.jobs import records
 from app.settings import get_settings
+from app.statuses import JobStatus
 from app.web.params import JobId, Offset, ProjectFilter
 from app.web.security import bearer_problem
-
-StatusName = Literal[
-    "queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled", "rejected"
-]
 
 
 def require_admin(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
@@ -33,12 +30,13 @@ router = APIRouter(prefix="/api", tags=["jobs"], dependencies=[Depends(require_a
 def list_jobs(
     limit: Annotated[int, Query(ge=1, le=5000)] = 50,
     offset: Offset = 0,
-    status: StatusName | None = None,
+    status: JobStatus | None = None,  # an unknown status is a 422
     forge: Literal["gitlab", "gitea"] | None = None,
     project: ProjectFilter = None,
 ) -> dict[str, Any]:
     with session_scope() as session:
-        items, total = jobs.list_jobs(session, jobs.JobFilter(status, forge, project), limit, offset)
+        flt = records.JobFilter(status.value if status else None, forge, project)
+        items, total = records.list_jobs(session, flt, limit, offset)
         return {"items": [j.to_dict() for j in items], "total": total}
 
 
@@ -46,10 +44,10 @@ def list_jobs(
 def get_job(job_id: JobId) -> dict[str, Any]:
     with session_scope() as session:
         try:
-            job = jobs.get_job(session, job_id)
-        except jobs.UnknownJob as exc:
+            job = records.get_job(session, job_id)
+        except records.UnknownJob as exc:
             raise HTTPException(404, str(exc)) from exc
         data = job.to_dict()
         data["body"] = job.body
-        data["events"] = [e.to_dict() for e in jobs.job_events(session, job_id)]
+        data["events"] = [e.to_dict() for e in records.job_events(session, job_id)]
         return data

@@ -18,12 +18,16 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from app import auth, jobs
+from app import auth, statuses
 from app.db import session_scope
+from app.jobs import read_model, records
+from app.jobs.requeue import requeue_and_send
+from app.jobs.transitions import InvalidTransition, cancel_job
 from app.logs import get_logger
-from app.models import ACTIVE_STATUSES, utcnow
-from app.queue import send_replay_job, send_run_job
+from app.models import utcnow
+from app.queue import send_replay_job
 from app.settings import get_settings
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, RETRYABLE_STATUSES, STATUS_ORDER, JobStatus
 from app.trajectory import TrajectoryMissing
 from app.web import views
 from app.web.params import NO_NUL, AttemptId, JobId, Offset, ProjectFilter
@@ -36,11 +40,11 @@ templates.env.filters.update(
     time=views.fmt_time,
     ago=views.fmt_ago,
     duration=views.fmt_duration,
-    status_label=lambda s: views.STATUS_LABELS.get(s, s),
-    exit_label=views.exit_label,
+    status_label=statuses.status_label,
+    exit_label=statuses.exit_label,
     http_url=views.http_url,
 )
-templates.env.globals.update(STATUS_ORDER=views.STATUS_ORDER, ACTIVE=views.ACTIVE, FINAL=views.FINAL)
+templates.env.globals.update(STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES)
 log = get_logger("frogfix.dashboard")
 # Failed sign-ins: 10 per username from one address, and 100 per username from anywhere, in 5 minutes.
 # Keyed on the pair so that, behind a reverse proxy (one address for everyone), one person guessing
@@ -161,8 +165,8 @@ def logout(request: Request) -> Response:
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request) -> Response:
     with session_scope() as session:
-        data = jobs.dashboard_overview(session)
-        recent = jobs.dashboard_jobs(session, jobs.JobFilter(), limit=8)
+        data = read_model.dashboard_overview(session)
+        recent = read_model.dashboard_jobs(session, records.JobFilter(), limit=8)
     total = sum(data.by_status.values())
     context = {
         "o": data,
@@ -208,13 +212,13 @@ def job_list(
     older: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
     newer: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
 ) -> Response:
-    status = status if status in views.STATUS_ORDER else None
+    status = status if status in STATUS_ORDER else None
     forge = forge if forge in ("gitlab", "gitea") else None
     project = (project or "").strip() or None
     q = (q or "").strip() or None
-    flt = jobs.JobFilter(status, forge, project)
+    flt = records.JobFilter(status, forge, project)
     with session_scope() as session:
-        page = jobs.dashboard_jobs(
+        page = read_model.dashboard_jobs(
             session, flt, q, older_than=_cursor(older), newer_than=_cursor(newer), limit=PAGE_SIZE
         )
     filters = {k: v for k, v in {"status": status, "forge": forge, "project": project, "q": q}.items() if v}
@@ -224,7 +228,7 @@ def job_list(
         "older": _cursor_text(page.older),
         "newer": _cursor_text(page.newer),
         "first_page": older is None and newer is None,
-        "search_window": jobs.SEARCH_WINDOW,
+        "search_window": read_model.SEARCH_WINDOW,
         "poll_ms": LIST_POLL_MS,
         "job_seconds": views.job_seconds,
     }
@@ -244,7 +248,7 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
         except (views.TrajectoryUnavailable, OSError) as exc:
             # A running attempt writes its file after its first step; before that, nothing is wrong.
             missing = isinstance(exc, TrajectoryMissing | FileNotFoundError)
-            problem = "no step saved yet" if attempt.status == "running" and missing else str(exc)
+            problem = "no step saved yet" if attempt.status == statuses.AttemptStatus.running and missing else str(exc)
     return {
         "a": attempt,
         "diff": views.parse_diff(attempt.patch),
@@ -261,13 +265,14 @@ def job_page(request: Request, job_id: JobId) -> Response:
     settings = get_settings()
     with session_scope() as session:
         try:
-            job = jobs.get_job(session, job_id)
-        except jobs.UnknownJob as exc:
+            job = records.get_job(session, job_id)
+        except records.UnknownJob as exc:
             return _render(request, "not_found.html", {"message": str(exc)}, status=404)
-        events = jobs.job_events(session, job_id)
-        attempts = jobs.job_attempts(session, job_id)
+        events = records.job_events(session, job_id)
+        attempts = records.job_attempts(session, job_id)
     views_ = [_attempt_view(a, settings.data_dir) for a in attempts]
-    shown = next((v for v in reversed(views_) if v["a"].status == "verified"), views_[-1] if views_ else None)
+    verified = statuses.AttemptStatus.verified
+    shown = next((v for v in reversed(views_) if v["a"].status == verified), views_[-1] if views_ else None)
     provenance = _provenance(job, shown)
     context = {
         "job": job,
@@ -276,7 +281,7 @@ def job_page(request: Request, job_id: JobId) -> Response:
         "shown": shown,
         "provenance": provenance,
         "active": job.status in ACTIVE_STATUSES,
-        "retryable": job.status in jobs.RETRYABLE,
+        "retryable": job.status in RETRYABLE_STATUSES,
         "can_replay": job.status not in ACTIVE_STATUSES and any(a.trajectory_path for a in attempts),
         "seconds": views.job_seconds(job.started_at, job.finished_at),
         "poll_ms": LIVE_POLL_MS,
@@ -303,18 +308,19 @@ def _stages(status: str, kinds: list[str]) -> list[tuple[str, str]]:
         reached.add("prepared")
     if "agent_started" in kinds:
         reached.add("agent")
-    if {"verified", "not_verified"} & set(kinds) or status in ("verifying", "publishing", "done"):
+    verifying_or_later = (JobStatus.verifying, JobStatus.publishing, JobStatus.done)
+    if {"verified", "not_verified"} & set(kinds) or status in verifying_or_later:
         reached.add("verifying")
-    if status in ("publishing", "done") or "pushed" in kinds:
+    if status in (JobStatus.publishing, JobStatus.done) or "pushed" in kinds:
         reached.add("publishing")
-    final = status in views.FINAL
+    final = status in FINAL_STATUSES
     if final:
         reached.add("finished")
     last = max(names.index(n) for n in reached)
     out = []
     for i, name in enumerate(names):
         if name == "finished" and final:
-            out.append((status, "done" if status == "done" else "failed"))
+            out.append((status, "done" if status == JobStatus.done else "failed"))
         elif i < last or (final and i == last):
             out.append((name, "done"))
         elif i == last:
@@ -340,7 +346,7 @@ def _provenance(job: Any, shown: dict[str, Any] | None) -> list[tuple[str, str]]
          else "—"),
         ("harness", str(meta.get("harness_version") or "—")),
         ("attempt shown", f"{shown['a'].number} of run {shown['a'].run}" if shown else "—"),
-        ("runs of this job", str(job.attempt)),
+        ("runs of this job", str(job.run)),
     ]
     return rows
 
@@ -351,14 +357,14 @@ def job_progress(job_id: JobId, after: Offset = 0) -> JSONResponse:
     settings = get_settings()
     with session_scope() as session:
         try:
-            job = jobs.get_job(session, job_id)
-        except jobs.UnknownJob as exc:
+            job = records.get_job(session, job_id)
+        except records.UnknownJob as exc:
             raise HTTPException(404, str(exc)) from exc
-        events = jobs.events_after(session, job_id, after)
-        attempt = jobs.latest_attempt(session, job_id)
-        attempts = jobs.attempt_counts(session, [job_id]).get(job_id, 0)
+        events = records.events_after(session, job_id, after)
+        attempt = records.latest_attempt(session, job_id)
+        attempts = read_model.attempt_counts(session, [job_id]).get(job_id, 0)
     step = None
-    if attempt is not None and attempt.status == "running" and attempt.trajectory_path:
+    if attempt is not None and attempt.status == statuses.AttemptStatus.running and attempt.trajectory_path:
         try:
             step = views.current_step(views.load_trajectory(attempt.trajectory_path, settings.data_dir))
         except (views.TrajectoryUnavailable, OSError):
@@ -368,7 +374,7 @@ def job_progress(job_id: JobId, after: Offset = 0) -> JSONResponse:
         "id": job.id,
         "state": live_state(job, attempt, attempts),
         "status": job.status,
-        "status_label": views.STATUS_LABELS.get(job.status, job.status),
+        "status_label": statuses.status_label(job.status),
         "active": job.status in ACTIVE_STATUSES,
         "steps": job.steps,
         "cancel_requested": job.cancel_requested,
@@ -393,9 +399,9 @@ def trajectory_page(request: Request, job_id: JobId, attempt_id: AttemptId) -> R
     settings = get_settings()
     with session_scope() as session:
         try:
-            job = jobs.get_job(session, job_id)
-            attempt = jobs.get_attempt(session, job_id, attempt_id)
-        except jobs.UnknownJob as exc:
+            job = records.get_job(session, job_id)
+            attempt = records.get_attempt(session, job_id, attempt_id)
+        except records.UnknownJob as exc:
             return _render(request, "not_found.html", {"message": str(exc)}, status=404)
     try:
         trajectory = views.load_trajectory(attempt.trajectory_path, settings.data_dir)
@@ -412,8 +418,8 @@ def trajectory_file(job_id: JobId, attempt_id: AttemptId) -> Response:
     settings = get_settings()
     with session_scope() as session:
         try:
-            attempt = jobs.get_attempt(session, job_id, attempt_id)
-        except jobs.UnknownJob as exc:
+            attempt = records.get_attempt(session, job_id, attempt_id)
+        except records.UnknownJob as exc:
             raise HTTPException(404, str(exc)) from exc
     try:
         path = views.trajectory_file(attempt.trajectory_path, settings.data_dir)
@@ -434,17 +440,17 @@ def trajectory_file(job_id: JobId, attempt_id: AttemptId) -> Response:
 def cancel(request: Request, job_id: JobId) -> Response:
     try:
         with session_scope() as session:
-            jobs.cancel_job(session, job_id, _who(request))
+            cancel_job(session, job_id, _who(request))
             # Read the outcome back from the row: what the operator sees is what the database holds.
-            outcome = jobs.get_job(session, job_id).status
-    except jobs.UnknownJob as exc:
+            outcome = records.get_job(session, job_id).status
+    except records.UnknownJob as exc:
         raise HTTPException(404, str(exc)) from exc
-    except jobs.InvalidTransition as exc:
+    except InvalidTransition as exc:
         return _redirect_with_flash(f"/jobs/{job_id}", f"Not cancelled: {exc}.", "error")
     log.info("job_cancel", job_id=job_id, by=_who(request), outcome=outcome)
     message = (
         "Cancelled."
-        if outcome == "cancelled"
+        if outcome == JobStatus.cancelled
         else "Cancel requested: the worker stops the job at its next check (after the current step)."
     )
     return _redirect_with_flash(f"/jobs/{job_id}", message)
@@ -456,18 +462,14 @@ async def retry(request: Request, job_id: JobId) -> Response:
 
     def queue_again() -> str | None:
         try:
-            with session_scope() as session:
-                jobs.retry_job(session, job_id, _who(request))
-        except jobs.InvalidTransition as exc:
+            requeue_and_send(job_id, _who(request))  # a failed send leaves it to the sweep
+        except InvalidTransition as exc:
             return str(exc)
-        if send_run_job(job_id):
-            with session_scope() as session:
-                jobs.mark_enqueued(session, job_id)
         return None
 
     try:
         problem = await run_in_threadpool(queue_again)
-    except jobs.UnknownJob as exc:
+    except records.UnknownJob as exc:
         raise HTTPException(404, str(exc)) from exc
     except SQLAlchemyError:
         log.exception("job_retry_failed", job_id=job_id)
@@ -489,14 +491,14 @@ def replay(request: Request, job_id: JobId) -> Response:
     who = _who(request)
     with session_scope() as session:
         try:
-            job = jobs.get_job(session, job_id)
-        except jobs.UnknownJob as exc:
+            job = records.get_job(session, job_id)
+        except records.UnknownJob as exc:
             raise HTTPException(404, str(exc)) from exc
         if job.status in ACTIVE_STATUSES:
             return _redirect_with_flash(f"/jobs/{job_id}", "Not replayed: the job is still running.", "error")
-        if not any(a.trajectory_path for a in jobs.job_attempts(session, job_id)):
+        if not any(a.trajectory_path for a in records.job_attempts(session, job_id)):
             return _redirect_with_flash(f"/jobs/{job_id}", "Nothing to replay: this job has no trajectory.", "error")
-        jobs.add_event(
+        records.add_event(
             session, job.id, "replay_requested", f"replay requested by {who}", {"requested_at": utcnow().isoformat()}
         )
     if not send_replay_job(job_id, who):

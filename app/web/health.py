@@ -11,11 +11,11 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 
-from app import jobs
 from app.db import session_scope
-from app.models import JobStatus
+from app.jobs.records import count_deliveries, count_jobs_by_status, oldest_queued_age
 from app.queue import broker_folder, celery_app
 from app.settings import get_settings
+from app.statuses import JobStatus
 
 router = APIRouter(tags=["health"])
 
@@ -69,12 +69,12 @@ class DatabaseCollector(Collector):
         by_status = GaugeMetricFamily("frogfix_jobs", "Jobs by status", labels=["status"])
         queued_age = GaugeMetricFamily("frogfix_oldest_queued_job_seconds", "Age of the oldest queued job")
         with session_scope() as session:
-            for (forge, outcome), n in sorted(jobs.count_deliveries(session).items()):
+            for (forge, outcome), n in sorted(count_deliveries(session).items()):
                 deliveries.add_metric([forge, outcome], n)
-            counts = jobs.count_jobs_by_status(session)
+            counts = count_jobs_by_status(session)
             for status in JobStatus:
                 by_status.add_metric([status.value], counts.get(status.value, 0))
-            queued_age.add_metric([], jobs.oldest_queued_age(session))
+            queued_age.add_metric([], oldest_queued_age(session))
         yield deliveries
         yield by_status
         yield queued_age

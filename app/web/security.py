@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, quote
 
@@ -90,6 +91,105 @@ def _operator_still_valid(username: str, fingerprint: str, key: bytes) -> bool:
         return hmac.compare_digest(auth.password_fingerprint(key, operator.password_hash), fingerprint)
 
 
+@dataclass
+class _Identity:
+    """Who a request comes from: its session, how it signed in (None: it did not), and whether to set the cookie."""
+
+    session: auth.SessionData
+    via: str | None
+    issue_cookie: bool
+
+
+async def _identify(request: Request, settings: Settings, key: bytes) -> _Identity:
+    """A trusted proxy's user header wins; else a valid password session; else a fresh anonymous session."""
+    session = auth.decode_session(key, request.cookies.get(auth.SESSION_COOKIE), settings.session_max_age_seconds)
+    issue_cookie = False
+    via: str | None = None
+    proxy_header = settings.trust_proxy_user_header.strip()
+    proxy_user = request.headers.get(proxy_header, "").strip()[:64] if proxy_header else ""
+    if proxy_user:
+        if session is None or session.user != proxy_user or session.source != "proxy":
+            session = auth.new_session(proxy_user, "proxy")
+            issue_cookie = True
+        via = "proxy"
+    elif session is not None and session.user is not None:
+        valid = session.source == "password" and await run_in_threadpool(
+            _operator_still_valid, session.user, session.fingerprint, key
+        )
+        if valid:
+            via = "session"
+        else:
+            session = None
+    if session is None or (via is None and session.user is not None):
+        session = auth.new_session(None, "anonymous")
+        issue_cookie = True
+    return _Identity(session, via, issue_cookie)
+
+
+async def _admitted(scope: Scope, request: Request, settings: Settings, who: _Identity, send: Send) -> bool:
+    """Whether the request may go on; if not, its answer (401 or a redirect to sign in) is sent.
+
+    On the token paths, a valid bearer token admits the request as `token` (and sets no cookie).
+    """
+    path: str = scope["path"]
+    if is_token_path(path):
+        problem = bearer_problem(request.headers.get("authorization"), settings)
+        if problem is None:
+            who.via, who.issue_cookie = "token", False
+        elif who.via is None:
+            await _json(send, 401, {"detail": problem}, {"www-authenticate": "Bearer"})
+            return False
+        return True
+    if path in SIGN_IN_PATHS or who.via is not None:
+        return True
+    if scope["method"] in ("GET", "HEAD") and "application/json" not in request.headers.get("accept", ""):
+        target = path + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
+        await _redirect(send, "/login" if target == "/" else f"/login?next={quote(target, safe='')}")
+    else:
+        await _json(send, 401, {"detail": "sign in first"})
+    return False
+
+
+async def _csrf_checked(
+    request: Request, key: bytes, who: _Identity, receive: Receive, send: Send
+) -> Receive | None:
+    """The `receive` to hand on when the request carries its CSRF token (or needs none); None once refused.
+
+    The token comes from the header, or from the form field of a small urlencoded body; a body
+    read for that is replayed to the app.
+    """
+    if request.method in SAFE_METHODS or who.via == "token":
+        return receive
+    token = request.headers.get(CSRF_HEADER)
+    if token is None:
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type == "application/x-www-form-urlencoded":
+            body = await _read_body(receive, MAX_FORM_BYTES)
+            if body is None:
+                await _json(send, 413, {"detail": "form too large"})
+                return None
+            receive = _replay(body, receive)
+            token = next((v for k, v in parse_qsl(body.decode("utf-8", "replace")) if k == CSRF_FIELD), None)
+    if not auth.check_csrf(key, who.session, token):
+        await _json(send, 403, {"detail": "the CSRF token is missing or wrong: reload the page and try again"})
+        return None
+    return receive
+
+
+def _sending_cookie(send: Send, cookie: str | None) -> Send:
+    """A `send` that adds the session cookie to the response, unless the route set one itself."""
+
+    async def send_with_cookie(message: Message) -> None:
+        if cookie is not None and message["type"] == "http.response.start":
+            headers = MutableHeaders(scope=message)
+            already = any(v.startswith(f"{auth.SESSION_COOKIE}=") for v in headers.getlist("set-cookie"))
+            if not already:
+                headers.append("set-cookie", cookie)
+        await send(message)
+
+    return send_with_cookie
+
+
 class DashboardSecurity:
     """The ASGI middleware described in the module docstring."""
 
@@ -100,86 +200,25 @@ class DashboardSecurity:
         if scope["type"] != "http" or is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
-        method: str = scope["method"]
         settings = get_settings()
         request = Request(scope)
         key = auth.secret_key(settings)
-        max_age = settings.session_max_age_seconds
-        session = auth.decode_session(key, request.cookies.get(auth.SESSION_COOKIE), max_age)
-        issue_cookie = False
-        via: str | None = None
-
-        proxy_header = settings.trust_proxy_user_header.strip()
-        proxy_user = request.headers.get(proxy_header, "").strip()[:64] if proxy_header else ""
-        if proxy_user:
-            if session is None or session.user != proxy_user or session.source != "proxy":
-                session = auth.new_session(proxy_user, "proxy")
-                issue_cookie = True
-            via = "proxy"
-        elif session is not None and session.user is not None:
-            valid = session.source == "password" and await run_in_threadpool(
-                _operator_still_valid, session.user, session.fingerprint, key
-            )
-            if valid:
-                via = "session"
-            else:
-                session = None
-        if session is None or (via is None and session.user is not None):
-            session = auth.new_session(None, "anonymous")
-            issue_cookie = True
-
-        if is_token_path(path):
-            problem = bearer_problem(request.headers.get("authorization"), settings)
-            if problem is None:
-                via, issue_cookie = "token", False
-            elif via is None:
-                await _json(send, 401, {"detail": problem}, {"www-authenticate": "Bearer"})
-                return
-        elif path not in SIGN_IN_PATHS and via is None:
-            if method in ("GET", "HEAD") and "application/json" not in request.headers.get("accept", ""):
-                target = path + (f"?{scope['query_string'].decode('latin-1')}" if scope.get("query_string") else "")
-                location = "/login" if target == "/" else f"/login?next={quote(target, safe='')}"
-                await _redirect(send, location)
-            else:
-                await _json(send, 401, {"detail": "sign in first"})
+        who = await _identify(request, settings, key)
+        if not await _admitted(scope, request, settings, who, send):
             return
-
-        if method not in SAFE_METHODS and via != "token":
-            token = request.headers.get(CSRF_HEADER)
-            if token is None:
-                content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-                if content_type == "application/x-www-form-urlencoded":
-                    body = await _read_body(receive, MAX_FORM_BYTES)
-                    if body is None:
-                        await _json(send, 413, {"detail": "form too large"})
-                        return
-                    receive = _replay(body, receive)
-                    token = next((v for k, v in parse_qsl(body.decode("utf-8", "replace")) if k == CSRF_FIELD), None)
-            if not auth.check_csrf(key, session, token):
-                await _json(
-                    send, 403, {"detail": "the CSRF token is missing or wrong: reload the page and try again"}
-                )
-                return
-
+        checked = await _csrf_checked(request, key, who, receive, send)
+        if checked is None:
+            return
         state = scope.setdefault("state", {})
-        state["operator"] = session.user if via in ("session", "proxy") else None
-        state["session"] = session
-        state["csrf_token"] = auth.csrf_token(key, session)
-        state["auth_via"] = via
-        cookie = session_cookie_header(request, auth.encode_session(key, session), max_age) if issue_cookie else None
-
-        async def send_with_cookie(message: Message) -> None:
-            if cookie is not None and message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                already = any(
-                    v.startswith(f"{auth.SESSION_COOKIE}=") for v in headers.getlist("set-cookie")
-                )
-                if not already:
-                    headers.append("set-cookie", cookie)
-            await send(message)
-
-        await self.app(scope, receive, send_with_cookie)
+        state["operator"] = who.session.user if who.via in ("session", "proxy") else None
+        state["session"] = who.session
+        state["csrf_token"] = auth.csrf_token(key, who.session)
+        state["auth_via"] = who.via
+        cookie = None
+        if who.issue_cookie:
+            value = auth.encode_session(key, who.session)
+            cookie = session_cookie_header(request, value, settings.session_max_age_seconds)
+        await self.app(scope, checked, _sending_cookie(send, cookie))
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

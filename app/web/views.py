@@ -21,31 +21,8 @@ from markupsafe import Markup
 
 from app import trajectory
 from app.patches import FileDiff, file_diffs
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, status_label
 
-FINAL = ("done", "no_fix", "failed", "cancelled", "rejected")
-ACTIVE = ("queued", "running", "verifying", "publishing")
-STATUS_ORDER = ("queued", "running", "verifying", "publishing", "done", "no_fix", "failed", "cancelled", "rejected")
-STATUS_LABELS = {
-    "queued": "queued",
-    "running": "running",
-    "verifying": "verifying",
-    "publishing": "publishing",
-    "done": "done",
-    "no_fix": "no fix",
-    "failed": "failed",
-    "cancelled": "cancelled",
-    "rejected": "rejected",
-}
-EXIT_LABELS = {
-    "agent": "the agent finished",
-    "max_turns": "step limit reached",
-    "max_time": "time limit reached",
-    "max_context_len": "context full",
-    "max_tokens_per_turn": "reply too long",
-    "llm_query_error": "model unreachable",
-    "tool_error": "sandbox failure",
-    "cancelled": "cancelled",
-}
 FOLD_CHARS = 1_500  # tool outputs and logs longer than this start folded
 FOLD_LINES = 25
 SHOW_CHARS = 200_000  # a single output shown in the page is cut here (the raw file has all of it)
@@ -72,10 +49,6 @@ def fmt_ago(value: datetime | None, now: datetime | None = None) -> str:
     if seconds < 0:
         return "just now"
     return f"{fmt_duration(seconds)} ago" if seconds >= 1 else "just now"
-
-
-def exit_label(reason: str | None) -> str:
-    return EXIT_LABELS.get(reason or "", reason or "—")
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -427,12 +400,9 @@ def current_step(view: TrajectoryView) -> dict[str, Any] | None:
 
 # -- the jobs-per-day chart ------------------------------------------------------------------
 
-CHART_SERIES = (
-    ("done", "done"),
-    ("no_fix", "no fix"),
-    ("failed", "failed"),
-    ("cancelled", "cancelled"),
-    ("rejected", "rejected"),
+# One series per final status, then every active job together.
+CHART_SERIES: tuple[tuple[str, str], ...] = (
+    *((status, status_label(status)) for status in FINAL_STATUSES),
     ("active", "in progress"),
 )
 
@@ -462,7 +432,7 @@ def jobs_per_day_svg(per_day: list[tuple[str, dict[str, int]]]) -> Markup:
         y = top + plot_h
         grouped = {key: 0 for key, _ in CHART_SERIES}
         for status, n in counts.items():
-            grouped["active" if status in ACTIVE else status if status in grouped else "failed"] += n
+            grouped["active" if status in ACTIVE_STATUSES else status if status in grouped else "failed"] += n
         for key, label in CHART_SERIES:
             n = grouped[key]
             if not n or not scale_max:

@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from app import jobs
 from app.db import session_scope
 from app.forge.base import WebhookError, WebhookEvent, WebhookMalformed
 from app.forge.gitea import parse_gitea
 from app.forge.gitlab import parse_gitlab
+from app.jobs.intake import record_delivery, record_malformed
+from app.jobs.transitions import enqueue_failed
 from app.logs import get_logger
 from app.queue import send_run_job
 from app.settings import get_settings
@@ -61,7 +62,7 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
         if exc.delivery_id:
             try:
                 with session_scope() as session:
-                    jobs.record_malformed(session, forge, exc.delivery_id, exc.event or "", str(exc))
+                    record_malformed(session, forge, exc.delivery_id, exc.event or "", str(exc))
             except SQLAlchemyError:
                 log.exception("record_malformed_failed", forge=forge)
         return _answer(exc.status, error=str(exc))
@@ -75,7 +76,7 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
     with structlog.contextvars.bound_contextvars(delivery_id=event.delivery_id, forge=forge):
         try:
             with session_scope() as session:
-                result = jobs.record_delivery(session, event)
+                result = record_delivery(session, event)
         except SQLAlchemyError as exc:
             log.error("webhook_db_error", error=f"{type(exc).__name__}: {exc}"[:500])
             return _answer(503, error="the database is unavailable; the forge will retry this delivery")
@@ -85,7 +86,7 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
             if not enqueued:
                 try:
                     with session_scope() as session:
-                        jobs.enqueue_failed(session, result.job_id)
+                        enqueue_failed(session, result.job_id)
                 except SQLAlchemyError:  # the stamp stays; the sweep sends it after the requeue delay
                     log.exception("enqueue_failed_not_recorded", job_id=result.job_id)
         log.info(

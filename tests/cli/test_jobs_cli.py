@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from app import jobs
 from app.db import session_scope
+from app.jobs import records
 from app.models import Job, JobAttempt, utcnow
 
 MANAGE = Path(__file__).resolve().parents[2] / "manage.py"
@@ -38,14 +38,14 @@ def add_job(status: str, *, forge: str = "gitlab", project: str = "acme/calc", i
                   trigger_user="dev", created_at=now, updated_at=now, **fields)
         s.add(job)
         s.flush()
-        jobs.add_event(s, job.id, "created", f"label added on issue {issue}")
+        records.add_event(s, job.id, "created", f"label added on issue {issue}")
         return job.id
 
 
 @pytest.fixture
 def three_jobs(frogfix_env: dict[str, Any]) -> dict[str, int]:
     done = add_job(
-        "done", issue=3, age=30, mr_url="https://gitlab.example/acme/calc/-/merge_requests/7", attempt=1,
+        "done", issue=3, age=30, mr_url="https://gitlab.example/acme/calc/-/merge_requests/7", run=1,
         base_commit="2ab0eb359c65fbedec34653546507a73f1e232ab", branch="frogfix/issue-3", steps=4,
         exit_reason="agent",
     )
@@ -53,8 +53,8 @@ def three_jobs(frogfix_env: dict[str, Any]) -> dict[str, int]:
         s.add(JobAttempt(job_id=done, run=1, number=1, status="verified", exit_reason="agent", steps=4,
                          trajectory_path="/data/trajectories/job-1-run-1-1.json",
                          tests={"command": "pytest", "before": {"exit_code": 1}, "after": [{"exit_code": 0}] * 2}))
-        jobs.add_event(s, done, "verified", "attempt 1: tests before exit 1, after exit 0, 0; " * 4)
-        jobs.add_event(s, done, "done", "opened draft https://gitlab.example/acme/calc/-/merge_requests/7")
+        records.add_event(s, done, "verified", "attempt 1: tests before exit 1, after exit 0, 0; " * 4)
+        records.add_event(s, done, "done", "opened draft https://gitlab.example/acme/calc/-/merge_requests/7")
     failed = add_job("failed", forge="gitea", project="acme/" + "very-long-name" * 5, issue=4, age=20,
                      error="the forge or git server kept failing")
     queued = add_job("queued", issue=5, age=10)
@@ -160,9 +160,9 @@ def test_cancel_and_retry(three_jobs: dict[str, int]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"job {failed} queued again and sent to the workers"
     with session_scope() as s:
-        job = jobs.get_job(s, failed)
+        job = records.get_job(s, failed)
         assert job.status == "queued" and job.error is None and job.last_enqueued_at is not None
-        assert [e.kind for e in jobs.job_events(s, failed)][-1] == "retried"
+        assert [e.kind for e in records.job_events(s, failed)][-1] == "retried"
 
     refused = manage("retry", str(done))
     assert refused.returncode == 1 and "only failed, no_fix, cancelled, rejected jobs" in refused.stderr
@@ -173,7 +173,7 @@ def test_cancel_and_retry(three_jobs: dict[str, int]) -> None:
     assert down.returncode == 0, down.stderr
     assert "the sweep will send it" in down.stdout
     with session_scope() as s:
-        job = jobs.get_job(s, queued)
+        job = records.get_job(s, queued)
         assert job.status == "queued" and job.last_enqueued_at is None
 
 

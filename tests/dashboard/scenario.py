@@ -1,6 +1,6 @@
 """Jobs for the dashboard tests: seeded rows, real trajectory files, and a scripted run in a thread.
 
-The scripted run stands in for a worker: it moves a job through the same app/jobs.py functions the
+The scripted run stands in for a worker: it moves a job through the same app/jobs/ functions the
 pipeline calls (claim, events, attempts, steps after every agent step, final status) and writes the
 trajectory with the real TrajectoryWriter, so the dashboard reads what a worker would leave.
 """
@@ -14,9 +14,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from app import auth, jobs
+from app import auth
 from app.db import session_scope
 from app.forge.base import WebhookEvent
+from app.jobs import intake, records, transitions
 from app.models import Job, JobStatus, utcnow
 from app.trajectory import attempt_path
 from worker.leaf.loop import StepRecord, ToolCallRecord
@@ -76,7 +77,7 @@ def new_job(project: str = "acme/calc", issue: int = 7, title: str = "add() retu
             sender: str = "bob", forge: str = "gitlab") -> int:
     """A queued job, created the way a webhook creates one."""
     with session_scope() as session:
-        result = jobs.record_delivery(
+        result = intake.record_delivery(
             session,
             WebhookEvent(forge, f"delivery-{project}-{issue}-{time.monotonic_ns()}", "issues", "start",
                          "the trigger label was added", project=project, issue=issue, title=title, sender=sender,
@@ -146,24 +147,24 @@ def finished_job(data_dir: Path, status: str = "done", *, project: str = "acme/c
         trajectory.finish(PATCH if status == "done" else None)
     started = utcnow() - timedelta(minutes=age_minutes)
     with session_scope() as session:
-        assert jobs.claim_job(session, job_id)
-        attempt_id = jobs.start_attempt(session, job_id, 1, 1)
-        jobs.update_attempt(
+        assert transitions.claim_job(session, job_id)
+        attempt_id = records.start_attempt(session, job_id, 1, 1)
+        records.update_attempt(
             session, attempt_id, finished=True, status="verified" if status == "done" else "no_fix",
             steps=steps, trajectory_path=stored if with_trajectory else None,
             patch=PATCH if status == "done" else None, summary=FINAL_ANSWER, tests=TESTS if status == "done" else None,
             exit_reason="agent",
         )
-        jobs.add_event(session, job_id, "admitted", "bob may trigger; issue re-read from the API")
-        jobs.add_event(session, job_id, "agent_started", "attempt 1: running the agent")
-        jobs.update_job(session, job_id, steps=steps, exit_reason="agent", base_commit="7445f7eee3b9",
+        records.add_event(session, job_id, "admitted", "bob may trigger; issue re-read from the API")
+        records.add_event(session, job_id, "agent_started", "attempt 1: running the agent")
+        records.update_job(session, job_id, steps=steps, exit_reason="agent", base_commit="7445f7eee3b9",
                         branch="frogfix/issue-7", started_at=started)
         extra: dict[str, Any] = {}
         if status == "done":
             extra["mr_url"] = "https://git.acme.test/acme/calc/-/merge_requests/3"
-        jobs.set_status(session, job_id, JobStatus(status),
+        transitions.set_status(session, job_id, JobStatus(status),
                         error="the model could not be used" if status == "failed" else None, **extra)
-        jobs.add_event(session, job_id, status, f"finished: {status}")
+        records.add_event(session, job_id, status, f"finished: {status}")
     return job_id
 
 
@@ -185,11 +186,11 @@ class ScriptedRun(threading.Thread):
 
     def _cancelled(self) -> bool:
         with session_scope() as session:
-            return jobs.cancel_requested(session, self.job_id)
+            return records.cancel_requested(session, self.job_id)
 
     def _event(self, kind: str, message: str) -> None:
         with session_scope() as session:
-            jobs.add_event(session, self.job_id, kind, message)
+            records.add_event(session, self.job_id, kind, message)
 
     def run(self) -> None:
         try:
@@ -199,17 +200,17 @@ class ScriptedRun(threading.Thread):
 
     def _run(self) -> str:
         with session_scope() as session:
-            assert jobs.claim_job(session, self.job_id)
+            assert transitions.claim_job(session, self.job_id)
         self._event("admitted", "bob may trigger; issue re-read from the API")
         self._event("prepared", "mirror updated; base main at 7445f7eee3b9")
         with session_scope() as session:
-            jobs.update_job(session, self.job_id, base_commit="7445f7eee3b936b4c0ce26c8ba8aecf3503569ad",
+            records.update_job(session, self.job_id, base_commit="7445f7eee3b936b4c0ce26c8ba8aecf3503569ad",
                             branch="frogfix/issue-7")
-            attempt_id = jobs.start_attempt(session, self.job_id, 1, 1)
+            attempt_id = records.start_attempt(session, self.job_id, 1, 1)
         stored = attempt_path(self.job_id, 1, 1)
         trajectory = ScriptedTrajectory(self.data_dir / stored, self.job_id)
         with session_scope() as session:
-            jobs.update_attempt(session, attempt_id, trajectory_path=stored)
+            records.update_attempt(session, attempt_id, trajectory_path=stored)
         self._event("agent_started", "attempt 1: running the agent (FrogNano-4B-2609)")
         for index in range(self.steps):
             time.sleep(self.delay)
@@ -217,36 +218,36 @@ class ScriptedRun(threading.Thread):
                 return self._end_cancelled(attempt_id, trajectory)
             trajectory.step(index)
             with session_scope() as session:
-                jobs.update_attempt(session, attempt_id, steps=index + 1)
-                jobs.update_job(session, self.job_id, steps=index + 1)
+                records.update_attempt(session, attempt_id, steps=index + 1)
+                records.update_job(session, self.job_id, steps=index + 1)
         while not self.release.wait(0.1):
             if self._cancelled():
                 return self._end_cancelled(attempt_id, trajectory)
         trajectory.finish(PATCH)
         with session_scope() as session:
-            jobs.update_attempt(session, attempt_id, finished=True, status="verified", exit_reason="agent",
+            records.update_attempt(session, attempt_id, finished=True, status="verified", exit_reason="agent",
                                 steps=self.steps, patch=PATCH, summary=FINAL_ANSWER, tests=TESTS)
-            jobs.update_job(session, self.job_id, exit_reason="agent", steps=self.steps)
-            jobs.set_status(session, self.job_id, JobStatus.verifying)
+            records.update_job(session, self.job_id, exit_reason="agent", steps=self.steps)
+            transitions.set_status(session, self.job_id, JobStatus.verifying)
         self._event("agent_finished", f"attempt 1: agent after {self.steps} steps")
         time.sleep(self.delay)
         self._event("verified", "attempt 1: tests before exit 1, after exit 0, 0")
         mr = "https://git.acme.test/acme/calc/-/merge_requests/3"
         with session_scope() as session:
-            jobs.set_status(session, self.job_id, JobStatus.publishing, expected=("verifying",))
+            transitions.set_status(session, self.job_id, JobStatus.publishing, expected=("verifying",))
         time.sleep(self.delay / 2)
         with session_scope() as session:
-            jobs.update_job(session, self.job_id, mr_url=mr)
-            jobs.set_status(session, self.job_id, JobStatus.done, expected=("publishing",))
-            jobs.add_event(session, self.job_id, "done", f"opened draft {mr}")
+            records.update_job(session, self.job_id, mr_url=mr)
+            transitions.set_status(session, self.job_id, JobStatus.done, expected=("publishing",))
+            records.add_event(session, self.job_id, "done", f"opened draft {mr}")
         return "done"
 
     def _end_cancelled(self, attempt_id: int, trajectory: ScriptedTrajectory) -> str:
         trajectory.finish(None)
         with session_scope() as session:
-            jobs.update_attempt(session, attempt_id, finished=True, status="cancelled", exit_reason="cancelled")
-            jobs.set_status(session, self.job_id, JobStatus.cancelled, error="cancelled on request")
-            jobs.add_event(session, self.job_id, "cancelled", "cancelled on request")
+            records.update_attempt(session, attempt_id, finished=True, status="cancelled", exit_reason="cancelled")
+            transitions.set_status(session, self.job_id, JobStatus.cancelled, error="cancelled on request")
+            records.add_event(session, self.job_id, "cancelled", "cancelled on request")
         return "cancelled"
 
 

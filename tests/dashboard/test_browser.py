@@ -1,6 +1,6 @@
 """The dashboard in Debian's Chromium (Playwright): sign-in, a job that runs live, trajectory, diff, actions.
 
-The app runs under uvicorn on 127.0.0.1; a thread plays the worker through app/jobs.py (ScriptedRun).
+The app runs under uvicorn on 127.0.0.1; a thread plays the worker through app/jobs/ (ScriptedRun).
 Screenshots land in test-artifacts/screenshots/ in light and dark mode.
 """
 

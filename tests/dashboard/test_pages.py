@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from app import auth, jobs
+from app import auth
 from app.db import session_scope
+from app.jobs import read_model, records, transitions
 from app.models import Job, JobAttempt, Operator, utcnow
 from app.settings import get_settings
 from tests.conftest import ADMIN_TOKEN, configure
@@ -34,7 +35,7 @@ def _seed(n: int, *, start_minutes: int = 0) -> None:
                     issue=i + 1,
                     title=f"bug number {i + 1}" + (" with unicode ümlaut" if i == 5 else ""),
                     status=["done", "failed", "no_fix", "cancelled"][i % 4],
-                    attempt=1,
+                    run=1,
                     cancel_requested=False,
                     enqueue_count=1,
                     trigger_user="carol" if i == 7 else "bob",
@@ -177,7 +178,7 @@ def test_a_trusted_proxy_header_signs_in_without_a_password(frogfix_env: dict[st
 def test_pages_carry_security_headers_and_escape_what_forges_send(signed_in: Any) -> None:
     job_id = new_job(title="<script>alert('x')</script> broken")
     with session_scope() as s:
-        jobs.update_job(s, job_id, issue_url="javascript:alert(1)")
+        records.update_job(s, job_id, issue_url="javascript:alert(1)")
     for path in ("/", "/jobs", f"/jobs/{job_id}"):
         r = signed_in.get(path)
         assert r.status_code == 200
@@ -190,7 +191,7 @@ def test_pages_carry_security_headers_and_escape_what_forges_send(signed_in: Any
 def test_the_job_page_has_timeline_diff_tests_flags_provenance_and_trajectory(signed_in: Any, data_dir: Path) -> None:
     job_id = finished_job(data_dir, "done")
     with session_scope() as s:
-        jobs.update_job(s, job_id, flags=["changes tests: tests/test_calc.py"])
+        records.update_job(s, job_id, flags=["changes tests: tests/test_calc.py"])
     page = signed_in.get(f"/jobs/{job_id}").text
     assert re.search(r'class="d-add">.*return a \+ b', page) and re.search(r'class="d-del">.*return a - b', page)
     assert "before the patch" in page and "with the patch, run 2" in page and "1 failed, 1 passed" in page
@@ -298,11 +299,11 @@ def test_progress_reports_status_steps_current_step_and_new_events(signed_in: An
 
     job_id = new_job()
     with session_scope() as s:
-        jobs.claim_job(s, job_id)
-        attempt_id = jobs.start_attempt(s, job_id, 1, 1)
+        transitions.claim_job(s, job_id)
+        attempt_id = records.start_attempt(s, job_id, 1, 1)
         path = data_dir / "trajectories" / "live.json"
-        jobs.update_attempt(s, attempt_id, trajectory_path=str(path), steps=2)
-        jobs.update_job(s, job_id, steps=2)
+        records.update_attempt(s, attempt_id, trajectory_path=str(path), steps=2)
+        records.update_job(s, job_id, steps=2)
     trajectory = ScriptedTrajectory(path, job_id)
     trajectory.step(0)
     trajectory.step(1)
@@ -312,11 +313,11 @@ def test_progress_reports_status_steps_current_step_and_new_events(signed_in: An
     assert first["current_step"] == {"number": 2, "calls": [{"name": "Bash", "headline": "python3 -m pytest -q"}]}
     assert [e["kind"] for e in first["events"]] == ["created"]
     with session_scope() as s:
-        jobs.add_event(s, job_id, "note", "something new")
+        records.add_event(s, job_id, "note", "something new")
     later = signed_in.get(f"/jobs/{job_id}/progress", params={"after": first["events"][-1]["id"]}).json()
     assert [e["message"] for e in later["events"]] == ["something new"] and later["state"] == first["state"]
     with session_scope() as s:
-        jobs.update_job(s, job_id, cancel_requested=True)
+        records.update_job(s, job_id, cancel_requested=True)
     assert signed_in.get(f"/jobs/{job_id}/progress").json()["state"] != first["state"]
 
 
@@ -332,13 +333,13 @@ def test_replay_is_noted_then_sent_to_a_worker_by_task_name(
     page = signed_in.post(f"/jobs/{job_id}/replay", data={"csrf_token": token})
     assert "Replay queued" in page.text and sent == [(job_id, "alice (dashboard)")]
     with session_scope() as s:
-        kinds = [e.kind for e in jobs.job_events(s, job_id)]
+        kinds = [e.kind for e in records.job_events(s, job_id)]
     assert kinds[-1] == "replay_requested"
     empty = new_job(issue=99)
     assert "Not replayed: the job is still running" in signed_in.post(
         f"/jobs/{empty}/replay", data={"csrf_token": token}).text
     with session_scope() as s:
-        jobs.cancel_job(s, empty, "test")
+        transitions.cancel_job(s, empty, "test")
     assert "Nothing to replay" in signed_in.post(f"/jobs/{empty}/replay", data={"csrf_token": token}).text
     assert len(sent) == 1
 
@@ -414,14 +415,14 @@ def _count_line(page: str) -> str:
 def test_a_search_reads_a_bounded_window_per_page_and_continues_older(
     signed_in: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(jobs, "SEARCH_WINDOW", 10)
+    monkeypatch.setattr(read_model, "SEARCH_WINDOW", 10)
     _seed(30)  # issues 1..30, newest last; "bug number 1" is in issues 1 and 10..19
     found: list[int] = []
     cursor = None
     windows = 0
     while True:
         with session_scope() as s:
-            page = jobs.dashboard_jobs(s, jobs.JobFilter(), "bug number 1", older_than=cursor, limit=4)
+            page = read_model.dashboard_jobs(s, records.JobFilter(), "bug number 1", older_than=cursor, limit=4)
         windows += 1
         assert page.total is None
         found += [r.issue for r in page.rows]
@@ -440,9 +441,9 @@ def test_a_search_reads_a_bounded_window_per_page_and_continues_older(
 def test_the_list_count_is_capped(frogfix_env: dict[str, Any]) -> None:
     _seed(30)
     with session_scope() as s:
-        page = jobs.dashboard_jobs(s, jobs.JobFilter(), None, limit=5, count_cap=10)
+        page = read_model.dashboard_jobs(s, records.JobFilter(), None, limit=5, count_cap=10)
         assert page.total == 10 and page.total_capped and len(page.rows) == 5 and page.older is not None
-        exact = jobs.dashboard_jobs(s, jobs.JobFilter(status="done"), None, limit=5, count_cap=10)
+        exact = read_model.dashboard_jobs(s, records.JobFilter(status="done"), None, limit=5, count_cap=10)
         assert exact.total == 8 and not exact.total_capped
 
 
@@ -454,7 +455,7 @@ def _overview_fixture() -> None:
     with session_scope() as s:
         for i, (status, seconds) in enumerate(rows):
             start = now - timedelta(hours=2)
-            job = Job(forge="gitlab", project="a/b", issue=i + 1, status=status, attempt=1, cancel_requested=False,
+            job = Job(forge="gitlab", project="a/b", issue=i + 1, status=status, run=1, cancel_requested=False,
                       enqueue_count=1, created_at=midnight - timedelta(days=i % 3), updated_at=now,
                       started_at=start if seconds or status == "running" else None,
                       finished_at=start + timedelta(seconds=seconds) if seconds else None)
@@ -468,7 +469,7 @@ def _overview_fixture() -> None:
 
 def _check_overview() -> None:
     with session_scope() as s:
-        o = jobs.dashboard_overview(s)
+        o = read_model.dashboard_overview(s)
     assert o.queue_depth == 2 and o.model_slots_in_use == 1 and o.running_sandboxes == 1
     assert o.finished == 4 and o.succeeded == 3 and o.success_rate == 0.75
     assert o.median_seconds == pytest.approx(90.0, abs=0.01)
@@ -498,11 +499,11 @@ def test_the_dashboard_queries_on_postgresql(pg: Any, frogfix_env: dict[str, Any
     _check_overview()
     _seed(60, start_minutes=60 * 24 * 20)
     with session_scope() as s:
-        first = jobs.dashboard_jobs(s, jobs.JobFilter(), None, limit=20)
-        second = jobs.dashboard_jobs(s, jobs.JobFilter(), None, older_than=first.older, limit=20)
-        back = jobs.dashboard_jobs(s, jobs.JobFilter(), None, newer_than=second.newer, limit=20)
+        first = read_model.dashboard_jobs(s, records.JobFilter(), None, limit=20)
+        second = read_model.dashboard_jobs(s, records.JobFilter(), None, older_than=first.older, limit=20)
+        back = read_model.dashboard_jobs(s, records.JobFilter(), None, newer_than=second.newer, limit=20)
         assert [r.id for r in back.rows] == [r.id for r in first.rows]
         assert not {r.id for r in first.rows} & {r.id for r in second.rows}
-        found = jobs.dashboard_jobs(s, jobs.JobFilter(), "ÜMLAUT")
+        found = read_model.dashboard_jobs(s, records.JobFilter(), "ÜMLAUT")
         assert [r.issue for r in found.rows] == [6]  # ILIKE folds non-ASCII letters on PostgreSQL
-        assert jobs.dashboard_jobs(s, jobs.JobFilter(), "50%").rows == []
+        assert read_model.dashboard_jobs(s, records.JobFilter(), "50%").rows == []

@@ -7,8 +7,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from app import jobs, trajectory
+from app import trajectory
 from app.db import session_scope
+from app.jobs import records
 from tests.doubles.openai_server import Status
 from tests.pipeline.conftest import (
     GITEA_TOKEN,
@@ -25,8 +26,8 @@ from worker.tasks import run_job
 
 def _job(job_id: int) -> tuple[Any, list[str], list[Any]]:
     with session_scope() as s:
-        job = jobs.get_job(s, job_id)
-        return job, [e.kind for e in jobs.job_events(s, job_id)], jobs.job_attempts(s, job_id)
+        job = records.get_job(s, job_id)
+        return job, [e.kind for e in records.job_events(s, job_id)], records.job_attempts(s, job_id)
 
 
 def _gitlab_job(client: Any, world: World, *, by: str = "dev", title: str = "add() returns the difference") -> int:
@@ -146,7 +147,7 @@ def test_reporter_without_rights_is_rejected_with_a_comment(client: Any, world: 
 def test_label_gone_by_admission_cancels(client: Any, world: World) -> None:
     job_id = _gitlab_job(client, world, title="bug")
     with session_scope() as s:
-        iid = jobs.get_job(s, job_id).issue
+        iid = records.get_job(s, job_id).issue
     world.gitlab.remove_label(PROJECT, iid, TRIGGER, by="dev")
     assert run_job(job_id) == "cancelled"
     assert world.model.count == 0 and world.gitlab.open_mrs(PROJECT) == []

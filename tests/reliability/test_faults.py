@@ -27,8 +27,8 @@ import pytest
 import redis as redis_client
 from sqlalchemy import func, select
 
-from app import jobs
 from app.db import session_scope
+from app.jobs import records, transitions
 from app.migrate import upgrade
 from app.models import FINAL_STATUSES, Job, JobEvent, WebhookDelivery
 from app.sweep import sweep_once
@@ -84,17 +84,17 @@ class System:
 
 def status(job_id: int) -> str:
     with session_scope() as s:
-        return jobs.get_job(s, job_id).status
+        return records.get_job(s, job_id).status
 
 
 def kinds(job_id: int) -> list[str]:
     with session_scope() as s:
-        return [e.kind for e in jobs.job_events(s, job_id)]
+        return [e.kind for e in records.job_events(s, job_id)]
 
 
 def job(job_id: int) -> Job:
     with session_scope() as s:
-        return jobs.get_job(s, job_id)
+        return records.get_job(s, job_id)
 
 
 def snapshot() -> dict[str, int]:
@@ -246,7 +246,7 @@ def _hold(system: System, stage: str, run: int, iid: int, job_id: Callable[[], i
         seen = w.model.count
         return lambda: w.model.count >= seen + 2
     if stage == "verify":  # the repository's tests are slow (see the test)
-        return lambda: (j := job(job_id())).attempt == run and j.status == "verifying"
+        return lambda: (j := job(job_id())).run == run and j.status == "verifying"
     if stage == "push":
         seen = len(w.git_gitlab.pushes)
         w.git_gitlab.hang_next(HOLD_S, path_contains="git-receive-pack", after=True)  # lands, answer lost
@@ -283,7 +283,7 @@ def test_sigkill_at_each_stage_twice_then_one_mr(system: System, stage: str, tmp
     job_id = ids[0]
     for run in (1, 2):
         wait_until(there, timeout=90, interval=0.05)
-        assert status(job_id) == STAGE_STATUS[stage] and job(job_id).attempt == run, kinds(job_id)
+        assert status(job_id) == STAGE_STATUS[stage] and job(job_id).run == run, kinds(job_id)
         before = snapshot()
         system.workers.kill(proc)
         if killed:
@@ -293,16 +293,16 @@ def test_sigkill_at_each_stage_twice_then_one_mr(system: System, stage: str, tmp
         if run == 1:
             there = _hold(system, stage, 2, iid, lambda: job_id)
         proc = system.workers.start()
-        wait_until(lambda r=run: sweep_once() is not None and job(job_id).attempt > r, timeout=60, interval=0.5)
+        wait_until(lambda r=run: sweep_once() is not None and job(job_id).run > r, timeout=60, interval=0.5)
         assert snapshot()["events"] >= before["events"]
 
     system.recover_until_final([job_id])
     done = job(job_id)
     timeline = kinds(job_id)
     assert done.status == "done", timeline
-    assert done.attempt == 3 and timeline.count("requeued") == 2 and timeline.count("done") == 1
+    assert done.run == 3 and timeline.count("requeued") == 2 and timeline.count("done") == 1
     with session_scope() as s:
-        attempts = [(a.run, a.status) for a in jobs.job_attempts(s, job_id)]
+        attempts = [(a.run, a.status) for a in records.job_attempts(s, job_id)]
     assert all(st != "running" for _, st in attempts) and attempts[-1] == (3, "verified"), attempts
     [mr] = w.gitlab.open_mrs(PROJECT)
     assert mr["draft"] and mr["source_branch"] == f"frogfix/issue-{iid}" and done.mr_url == mr["web_url"]
@@ -368,7 +368,7 @@ def test_postgres_restarted_twice_while_a_job_runs(system: System) -> None:
     system.recover_until_final([job_id])
     timeline = kinds(job_id)
     assert status(job_id) == "done", (timeline, job(job_id).error)
-    assert job(job_id).attempt == 1, timeline  # the outages cost no run: the worker waited for the database
+    assert job(job_id).run == 1, timeline  # the outages cost no run: the worker waited for the database
     assert len(system.world.gitlab.open_mrs(PROJECT)) == 1
     assert_settled(system, before)
     # the delivery refused with 503 is redelivered by the forge and becomes a job now
@@ -518,7 +518,7 @@ def test_forge_down_at_publish_fails_then_a_retry_opens_one_mr(system: System) -
     assert_settled(system)
     w.gitlab.faults.clear()  # the forge is back; an operator retries
     with session_scope() as s:
-        jobs.retry_job(s, job_id, "operator")
+        transitions.retry_job(s, job_id, "operator")
     system.recover_until_final([job_id])
     assert status(job_id) == "done", (kinds(job_id), job(job_id).error)
     assert len(w.gitlab.open_mrs(PROJECT)) == 1
@@ -576,7 +576,7 @@ def test_disk_filled_in_the_workspace_ends_that_job_and_the_next_one_works(syste
     ended = job(full)
     assert ended.status in ("failed", "no_fix"), kinds(full)
     with session_scope() as s:
-        [attempt] = jobs.job_attempts(s, full)
+        [attempt] = records.job_attempts(s, full)
     said = f"{ended.error} {attempt.error} {attempt.summary}"
     assert "space" in said.lower() or "larger than" in said.lower(), said
     assert workspaces_left(small_disk) == [] and sandboxes_running(small_disk) == []
@@ -612,7 +612,7 @@ def test_a_job_whose_workers_keep_dying_fails_and_its_workspaces_go(system: Syst
         system.workers.kill(proc)
         gates[run - 1].set()
         proc = system.workers.start()
-        wait_until(lambda r=run: sweep_once() is not None and (job(doomed).attempt > r or status(doomed) != "running"))
+        wait_until(lambda r=run: sweep_once() is not None and (job(doomed).run > r or status(doomed) != "running"))
     ended = job(doomed)
     assert ended.status == "failed" and "stopped 2 times" in (ended.error or ""), (ended.error, kinds(doomed))
     assert workspaces_left(system.workspaces) == [f"job-{doomed}-run-2"]  # the sweep cannot reach the worker's disk
@@ -637,14 +637,14 @@ def test_a_paused_worker_that_wakes_up_cannot_touch_the_run_that_replaced_it(sys
     gates[0].set()  # run 1 goes on, in a workspace run 2 has removed, and ends
     wait_until(lambda: "superseded" in system.workers.logs() or status(job_id) != "running", timeout=90, interval=0.5)
     now = job(job_id)
-    assert now.status == "running" and now.attempt == 2, (now.status, now.error, kinds(job_id))  # run 2's still
+    assert now.status == "running" and now.run == 2, (now.status, now.error, kinds(job_id))  # run 2's still
     gates[1].set()
     system.recover_until_final([job_id])
     timeline = kinds(job_id)
     assert status(job_id) == "done" and timeline.count("done") == 1, timeline
     assert not {"failed", "no_fix", "cancelled"} & set(timeline), timeline
     with session_scope() as s:
-        attempts = {(a.run, a.status) for a in jobs.job_attempts(s, job_id)}
+        attempts = {(a.run, a.status) for a in records.job_attempts(s, job_id)}
     assert attempts == {(1, "failed"), (2, "verified")}, attempts
     assert len(system.world.gitlab.open_mrs(PROJECT)) == 1
     assert_settled(system)

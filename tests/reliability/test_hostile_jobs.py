@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from app import jobs
 from app.db import session_scope
+from app.jobs import records
 from app.settings import get_settings
 from app.trajectory import resolve
 from tests.conftest import configure
@@ -66,7 +66,7 @@ def start_job(client: Any, world: World, *, title: str, description: str = "") -
 
 def load(job_id: int) -> tuple[Any, list[Any], list[Any]]:
     with session_scope() as s:
-        return jobs.get_job(s, job_id), jobs.job_events(s, job_id), jobs.job_attempts(s, job_id)
+        return records.get_job(s, job_id), records.job_events(s, job_id), records.job_attempts(s, job_id)
 
 
 def event(events: list[Any], kind: str) -> Any:

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from app import jobs, trajectory
+from app import trajectory
 from app.db import session_scope
+from app.jobs import records, transitions
 from app.models import Job
 from app.settings import get_settings
 from tests.doubles.openai_server import Status
@@ -40,7 +41,7 @@ def _finished_job(client: Any, world: World, expected: str = "done") -> int:
 
 def _trajectory(job_id: int) -> Path:
     with session_scope() as s:
-        [attempt] = jobs.job_attempts(s, job_id)
+        [attempt] = records.job_attempts(s, job_id)
         assert attempt.trajectory_path
         return trajectory.resolve(get_settings().data_dir, attempt.trajectory_path)
 
@@ -62,7 +63,7 @@ def _manage(*args: str) -> subprocess.CompletedProcess[str]:
 
 def _events(job_id: int) -> list[Any]:
     with session_scope() as s:
-        return jobs.job_events(s, job_id)
+        return records.job_events(s, job_id)
 
 
 def test_a_finished_job_replays_to_the_identical_patch(client: Any, world: World) -> None:
@@ -86,7 +87,7 @@ def test_a_finished_job_replays_to_the_identical_patch(client: Any, world: World
     assert len(world.gitlab.notes) == notes and world.gitlab.open_mrs(PROJECT) == mrs
     assert recorded.read_text() == before
     with session_scope() as s:
-        assert jobs.get_job(s, job_id).status == "done"
+        assert records.get_job(s, job_id).status == "done"
     # The replay kept its own trajectory and noted itself on the timeline.
     assert report.trajectory and Path(report.trajectory).is_file() and report.trajectory != str(recorded)
     last = _events(job_id)[-1]
@@ -152,19 +153,19 @@ def test_a_failed_job_replays_too_and_live_publish_runs_it_again(client: Any, wo
     queued = replay_job(job_id, live=True, publish=True, who="tester")
     assert queued.status == "queued" and queued.exit_code == 0
     with session_scope() as s:
-        assert jobs.get_job(s, job_id).status == "queued"
+        assert records.get_job(s, job_id).status == "queued"
     world.model._script[:] = fixing_script()
     assert run_job(job_id) == "done"
     [mr] = world.gitlab.open_mrs(PROJECT)
     assert "python3 -m pytest -q" in mr["description"]
-    with pytest.raises(jobs.InvalidTransition):  # a done job is not queued again
+    with pytest.raises(transitions.InvalidTransition):  # a done job is not queued again
         replay_job(job_id, live=True, publish=True)
 
 
 def test_unknown_and_unreplayable_jobs_are_clear_errors(frogfix_env: dict[str, Any]) -> None:
-    with pytest.raises(jobs.UnknownJob):
+    with pytest.raises(records.UnknownJob):
         replay_job(4242)
-    with pytest.raises(jobs.UnknownJob):
+    with pytest.raises(records.UnknownJob):
         replay_job("local-20990101-000000-abcdef")
     with pytest.raises(ReplayError, match="needs --live"):
         replay_job(4242, publish=True)
@@ -200,6 +201,6 @@ def test_replay_task_for_the_dashboard_reproduces_and_records_it(client: Any, wo
     job_id = _finished_job(client, world)
     assert replay_job_task(job_id, "alice") == "reproduced"
     with session_scope() as s:
-        events = [(e.kind, e.message) for e in jobs.job_events(s, job_id)]
+        events = [(e.kind, e.message) for e in records.job_events(s, job_id)]
     assert events[-1][0] == "replayed"
     assert replay_job_task(999_999, "alice") == "error"

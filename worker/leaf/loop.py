@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from app.statuses import LEAF_EXITS, ExitReason
 from sandbox.base import SandboxError
 from worker.leaf.model import ContextOverflow, ModelClient, ModelQueryError, ModelReply, Usage
 from worker.leaf.textcalls import extract_text_calls
@@ -27,16 +28,7 @@ from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS, coerce_arguments
 
 log = logging.getLogger(__name__)
 
-EXIT_REASONS: Final = (
-    "agent",
-    "max_turns",
-    "max_time",
-    "max_context_len",
-    "max_tokens_per_turn",
-    "llm_query_error",
-    "tool_error",
-    "cancelled",
-)
+EXIT_REASONS: Final = LEAF_EXITS  # their one home is app/statuses.py
 LENGTH_FINISH_REASONS: Final = frozenset({"length", "max_tokens", "max_new_tokens"})
 TEXT_CALL_ID_PREFIX: Final = "call_text_"
 
@@ -271,12 +263,12 @@ def _length_exit(reply: ModelReply, limits: LeafLimits) -> str:
     """Why a reply was cut: its own token cap, or the context running out (Leaf's rule)."""
     usage = reply.usage
     if usage is None:
-        return "max_tokens_per_turn"
+        return ExitReason.max_tokens_per_turn
     if usage.prompt_tokens + usage.completion_tokens >= limits.max_context_tokens:
-        return "max_context_len"
+        return ExitReason.max_context_len
     if usage.completion_tokens and usage.completion_tokens < limits.max_completion_tokens:
-        return "max_context_len"  # the server shortened the turn to fit its context
-    return "max_tokens_per_turn"
+        return ExitReason.max_context_len  # the server shortened the turn to fit its context
+    return ExitReason.max_tokens_per_turn
 
 
 def _asked(cancel: Callable[[], bool] | None) -> bool:
@@ -364,7 +356,8 @@ class LeafRun:
     def run(self) -> LeafResult:
         """Step until something ends the run; every way of ending becomes a LeafResult."""
         self.started = self.clock()
-        reason, error = "max_turns", None
+        reason: str = ExitReason.max_turns
+        error: str | None = None
         try:
             for index in range(self.limits.max_steps):
                 self.step(index)
@@ -386,10 +379,10 @@ class LeafRun:
     def step(self, index: int) -> None:
         """One model call and its tool calls, reported through `on_step` even when it ends the run."""
         if _asked(self.cancel):
-            raise _Exit("cancelled")
+            raise _Exit(ExitReason.cancelled)
         remaining = self.limits.max_seconds - (self.clock() - self.started)
         if remaining <= 0:
-            raise _Exit("max_time")
+            raise _Exit(ExitReason.max_time)
         self.steps += 1
         model_started = time.perf_counter()
         reply = self.query(remaining)
@@ -411,7 +404,7 @@ class LeafRun:
         if answers.ending is not None:
             raise answers.ending
         if context_tokens >= self.limits.max_context_tokens:
-            raise _Exit("max_context_len")
+            raise _Exit(ExitReason.max_context_len)
 
     def query(self, remaining: float) -> ModelReply:
         """One model call with the whole history; its failures become exits."""
@@ -421,14 +414,14 @@ class LeafRun:
                 max_completion_tokens=self.limits.max_completion_tokens,
             )
         except ContextOverflow as exc:
-            raise _Exit("max_context_len", str(exc)) from exc
+            raise _Exit(ExitReason.max_context_len, str(exc)) from exc
         except ModelQueryError as exc:
             # A call cut short by the run's own deadline is the time limit, not a model failure.
             timed_out = self.clock() - self.started >= self.limits.max_seconds
-            raise _Exit("max_time" if timed_out else "llm_query_error", str(exc)) from exc
+            raise _Exit(ExitReason.max_time if timed_out else ExitReason.llm_query_error, str(exc)) from exc
         except Exception as exc:  # a bug in a model client must still end the run cleanly
             log.exception("model client failed")
-            raise _Exit("llm_query_error", f"{type(exc).__name__}: {exc}") from exc
+            raise _Exit(ExitReason.llm_query_error, f"{type(exc).__name__}: {exc}") from exc
 
     def answer(self, reply: ModelReply, assistant: Mapping[str, Any], planned: Sequence[_Planned]) -> _Answers:
         """Answer a reply's calls in order, appending each answer to the history as it comes.
@@ -441,11 +434,11 @@ class LeafRun:
         truncated = (reply.finish_reason or "").lower() in LENGTH_FINISH_REASONS
         if truncated or not planned:
             self.final_answer = extract_text_calls(assistant.get("content") or "").visible.strip()
-            answers.ending = _Exit(_length_exit(reply, self.limits) if truncated else "agent")
+            answers.ending = _Exit(_length_exit(reply, self.limits) if truncated else ExitReason.agent)
             return answers
         for call in planned:
             if _asked(self.cancel):
-                answers.ending = _Exit("cancelled")
+                answers.ending = _Exit(ExitReason.cancelled)
                 return answers
             try:
                 record = self.execute(call)
@@ -480,10 +473,10 @@ class LeafRun:
         try:
             output = self.sandbox.call_tool(call.name, call.arguments or {})
         except SandboxError as exc:
-            raise _Exit("tool_error", f"{type(exc).__name__}: {exc}") from exc
+            raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # the sandbox broke in a way it did not foresee
             log.exception("sandbox call_tool failed")
-            raise _Exit("tool_error", f"{type(exc).__name__}: {exc}") from exc
+            raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
         return output if isinstance(output, str) else str(output)
 
     def _append_reply(self, reply: ModelReply) -> dict[str, Any]:

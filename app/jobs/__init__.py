@@ -1,0 +1,11 @@
+"""Jobs: every SQL statement about jobs, their attempts, events and webhook deliveries.
+
+- records.py: the job, attempt and event rows: reads, and writes that change no status.
+- transitions.py: the guarded status changes (claim, set_status, cancel, retry, recover_stale_jobs)
+  and the enqueue stamps.
+- intake.py: webhook deliveries recorded once, and the job each one starts, cancels or notes.
+- read_model.py: the dashboard's job list and overview (read-only).
+- requeue.py: queue a job again and send its task after the commit (owns its transactions).
+
+Callers import from the module that owns a name; this package re-exports nothing.
+"""

@@ -1,0 +1,136 @@
+"""Recording webhook deliveries: each delivery once, and the job (or cancel, or note) it asks for.
+
+The webhook endpoint calls `record_delivery` inside its transaction and sends the task after
+the commit when the result says so (DESIGN: enqueue only after the job row is committed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from app.forge.base import WebhookEvent
+from app.jobs.records import active_job, add_event, prepared
+from app.jobs.transitions import request_cancel
+from app.models import utcnow
+from app.statuses import JobStatus
+
+
+@dataclass(frozen=True)
+class IntakeResult:
+    """What the webhook endpoint answers, and whether a task must be sent after the commit."""
+
+    outcome: str
+    reason: str
+    job_id: int | None = None
+    enqueue: bool = False
+
+
+def record_delivery(session: Session, event: WebhookEvent) -> IntakeResult:
+    """Insert the delivery (unique per forge + delivery id) and act on it; only a new row acts.
+
+    A job created here is stamped as enqueued in the same transaction (the caller sends the task
+    right after the commit, and calls `enqueue_failed` if that send fails), which saves a commit
+    per delivery; if the process dies in between, the sweep sends it after the requeue delay.
+    """
+    st = prepared(session)
+    conn = session.connection()
+    inserted = conn.execute(
+        st.insert_delivery,
+        {
+            "forge": event.forge,
+            "delivery_id": event.delivery_id,
+            "event": event.event,
+            "action": event.action,
+            "project": event.project,
+            "issue": event.issue,
+            "outcome": "received",
+            "reason": event.reason[:2000],
+            "received_at": utcnow(),
+        },
+    ).scalar_one_or_none()
+    if inserted is None:
+        return IntakeResult("duplicate", "this delivery was already received")
+
+    result = _act(session, event)
+    conn.execute(
+        st.set_outcome,
+        {"delivery_row": inserted, "outcome": result.outcome, "reason": result.reason[:2000], "job_id": result.job_id},
+    )
+    return result
+
+
+def record_malformed(session: Session, forge: str, delivery_id: str, event: str, reason: str) -> None:
+    """Keep an authenticated but unusable delivery, so nothing sent to us is silently lost."""
+    session.connection().execute(
+        prepared(session).insert_delivery,
+        {
+            "forge": forge,
+            "delivery_id": delivery_id[:255],
+            "event": event[:64] or "(none)",
+            "outcome": "malformed",
+            "reason": reason[:2000],
+            "received_at": utcnow(),
+        },
+    )
+
+
+def _act(session: Session, event: WebhookEvent) -> IntakeResult:
+    if event.intent == "ignore" or event.project is None or event.issue is None:
+        return IntakeResult("ignored", event.reason)
+    if event.intent == "start":
+        return _start(session, event)
+    job = active_job(session, event.forge, event.project, event.issue)
+    if job is None:
+        return IntakeResult("ignored", f"{event.reason}; no active job")
+    if event.intent == "cancel":
+        request_cancel(session, job, f"{event.reason} (delivery {event.delivery_id})")
+        return IntakeResult("cancelled_job", event.reason, job.id)
+    add_event(session, job.id, "label_hint", f"{event.reason}; the pipeline re-reads the labels", None)
+    return IntakeResult("noted", event.reason, job.id)
+
+
+def _start(session: Session, event: WebhookEvent) -> IntakeResult:
+    assert event.project is not None and event.issue is not None
+    now = utcnow()
+    st = prepared(session)
+    conn = session.connection()
+    job_id = conn.execute(
+        st.insert_job,
+        {
+            "forge": event.forge,
+            "project": event.project,
+            "project_id": event.project_id,
+            "issue": event.issue,
+            "issue_url": event.issue_url,
+            "clone_url": event.clone_url,
+            "title": event.title,
+            "body": event.body,
+            "trigger_user": event.sender,
+            "status": JobStatus.queued.value,
+            "run": 0,
+            "delivery_id": event.delivery_id,
+            "cancel_requested": False,
+            "enqueue_count": 1,
+            "last_enqueued_at": now,
+            "created_at": now,
+            "updated_at": now,
+        },
+    ).scalar_one_or_none()
+    if job_id is None:
+        existing = active_job(session, event.forge, event.project, event.issue)
+        return IntakeResult(
+            "already_active", "a job for this issue is already active", existing.id if existing else None
+        )
+    conn.execute(
+        st.insert_event,
+        {
+            "job_id": job_id,
+            "at": now,
+            "kind": "created",
+            "message": event.reason,
+            "data": {"delivery_id": event.delivery_id, "trigger_user": event.sender},
+        },
+    )
+    return IntakeResult("job_created", event.reason, job_id, enqueue=True)

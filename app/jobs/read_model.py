@@ -1,0 +1,339 @@
+"""The dashboard's read model: the job list page by page, and the overview's numbers.
+
+Read-only queries for app/web/dashboard.py. The job list selects only the columns it shows (never
+the issue body) and pages by keyset on (created_at, id), so a deep page costs what the first one does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Row, Select, and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions
+from app.models import Job, JobAttempt, utcnow
+from app.statuses import ACTIVE_STATUSES, OUTCOME_STATUSES, SUCCESS_STATUSES, AttemptStatus, JobStatus
+
+LIST_COUNT_CAP = 10_000
+SEARCH_MAX_CHARS = 100
+# A search is a substring match that no index serves; each page reads at most this many jobs
+# (newest first from the cursor), so a page costs the same at 100,000 jobs as at 10,000.
+SEARCH_WINDOW = 10_000
+
+Cursor = tuple[datetime, int]
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of the dashboard's job list."""
+
+    id: int
+    forge: str
+    project: str
+    issue: int
+    issue_url: str | None
+    title: str | None
+    status: str
+    trigger_user: str | None
+    mr_url: str | None
+    steps: int
+    runs: int
+    cancel_requested: bool
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """A page of the job list and the cursors of its neighbours (None where there is none).
+
+    With a search, `total` is None (counting matches would mean reading every job) and, when the
+    search window ran out before the page filled, `searched_to` is how far back it looked: the
+    `older` cursor then continues the search from there.
+    """
+
+    rows: list[JobRow]
+    older: Cursor | None
+    newer: Cursor | None
+    total: int | None
+    total_capped: bool  # True: there are at least `total` matches, maybe more
+    searched_to: datetime | None = None
+
+
+_ROW_COLUMNS = (
+    Job.id,
+    Job.forge,
+    Job.project,
+    Job.issue,
+    Job.issue_url,
+    Job.title,
+    Job.status,
+    Job.trigger_user,
+    Job.mr_url,
+    Job.steps,
+    Job.run,
+    Job.cancel_requested,
+    Job.created_at,
+    Job.started_at,
+    Job.finished_at,
+)
+
+
+def _like_pattern(text_: str) -> str:
+    escaped = text_.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def _search_condition(columns: Any, search: str) -> Any:
+    """Project or title contains the text (case-insensitive); `#12` or `12` also finds issue or job 12."""
+    pattern = _like_pattern(search)
+    matches: list[Any] = [
+        columns.project.ilike(pattern, escape="\\"),
+        columns.title.ilike(pattern, escape="\\"),
+    ]
+    number = search.lstrip("#!")
+    if number.isdigit() and len(number) < 10:
+        matches += [columns.issue == int(number), columns.id == int(number)]
+    if search.startswith("@") or search.isidentifier():
+        matches.append(columns.trigger_user == search.lstrip("@"))
+    return or_(*matches)
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """Which way a page walks from its cursor, and the keyset conditions that start it there."""
+
+    conditions: list[Any]
+    descending: bool
+    order: tuple[Any, Any]
+
+
+def _walk(flt: JobFilter, older_than: Cursor | None, newer_than: Cursor | None) -> _Walk:
+    conditions = filter_conditions(flt)
+    descending = newer_than is None
+    if newer_than is not None:
+        at, job_id = newer_than
+        conditions += [Job.created_at >= at, or_(Job.created_at > at, Job.id > job_id)]
+    elif older_than is not None:
+        at, job_id = older_than
+        conditions += [Job.created_at <= at, or_(Job.created_at < at, Job.id < job_id)]
+    order = (Job.created_at.desc(), Job.id.desc()) if descending else (Job.created_at.asc(), Job.id.asc())
+    return _Walk(conditions, descending, order)
+
+
+def _page_query(walk: _Walk, search: str) -> Select[*tuple[Any, ...]]:
+    """The page's rows in walking order; a search filters a window of at most SEARCH_WINDOW jobs."""
+    if not search:
+        return select(*_ROW_COLUMNS).where(*walk.conditions).order_by(*walk.order)
+    window = select(*_ROW_COLUMNS).where(*walk.conditions).order_by(*walk.order).limit(SEARCH_WINDOW).subquery()
+    c = window.c
+    outer = (c.created_at.desc(), c.id.desc()) if walk.descending else (c.created_at.asc(), c.id.asc())
+    return select(window).where(_search_condition(c, search)).order_by(*outer)
+
+
+def _window_end(session: Session, walk: _Walk) -> Cursor | None:
+    """The last job a search window covers, when the window (not the jobs) ended the search."""
+    end = session.execute(
+        select(Job.created_at, Job.id).where(*walk.conditions).order_by(*walk.order).offset(SEARCH_WINDOW - 1).limit(1)
+    ).first()
+    return (end[0], end[1]) if end is not None else None
+
+
+def _job_rows(session: Session, fetched: list[Row[Any]]) -> list[JobRow]:
+    counts = attempt_counts(session, [r.id for r in fetched])
+    return [
+        JobRow(
+            id=r.id,
+            forge=r.forge,
+            project=r.project,
+            issue=r.issue,
+            issue_url=r.issue_url,
+            title=r.title,
+            status=r.status,
+            trigger_user=r.trigger_user,
+            mr_url=r.mr_url,
+            steps=r.steps or 0,
+            runs=r.run or 0,
+            cancel_requested=bool(r.cancel_requested),
+            created_at=r.created_at,
+            started_at=r.started_at,
+            finished_at=r.finished_at,
+            attempts=counts.get(r.id, 0),
+        )
+        for r in fetched
+    ]
+
+
+def _neighbours(
+    rows: list[JobRow],
+    walk: _Walk,
+    more: bool,
+    window_end: Cursor | None,
+    older_than: Cursor | None,
+    newer_than: Cursor | None,
+) -> tuple[Cursor | None, Cursor | None]:
+    """The (older, newer) cursors: where the next page in each direction starts, None where none is."""
+    first = (rows[0].created_at, rows[0].id) if rows else None
+    last = (rows[-1].created_at, rows[-1].id) if rows else None
+    if walk.descending:
+        older = last if more else window_end
+        newer = (first or older_than) if older_than is not None else None
+        return older, newer
+    newer = first if more else window_end
+    return last or newer_than, newer
+
+
+def _capped_total(session: Session, flt: JobFilter, count_cap: int) -> int:
+    """How many jobs match the filter, counting no further than one past `count_cap`."""
+    capped = select(Job.id).where(*filter_conditions(flt)).limit(count_cap + 1).subquery()
+    return int(session.execute(select(func.count()).select_from(capped)).scalar_one())
+
+
+def dashboard_jobs(
+    session: Session,
+    flt: JobFilter,
+    search: str | None = None,
+    *,
+    older_than: Cursor | None = None,
+    newer_than: Cursor | None = None,
+    limit: int = 50,
+    count_cap: int = LIST_COUNT_CAP,
+) -> JobPage:
+    """Newest first, `limit` rows after a keyset cursor; the count stops at `count_cap`.
+
+    `older_than` pages towards older jobs, `newer_than` back towards newer ones. Both walk
+    ix_jobs_created (or ix_jobs_status_created with a status filter) and stop after limit + 1 rows;
+    a search looks through at most SEARCH_WINDOW jobs per page.
+    """
+    q = (search or "").strip()[:SEARCH_MAX_CHARS]
+    walk = _walk(flt, older_than, newer_than)
+    fetched = list(session.execute(_page_query(walk, q).limit(limit + 1)).all())
+    more = len(fetched) > limit
+    fetched = fetched[:limit]
+    # Did the window stop the search early? Then it goes on from the window's end.
+    window_end = _window_end(session, walk) if q and not more else None
+    if not walk.descending:
+        fetched.reverse()
+    rows = _job_rows(session, fetched)
+    older, newer = _neighbours(rows, walk, more, window_end, older_than, newer_than)
+    if q:
+        return JobPage(rows, older, newer, None, False, window_end[0] if window_end and walk.descending else None)
+    total = _capped_total(session, flt, count_cap)
+    return JobPage(rows, older, newer, min(total, count_cap), total > count_cap)
+
+
+def attempt_counts(session: Session, job_ids: list[int]) -> dict[int, int]:
+    """Attempts per job for a page of jobs (uq_attempts_job_run_number leads with job_id)."""
+    if not job_ids:
+        return {}
+    rows = session.execute(
+        select(JobAttempt.job_id, func.count()).where(JobAttempt.job_id.in_(job_ids)).group_by(JobAttempt.job_id)
+    )
+    return {int(j): int(n) for j, n in rows}
+
+
+# -- the overview -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Overview:
+    """The dashboard's headline numbers; the windowed ones cover jobs created since `since`."""
+
+    by_status: dict[str, int]
+    queue_depth: int
+    model_slots_in_use: int  # jobs in status running (each holds one model slot)
+    running_sandboxes: int  # attempts in status running, of jobs still active
+    since: datetime
+    finished: int  # done + no_fix + failed in the window
+    succeeded: int
+    median_seconds: float | None
+    p95_seconds: float | None
+    per_day: list[tuple[str, dict[str, int]]]  # (YYYY-MM-DD, status -> jobs created that day)
+
+    @property
+    def success_rate(self) -> float | None:
+        return self.succeeded / self.finished if self.finished else None
+
+
+def dashboard_overview(session: Session, now: datetime | None = None, days: int = 14) -> Overview:
+    """Counts by status, queue and slot use, success rate and durations, and jobs per day."""
+    now = now or utcnow()
+    since = (now - timedelta(days=days - 1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    by_status = count_jobs_by_status(session)
+    window = and_(Job.created_at >= since, Job.status.in_(OUTCOME_STATUSES))
+    outcome_counts = {
+        s: int(n) for s, n in session.execute(select(Job.status, func.count()).where(window).group_by(Job.status))
+    }
+    ran = and_(window, Job.started_at.is_not(None), Job.finished_at.is_not(None))
+    median, p95 = _duration_percentiles(session, ran)
+    return Overview(
+        by_status=by_status,
+        queue_depth=by_status.get(JobStatus.queued.value, 0),
+        model_slots_in_use=by_status.get(JobStatus.running.value, 0),
+        running_sandboxes=_running_sandboxes(session),
+        since=since,
+        finished=sum(outcome_counts.values()),
+        succeeded=sum(outcome_counts.get(s, 0) for s in SUCCESS_STATUSES),
+        median_seconds=median,
+        p95_seconds=p95,
+        per_day=_jobs_per_day(session, since, days),
+    )
+
+
+def _running_sandboxes(session: Session) -> int:
+    """Attempts still running, of jobs still active: each holds a sandbox open."""
+    query = (
+        select(func.count())
+        .select_from(JobAttempt)
+        .join(Job, Job.id == JobAttempt.job_id)
+        .where(JobAttempt.status == AttemptStatus.running.value, Job.status.in_(ACTIVE_STATUSES))
+    )
+    return int(session.execute(query).scalar_one())
+
+
+def _jobs_per_day(session: Session, since: datetime, days: int) -> list[tuple[str, dict[str, int]]]:
+    """Jobs created each day since `since` (UTC days), by status; days without jobs are present and empty."""
+    if session.get_bind().dialect.name == "postgresql":
+        day: Any = func.to_char(func.timezone("UTC", Job.created_at), "YYYY-MM-DD")
+    else:
+        day = func.date(Job.created_at)
+    per_day: dict[str, dict[str, int]] = {}
+    for d in range(days):
+        per_day[(since + timedelta(days=d)).strftime("%Y-%m-%d")] = {}
+    rows = session.execute(
+        select(day.label("day"), Job.status, func.count()).where(Job.created_at >= since).group_by("day", Job.status)
+    )
+    for d, status, n in rows:
+        per_day.setdefault(str(d), {})[status] = int(n)
+    return sorted(per_day.items())
+
+
+def _duration_percentiles(session: Session, where: Any) -> tuple[float | None, float | None]:
+    """Median and p95 of finished_at - started_at: in the database on PostgreSQL, in Python on SQLite."""
+    if session.get_bind().dialect.name == "postgresql":
+        epoch: Any = func.extract("epoch", Job.finished_at - Job.started_at)
+        row = session.execute(
+            select(
+                func.percentile_cont(0.5).within_group(epoch),
+                func.percentile_cont(0.95).within_group(epoch),
+            ).where(where)
+        ).one()
+        return (None if row[0] is None else float(row[0]), None if row[1] is None else float(row[1]))
+    seconds = (func.julianday(Job.finished_at) - func.julianday(Job.started_at)) * 86400.0
+    values = sorted(float(v) for (v,) in session.execute(select(seconds).where(where)) if v is not None)
+    if not values:
+        return None, None
+    return percentile(values, 0.5), percentile(values, 0.95)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks, as PostgreSQL's percentile_cont does (values sorted)."""
+    position = (len(values) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(values) - 1)
+    return values[low] + (values[high] - values[low]) * (position - low)

@@ -1,0 +1,203 @@
+"""The job's state changes, each one a guarded UPDATE: claim, move, cancel, retry, recover, enqueue stamps.
+
+Every change names the statuses it may start from in its WHERE clause, so two processes racing
+for the same job (two deliveries of a task, a cancel and a claim, the sweep and a paused worker)
+never both win. Callers own the transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, cast
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.jobs.records import active_job, add_event, close_open_attempts, get_job, job_of_run
+from app.models import Job, utcnow
+from app.statuses import (
+    ACTIVE_STATUSES,
+    FINAL_STATUSES,
+    RETRYABLE_STATUSES,
+    RUN_STATUSES,
+    AttemptStatus,
+    JobStatus,
+)
+
+
+class InvalidTransition(ValueError):
+    """The job is not in a state that allows the change asked for."""
+
+
+def _changed(session: Session, statement: Any) -> bool:
+    """Run a guarded UPDATE; True when it matched a row (the guard held)."""
+    return bool(cast(CursorResult[Any], session.execute(statement)).rowcount)
+
+
+def request_cancel(session: Session, job: Job, why: str) -> None:
+    """A queued job is cancelled at once; a running one is asked to stop at its next check.
+
+    The queued case is guarded: if a worker claimed the job meanwhile, it is asked to stop instead.
+    """
+    was = job.status
+    if was == JobStatus.queued:
+        now = utcnow()
+        cancelled = update(Job).where(Job.id == job.id, Job.status == JobStatus.queued.value)
+        if _changed(
+            session,
+            cancelled.values(status=JobStatus.cancelled.value, finished_at=now, updated_at=now, error=why[:2000]),
+        ):
+            add_event(session, job.id, "cancelled", why)
+            return
+        was = JobStatus.running.value  # claimed between our read and our update
+    if was in ACTIVE_STATUSES:
+        session.execute(
+            update(Job)
+            .where(Job.id == job.id, Job.status.in_(ACTIVE_STATUSES))
+            .values(cancel_requested=True, updated_at=utcnow())
+        )
+        add_event(session, job.id, "cancel_requested", why)
+    else:
+        raise InvalidTransition(f"job {job.id} is already {job.status}")
+
+
+def claim_job(session: Session, job_id: int) -> bool:
+    """queued -> running, guarded: of two deliveries of the same task, only one wins. Starts a new run."""
+    now = utcnow()
+    return _changed(
+        session,
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued.value)
+        .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now),
+    )
+
+
+def set_status(
+    session: Session,
+    job_id: int,
+    status: JobStatus,
+    *,
+    error: str | None = None,
+    expected: tuple[str, ...] = ACTIVE_STATUSES,
+    run: int | None = None,
+    **values: Any,
+) -> bool:
+    """Move an active job to `status` (guarded by `expected`); final states stamp finished_at.
+
+    With `run`, only while that run still owns the job: a run the sweep replaced (its worker
+    was paused, not dead) must not end or move the job its successor is working on.
+    """
+    now = utcnow()
+    changes: dict[str, Any] = {"status": status.value, "updated_at": now, **values}
+    if error is not None:
+        changes["error"] = error[:10_000]
+    if status.value in FINAL_STATUSES:
+        changes["finished_at"] = now
+    where = [*job_of_run(job_id, run), Job.status.in_(expected)]
+    return _changed(session, update(Job).where(*where).values(**changes))
+
+
+def recover_stale_jobs(session: Session, stale_after: timedelta, max_runs: int) -> list[tuple[int, str]]:
+    """Active jobs whose worker stopped beating: queue them again, or fail them after `max_runs` claims."""
+    cutoff = utcnow() - stale_after
+    stale = session.execute(
+        select(Job.id, Job.run).where(
+            Job.status.in_(RUN_STATUSES),
+            or_(Job.heartbeat_at < cutoff, and_(Job.heartbeat_at.is_(None), Job.started_at < cutoff)),
+        )
+    ).all()
+    outcomes = []
+    for job_id, runs in stale:
+        why_attempt = "the worker running this attempt stopped answering"
+        close_open_attempts(session, job_id, AttemptStatus.failed.value, why_attempt)
+        if runs >= max_runs:
+            why = f"the worker running this job stopped {runs} times; giving up"
+            set_status(session, job_id, JobStatus.failed, error=why, expected=RUN_STATUSES)
+            add_event(session, job_id, "failed", why)
+            outcomes.append((job_id, "failed"))
+        else:
+            session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.status.in_(RUN_STATUSES))
+                .values(status=JobStatus.queued.value, last_enqueued_at=None, heartbeat_at=None, updated_at=utcnow())
+            )
+            add_event(session, job_id, "requeued", "the worker stopped answering; the job is queued again")
+            outcomes.append((job_id, "requeued"))
+    return outcomes
+
+
+def cancel_job(session: Session, job_id: int, who: str) -> str:
+    """An operator's cancel: queued jobs end now, running ones stop at their next check."""
+    job = get_job(session, job_id)
+    was_queued = job.status == JobStatus.queued  # read before the update refreshes the object
+    request_cancel(session, job, f"cancelled by {who}")
+    return "cancelled" if was_queued else "cancel_requested"
+
+
+def retry_job(session: Session, job_id: int, who: str) -> None:
+    """Queue a finished job again (a new run of the same job); refused while the issue has another active job.
+
+    Only the row changes here: callers send the task after the commit (see app/jobs/requeue.py).
+    """
+    job = get_job(session, job_id)
+    if job.status not in RETRYABLE_STATUSES:
+        allowed = ", ".join(RETRYABLE_STATUSES)
+        raise InvalidTransition(f"job {job_id} is {job.status}; only {allowed} jobs can be retried")
+    other = active_job(session, job.forge, job.project, job.issue)
+    if other is not None:
+        raise InvalidTransition(f"job {other.id} is already active for this issue")
+    try:
+        with session.begin_nested():
+            _requeue(session, job_id)
+    except IntegrityError as exc:  # a webhook created a job for this issue meanwhile
+        raise InvalidTransition("a job is already active for this issue") from exc
+    add_event(session, job_id, "retried", f"queued again by {who}")
+
+
+def _requeue(session: Session, job_id: int) -> None:
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status.in_(RETRYABLE_STATUSES))
+        .values(
+            status=JobStatus.queued.value,
+            cancel_requested=False,
+            error=None,
+            finished_at=None,
+            last_enqueued_at=None,
+            heartbeat_at=None,
+            updated_at=utcnow(),
+        )
+    )
+
+
+# -- enqueue stamps: when a queued job's task was last sent ---------------------------------------
+
+
+def jobs_due_for_enqueue(session: Session, older_than: timedelta, limit: int = 500) -> list[int]:
+    """Queued jobs never sent, or sent long ago without being claimed (a lost message)."""
+    cutoff = utcnow() - older_than
+    rows = session.execute(
+        select(Job.id)
+        .where(Job.status == JobStatus.queued.value, or_(Job.last_enqueued_at.is_(None), Job.last_enqueued_at < cutoff))
+        .order_by(Job.id)
+        .limit(limit)
+    )
+    return [r[0] for r in rows]
+
+
+def mark_enqueued(session: Session, job_id: int) -> None:
+    """The task was sent: the sweep leaves the job alone until the requeue delay passes."""
+    session.execute(
+        update(Job).where(Job.id == job_id).values(last_enqueued_at=utcnow(), enqueue_count=Job.enqueue_count + 1)
+    )
+
+
+def enqueue_failed(session: Session, job_id: int) -> None:
+    """Undo the optimistic enqueue stamp, so the next sweep sends the job at once."""
+    session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == JobStatus.queued.value)
+        .values(last_enqueued_at=None, enqueue_count=Job.enqueue_count - 1)
+    )
