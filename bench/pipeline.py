@@ -35,7 +35,7 @@ def main() -> None:
     ws = Path(tempfile.mkdtemp(prefix="frogfix-bench-ws-"))
     ws.chmod(0o711)
 
-    from app.forge.client import basic_auth_header
+    from app.forge.api import basic_auth_header
     from tests.doubles.git_http import GitHttpDouble, bare_repo_from
     from tests.doubles.gitlab_api import GitLabDouble
     from tests.doubles.openai_server import ScriptedOpenAIServer

@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from app.forge.client import basic_auth_header, git_auth_env  # noqa: E402
+from app.forge.api import basic_auth_header, git_auth_env  # noqa: E402
 from tests.doubles.git_http import GitHttpDouble, git_env  # noqa: E402
 from worker.repos import (  # noqa: E402
     RepoCache,

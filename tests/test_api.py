@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from app.db import session_scope
-from app.forge.base import WebhookEvent
+from app.forge.webhook import WebhookEvent
 from app.jobs import intake, records
 from app.models import Job, utcnow
 from tests.conftest import ADMIN_TOKEN, configure

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import update
 
 from app.db import session_scope
-from app.forge.base import WebhookEvent
+from app.forge.webhook import WebhookEvent
 from app.jobs import intake, records, transitions
 from app.models import Job
 from app.statuses import JobStatus

@@ -90,7 +90,7 @@ def test_broker_outage_keeps_the_job_queued_and_the_sweep_sends_it_later(
 
 
 def test_redelivered_task_does_not_run_a_job_twice(redis_env: dict[str, Any]) -> None:
-    from app.forge.base import WebhookEvent
+    from app.forge.webhook import WebhookEvent
     from worker.tasks import run_job
 
     event = WebhookEvent("gitlab", "d-1", "Issue Hook", "start", "test", project="a/b", issue=1)

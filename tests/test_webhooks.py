@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.db import session_scope
-from app.forge.gitlab import standard_webhook_signature
+from app.forge.gitlab_webhook import standard_webhook_signature
 from app.models import Job, JobEvent, WebhookDelivery
 from tests.conftest import configure
 from tests.webhook_requests import gitea_headers, gitlab_headers, payload

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app import trajectory
 from app.db import in_transaction, session_scope
-from app.forge.client import Forge, ForgeError, ForgeTransient, upsert_draft_mr
+from app.forge.api import Forge, ForgeError, ForgeTransient, upsert_draft_mr
 from app.jobs import records, transitions
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
-from app.forge.client import OutboundText, git_auth_env
+from app.forge.api import OutboundText, git_auth_env
 from app.logs import get_logger
 
 BRANCH_PREFIX = "frogfix/"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.forge.client import Forge, ForgeError
+from app.forge.api import Forge, ForgeError
 from app.forge.retry import RetryPolicy
 from app.settings import Settings
 from sandbox.base import Sandbox, SandboxLimits, SandboxSpec

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import httpx
 
-from app.forge.client import (
+from app.forge.api import (
     DEFAULT_TEXT_LIMIT,
     GITEA_DRAFT_PREFIX,
     ForgeAuthError,

@@ -16,7 +16,7 @@ import gitlab
 import gitlab.exceptions
 import requests
 
-from app.forge.client import (
+from app.forge.api import (
     DEFAULT_TEXT_LIMIT,
     GITLAB_DRAFT_PREFIX,
     ForgeError,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from app.forge.client import ForgeTransient
+from app.forge.api import ForgeTransient
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

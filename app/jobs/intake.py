@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from app.forge.base import WebhookEvent
+from app.forge.webhook import WebhookEvent
 from app.jobs.records import active_job, add_event, prepared
 from app.jobs.transitions import request_cancel
 from app.models import utcnow

@@ -17,9 +17,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from app.db import session_scope
-from app.forge.base import WebhookError, WebhookEvent, WebhookMalformed
-from app.forge.gitea import parse_gitea
-from app.forge.gitlab import parse_gitlab
+from app.forge.gitea_webhook import parse_gitea
+from app.forge.gitlab_webhook import parse_gitlab
+from app.forge.webhook import WebhookError, WebhookEvent, WebhookMalformed
 from app.jobs.intake import record_delivery, record_malformed
 from app.jobs.transitions import enqueue_failed
 from app.logs import get_logger

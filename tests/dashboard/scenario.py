@@ -16,7 +16,7 @@ from typing import Any
 
 from app import auth
 from app.db import session_scope
-from app.forge.base import WebhookEvent
+from app.forge.webhook import WebhookEvent
 from app.jobs import intake, records, transitions
 from app.models import Job, JobStatus, utcnow
 from app.trajectory import attempt_path

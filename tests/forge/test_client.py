@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.forge.client import (
+from app.forge.api import (
     REDACTED,
     ForgeConflict,
     ForgeError,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.forge.client import basic_auth_header, git_auth_env
+from app.forge.api import basic_auth_header, git_auth_env
 from tests.doubles.git_http import GitHttpDouble, bare_repo_from, git, git_env, make_worktree
 
 TOKEN = "glpat-CANARY-git-0123456789"

@@ -8,7 +8,7 @@ import re
 import httpx
 import pytest
 
-from app.forge.client import (
+from app.forge.api import (
     DEFAULT_TEXT_LIMIT,
     Forge,
     ForgeAuthError,

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from app.forge.client import (
+from app.forge.api import (
     DEFAULT_TEXT_LIMIT,
     Forge,
     ForgeAuthError,

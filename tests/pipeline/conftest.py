@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.forge.client import basic_auth_header
+from app.forge.api import basic_auth_header
 from tests.conftest import GITEA_SECRET, configure, shared_fixture
 from tests.doubles.git_http import GitHttpDouble, bare_repo_from
 from tests.doubles.gitea_api import GiteaDouble

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from app.forge.base import WebhookError, WebhookEvent, WebhookMalformed, project_path
-from app.forge.gitea import parse_gitea
-from app.forge.gitlab import parse_gitlab, standard_webhook_signature
+from app.forge.gitea_webhook import parse_gitea
+from app.forge.gitlab_webhook import parse_gitlab, standard_webhook_signature
+from app.forge.webhook import WebhookError, WebhookEvent, WebhookMalformed, project_path
 from worker.leaf.textcalls import (
     CLOSE_CALL,
     CLOSE_FUNCTION,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.forge.client import basic_auth_header
+from app.forge.api import basic_auth_header
 from tests.doubles.git_http import GitHttpDouble, bare_repo_from, git, make_worktree
 
 TOKEN = "glpat-CANARY-repos-0123456789abcdef"

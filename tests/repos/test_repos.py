@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from app.forge.client import basic_auth_header, secret_forms
+from app.forge.api import basic_auth_header, secret_forms
 from tests.doubles.git_http import git
 from tests.repos.conftest import BINARY, HEADER, TOKEN, Upstream
 from worker import repos

@@ -7,7 +7,7 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
-from app.forge.base import (
+from app.forge.webhook import (
     HeaderView,
     Intent,
     WebhookEvent,

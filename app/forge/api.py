@@ -1,7 +1,7 @@
 """The API side of the Forge seam: what the worker asks of GitLab or Gitea once a job runs.
 
-Webhook parsing (base.py, gitlab.py, gitea.py) is pure and needs no network; this module is
-the part that talks to the forge: re-read an issue, find who added the trigger label, check
+Webhook parsing (webhook.py, gitlab_webhook.py, gitea_webhook.py) is pure and needs no network;
+this module is the part that talks to the forge: re-read an issue, find who added the trigger label, check
 that person may trigger, open or update the one draft MR for a job, comment on the issue.
 Two implementations: gitlab_api.GitLabForge (python-gitlab) and gitea_api.GiteaForge (httpx).
 
