@@ -18,6 +18,17 @@ class SandboxUnavailable(SandboxError):
     """The backend cannot start here (for example bubblewrap is not installed)."""
 
 
+class PatchTooLarge(SandboxError):
+    """The changes make a patch over the byte limit the caller set (the runner's `patch_too_large`).
+
+    A refusal of the patch, not a failure of the sandbox: it stays usable. `limit` is in bytes.
+    """
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """Resource bounds applied to everything that runs inside one sandbox."""
