@@ -79,6 +79,7 @@ COMMON_LABELS = {"app.kubernetes.io/name": "frogfix-sandbox", "app.kubernetes.io
 FATAL_WAITING = frozenset(
     {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CrashLoopBackOff"}
 )
+SECCOMP = {"type": "RuntimeDefault"}
 FORBIDDEN_ENV_PREFIXES = ("FROGFIX_", "GITLAB_", "GITEA_", "FORGEJO_")
 
 # The pod's main process: an init that reaps orphans (exec'd processes re-parent to it) and
@@ -167,7 +168,6 @@ def pod_manifest(
 ) -> dict[str, Any]:
     """The sandbox pod: see the module docstring for why each field is what it is."""
     restricted = {"runAsNonRoot": True, "runAsUser": run_as_user, "runAsGroup": run_as_user}
-    seccomp = {"type": "RuntimeDefault"}
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -181,37 +181,74 @@ def pod_manifest(
         "hostname": HOSTNAME,
         "dnsPolicy": "None",
         "dnsConfig": {"nameservers": ["127.0.0.1"]},
-        "securityContext": {**restricted, "fsGroup": run_as_user, "seccompProfile": seccomp},
-        "containers": [
-            {
-                "name": CONTAINER,
-                "image": image,
-                "imagePullPolicy": image_pull_policy,
-                "command": [python, "-I", "-S", "-B", "-c", INIT],
-                "workingDir": WORKSPACE,
-                "env": [{"name": key, "value": value} for key, value in env.items()],
-                "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "securityContext": {
-                    **restricted,
-                    "allowPrivilegeEscalation": False,
-                    "privileged": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                    "seccompProfile": seccomp,
-                },
-                "volumeMounts": [
-                    {"name": "workspace", "mountPath": WORKSPACE},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                    {"name": "frogfix", "mountPath": RUNNER_DIR},
-                ],
-            }
-        ],
+        "securityContext": {**restricted, "fsGroup": run_as_user, "seccompProfile": SECCOMP},
+        "containers": [_container(image, image_pull_policy, python, env, resources, restricted)],
         "volumes": [
             {"name": "workspace", "emptyDir": {"sizeLimit": workspace_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
             {"name": "frogfix", "emptyDir": {"sizeLimit": RUNNER_DIR_SIZE}},
         ],
     }
+    spec.update(
+        _scheduling(service_account, image_pull_secrets, runtime_class, priority_class, node_selector, tolerations)
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(labels),
+            "annotations": {ANNOTATION_DEADLINE: deadline},
+        },
+        "spec": spec,
+    }
+
+
+def _container(
+    image: str,
+    pull_policy: str,
+    python: str,
+    env: Mapping[str, str],
+    resources: Mapping[str, str],
+    restricted: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The pod's one container: the reaping init as its main process, nothing writable but the
+    size-limited emptyDirs, no privilege of any kind."""
+    return {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": [python, "-I", "-S", "-B", "-c", INIT],
+        "workingDir": WORKSPACE,
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": {
+            **restricted,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": SECCOMP,
+        },
+        "volumeMounts": [
+            {"name": "workspace", "mountPath": WORKSPACE},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "frogfix", "mountPath": RUNNER_DIR},
+        ],
+    }
+
+
+def _scheduling(
+    service_account: str | None,
+    image_pull_secrets: Sequence[str],
+    runtime_class: str | None,
+    priority_class: str | None,
+    node_selector: Mapping[str, str] | None,
+    tolerations: Sequence[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The pod spec's optional fields, present only when the operator set them."""
+    spec: dict[str, Any] = {}
     if service_account:
         spec["serviceAccountName"] = service_account
     if image_pull_secrets:
@@ -224,17 +261,7 @@ def pod_manifest(
         spec["nodeSelector"] = dict(node_selector)
     if tolerations:
         spec["tolerations"] = [dict(toleration) for toleration in tolerations]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels),
-            "annotations": {ANNOTATION_DEADLINE: deadline},
-        },
-        "spec": spec,
-    }
+    return spec
 
 
 # ----------------------------------------------------------------------------- the backend
