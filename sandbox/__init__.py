@@ -4,11 +4,20 @@ Import the protocol and data types from here (or `sandbox.base`); start one with
 This package imports nothing else of FrogFix.
 """
 
-from sandbox.base import CommandResult, Sandbox, SandboxError, SandboxLimits, SandboxSpec, SandboxUnavailable
+from sandbox.base import (
+    CommandResult,
+    PatchTooLarge,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+    SandboxUnavailable,
+)
 from sandbox.factory import open_sandbox
 
 __all__ = [
     "CommandResult",
+    "PatchTooLarge",
     "Sandbox",
     "SandboxError",
     "SandboxLimits",
