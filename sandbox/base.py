@@ -1,7 +1,8 @@
 """The Sandbox seam: everything the agent loop and the pipeline may ask of an isolated workspace.
 
 Both backends (local bubblewrap, Kubernetes pod) drive the same stdlib-only runner
-(`sandbox/runner.py`) over one long-lived stdin/stdout stream, one JSON object a line each way.
+(`sandbox/runner.py`) over one long-lived stdin/stdout stream, one JSON object a line each way,
+through one client (`sandbox/runner_client.py`).
 """
 
 from __future__ import annotations
@@ -75,7 +76,9 @@ class Sandbox(Protocol):
         ...
 
     def patch(self, base_commit: str) -> str:
-        """`git add -A` then `git diff --cached --binary <base_commit>`, taken inside the sandbox."""
+        """`git add -A` then `git diff --cached --binary <base_commit>`, taken inside the sandbox.
+
+        Raises PatchTooLarge when the diff is over the backend's `max_patch_bytes`."""
         ...
 
     def close(self) -> None:

@@ -22,7 +22,9 @@ Why it is built this way:
   Bash, pipeline commands, patches) is replayed; each replayed result must match what the
   caller saw (Write/Edit: the exact text; Bash: its status line; commands: exit code; patch:
   its bytes), otherwise the sandbox fails instead of silently diverging. The call that was in
-  flight is then sent again, once.
+  flight is then sent again, once. That journal is `kubernetes_recovery.RecoveringChannel`; the
+  exec stream under it is `kubernetes_stream`; the requests over both are `RunnerClient`'s,
+  the same client the local backend uses. This module owns the cluster side only.
 - Pods and the policy are deleted on `close()` whatever happened (also at interpreter exit);
   `reap()` deletes whatever a killed worker left, once it is past its deadline.
 
