@@ -191,9 +191,18 @@ def pod_manifest(
             {"name": "frogfix", "emptyDir": {"sizeLimit": RUNNER_DIR_SIZE}},
         ],
     }
-    spec.update(
-        _scheduling(service_account, image_pull_secrets, runtime_class, priority_class, node_selector, tolerations)
-    )
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    if image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": secret} for secret in image_pull_secrets]
+    if runtime_class:
+        spec["runtimeClassName"] = runtime_class
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(toleration) for toleration in tolerations]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -239,31 +248,6 @@ def _container(
             {"name": "frogfix", "mountPath": RUNNER_DIR},
         ],
     }
-
-
-def _scheduling(
-    service_account: str | None,
-    image_pull_secrets: Sequence[str],
-    runtime_class: str | None,
-    priority_class: str | None,
-    node_selector: Mapping[str, str] | None,
-    tolerations: Sequence[Mapping[str, Any]],
-) -> dict[str, Any]:
-    """The pod spec's optional fields, present only when the operator set them."""
-    spec: dict[str, Any] = {}
-    if service_account:
-        spec["serviceAccountName"] = service_account
-    if image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": secret} for secret in image_pull_secrets]
-    if runtime_class:
-        spec["runtimeClassName"] = runtime_class
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if node_selector:
-        spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        spec["tolerations"] = [dict(toleration) for toleration in tolerations]
-    return spec
 
 
 # ----------------------------------------------------------------------------- the backend
