@@ -1,14 +1,40 @@
-"""Isolated workspaces for FrogFix jobs: the Sandbox protocol and its backends.
+"""Isolated workspaces for FrogFix jobs: the Sandbox protocol and its two backends.
 
-Import the protocol and data types from here (or `sandbox.base`); start one with `open_sandbox`.
-This package imports nothing else of FrogFix.
+What is inside:
+- `base.py`: the `Sandbox` protocol, its data types (`SandboxSpec`, `SandboxLimits`,
+  `CommandResult`) and errors (`SandboxError`, `SandboxUnavailable`, `PatchTooLarge`).
+- `runner.py`: the stdlib-only program that runs *inside* a sandbox (Leaf's tools, pipeline
+  commands, the patch) and answers JSON lines; its error replies carry a `code`.
+- `runner_client.py`: FrogFix's side of that protocol, once for both backends: `RunnerClient`
+  over a one-method `RunnerChannel`.
+- `local.py`: `LocalSandbox`, bubblewrap around one runner, its channel over bwrap's pipes.
+- `kubernetes.py`: `KubernetesSandbox`, one pod per attempt, and `reap()` for leftovers;
+  `kubernetes_stream.py` (the exec stream and the channel over it) and `kubernetes_recovery.py`
+  (the journal that rebuilds a pod after a broken stream) serve it.
+- `factory.py`: `open_sandbox(spec, backend)`.
+
+What may import what: this package imports nothing else of FrogFix (the worker and the agent loop
+import it, never the reverse). Inside, `base` imports nothing; `runner` only the stdlib (it is
+copied into sandboxes); `runner_client` imports `base` and `runner`; the backends import
+`runner_client` and `base`; `kubernetes*` modules and `websocket`/`kubernetes` are imported only
+when the Kubernetes backend is asked for. Callers use this package's names (or `sandbox.base`)
+and start a sandbox with `open_sandbox`.
 """
 
-from sandbox.base import CommandResult, Sandbox, SandboxError, SandboxLimits, SandboxSpec, SandboxUnavailable
+from sandbox.base import (
+    CommandResult,
+    PatchTooLarge,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxSpec,
+    SandboxUnavailable,
+)
 from sandbox.factory import open_sandbox
 
 __all__ = [
     "CommandResult",
+    "PatchTooLarge",
     "Sandbox",
     "SandboxError",
     "SandboxLimits",

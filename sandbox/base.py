@@ -1,7 +1,8 @@
 """The Sandbox seam: everything the agent loop and the pipeline may ask of an isolated workspace.
 
 Both backends (local bubblewrap, Kubernetes pod) drive the same stdlib-only runner
-(`sandbox/runner.py`) over one long-lived stdin/stdout stream, one JSON object a line each way.
+(`sandbox/runner.py`) over one long-lived stdin/stdout stream, one JSON object a line each way,
+through one client (`sandbox/runner_client.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,17 @@ class SandboxError(RuntimeError):
 
 class SandboxUnavailable(SandboxError):
     """The backend cannot start here (for example bubblewrap is not installed)."""
+
+
+class PatchTooLarge(SandboxError):
+    """The changes make a patch over the byte limit the caller set (the runner's `patch_too_large`).
+
+    A refusal of the patch, not a failure of the sandbox: it stays usable. `limit` is in bytes.
+    """
+
+    def __init__(self, message: str, *, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -64,7 +76,9 @@ class Sandbox(Protocol):
         ...
 
     def patch(self, base_commit: str) -> str:
-        """`git add -A` then `git diff --cached --binary <base_commit>`, taken inside the sandbox."""
+        """`git add -A` then `git diff --cached --binary <base_commit>`, taken inside the sandbox.
+
+        Raises PatchTooLarge when the diff is over the backend's `max_patch_bytes`."""
         ...
 
     def close(self) -> None:

@@ -22,7 +22,9 @@ Why it is built this way:
   Bash, pipeline commands, patches) is replayed; each replayed result must match what the
   caller saw (Write/Edit: the exact text; Bash: its status line; commands: exit code; patch:
   its bytes), otherwise the sandbox fails instead of silently diverging. The call that was in
-  flight is then sent again, once.
+  flight is then sent again, once. That journal is `kubernetes_recovery.RecoveringChannel`; the
+  exec stream under it is `kubernetes_stream`; the requests over both are `RunnerClient`'s,
+  the same client the local backend uses. This module owns the cluster side only.
 - Pods and the policy are deleted on `close()` whatever happened (also at interpreter exit);
   `reap()` deletes whatever a killed worker left, once it is past its deadline.
 
@@ -32,9 +34,7 @@ for the duration of an exec call, which must not leak into another thread's API 
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import io
 import json
 import logging
@@ -42,21 +42,24 @@ import math
 import os
 import re
 import secrets
-import socket
 import tarfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any, cast
 
-from websocket import ABNF, WebSocketTimeoutException
-
-from sandbox.base import CommandResult, SandboxError, SandboxSpec, SandboxUnavailable
-from sandbox.runner import bash_timeout
+from sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
+from sandbox.kubernetes_recovery import RecoveringChannel
+from sandbox.kubernetes_stream import (
+    ExecStream,
+    StdinWriter,
+    StreamBroken,
+    StreamChannel,
+    describe_api_error,
+)
+from sandbox.runner_client import RunnerBroken, RunnerClient, read_runner_source
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +77,12 @@ LABEL_PREFIX = "frogfix/"
 LABEL_SANDBOX = "frogfix/sandbox"
 ANNOTATION_DEADLINE = "frogfix/deadline"
 COMMON_LABELS = {"app.kubernetes.io/name": "frogfix-sandbox", "app.kubernetes.io/managed-by": "frogfix"}
-MUTATING_TOOLS = frozenset({"Write", "Edit", "Bash"})
 # Waiting reasons that will not fix themselves: fail the start now instead of at the timeout.
 FATAL_WAITING = frozenset(
     {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CrashLoopBackOff"}
 )
+SECCOMP = {"type": "RuntimeDefault"}
 FORBIDDEN_ENV_PREFIXES = ("FROGFIX_", "GITLAB_", "GITEA_", "FORGEJO_")
-STDIN, STDOUT, STDERR, STATUS = 0, 1, 2, 3
-V5_PROTOCOL = "v5.channel.k8s.io"
-FRAME_BYTES = 256 * 1024
-MAX_REPLY_BYTES = 512 * 1024**2
-STDERR_TAIL_BYTES = 16 * 1024
-POLL_SLICE_S = 0.5
 
 # The pod's main process: an init that reaps orphans (exec'd processes re-parent to it) and
 # exits on SIGTERM. Any image with python3 can run it; nothing is baked into the image.
@@ -124,10 +121,6 @@ EXTRACT = (
     "        count += 1\n"
     "print(count)\n"
 )
-
-
-class _StreamBroken(Exception):
-    """The exec stream to the runner is gone (transport failure or the runner exited)."""
 
 
 # ----------------------------------------------------------------------------- manifests
@@ -177,7 +170,6 @@ def pod_manifest(
 ) -> dict[str, Any]:
     """The sandbox pod: see the module docstring for why each field is what it is."""
     restricted = {"runAsNonRoot": True, "runAsUser": run_as_user, "runAsGroup": run_as_user}
-    seccomp = {"type": "RuntimeDefault"}
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -191,31 +183,8 @@ def pod_manifest(
         "hostname": HOSTNAME,
         "dnsPolicy": "None",
         "dnsConfig": {"nameservers": ["127.0.0.1"]},
-        "securityContext": {**restricted, "fsGroup": run_as_user, "seccompProfile": seccomp},
-        "containers": [
-            {
-                "name": CONTAINER,
-                "image": image,
-                "imagePullPolicy": image_pull_policy,
-                "command": [python, "-I", "-S", "-B", "-c", INIT],
-                "workingDir": WORKSPACE,
-                "env": [{"name": key, "value": value} for key, value in env.items()],
-                "resources": {"requests": dict(resources), "limits": dict(resources)},
-                "securityContext": {
-                    **restricted,
-                    "allowPrivilegeEscalation": False,
-                    "privileged": False,
-                    "readOnlyRootFilesystem": True,
-                    "capabilities": {"drop": ["ALL"]},
-                    "seccompProfile": seccomp,
-                },
-                "volumeMounts": [
-                    {"name": "workspace", "mountPath": WORKSPACE},
-                    {"name": "tmp", "mountPath": "/tmp"},
-                    {"name": "frogfix", "mountPath": RUNNER_DIR},
-                ],
-            }
-        ],
+        "securityContext": {**restricted, "fsGroup": run_as_user, "seccompProfile": SECCOMP},
+        "containers": [_container(image, image_pull_policy, python, env, resources, restricted)],
         "volumes": [
             {"name": "workspace", "emptyDir": {"sizeLimit": workspace_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
@@ -247,21 +216,50 @@ def pod_manifest(
     }
 
 
+def _container(
+    image: str,
+    pull_policy: str,
+    python: str,
+    env: Mapping[str, str],
+    resources: Mapping[str, str],
+    restricted: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The pod's one container: the reaping init as its main process, nothing writable but the
+    size-limited emptyDirs, no privilege of any kind."""
+    return {
+        "name": CONTAINER,
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": [python, "-I", "-S", "-B", "-c", INIT],
+        "workingDir": WORKSPACE,
+        "env": [{"name": key, "value": value} for key, value in env.items()],
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "securityContext": {
+            **restricted,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": SECCOMP,
+        },
+        "volumeMounts": [
+            {"name": "workspace", "mountPath": WORKSPACE},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "frogfix", "mountPath": RUNNER_DIR},
+        ],
+    }
+
+
 # ----------------------------------------------------------------------------- the backend
 
 
-@dataclass
-class _Entry:
-    """One mutating call already answered: what to send again and what it must answer."""
+class KubernetesSandbox(RunnerClient):
+    """One pod per sandbox, driven through one exec stream; implements `sandbox.base.Sandbox`.
 
-    label: str
-    payload: dict[str, Any]
-    timeout: float
-    expected: str
-
-
-class KubernetesSandbox:
-    """One pod per sandbox, driven through one exec stream; implements `sandbox.base.Sandbox`."""
+    The runner protocol is `RunnerClient`'s, over a `RecoveringChannel` (journal and recovery)
+    around a `StreamChannel` (the exec stream); this class owns the cluster side: the policy,
+    the pod, the copy-in, restarting the pod for recovery, and deleting it all on `close()`.
+    """
 
     def __init__(
         self,
@@ -304,34 +302,24 @@ class KubernetesSandbox:
         `memory` defaults to `spec.limits.memory_bytes`. `reclaim` lets the runner kill every
         other process in the pod when a fork bomb has used up the pod's pids.
         """
+        super().__init__(
+            spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
+        )
         self.spec = spec
-        self.limits = spec.limits
         self.namespace = namespace
         self.image = spec.image or default_image
         self.python = python
         self.reclaim = reclaim
         self.start_timeout_s = start_timeout_s
-        self.tool_timeout_s = tool_timeout_s
-        self.reply_grace_s = reply_grace_s
         self.api_timeout_s = api_timeout_s
-        self.max_patch_bytes = max_patch_bytes
-        self.max_recoveries = max_recoveries
-        self.recoveries = 0
-        self.runner_info: dict[str, Any] = {}
         self.workspace = os.path.realpath(spec.workspace)
         if not os.path.isdir(self.workspace):
             raise SandboxError(f"workspace {spec.workspace} is not a directory")
         if not self.image or any(ch.isspace() for ch in self.image):
             raise ValueError(f"invalid sandbox image {self.image!r}")
+        _check_storage(workspace_size, tmp_size, ephemeral_storage)
         memory = memory or _quantity(spec.limits.memory_bytes)
         self.resources = {"cpu": cpu, "memory": memory, "ephemeral-storage": ephemeral_storage}
-        if parse_quantity(workspace_size) + parse_quantity(tmp_size) + parse_quantity(RUNNER_DIR_SIZE) > parse_quantity(
-            ephemeral_storage
-        ):
-            raise ValueError(
-                f"workspace_size {workspace_size} + tmp_size {tmp_size} + {RUNNER_DIR_SIZE} exceed "
-                f"ephemeral_storage {ephemeral_storage}"
-            )
         self.env = pod_env(spec.env)
         self.name = sandbox_name(spec.labels)
         self.labels = {**COMMON_LABELS, **job_labels(spec.labels), LABEL_SANDBOX: self.name}
@@ -340,102 +328,27 @@ class KubernetesSandbox:
         self._deadline = time.monotonic() + self._wall_s
         self.deadline_at = _rfc3339(time.time() + self._wall_s)
         self._pod_options: dict[str, Any] = {
-            "image": self.image,
-            "labels": self.labels,
-            "env": self.env,
-            "deadline": self.deadline_at,
-            "resources": self.resources,
-            "workspace_size": workspace_size,
-            "tmp_size": tmp_size,
-            "python": python,
-            "run_as_user": run_as_user,
-            "image_pull_policy": image_pull_policy,
-            "image_pull_secrets": tuple(image_pull_secrets),
-            "service_account": service_account,
-            "runtime_class": runtime_class,
-            "priority_class": priority_class,
-            "node_selector": node_selector,
+            "image": self.image, "labels": self.labels, "env": self.env, "deadline": self.deadline_at,
+            "resources": self.resources, "workspace_size": workspace_size, "tmp_size": tmp_size, "python": python,
+            "run_as_user": run_as_user, "image_pull_policy": image_pull_policy,
+            "image_pull_secrets": tuple(image_pull_secrets), "service_account": service_account,
+            "runtime_class": runtime_class, "priority_class": priority_class, "node_selector": node_selector,
             "tolerations": tuple(tolerations),
-        }
-        script = runner_script or os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
-        with open(script, "rb") as handle:
-            self._runner_source = handle.read()
+        }  # fmt: skip
+        self._runner_source = read_runner_source(runner_script)
         self.pod_name = ""
         self._generation = 0
-        self._seq = 0
-        self._journal: list[_Entry] = []
-        self._lock = threading.Lock()
-        self._state_lock = threading.Lock()
-        self._closed = False
-        self._dead: str | None = None
-
         self._res = _Resources(_api_client(configuration, kubeconfig, context), namespace, delete_wait_s, api_timeout_s)
-        # Runs once: on close(), or at interpreter exit if the caller never closed the sandbox.
-        self._finalizer = weakref.finalize(self, _release, self._res)
-        try:
-            self._create_policy()
-            self._start_pod()
-        except BaseException as exc:
-            self._closed = True
-            self._finalizer()
-            if isinstance(exc, SandboxError) or not isinstance(exc, Exception):
-                raise
-            raise SandboxUnavailable(f"cannot start the Kubernetes sandbox: {_describe(exc)}") from exc
+        self._open(max_recoveries)
 
-    # ------------------------------------------------------------------------- the protocol
+    @property
+    def recoveries(self) -> int:
+        """How many times a broken stream was recovered (at most `max_recoveries`)."""
+        return self._recovering.recoveries
 
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        """Run one Leaf tool call; returns Leaf's exact text (a tool's own errors included)."""
-        if name == "Bash" and isinstance(arguments, dict):
-            try:
-                timeout = bash_timeout(arguments, self.limits.default_tool_timeout)
-            except ValueError:
-                timeout = self.limits.default_tool_timeout
-            deadline = timeout + self.reply_grace_s
-        else:
-            deadline = self.tool_timeout_s
-        payload = {"op": "tool", "name": name, "arguments": _plain(arguments)}
-        reply = self._request(payload, deadline)
-        output = self._field(reply, "output", str)
-        if name in MUTATING_TOOLS:
-            self._record(f"{name} call", payload, deadline, _tool_outcome(name, output))
-        return str(output)
-
-    def run_command(self, command: str, timeout: float) -> CommandResult:
-        """Run a pipeline command (tests, setup) with its own timeout; the log is head+tail bounded."""
-        payload = {"op": "exec", "command": command, "timeout": timeout, "log_limit": self.limits.output_bytes}
-        reply = self._request(payload, timeout + self.reply_grace_s)
-        result = CommandResult(
-            command=command,
-            exit_code=self._field(reply, "exit_code", int),
-            log=self._field(reply, "log", str),
-            timed_out=self._field(reply, "timed_out", bool),
-            duration_s=float(self._field(reply, "duration_s", (int, float))),
-        )
-        self._record("command", payload, timeout + self.reply_grace_s, _exec_outcome(reply))
-        return result
-
-    def patch(self, base_commit: str) -> str:
-        """The patch as text; undecodable bytes are kept as surrogates (encode with
-        'surrogateescape' to get the exact bytes back), or use `patch_bytes`."""
-        return self.patch_bytes(base_commit).decode("utf-8", "surrogateescape")
-
-    def patch_bytes(self, base_commit: str) -> bytes:
-        """`git add -A` then `git diff --cached --binary <base_commit>`, taken inside the pod."""
-        payload = {"op": "patch", "base": base_commit, "max_bytes": self.max_patch_bytes}
-        reply = self._request(payload, 600.0 + self.reply_grace_s)
-        encoded = self._field(reply, "patch_b64", str)
-        try:
-            patch = base64.b64decode(encoded, validate=True)
-        except ValueError:
-            raise self._fail("the runner sent a patch that is not base64") from None
-        # `git add -A` changed the index, which later `git status`/`git diff` calls show.
-        self._record("patch", payload, 600.0 + self.reply_grace_s, _patch_outcome(reply))
-        return patch
-
-    def ping(self) -> dict[str, Any]:
-        """Round-trip a no-op; returns the runner's pid, uid and Python version."""
-        return self._request({"op": "ping"}, self.tool_timeout_s)
+    @property
+    def max_recoveries(self) -> int:
+        return self._recovering.max_recoveries
 
     def exec_once(
         self, argv: list[str], stdin: bytes | None = None, timeout: float = 120.0
@@ -455,33 +368,63 @@ class KubernetesSandbox:
             finally:
                 stream.close()
 
-    def close(self) -> None:
-        """Stop the runner and delete the pods and the policy; idempotent, never raises."""
-        with self._state_lock:
-            if self._closed:
-                return
-            self._closed = True
-        stream = self._res.stream
-        if stream is not None:
-            stream.abort()  # wakes a call blocked on the stream in another thread
-        self._finalizer()
-
-    def __enter__(self) -> KubernetesSandbox:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
+    def restart_pod(self) -> None:
+        """Delete the current pod and start a fresh one from the untouched workspace, under the
+        same policy (used by recovery; the caller replays the journal)."""
+        old_stream, old_pod = self._res.stream, self.pod_name
+        self._res.stream = None
+        if old_stream is not None:
+            old_stream.close()
+        _delete_pod(self._res, old_pod)
+        self._generation += 1
+        self._start_pod()
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else (self._dead or "open")
-        return f"<KubernetesSandbox {self.namespace}/{self.pod_name or self.name} {state}>"
+        return f"<KubernetesSandbox {self.namespace}/{self.pod_name or self.name} {self._state()}>"
 
     # ------------------------------------------------------------------------- start
+
+    def _open(self, max_recoveries: int) -> None:
+        """Wire the channels, then create the policy and the first pod (or clean up and raise)."""
+        res = self._res
+        self._stream_channel = StreamChannel(
+            lambda: res.stream,
+            lambda: res.cancelled,
+            wall_deadline=self._deadline,
+            reply_grace_s=self.reply_grace_s,
+            wall_message=self._wall_message(),
+        )
+        self._recovering = RecoveringChannel(
+            self._stream_channel,
+            weakref.proxy(self),
+            max_recoveries=max_recoveries,
+            wall_deadline=self._deadline,
+            wall_message=self._wall_message(),
+            closed=lambda: res.cancelled,
+        )
+        self._channel = self._recovering
+        # Runs once: on close(), or at interpreter exit if the caller never closed the sandbox.
+        self._finalizer = weakref.finalize(self, _release, res)
+        try:
+            self._create_policy()
+            self._start_pod()
+        except BaseException as exc:
+            self._closed = True
+            self._finalizer()
+            if isinstance(exc, RunnerBroken):
+                raise self._broken(str(exc)) from None
+            if isinstance(exc, SandboxError) or not isinstance(exc, Exception):
+                raise
+            raise SandboxUnavailable(f"cannot start the Kubernetes sandbox: {describe_api_error(exc)}") from exc
+
+    def _release(self) -> None:
+        """Cut the stream (a call blocked on it in another thread wakes up), then delete the
+        pods and the policy; never raises."""
+        self._res.cancelled = True
+        stream = self._res.stream
+        if stream is not None:
+            stream.abort()
+        self._finalizer()
 
     def pod_manifest(self, name: str | None = None) -> dict[str, Any]:
         """The pod this sandbox creates (now: the deadline shrinks for a recreated pod)."""
@@ -528,8 +471,8 @@ class KubernetesSandbox:
             argv.append("--reclaim")
         res.stream = self._open_exec(name, argv)
         try:
-            self.runner_info = self._exchange({"op": "ping"}, self.start_timeout_s)
-        except _StreamBroken as exc:
+            self.runner_info = self._stream_channel.exchange({"id": "start", "op": "ping"}, self.start_timeout_s)
+        except StreamBroken as exc:
             raise SandboxUnavailable(f"the sandbox runner did not start in pod {name}: {exc}") from None
 
     def _rlimits(self) -> dict[str, int]:
@@ -579,7 +522,7 @@ class KubernetesSandbox:
         stream = self._open_exec(name, argv)
         try:
             try:
-                writer = _StdinWriter(stream)
+                writer = StdinWriter(stream)
                 uid = int(self._pod_options["run_as_user"])
                 with tarfile.open(fileobj=cast(Any, writer), mode="w|", format=tarfile.PAX_FORMAT) as archive:
                     archive.add(self.workspace, arcname="workspace", filter=lambda info: _tar_entry(info, uid))
@@ -588,10 +531,10 @@ class KubernetesSandbox:
                     archive.addfile(runner, io.BytesIO(self._runner_source))
                 writer.flush()
                 stream.close_stdin()
-            except _StreamBroken:
+            except StreamBroken:
                 pass  # the extractor died early: its exit status and stderr say why
             code = stream.wait_exit(time.monotonic() + self.start_timeout_s)
-        except _StreamBroken as exc:
+        except StreamBroken as exc:
             raise SandboxUnavailable(f"copying the workspace into pod {name} failed: {exc}") from None
         finally:
             stream.close()
@@ -599,7 +542,7 @@ class KubernetesSandbox:
             detail = stream.err.text() or bytes(stream.out[-2000:]).decode("utf-8", "replace")
             raise SandboxUnavailable(f"copying the workspace into pod {name} failed (exit {code}): {detail}")
 
-    def _open_exec(self, name: str, argv: list[str], stdin: bool = True) -> _ExecStream:
+    def _open_exec(self, name: str, argv: list[str], stdin: bool = True) -> ExecStream:
         from kubernetes.stream import stream
 
         res = self._res
@@ -619,114 +562,15 @@ class KubernetesSandbox:
                     _preload_content=False,
                 )
         except Exception as exc:
-            raise _StreamBroken(f"cannot open an exec stream to pod {name}: {_describe(exc)}") from None
-        return _ExecStream(ws)
-
-    # ------------------------------------------------------------------------- requests
-
-    def _request(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-        with self._lock:
-            self._check_usable()
-            retried = False
-            while True:
-                try:
-                    reply = self._exchange(payload, timeout)
-                except _StreamBroken as exc:
-                    self._check_usable()
-                    if time.monotonic() >= self._deadline:
-                        raise self._fail(self._wall_message()) from None
-                    if retried:
-                        raise self._fail(f"the sandbox stream broke again on the same call ({exc})") from None
-                    retried = True
-                    self._recover(str(exc))
-                    continue
-                if reply.get("ok") is not True:
-                    raise SandboxError(f"sandbox runner: {reply.get('error', 'unknown error')}")
-                return reply
-
-    def _exchange(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """One request line out, one reply line in, on the current stream."""
-        stream = self._res.stream
-        if stream is None:
-            raise _StreamBroken("no runner stream")
-        self._seq += 1
-        rid = self._seq
-        line = json.dumps({"id": rid, **payload}, ensure_ascii=True, default=str).encode("ascii")
-        stream.send(line + b"\n")
-        wall = self._deadline + self.reply_grace_s
-        limit = min(time.monotonic() + timeout, wall)
-        raw = stream.read_line(limit, lambda: self._closed)
-        if raw is None:
-            if time.monotonic() >= self._deadline:
-                raise self._fail(self._wall_message())
-            raise self._fail(f"the sandbox runner did not answer within {timeout:.0f}s")
-        try:
-            reply = json.loads(raw)
-        except ValueError:
-            raise self._fail(f"the sandbox runner sent a line that is not JSON: {raw[:200]!r}") from None
-        if not isinstance(reply, dict) or reply.get("id") != rid:
-            raise self._fail(f"the sandbox runner sent an unexpected reply: {raw[:200]!r}")
-        return reply
-
-    def _recover(self, reason: str) -> None:
-        """A fresh pod from the untouched workspace, then every recorded mutating call again."""
-        while True:
-            if self.recoveries >= self.max_recoveries:
-                raise self._fail(
-                    f"the sandbox stream broke ({reason}) and {self.max_recoveries} recoveries are used up"
-                )
-            self.recoveries += 1
-            log.warning(
-                "sandbox %s: stream to pod %s broke (%s); recreating it and replaying %d calls (recovery %d of %d)",
-                self.name, self.pod_name, reason, len(self._journal), self.recoveries, self.max_recoveries,
-            )  # fmt: skip
-            old_stream, old_pod = self._res.stream, self.pod_name
-            self._res.stream = None
-            if old_stream is not None:
-                old_stream.close()
-            _delete_pod(self._res, old_pod)
-            self._generation += 1
-            try:
-                self._start_pod()
-                for index, entry in enumerate(self._journal, start=1):
-                    reply = self._exchange(entry.payload, entry.timeout)
-                    got = _outcome_of(entry, reply)
-                    if got != entry.expected:
-                        raise self._fail(
-                            f"recovery replay diverged at mutating call {index} of {len(self._journal)} "
-                            f"({entry.label}): expected {entry.expected[:200]!r}, got {got[:200]!r}"
-                        )
-                return
-            except _StreamBroken as exc:
-                reason = str(exc)
-                self._check_usable()
-            except SandboxError as exc:
-                if self._dead is None and not self._closed:
-                    raise self._fail(f"recovering the sandbox failed: {exc}") from None
-                raise
-            except Exception as exc:
-                raise self._fail(f"recovering the sandbox failed: {_describe(exc)}") from None
-
-    def _record(self, label: str, payload: dict[str, Any], timeout: float, expected: str) -> None:
-        self._journal.append(_Entry(label, json.loads(json.dumps(payload, default=str)), timeout, expected))
-
-    def _check_usable(self) -> None:
-        if self._closed:
-            raise SandboxError("the sandbox is closed")
-        if self._dead is not None:
-            raise SandboxError(self._dead)
+            raise StreamBroken(f"cannot open an exec stream to pod {name}: {describe_api_error(exc)}") from None
+        return ExecStream(ws)
 
     def _wall_message(self) -> str:
         return f"the sandbox reached its wall-clock limit of {self.limits.wall_seconds:g}s"
 
-    def _field(self, reply: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-        value = reply.get(key)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self._fail(f"the sandbox runner sent a reply without a valid {key!r}")
-        return value
-
-    def _fail(self, message: str) -> SandboxError:
-        """Mark the sandbox unusable and build the error for the caller to raise."""
+    def _broken(self, message: str) -> SandboxError:
+        """Mark the sandbox unusable (its stream cut, the runner's stderr added) and build the
+        error for the caller to raise."""
         stream = self._res.stream
         if stream is not None:
             tail = stream.err.text()
@@ -735,158 +579,6 @@ class KubernetesSandbox:
             stream.abort()
         self._dead = message
         return SandboxError(message)
-
-
-# ----------------------------------------------------------------------------- the stream
-
-
-class _ExecStream:
-    """One exec's WebSocket: stdin frames out; stdout, stderr and the exit Status in.
-
-    Frames are read straight off the client's socket with short timeouts (a partial frame is
-    kept and resumed), so a reply of any size is assembled in one buffer and a reader can notice
-    `close()` from another thread.
-    """
-
-    def __init__(self, ws: Any) -> None:
-        self.ws = ws
-        self.sock = ws.sock
-        self.v5 = getattr(ws, "subprotocol", None) == V5_PROTOCOL
-        self.out = bytearray()
-        self.err = _Tail(STDERR_TAIL_BYTES)
-        self.status: dict[str, Any] | None = None
-        self._scan = 0
-        self._gone: str | None = None
-
-    def send(self, data: bytes) -> None:
-        if self._gone is not None:
-            raise _StreamBroken(self._gone)
-        try:
-            for start in range(0, len(data), FRAME_BYTES):
-                self.ws.write_channel(STDIN, data[start : start + FRAME_BYTES])
-        except Exception as exc:
-            self._gone = f"writing to the exec stream failed: {_describe(exc)}"
-            raise _StreamBroken(self._gone) from None
-
-    def close_stdin(self) -> None:
-        """End of input (v5 only; over v4 the extractor stops at the tar's end marker)."""
-        if self.v5 and self._gone is None:
-            with contextlib.suppress(Exception):
-                self.ws.close_channel(STDIN)
-
-    def read_line(self, deadline: float, cancelled: Callable[[], bool]) -> bytes | None:
-        """The next stdout line; None at the deadline; _StreamBroken when the stream ends."""
-        while True:
-            index = self.out.find(b"\n", self._scan)
-            if index >= 0:
-                line = bytes(self.out[:index])
-                del self.out[: index + 1]
-                self._scan = 0
-                return line
-            self._scan = len(self.out)
-            if len(self.out) > MAX_REPLY_BYTES:
-                raise _StreamBroken(f"the runner sent a reply line longer than {MAX_REPLY_BYTES} bytes")
-            if self.status is not None:
-                raise _StreamBroken(f"the runner exited ({_status_text(self.status)})")
-            if cancelled():
-                raise SandboxError("the sandbox is closed")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return None
-            self._pump(min(remaining, POLL_SLICE_S))
-
-    def wait_exit(self, deadline: float) -> int:
-        """Read until the exit Status arrives; returns the exit code."""
-        while self.status is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise _StreamBroken("the command did not finish in time")
-            self._pump(min(remaining, POLL_SLICE_S))
-        return _exit_code(self.status)
-
-    def _pump(self, timeout: float) -> None:
-        """Take one frame off the socket, or return after `timeout`."""
-        if self._gone is not None:
-            raise _StreamBroken(self._gone)
-        try:
-            self.sock.settimeout(max(timeout, 0.001))
-            opcode, frame = self.sock.recv_data_frame(True)
-        except WebSocketTimeoutException:
-            return
-        except Exception as exc:
-            self._gone = f"the exec stream broke: {_describe(exc)}"
-            raise _StreamBroken(self._gone) from None
-        if opcode == ABNF.OPCODE_CLOSE:
-            self._gone = "the API server closed the exec stream"
-            if self.status is not None:
-                return
-            raise _StreamBroken(self._gone)
-        if opcode not in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT):
-            return
-        data = frame.data if isinstance(frame.data, bytes) else str(frame.data).encode("utf-8")
-        if not data:
-            return
-        channel, payload = data[0], data[1:]
-        if channel == STDOUT:
-            self.out += payload
-        elif channel == STDERR:
-            self.err.add(payload)
-        elif channel == STATUS and payload:
-            try:
-                status = json.loads(payload)
-            except ValueError:
-                status = {"status": "Failure", "message": payload.decode("utf-8", "replace")}
-            self.status = status if isinstance(status, dict) else {"status": "Failure", "message": str(status)}
-
-    def abort(self) -> None:
-        """Cut the connection from any thread; a blocked reader wakes up with _StreamBroken."""
-        self._gone = self._gone or "the exec stream was closed"
-        raw = getattr(self.sock, "sock", None)
-        if raw is not None:
-            with contextlib.suppress(OSError):
-                raw.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._gone = self._gone or "the exec stream was closed"
-        with contextlib.suppress(Exception):
-            self.ws.close(timeout=1)
-
-
-class _StdinWriter:
-    """A file-like sink for tarfile that sends big stdin frames (tarfile writes 10 KiB records)."""
-
-    def __init__(self, stream: _ExecStream) -> None:
-        self.stream = stream
-        self.buffer = bytearray()
-
-    def write(self, data: bytes) -> int:
-        self.buffer += data
-        if len(self.buffer) >= FRAME_BYTES:
-            self.flush()
-        return len(data)
-
-    def flush(self) -> None:
-        if self.buffer:
-            data, self.buffer = bytes(self.buffer), bytearray()
-            self.stream.send(data)
-
-
-class _Tail:
-    """The last bytes of the runner's stderr, for error messages."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data = bytearray()
-
-    def add(self, chunk: bytes) -> None:
-        self._data += chunk
-        del self._data[: -self.size]
-
-    def data(self) -> bytes:
-        return bytes(self._data)
-
-    def text(self) -> str:
-        return self._data.decode("utf-8", "replace").strip()
 
 
 # ----------------------------------------------------------------------------- cluster side
@@ -906,10 +598,11 @@ class _Resources:
         self.api_timeout_s = api_timeout_s
         self.policy: str | None = None
         self.pods: list[str] = []
-        self.stream: _ExecStream | None = None
+        self.stream: ExecStream | None = None
         self.api_lock = threading.RLock()  # stream() swaps the client's transport while it connects
         self.lock = threading.Lock()
         self.released = False
+        self.cancelled = False  # set by close(): a reader waiting on the stream gives up
 
 
 def _release(res: _Resources) -> None:
@@ -936,9 +629,8 @@ def _release(res: _Resources) -> None:
                     res.net.delete_namespaced_network_policy(policy, res.namespace, _request_timeout=res.api_timeout_s)
             except Exception as exc:
                 if getattr(exc, "status", None) != 404:
-                    log.warning(
-                        "sandbox: cannot delete network policy %s/%s: %s", res.namespace, policy, _describe(exc)
-                    )
+                    reason = describe_api_error(exc)
+                    log.warning("sandbox: cannot delete network policy %s/%s: %s", res.namespace, policy, reason)
         elif policy is not None:
             log.warning("sandbox: pods of %s are still terminating; the reaper will delete its policy", policy)
     finally:
@@ -959,7 +651,7 @@ def _delete_pod(res: _Resources, name: str) -> None:
             )  # fmt: skip
     except Exception as exc:
         if getattr(exc, "status", None) != 404:
-            log.warning("sandbox: cannot delete pod %s/%s: %s", res.namespace, name, _describe(exc))
+            log.warning("sandbox: cannot delete pod %s/%s: %s", res.namespace, name, describe_api_error(exc))
 
 
 def _wait_gone(res: _Resources, pods: Iterable[str]) -> bool:
@@ -1025,7 +717,7 @@ def reap(
                 removed.append(f"pod/{pod.metadata.name}")
             except Exception as exc:
                 if getattr(exc, "status", None) != 404:
-                    log.warning("reaper: cannot delete pod %s: %s", pod.metadata.name, _describe(exc))
+                    log.warning("reaper: cannot delete pod %s: %s", pod.metadata.name, describe_api_error(exc))
                     live_sandboxes.add((pod.metadata.labels or {}).get(LABEL_SANDBOX))
         else:
             live_sandboxes.add((pod.metadata.labels or {}).get(LABEL_SANDBOX))
@@ -1040,7 +732,7 @@ def reap(
             removed.append(f"networkpolicy/{meta.name}")
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
-                log.warning("reaper: cannot delete network policy %s: %s", meta.name, _describe(exc))
+                log.warning("reaper: cannot delete network policy %s: %s", meta.name, describe_api_error(exc))
     if api_client is not api:
         with contextlib.suppress(Exception):
             api_client.close()
@@ -1092,7 +784,7 @@ def _api_client(configuration: Any, kubeconfig: str | None, context: str | None)
                     except Exception as exc:
                         raise SandboxUnavailable(
                             "the kubernetes sandbox has no API to talk to (not in a cluster, and no usable "
-                            f"kubeconfig): {_describe(exc)}"
+                            f"kubeconfig): {describe_api_error(exc)}"
                         ) from None
                 _CONFIGS[key] = configuration
     return client.ApiClient(configuration)
@@ -1150,6 +842,16 @@ _UNITS = {
 }  # fmt: skip
 
 
+def _check_storage(workspace_size: str, tmp_size: str, ephemeral_storage: str) -> None:
+    """The emptyDirs (workspace, /tmp, the runner's folder) must fit the pod's ephemeral storage."""
+    needed = parse_quantity(workspace_size) + parse_quantity(tmp_size) + parse_quantity(RUNNER_DIR_SIZE)
+    if needed > parse_quantity(ephemeral_storage):
+        raise ValueError(
+            f"workspace_size {workspace_size} + tmp_size {tmp_size} + {RUNNER_DIR_SIZE} exceed "
+            f"ephemeral_storage {ephemeral_storage}"
+        )
+
+
 def parse_quantity(quantity: str) -> int:
     """A Kubernetes byte quantity ("4Gi", "500M", "1.5Gi", "1048576") in bytes."""
     match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?\s*", str(quantity))
@@ -1189,53 +891,6 @@ def _tar_entry(info: tarfile.TarInfo, uid: int) -> tarfile.TarInfo | None:
     return info
 
 
-def _plain(arguments: Any) -> Any:
-    """The arguments as they will travel (JSON), so the journal replays exactly what was sent."""
-    return json.loads(json.dumps(arguments, default=str))
-
-
-def _tool_outcome(name: str, output: str) -> str:
-    """What a replayed call must reproduce: Bash output varies (timings), its status line must not."""
-    if name == "Bash":
-        return output.split("\n", 1)[0]
-    return output
-
-
-def _exec_outcome(reply: Mapping[str, Any]) -> str:
-    return f"exit_code={reply.get('exit_code')} timed_out={reply.get('timed_out')}"
-
-
-def _patch_outcome(reply: Mapping[str, Any]) -> str:
-    return hashlib.sha256(str(reply.get("patch_b64", "")).encode()).hexdigest()
-
-
-def _outcome_of(entry: _Entry, reply: Mapping[str, Any]) -> str:
-    if reply.get("ok") is not True:
-        return f"runner error: {reply.get('error')}"
-    op = entry.payload.get("op")
-    if op == "tool":
-        return _tool_outcome(str(entry.payload.get("name")), str(reply.get("output")))
-    if op == "exec":
-        return _exec_outcome(reply)
-    return _patch_outcome(reply)
-
-
-def _exit_code(status: Mapping[str, Any]) -> int:
-    if status.get("status") == "Success":
-        return 0
-    for cause in (status.get("details") or {}).get("causes") or []:
-        if cause.get("reason") == "ExitCode":
-            with contextlib.suppress(TypeError, ValueError):
-                return int(cause.get("message"))
-    return -1
-
-
-def _status_text(status: Mapping[str, Any]) -> str:
-    if status.get("status") == "Success":
-        return "exit code 0"
-    return str(status.get("message") or status.get("reason") or "failed")
-
-
 def _pod_summary(phase: str | None, waiting: Any, conditions: Any) -> str:
     parts = [f"phase {phase or 'unknown'}"]
     if waiting is not None:
@@ -1244,19 +899,6 @@ def _pod_summary(phase: str | None, waiting: Any, conditions: Any) -> str:
         if condition.status != "True" and condition.message:
             parts.append(f"{condition.type}: {condition.message}")
     return "; ".join(parts)
-
-
-def _describe(exc: BaseException) -> str:
-    """An API error without its response headers and body noise."""
-    status, reason = getattr(exc, "status", None), getattr(exc, "reason", None)
-    if status is not None and reason is not None:
-        body = getattr(exc, "body", None)
-        message = ""
-        if body:
-            with contextlib.suppress(ValueError, TypeError):
-                message = json.loads(body).get("message", "")
-        return f"{status} {reason}{': ' + message if message else ''}"
-    return f"{type(exc).__name__}: {exc}"
 
 
 def make_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:

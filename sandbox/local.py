@@ -24,7 +24,6 @@ the sandbox to the thread that started it.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import math
@@ -39,11 +38,17 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from types import TracebackType
 from typing import IO, Any
 
-from sandbox.base import CommandResult, SandboxError, SandboxSpec, SandboxUnavailable
-from sandbox.runner import bash_timeout
+from sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
+from sandbox.runner_client import (
+    RunnerBroken,
+    RunnerClient,
+    StderrTail,
+    decode_reply,
+    encode_request,
+    read_runner_source,
+)
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
@@ -95,8 +100,12 @@ STDERR_TAIL_BYTES = 16 * 1024
 _EOF = object()
 
 
-class LocalSandbox:
-    """A bubblewrap sandbox over one prepared workspace; implements `sandbox.base.Sandbox`."""
+class LocalSandbox(RunnerClient):
+    """A bubblewrap sandbox over one prepared workspace; implements `sandbox.base.Sandbox`.
+
+    The runner protocol itself (requests, replies, tool calls, the patch) is `RunnerClient`'s;
+    this class owns the sandbox's life: starting bwrap, its limits, killing it, the workspace.
+    """
 
     def __init__(
         self,
@@ -121,22 +130,16 @@ class LocalSandbox:
         Python prefix the target's tests need. `python` is the interpreter that runs the runner
         (default: python3 under /usr). `host_uid`/`host_gid` only apply when running as root.
         """
+        super().__init__(
+            spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
+        )
         self.spec = spec
-        self.limits = spec.limits
         self.mount_point = mount_point
-        self.tool_timeout_s = tool_timeout_s
-        self.reply_grace_s = reply_grace_s
-        self.max_patch_bytes = max_patch_bytes
-        self.runner_info: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        self._state_lock = threading.Lock()
-        self._closed = False
-        self._dead: str | None = None
         self._expired = False
-        self._seq = 0
         self._replies: queue.Queue[object] = queue.Queue()
-        self._stderr = _Tail(STDERR_TAIL_BYTES)
+        self._stderr = StderrTail(STDERR_TAIL_BYTES)
         self._res = _Resources()
+        self._channel = _PipeChannel(self._res, self._replies)
 
         self.bwrap = _find_bwrap(bwrap)
         self.workspace = os.path.realpath(spec.workspace)
@@ -144,24 +147,9 @@ class LocalSandbox:
             raise SandboxError(f"workspace {spec.workspace} is not a directory")
         env = _sandbox_env(spec.env)
         self.python = _find_python(python)
-        binds = [_bind_pair(item) for item in ro_binds]
-        prefix = _python_prefix(self.python)
-        if prefix is not None:
-            binds.append((prefix, prefix))
-            env["PATH"] = env["PATH"] if "PATH" in spec.env else f"{os.path.dirname(self.python)}:{env['PATH']}"
-
-        self.host_ids: tuple[int, int] | None = None
-        if os.geteuid() == 0:
-            uid = DEFAULT_HOST_UID if host_uid is None else host_uid
-            gid = DEFAULT_HOST_GID if host_gid is None else host_gid
-            if uid == 0:
-                raise SandboxError("host_uid 0 would let the sandbox escape its process limit")
-            _check_reachable(self.workspace, uid, gid)
-            self.host_ids = (uid, gid)
-
-        script = runner_script or os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
-        with open(script, "rb") as handle:
-            runner_source = handle.read()
+        binds = _binds_with_python(env, spec.env, self.python, ro_binds)
+        self.host_ids = _host_ids(self.workspace, host_uid, host_gid)
+        runner_source = read_runner_source(runner_script)
 
         # Runs once: on close(), or at interpreter exit if the caller never closed the sandbox.
         self._finalizer = weakref.finalize(self, _release, self._res)
@@ -175,81 +163,23 @@ class LocalSandbox:
             self._closed = True
             self._finalizer()
             raise
+        self._start_wall_timer()
+
+    def __repr__(self) -> str:
+        return f"<LocalSandbox {self.workspace} {self._state()}>"
+
+    # ------------------------------------------------------------------------- internals
+
+    def _release(self) -> None:
+        """Kill every process of the sandbox and hand the workspace back."""
+        self._finalizer()
+
+    def _start_wall_timer(self) -> None:
         if math.isfinite(self.limits.wall_seconds) and self.limits.wall_seconds > 0:
             timer = threading.Timer(self.limits.wall_seconds, _on_wall_limit, args=(weakref.ref(self),))
             timer.daemon = True
             self._res.timer = timer
             timer.start()
-
-    # ------------------------------------------------------------------------- the protocol
-
-    def call_tool(self, name: str, arguments: dict[str, Any]) -> str:
-        """Run one Leaf tool call; returns Leaf's exact text (a tool's own errors included)."""
-        if name == "Bash" and isinstance(arguments, dict):
-            try:
-                timeout = bash_timeout(arguments, self.limits.default_tool_timeout)
-            except ValueError:
-                timeout = self.limits.default_tool_timeout
-            deadline = timeout + self.reply_grace_s
-        else:
-            deadline = self.tool_timeout_s
-        reply = self._request({"op": "tool", "name": name, "arguments": arguments}, deadline)
-        return self._field(reply, "output", str)
-
-    def run_command(self, command: str, timeout: float) -> CommandResult:
-        """Run a pipeline command (tests, setup) with its own timeout; the log is head+tail bounded."""
-        payload = {"op": "exec", "command": command, "timeout": timeout, "log_limit": self.limits.output_bytes}
-        reply = self._request(payload, timeout + self.reply_grace_s)
-        return CommandResult(
-            command=command,
-            exit_code=self._field(reply, "exit_code", int),
-            log=self._field(reply, "log", str),
-            timed_out=self._field(reply, "timed_out", bool),
-            duration_s=float(self._field(reply, "duration_s", (int, float))),
-        )
-
-    def patch(self, base_commit: str) -> str:
-        """The patch as text; undecodable bytes are kept as surrogates (encode with
-        'surrogateescape' to get the exact bytes back), or use `patch_bytes`."""
-        return self.patch_bytes(base_commit).decode("utf-8", "surrogateescape")
-
-    def patch_bytes(self, base_commit: str) -> bytes:
-        """`git add -A` then `git diff --cached --binary <base_commit>`, taken inside the sandbox."""
-        payload = {"op": "patch", "base": base_commit, "max_bytes": self.max_patch_bytes}
-        reply = self._request(payload, 600.0 + self.reply_grace_s)
-        try:
-            return base64.b64decode(self._field(reply, "patch_b64", str), validate=True)
-        except ValueError:
-            raise self._broken("the runner sent a patch that is not base64") from None
-
-    def ping(self) -> dict[str, Any]:
-        """Round-trip a no-op; returns the runner's pid, uid and Python version."""
-        return self._request({"op": "ping"}, self.tool_timeout_s)
-
-    def close(self) -> None:
-        """Kill every process of the sandbox and hand the workspace back; idempotent."""
-        with self._state_lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._finalizer()
-
-    def __enter__(self) -> LocalSandbox:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        state = "closed" if self._closed else (self._dead or "open")
-        return f"<LocalSandbox {self.workspace} {state}>"
-
-    # ------------------------------------------------------------------------- internals
 
     def _start(
         self,
@@ -259,6 +189,7 @@ class LocalSandbox:
         tmp_size_bytes: int,
         start_timeout_s: float,
     ) -> None:
+        """Spawn bwrap with the runner inside, then wait for the sandbox's init and a first ping."""
         fds: list[int] = []
         info_r, info_w = os.pipe()
         try:
@@ -269,34 +200,7 @@ class LocalSandbox:
                 _memfd("runner", runner_source),
             )
             fds += [passwd, group, profile, runner, info_w]
-            argv = [self.bwrap]
-            argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
-            argv += ["--unshare-cgroup-try", "--disable-userns"]
-            argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "frogfix-sandbox"]
-            argv += ["--die-with-parent", "--new-session", "--clearenv"]
-            for key, value in env.items():
-                argv += ["--setenv", key, value]
-            for path in SYSTEM_DIRS:
-                if os.path.islink(path):
-                    argv += ["--symlink", os.readlink(path), path]
-                elif os.path.isdir(path):
-                    argv += ["--ro-bind", path, path]
-            for path in ETC_ENTRIES:
-                if os.path.exists(path):
-                    argv += ["--ro-bind", path, path]
-            for fd, dest in ((passwd, "/etc/passwd"), (group, "/etc/group"), (profile, "/etc/profile")):
-                argv += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
-            for src, dest in binds:
-                argv += ["--ro-bind", src, dest]
-            argv += ["--proc", "/proc", "--dev", "/dev"]
-            argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-            argv += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
-            argv += ["--bind", self.workspace, self.mount_point]
-            argv += ["--perms", "0644", "--ro-bind-data", str(runner), RUNNER_IN_SANDBOX]
-            argv += ["--remount-ro", "/", "--chdir", self.mount_point, "--info-fd", str(info_w)]
-            argv += ["--", self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", self.mount_point]
-            argv += ["--limits", json.dumps(self._rlimits()), "--reclaim"]
-            argv += ["--default-timeout", repr(float(self.limits.default_tool_timeout))]
+            argv = self._bwrap_argv(env, binds, (passwd, group, profile, runner), tmp_size_bytes, info_w)
             drop: dict[str, Any] = {}
             if self.host_ids is not None:
                 drop = {"user": self.host_ids[0], "group": self.host_ids[1], "extra_groups": []}
@@ -334,6 +238,47 @@ class LocalSandbox:
         except SandboxError as exc:
             raise SandboxUnavailable(f"the sandbox runner did not start: {exc}") from None
 
+    def _bwrap_argv(
+        self,
+        env: dict[str, str],
+        binds: list[tuple[str, str]],
+        memfds: tuple[int, int, int, int],
+        tmp_size_bytes: int,
+        info_fd: int,
+    ) -> list[str]:
+        """bwrap's command line: the namespaces, the read-only host view, the writable workspace
+        and the runner (see the module docstring for why each part is there)."""
+        passwd, group, profile, runner = memfds
+        argv = [self.bwrap]
+        argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+        argv += ["--unshare-cgroup-try", "--disable-userns"]
+        argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "frogfix-sandbox"]
+        argv += ["--die-with-parent", "--new-session", "--clearenv"]
+        for key, value in env.items():
+            argv += ["--setenv", key, value]
+        for path in SYSTEM_DIRS:
+            if os.path.islink(path):
+                argv += ["--symlink", os.readlink(path), path]
+            elif os.path.isdir(path):
+                argv += ["--ro-bind", path, path]
+        for path in ETC_ENTRIES:
+            if os.path.exists(path):
+                argv += ["--ro-bind", path, path]
+        for fd, dest in ((passwd, "/etc/passwd"), (group, "/etc/group"), (profile, "/etc/profile")):
+            argv += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
+        for src, dest in binds:
+            argv += ["--ro-bind", src, dest]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        argv += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
+        argv += ["--bind", self.workspace, self.mount_point]
+        argv += ["--perms", "0644", "--ro-bind-data", str(runner), RUNNER_IN_SANDBOX]
+        argv += ["--remount-ro", "/", "--chdir", self.mount_point, "--info-fd", str(info_fd)]
+        argv += ["--", self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", self.mount_point]
+        argv += ["--limits", json.dumps(self._rlimits()), "--reclaim"]
+        argv += ["--default-timeout", repr(float(self.limits.default_tool_timeout))]
+        return argv
+
     def _rlimits(self) -> dict[str, int]:
         limits = self.limits
         rlimits = {
@@ -345,47 +290,6 @@ class LocalSandbox:
         if math.isfinite(limits.wall_seconds):  # no process may burn more CPU than the wall limit
             rlimits["cpu"] = max(1, math.ceil(limits.wall_seconds))
         return rlimits
-
-    def _request(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
-        with self._lock:
-            if self._closed:
-                raise SandboxError("the sandbox is closed")
-            if self._dead is not None:
-                raise SandboxError(self._dead)
-            proc = self._res.proc
-            assert proc is not None and proc.stdin is not None
-            self._seq += 1
-            rid = self._seq
-            line = json.dumps({"id": rid, **payload}, ensure_ascii=True, default=str).encode("ascii")
-            try:
-                proc.stdin.write(line + b"\n")
-                proc.stdin.flush()
-            except (OSError, ValueError) as exc:
-                raise self._broken(f"cannot write to the sandbox runner ({exc})") from None
-            try:
-                item = self._replies.get(timeout=timeout)
-            except queue.Empty:
-                raise self._broken(f"the sandbox runner did not answer within {timeout:.0f}s") from None
-            if item is _EOF:
-                raise self._broken("the sandbox runner exited")
-            if isinstance(item, BaseException):
-                raise self._broken(f"cannot read from the sandbox runner ({item})")
-            assert isinstance(item, bytes)
-            try:
-                reply = json.loads(item)
-            except ValueError:
-                raise self._broken(f"the sandbox runner sent a line that is not JSON: {item[:200]!r}") from None
-            if not isinstance(reply, dict) or reply.get("id") != rid:
-                raise self._broken(f"the sandbox runner sent an unexpected reply: {item[:200]!r}")
-            if reply.get("ok") is not True:
-                raise SandboxError(f"sandbox runner: {reply.get('error', 'unknown error')}")
-            return reply
-
-    def _field(self, reply: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
-        value = reply.get(key)
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            raise self._broken(f"the sandbox runner sent a reply without a valid {key!r}")
-        return value
 
     def _broken(self, message: str) -> SandboxError:
         """Mark the sandbox unusable, kill it, and build the error for the caller to raise."""
@@ -411,6 +315,34 @@ class LocalSandbox:
 
     def _kill(self) -> None:
         _kill(self._res)
+
+
+class _PipeChannel:
+    """The runner channel over bwrap's stdin/stdout: a request line out, the next reply line in
+    (read by a thread into `replies`, so a wait can time out)."""
+
+    def __init__(self, res: _Resources, replies: queue.Queue[object]) -> None:
+        self._res = res
+        self._replies = replies
+
+    def exchange(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        proc = self._res.proc
+        assert proc is not None and proc.stdin is not None
+        try:
+            proc.stdin.write(encode_request(request))
+            proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise RunnerBroken(f"cannot write to the sandbox runner ({exc})") from None
+        try:
+            item = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise RunnerBroken(f"the sandbox runner did not answer within {timeout:.0f}s") from None
+        if item is _EOF:
+            raise RunnerBroken("the sandbox runner exited")
+        if isinstance(item, BaseException):
+            raise RunnerBroken(f"cannot read from the sandbox runner ({item})")
+        assert isinstance(item, bytes)
+        return decode_reply(item, request["id"])
 
 
 def _on_wall_limit(ref: weakref.ReferenceType[LocalSandbox]) -> None:
@@ -479,26 +411,6 @@ def _release(res: _Resources) -> None:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-class _Tail:
-    """The last bytes of bwrap's/the runner's stderr, for error messages."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._data = bytearray()
-        self._lock = threading.Lock()
-
-    def drain(self, stream: IO[bytes]) -> None:
-        with contextlib.suppress(OSError, ValueError):
-            while chunk := os.read(stream.fileno(), 4096):
-                with self._lock:
-                    self._data += chunk
-                    del self._data[: -self.size]
-
-    def text(self) -> str:
-        with self._lock:
-            return self._data.decode("utf-8", "replace").strip()
 
 
 def _spawn(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
@@ -578,6 +490,31 @@ def _python_prefix(python: str) -> str | None:
 
 def _under_system_dirs(path: str) -> bool:
     return any(path.startswith(folder + "/") for folder in SYSTEM_DIRS)
+
+
+def _binds_with_python(
+    env: dict[str, str], extra: dict[str, str], python: str, ro_binds: Iterable[str | tuple[str, str]]
+) -> list[tuple[str, str]]:
+    """The extra read-only binds plus the runner's Python prefix when it lives outside the system
+    folders (then also first on PATH in `env`, unless the job set PATH itself)."""
+    binds = [_bind_pair(item) for item in ro_binds]
+    prefix = _python_prefix(python)
+    if prefix is not None:
+        binds.append((prefix, prefix))
+        env["PATH"] = env["PATH"] if "PATH" in extra else f"{os.path.dirname(python)}:{env['PATH']}"
+    return binds
+
+
+def _host_ids(workspace: str, host_uid: int | None, host_gid: int | None) -> tuple[int, int] | None:
+    """The unprivileged host uid/gid bwrap runs as when FrogFix runs as root (None otherwise)."""
+    if os.geteuid() != 0:
+        return None
+    uid = DEFAULT_HOST_UID if host_uid is None else host_uid
+    gid = DEFAULT_HOST_GID if host_gid is None else host_gid
+    if uid == 0:
+        raise SandboxError("host_uid 0 would let the sandbox escape its process limit")
+    _check_reachable(workspace, uid, gid)
+    return uid, gid
 
 
 def _bind_pair(item: str | tuple[str, str]) -> tuple[str, str]:

@@ -14,7 +14,19 @@ the line could not be parsed) and carries `ok`.
         -> {"id": 3, "ok": true, "exit_code": 0, "log": "...", "timed_out": false, "duration_s": 1.2}
     {"id": 4, "op": "patch", "base": "<sha>"}                -> {"id": 4, "ok": true, "patch_b64": "..."}
     {"id": 5, "op": "shutdown"}                              -> {"id": 5, "ok": true}, then exit 0
-    anything malformed or failing in the runner itself       -> {"id": ..., "ok": false, "error": "..."}
+    anything malformed or failing in the runner itself
+        -> {"id": ..., "ok": false, "code": "bad_request", "error": "ValueError: bad request: ..."}
+
+An error reply's `code` says what failed, for callers to act on (its `error` text is for people
+and may change; no caller reads it):
+    bad_request      the line is not a JSON object, the op is unknown, or a field is missing,
+                     ill-typed or invalid (e.g. a patch base that is not a commit name)
+    patch_too_large  the diff exceeds the request's `max_bytes` (nothing is returned)
+    timeout          a git step of the patch ran past its time limit
+    git_failed       git add or git diff failed (e.g. the base commit does not exist)
+    internal         anything else that went wrong in the runner itself
+The text is `<ExceptionKind>: <message>` (the builtin kind, e.g. `ValueError`), except for lines
+that are not JSON objects.
 
 A tool's own failure is not a protocol error: it is the tool's output text
 (`<ExceptionName>: <message>`), exactly as Leaf returns it to the model.
@@ -95,6 +107,41 @@ LINE_BREAKS = frozenset("\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
 _MAGIC = re.compile(r"[*?[]")
 _TRUE = frozenset({"1", "true", "yes", "on", "y", "t"})
 _FALSE = frozenset({"0", "false", "no", "off", "n", "f", ""})
+
+# --------------------------------------------------------------------------- protocol errors
+
+
+class BadRequest(ValueError):
+    """A request the runner cannot serve as sent: reported with code `bad_request`."""
+
+    code = "bad_request"
+
+
+class PatchTooLarge(ValueError):
+    """The diff is over the request's byte limit: reported with code `patch_too_large`."""
+
+    code = "patch_too_large"
+
+
+class GitFailed(RuntimeError):
+    """git add or git diff failed: reported with code `git_failed`."""
+
+    code = "git_failed"
+
+
+def error_code(exc: BaseException) -> str:
+    """The protocol code for an exception raised while serving a request."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return str(getattr(exc, "code", "internal"))
+
+
+def error_text(exc: BaseException) -> str:
+    """`<kind>: <message>`, the kind being the builtin exception class (our subclasses are
+    details of the runner, and the text stays what it was before codes existed)."""
+    kind = next(cls for cls in type(exc).__mro__ if cls.__module__ == "builtins")
+    return f"{kind.__name__}: {exc}"
+
 
 # --------------------------------------------------------------------------- argument parsing
 
@@ -750,7 +797,7 @@ def take_patch(root: str, base: str, timeout: float = 600.0, max_bytes: int = MA
     """`git add -A` then `git diff --cached --binary <base>`, with config that could change the
     patch's shape (prefixes, external diff drivers, textconv, fsmonitor) pinned."""
     if not base or base.startswith("-") or any(ch.isspace() or ord(ch) < 32 for ch in base):
-        raise ValueError(f"bad base commit: {base!r}")
+        raise BadRequest(f"bad base commit: {base!r}")
     git = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "diff.noprefix=false"]
     _git([*git, "add", "-A"], "add", root, timeout, 1 << 20)
     # --no-renames: a moved file is a deletion and an addition, so a reviewer (and our refusal rules) see
@@ -775,13 +822,21 @@ def _git(argv: list[str], label: str, root: str, timeout: float, max_bytes: int)
     if timed_out:
         raise TimeoutError(f"git {label} took longer than {timeout:.0f}s")
     if overflow:
-        raise ValueError(f"the patch is larger than {max_bytes} bytes")
+        raise PatchTooLarge(f"the patch is larger than {max_bytes} bytes")
     if code != 0:
-        raise RuntimeError(f"git {label} failed with exit code {code}: {err.result(False)[0].strip()}")
+        raise GitFailed(f"git {label} failed with exit code {code}: {err.result(False)[0].strip()}")
     return bytes(out)
 
 
 # --------------------------------------------------------------------------- the protocol
+
+
+def _request_number(request: dict[str, Any], key: str, default: float) -> float:
+    """A numeric request field; a bad one is the caller's error (`bad_request`)."""
+    try:
+        return _number(request.get(key, default), key)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
 
 
 class Server:
@@ -797,14 +852,14 @@ class Server:
         try:
             request = json.loads(line)
         except ValueError as exc:
-            return {"id": None, "ok": False, "error": f"bad request: not JSON ({exc})"}
+            return {"id": None, "ok": False, "code": BadRequest.code, "error": f"bad request: not JSON ({exc})"}
         if not isinstance(request, dict):
-            return {"id": None, "ok": False, "error": "bad request: not a JSON object"}
+            return {"id": None, "ok": False, "code": BadRequest.code, "error": "bad request: not a JSON object"}
         rid = request.get("id")
         try:
             reply = self._dispatch(request)
         except Exception as exc:
-            return {"id": rid, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            return {"id": rid, "ok": False, "code": error_code(exc), "error": error_text(exc)}
         return {"id": rid, "ok": True, **reply}
 
     def _dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -812,20 +867,20 @@ class Server:
         if op == "tool":
             name = request.get("name")
             if not isinstance(name, str):
-                raise ValueError("bad request: tool needs a string 'name'")
+                raise BadRequest("bad request: tool needs a string 'name'")
             return {"output": self.tools.call(name, request.get("arguments"))}
         if op == "exec":
             command = request.get("command")
             if not isinstance(command, str) or not command:
-                raise ValueError("bad request: exec needs a non-empty string 'command'")
-            timeout = _number(request.get("timeout", self.tools.default_timeout), "timeout")
-            log_limit = int(_number(request.get("log_limit", BASH_LIMIT), "log_limit"))
+                raise BadRequest("bad request: exec needs a non-empty string 'command'")
+            timeout = _request_number(request, "timeout", self.tools.default_timeout)
+            log_limit = int(_request_number(request, "log_limit", BASH_LIMIT))
             return run_command(self.spawner, self.root, command, timeout, log_limit)
         if op == "patch":
             base = request.get("base")
             if not isinstance(base, str):
-                raise ValueError("bad request: patch needs a string 'base'")
-            max_bytes = int(_number(request.get("max_bytes", MAX_PATCH_BYTES), "max_bytes"))
+                raise BadRequest("bad request: patch needs a string 'base'")
+            max_bytes = int(_request_number(request, "max_bytes", MAX_PATCH_BYTES))
             patch = take_patch(self.root, base, max_bytes=max_bytes)
             return {"patch_b64": base64.b64encode(patch).decode("ascii"), "size": len(patch)}
         if op == "ping":
@@ -833,7 +888,7 @@ class Server:
         if op == "shutdown":
             self.stopping = True
             return {}
-        raise ValueError(f"bad request: unknown op {op!r}")
+        raise BadRequest(f"bad request: unknown op {op!r}")
 
     def serve(self, reader: IO[bytes], writer: IO[bytes]) -> None:
         """One request line in, one reply line out, until EOF or shutdown."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import SandboxError, SandboxSpec, SandboxUnavailable, open_sandbox
+from sandbox import PatchTooLarge, SandboxError, SandboxSpec, SandboxUnavailable, open_sandbox
 from sandbox.base import SandboxLimits
 from sandbox.kubernetes import DEFAULT_IMAGE, LABEL_SANDBOX, KubernetesSandbox
 from tests.doubles.kubernetes_api import V4, KubernetesApiDouble
@@ -171,6 +171,22 @@ def test_patch_and_commands_run_inside_and_the_host_workspace_stays_untouched(
     assert patch.startswith("diff --git a/src/calc.py b/src/calc.py\n")
     assert "-    return a - b\n+    return a + b\n" in patch
     assert (workspace / "src/calc.py").read_text() == CALC
+
+
+def test_a_patch_over_the_limit_is_patch_too_large_and_no_replay_entry(
+    kube: KubernetesApiDouble, make_k8s: MakeSandbox, workspace: Path
+) -> None:
+    base = init_repo(workspace, {"a.txt": "a\n"})
+    sb = make_k8s(workspace, max_patch_bytes=2000)
+    sb.call_tool("Write", {"file_path": "big.txt", "content": "x" * 5000})
+    with pytest.raises(PatchTooLarge) as caught:
+        sb.patch_bytes(base)
+    assert caught.value.limit == 2000
+    assert str(caught.value) == "sandbox runner: ValueError: the patch is larger than 2000 bytes"
+    sb.call_tool("Write", {"file_path": "big.txt", "content": "small\n"})
+    kube.break_streams()  # the refused patch is not replayed; the sandbox goes on
+    assert "+small" in sb.patch(base)
+    assert sb.recoveries == 1
 
 
 def test_factory_opens_the_kubernetes_backend(kube: KubernetesApiDouble, workspace: Path) -> None:

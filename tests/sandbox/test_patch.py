@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox import PatchTooLarge
 from sandbox.base import SandboxError
 from sandbox.local import LocalSandbox
 from tests.sandbox.support import bash, git, init_repo
@@ -90,3 +91,19 @@ def test_patch_failures_raise_but_leave_the_sandbox_usable(
     with pytest.raises(SandboxError, match="bad base commit"):
         sb.patch("--output=/tmp/x")
     assert sb.call_tool("Read", {"file_path": "a.txt"}) == "a.txt\n1. a"
+
+
+def test_a_patch_over_the_limit_is_patch_too_large_and_the_sandbox_stays_usable(
+    workspace: Path, make_sandbox: Callable[..., LocalSandbox]
+) -> None:
+    base = init_repo(workspace, {"a.txt": "a\n"})
+    sb = make_sandbox(workspace, max_patch_bytes=2000)
+    bash(sb, "head -c 5000 /dev/zero | tr '\\0' x > big.txt")
+    with pytest.raises(PatchTooLarge) as caught:
+        sb.patch(base)
+    assert caught.value.limit == 2000
+    assert str(caught.value) == "sandbox runner: ValueError: the patch is larger than 2000 bytes"
+    with pytest.raises(PatchTooLarge):
+        sb.patch_bytes(base)
+    bash(sb, "rm big.txt")
+    assert sb.patch(base) == ""

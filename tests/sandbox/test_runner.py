@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 import sandbox.runner as runner_module
 from sandbox.runner import HeadTail, Prefix, Server, Tools, bash_timeout, truncate
+from tests.sandbox.support import git, init_repo
 
 RUNNER = runner_module.__file__
 LINE_TEXT = st.lists(st.sampled_from([*"ab é\n\r\t\x0c\u2028", "\r\n"]), max_size=150).map("".join)
@@ -92,6 +93,43 @@ def test_exec_merges_streams_and_bounds_the_log(tmp_path: Path) -> None:
 def test_patch_rejects_option_like_base(tmp_path: Path) -> None:
     (reply,) = replies([b'{"id": 1, "op": "patch", "base": "--output=/etc/x"}\n'], tmp_path)
     assert reply["ok"] is False and "bad base commit" in str(reply["error"])
+
+
+def test_error_replies_carry_a_code(tmp_path: Path) -> None:
+    """Callers act on `code`, never on the text; the text stays `<builtin kind>: <message>`."""
+    init_repo(tmp_path, {"a.txt": "a\n"})
+    base = git(tmp_path, "rev-parse", "HEAD")
+    (tmp_path / "big.txt").write_text("x" * 5000)
+    got = replies(
+        [
+            b"not json\n",
+            b'{"id": 1, "op": "dance"}\n',
+            b'{"id": 2, "op": "exec", "command": "true", "timeout": "soon"}\n',
+            b'{"id": 3, "op": "patch", "base": "--output=/etc/x"}\n',
+            json.dumps({"id": 4, "op": "patch", "base": base, "max_bytes": 1000}).encode() + b"\n",
+            b'{"id": 5, "op": "patch", "base": "0000000000000000000000000000000000000000"}\n',
+            json.dumps({"id": 6, "op": "patch", "base": base}).encode() + b"\n",
+        ],
+        tmp_path,
+    )
+    assert [r.get("code") for r in got] == [
+        "bad_request",
+        "bad_request",
+        "bad_request",
+        "bad_request",
+        "patch_too_large",
+        "git_failed",
+        None,
+    ]
+    assert got[2]["error"] == "ValueError: timeout must be a number, got 'soon'"
+    assert got[4] == {
+        "id": 4,
+        "ok": False,
+        "code": "patch_too_large",
+        "error": "ValueError: the patch is larger than 1000 bytes",
+    }
+    assert str(got[5]["error"]).startswith("RuntimeError: git diff failed")
+    assert got[6]["ok"] is True and got[6]["size"] > 5000
 
 
 # ------------------------------------------------------------------- the runner's own checks
