@@ -84,11 +84,3 @@ class Sandbox(Protocol):
     def close(self) -> None:
         """Stop every process of the sandbox; idempotent."""
         ...
-
-
-class PatchTooLarge(SandboxError):
-    """TEMPORARY shim."""
-
-    def __init__(self, message: str, limit: int) -> None:
-        super().__init__(message)
-        self.limit = limit

@@ -213,18 +213,22 @@ def run_tests(
     return TestRun(res.exit_code, bounded_log(redact(res.log)), res.timed_out, res.duration_s)
 
 
+@dataclass(frozen=True)
+class AttemptContext:
+    """What every attempt of one job shares: settings, the redactor, the workspace source and folder, the observer."""
+
+    settings: Settings
+    redact: Callable[[str], str]
+    source: WorkspaceSource
+    root: Path
+    observer: AttemptObserver
+
+
 class Verifier:
     """Runs the test command in fresh sandboxes: once on the base commit (kept for later attempts), then patched."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        redact: Callable[[str], str],
-        source: WorkspaceSource,
-        root: Path,
-        observer: AttemptObserver,
-    ) -> None:
-        self.settings, self.redact, self.source, self.root, self.observer = settings, redact, source, root, observer
+    def __init__(self, context: AttemptContext) -> None:
+        self.context = context
         self._before: TestRun | None = None
 
     def before(self, config: RepoConfig, base: str) -> TestRun:
@@ -239,17 +243,18 @@ class Verifier:
         return Verification(config.test_command or "", before, after)
 
     def _run(self, config: RepoConfig, base: str, patch: str | None, label: str) -> TestRun:
-        ws = self.root / ("tests-" + re.sub(r"[^a-z0-9]+", "-", label))
-        self.source.checkout(ws, base)
+        c = self.context
+        ws = c.root / ("tests-" + re.sub(r"[^a-z0-9]+", "-", label))
+        c.source.checkout(ws, base)
         if patch:
-            problem = apply_patch(ws, patch, self.root)
+            problem = apply_patch(ws, patch, c.root)
             if problem:
                 repos.remove_workspace(ws)
                 return TestRun(None, problem)
-        self.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
-        run = run_tests(ws, config, self.settings, self.redact, image=config.image)
+        c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
+        run = run_tests(ws, config, c.settings, c.redact, image=config.image)
         timed_out = " (timed out)" if run.timed_out else ""
-        self.observer.stage("tested", f"tests {label}: exit code {run.exit_code}{timed_out}", {"label": label})
+        c.observer.stage("tested", f"tests {label}: exit code {run.exit_code}{timed_out}", {"label": label})
         return run
 
 
@@ -265,7 +270,7 @@ class AttemptRunner:
         observer: AttemptObserver,
     ) -> None:
         self.settings, self.redact, self.source, self.root, self.observer = settings, redact, source, root, observer
-        self.verifier = Verifier(settings, redact, source, root, observer)
+        self.verifier = Verifier(AttemptContext(settings, redact, source, root, observer))
 
     def run(self, spec: AttemptSpec, model: ModelClient, review: ReviewPolicy | None) -> AttemptResult:
         """One attempt to its outcome. `review=None` (a plain replay) stops after the agent's patch.

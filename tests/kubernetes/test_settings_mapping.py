@@ -8,7 +8,7 @@ import pytest
 
 from app.settings import Settings
 from sandbox.kubernetes import KubernetesSandbox
-from worker.attempt import sandbox_options
+from worker.wiring import sandbox_options
 
 
 def test_kubernetes_settings_map_onto_backend_options(monkeypatch: pytest.MonkeyPatch) -> None:

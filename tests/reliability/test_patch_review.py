@@ -16,10 +16,10 @@ import pytest
 
 from app.patches import file_diffs
 from app.settings import Settings
-from sandbox.base import SandboxError
+from sandbox.base import PatchTooLarge, SandboxError
 from tests.doubles.git_http import git, make_worktree
-from worker.attempt import RUNNER_PATCH_LIMIT, open_job_sandbox
 from worker.repo_config import RepoConfig, changed_paths, refusal_reasons, review_flags
+from worker.wiring import open_job_sandbox
 
 
 def staged_patch(repo: Path) -> str:
@@ -115,9 +115,9 @@ def test_the_sandbox_stops_reading_a_diff_at_max_patch_bytes(workspace: Path) ->
         box.call_tool("Write", {"file_path": "small.txt", "content": "x\n" * 100})
         assert "small.txt" in box.patch(base)
         box.call_tool("Write", {"file_path": "big.txt", "content": "line\n" * 2000})
-        with pytest.raises(SandboxError) as caught:
+        with pytest.raises(PatchTooLarge) as caught:  # a typed refusal: no caller reads the runner's error text
             box.patch(base)
-        assert RUNNER_PATCH_LIMIT.fullmatch(str(caught.value)), str(caught.value)
+        assert caught.value.limit == 4096 and isinstance(caught.value, SandboxError), str(caught.value)
         assert "small.txt" in box.call_tool("Glob", {"pattern": "*.txt"})  # the sandbox is still usable
 
 
