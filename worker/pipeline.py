@@ -208,6 +208,8 @@ class JobObserver:
         if kind in ("testing", "tested"):  # each test run; the verdict is the event
             log.info(kind, message=message[:500])
             return
+        if kind == "agent_started":  # recorded as the attempt row has it: relative to the data folder
+            data = {**data, "trajectory": trajectory.attempt_path(p.job_id, p.run_number, data["attempt"])}
         if kind == "agent_finished":
             p.update(exit_reason=data["exit_reason"], steps=data["steps"])
         p.event(kind, message, data)
