@@ -241,11 +241,75 @@ def test_gitea_opened_with_label_starts(client: Any) -> None:
 
 
 def test_gitea_form_encoded_payload(client: Any) -> None:
+    """Gitea signs the JSON payload, not the `payload=<JSON>` form body it sends (deliver.go)."""
+    from urllib.parse import urlencode
+
+    json_payload = payload("gitea_label_updated.json")
+    body = urlencode({"payload": json_payload.decode()}).encode()
+    headers = gitea_headers(body, content_type="application/x-www-form-urlencoded", signed=json_payload)
+    assert client.post("/webhooks/gitea", content=body, headers=headers).status_code == 202
+
+
+def test_gitea_form_signed_over_the_form_body_is_401(client: Any) -> None:
     from urllib.parse import urlencode
 
     body = urlencode({"payload": payload("gitea_label_updated.json").decode()}).encode()
     headers = gitea_headers(body, content_type="application/x-www-form-urlencoded")
-    assert client.post("/webhooks/gitea", content=body, headers=headers).status_code == 202
+    r = client.post("/webhooks/gitea", content=body, headers=headers)
+    assert r.status_code == 401
+    assert deliveries() == [] and jobs_in_db() == []
+
+
+def test_gitea_form_without_a_payload_cannot_be_verified(client: Any) -> None:
+    body = b"other=1"
+    headers = gitea_headers(body, content_type="application/x-www-form-urlencoded")
+    r = client.post("/webhooks/gitea", content=body, headers=headers)
+    assert r.status_code == 401 and "payload" in r.json()["error"]
+    assert deliveries() == []
+
+
+def _gitea_issue_action(action: str, *, labelled: bool = True) -> bytes:
+    """The label_updated payload turned into an `issues` event with `action` (hand-written, as Gitea sends it)."""
+    data = json.loads(payload("gitea_label_updated.json"))
+    data["action"] = action
+    if not labelled:
+        data["issue"]["labels"] = []
+    return json.dumps(data).encode()
+
+
+def test_gitea_deleted_issue_cancels_its_active_job(client: Any) -> None:
+    body = payload("gitea_label_updated.json")
+    client.post("/webhooks/gitea", content=body, headers=gitea_headers(body))
+    deleted = _gitea_issue_action("deleted")
+    r = client.post("/webhooks/gitea", content=deleted, headers=gitea_headers(deleted, event_type="issues"))
+    assert r.status_code == 200 and r.json()["outcome"] == "cancelled_job"
+    [job] = jobs_in_db()
+    assert job.status == "cancelled"
+
+
+def test_gitea_deleted_issue_asks_a_running_job_to_stop(client: Any) -> None:
+    from app.jobs import transitions
+
+    body = payload("gitea_label_updated.json")
+    client.post("/webhooks/gitea", content=body, headers=gitea_headers(body))
+    with session_scope() as s:
+        assert transitions.claim_job(s, jobs_in_db()[0].id)
+    deleted = _gitea_issue_action("deleted")
+    client.post("/webhooks/gitea", content=deleted, headers=gitea_headers(deleted, event_type="issues"))
+    [job] = jobs_in_db()
+    assert job.status == "running" and job.cancel_requested is True
+
+
+def test_gitea_reopened_labelled_issue_starts_like_opened(client: Any, frogfix_env: dict[str, Any]) -> None:
+    reopened = _gitea_issue_action("reopened")
+    r = client.post("/webhooks/gitea", content=reopened, headers=gitea_headers(reopened, event_type="issues"))
+    assert r.status_code == 202, r.text
+    [job] = jobs_in_db()
+    assert (job.forge, job.issue, job.status) == ("gitea", 3, "queued")
+    assert broker_messages(frogfix_env) == 1
+    unlabelled = _gitea_issue_action("reopened", labelled=False)
+    r = client.post("/webhooks/gitea", content=unlabelled, headers=gitea_headers(unlabelled, event_type="issues"))
+    assert r.status_code == 200 and r.json()["outcome"] == "ignored"
 
 
 def test_gitea_label_cleared_cancels_and_stale_update_only_notes(client: Any) -> None:

@@ -36,7 +36,13 @@ def gitea_headers(
     secret: str | None = GITEA_SECRET,
     delivery: str | None = None,
     content_type: str = "application/json",
+    signed: bytes | None = None,
 ) -> dict[str, str]:
+    """Gitea's headers for `body`, signed over `signed` (default: the body itself).
+
+    Gitea signs the JSON payload, also when it sends it as a form (`payload=<JSON>`): pass the
+    JSON as `signed` for a form delivery.
+    """
     headers = {
         "Content-Type": content_type,
         "X-Gitea-Event": event,
@@ -44,7 +50,8 @@ def gitea_headers(
         "X-Gitea-Delivery": delivery or str(uuid.uuid4()),
     }
     if secret is not None:
-        headers["X-Gitea-Signature"] = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+        message = body if signed is None else signed
+        headers["X-Gitea-Signature"] = hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
     return headers
 
 

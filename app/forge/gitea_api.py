@@ -1,9 +1,14 @@
 """Gitea (and Forgejo) through its REST API over httpx: the Forge protocol for the worker.
 
-The API has no "draft" flag to set: a pull request is work in progress when its title starts
-with one of the instance's WORK_IN_PROGRESS_PREFIXES (default `WIP:` and `[WIP]`). Newer
-versions report `draft` in the answer; older ones do not, and then the title decides.
-`transport` is the httpx seam tests use; production passes nothing.
+Supported: Gitea 1.16 and newer (the issue timeline endpoint appeared in 1.16) and every Forgejo
+release. The API has no "draft" flag to set: a pull request is work in progress when its title
+starts with one of the instance's WORK_IN_PROGRESS_PREFIXES (default `WIP:` and `[WIP]`).
+Gitea 1.22 and newer report `draft` in the answer; 1.16-1.21 do not, and then the title decides,
+by Gitea's own rule (`gitea_wip_title`).
+
+Listings are read page by page until a page is empty (`[]`, or `null` as the timeline answers),
+never stopping at a short page: MAX_RESPONSE_ITEMS may cap pages below what we ask for, and the
+timeline drops entries the token may not see. `transport` is the httpx seam tests use.
 """
 
 from __future__ import annotations
@@ -30,16 +35,48 @@ from app.forge.api import (
     basic_auth_header,
     comment_marker,
     error_for_status,
-    has_prefix,
     post_once,
     secret_forms,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
 
 TRIGGER_PERMISSIONS = frozenset({"write", "admin", "owner"})
+CODE_UNIT = "repo.code"  # FrogFix pushes code for the person who triggers it: write on this unit counts
 GITEA_WIP_PREFIXES = ("WIP:", "[WIP]")  # Gitea's default [repository.pull-request] WORK_IN_PROGRESS_PREFIXES
-PAGE_SIZE = 50  # Gitea's default MAX_RESPONSE_ITEMS
+PAGE_SIZE = 50  # what we ask for; the instance's [api] MAX_RESPONSE_ITEMS (default 50) may give fewer
 MAX_PAGES = 100  # a bound on any listing, so a huge timeline cannot keep a worker busy forever
+
+
+def gitea_wip_title(title: str, prefixes: tuple[str, ...]) -> bool:
+    """Gitea's HasWorkInProgressPrefix: a case-insensitive prefix test on the title as it is.
+
+    The title's leading spaces are kept (" WIP: x" is not work in progress to Gitea); the
+    configured prefixes are trimmed, as Gitea's settings loader trims list values.
+    """
+    upper = title.upper()
+    return any(p.strip() and upper.startswith(p.strip().upper()) for p in prefixes)
+
+
+def _explain_403(exc: ForgeAuthError, why: str) -> ForgeAuthError:
+    """A 403 with what the FrogFix account lacks; any other auth error as it was."""
+    if exc.status != 403:
+        return exc
+    return ForgeAuthError(f"{exc.message}; {why}", status=403)
+
+
+def team_writes_code(team: dict[str, Any]) -> bool:
+    """Whether a team (as `GET /repos/{owner}/{repo}/teams` lists it) may write the code.
+
+    Admin and owner teams may write everything. Other teams say it per unit in `units_map`
+    (Gitea 1.17+); before that a team had one `permission` for all its units.
+    """
+    permission = str(team.get("permission") or "").lower()
+    if permission in ("admin", "owner"):
+        return True
+    units = team.get("units_map")
+    if isinstance(units, dict) and units:
+        return str(units.get(CODE_UNIT) or "").lower() in TRIGGER_PERMISSIONS
+    return permission in TRIGGER_PERMISSIONS and CODE_UNIT in (team.get("units") or [CODE_UNIT])
 
 
 class GiteaForge:
@@ -142,16 +179,24 @@ class GiteaForge:
             raise ForgeError(f"Gitea {what}: expected a JSON object")
         return data
 
-    def _pages(self, path: str, what: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Every item of a paginated listing, up to MAX_PAGES pages."""
+    def _pages(
+        self, path: str, what: str, params: dict[str, Any] | None = None, *, retried: bool = True
+    ) -> list[dict[str, Any]]:
+        """Every item of a paginated listing: pages until an empty or `null` one, up to MAX_PAGES.
+
+        A short page is not the end (a capped page size, or timeline entries hidden from us), and
+        neither X-Total-Count (per page on the timeline) nor Link (absent there) can be trusted.
+        `retried=False` is for a caller that is already inside a retry of its own.
+        """
+        get = self._call if retried else self._request
         items: list[dict[str, Any]] = []
         for page in range(1, MAX_PAGES + 1):
-            batch = self._call("GET", path, what, params={**(params or {}), "page": page, "limit": PAGE_SIZE})
+            batch = get("GET", path, what, params={**(params or {}), "page": page, "limit": PAGE_SIZE})
+            if batch is None or batch == []:
+                break
             if not isinstance(batch, list):
                 raise ForgeError(f"Gitea {what}: expected a list")
             items.extend(b for b in batch if isinstance(b, dict))
-            if len(batch) < PAGE_SIZE:
-                break
         return items
 
     # -- the protocol ----------------------------------------------------------------------
@@ -174,17 +219,17 @@ class GiteaForge:
         )
 
     def label_adder(self, project: str, number: int, label: str) -> str | None:
-        """Who most recently added `label`, from the issue timeline (Gitea >= 1.15).
+        """Who most recently added `label`, from the issue timeline (Gitea >= 1.16, where it appeared).
 
-        A label timeline entry has type "label" (an integer 7 in old versions) and body "1"
-        when the label was added, "" when it was removed.
+        A label timeline entry has type "label" (always a string in this API) and body "1" when
+        the label was added, "" when it was removed.
         """
         what = f"read the timeline of #{number} in {project}"
         entries = self._pages(f"{self._repo_path(project)}/issues/{int(number)}/timeline", what)
         added = [
             e
             for e in entries
-            if e.get("type") in ("label", 7)
+            if e.get("type") == "label"
             and str(e.get("body") or "") == "1"
             and isinstance(e.get("label"), dict)
             and e["label"].get("name") == label
@@ -196,26 +241,73 @@ class GiteaForge:
         return user.get("login") or user.get("username")
 
     def can_trigger(self, project: str, username: str) -> bool:
-        """True for `write`, `admin` or `owner` on the repository; an unknown user is refused."""
+        """True for `write`, `admin` or `owner` on the repository, or write on its code through a team.
+
+        The permission endpoint reports the repository-level mode; a "general access" team's
+        write is granted per unit (`units_map`) while that mode reads `read`, so the teams are
+        asked next. An unknown user is refused.
+        """
+        permission = self._repo_permission(project, username)
+        if permission is None:
+            return False
+        if permission in TRIGGER_PERMISSIONS:
+            return True
+        return any(self._is_team_member(team, username) for team in self._code_writing_teams(project))
+
+    def _repo_permission(self, project: str, username: str) -> str | None:
+        """The repository-level mode Gitea reports for `username`; None for an unknown user."""
         what = f"read the permission of {username} on {project}"
         path = f"{self._repo_path(project)}/collaborators/{quote(username, safe='')}/permission"
         try:
             data = self._object("GET", path, what)
         except ForgeNotFound:
+            return None
+        except ForgeAuthError as exc:
+            raise _explain_403(
+                exc,
+                "Gitea lets only repository admins read another user's permission, "
+                "so the FrogFix account needs admin on this repository",
+            ) from None
+        return str(data.get("permission") or "").lower()
+
+    def _code_writing_teams(self, project: str) -> list[dict[str, Any]]:
+        """The organisation teams of the repository that may write its code (none for a user's repository)."""
+        what = f"list the teams of {project}"
+        try:
+            teams = self._call("GET", f"{self._repo_path(project)}/teams", what)
+        except ForgeNotFound:
+            return []
+        except ForgeError as exc:
+            if exc.status == 405:  # "repo is not owned by an organization"
+                return []
+            raise
+        if not isinstance(teams, list):
+            return []
+        return [t for t in teams if isinstance(t, dict) and team_writes_code(t)]
+
+    def _is_team_member(self, team: dict[str, Any], username: str) -> bool:
+        what = f"check whether {username} is in team {team.get('name')!r}"
+        path = f"/teams/{int(team.get('id') or 0)}/members/{quote(username, safe='')}"
+        try:
+            self._call("GET", path, what)
+        except ForgeNotFound:
             return False
         except ForgeAuthError as exc:
-            if exc.status == 403:
-                raise ForgeAuthError(
-                    f"{exc.message}; Gitea lets only repository admins read another user's permission, "
-                    "so the FrogFix account needs admin on this repository",
-                    status=403,
-                ) from None
-            raise
-        return str(data.get("permission") or "").lower() in TRIGGER_PERMISSIONS
+            raise _explain_403(
+                exc,
+                "Gitea lets only organisation owners and team members read a team's members, "
+                "so the FrogFix account needs to own the organisation (or be in the team)",
+            ) from None
+        return True
 
     def project_info(self, project: str) -> ProjectInfo:
         data = self._object("GET", self._repo_path(project), f"read repository {project}")
         branch = data.get("default_branch")
+        if data.get("empty") is True:  # an empty repository still names a default branch
+            raise ForgeError(
+                f"Gitea repository {project} is empty: it has no commits yet, so there is nothing to fix; "
+                "push a first commit, then add the label again"
+            )
         if not branch:
             raise ForgeError(f"Gitea repository {project} has no default branch (is it empty?)")
         return ProjectInfo(
@@ -252,8 +344,8 @@ class GiteaForge:
             nonlocal tried
             if tried:
                 # The last POST may have succeeded before the connection failed: never open a second PR.
-                for pull in self._request("GET", path, what, params={"state": "open", "limit": PAGE_SIZE}) or []:
-                    if isinstance(pull, dict) and self._is_ours(pull, source_branch):
+                for pull in self._pages(path, what, {"state": "open"}, retried=False):
+                    if self._is_ours(pull, source_branch):
                         return pull
             tried = True
             return self._request("POST", path, what, json=payload)
@@ -270,7 +362,11 @@ class GiteaForge:
         return mr
 
     def _issue_says_draft(self, project: str, mr: MergeRequest) -> bool:
-        """Gitea's own verdict: the issue view of a pull request carries `pull_request.draft` (1.17+)."""
+        """Gitea's own verdict where the server gives one: the issue view's `pull_request.draft`.
+
+        Gitea added it in 1.22 with the pull request's own `draft`, so on 1.16-1.21 this finds
+        nothing and the title test stands; one read is cheap next to a wrong "not a draft" error.
+        """
         what = f"read the draft state of #{mr.number} in {project}"
         try:
             issue = self._object("GET", f"{self._repo_path(project)}/issues/{mr.number}", what)
@@ -330,8 +426,8 @@ class GiteaForge:
             raise ForgeError("Gitea answered a pull request request with something that is not an object")
         title = str(data.get("title") or "")
         draft = data.get("draft")
-        if draft is None:
-            draft = has_prefix(title, self._wip_prefixes)
+        if not isinstance(draft, bool):  # Gitea 1.16-1.21: no `draft` field
+            draft = gitea_wip_title(title, self._wip_prefixes)
         head, base = data.get("head") or {}, data.get("base") or {}
         return MergeRequest(
             id=int(data.get("id") or 0),

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.forge.webhook import (
+    FORM_MEDIA,
     HeaderView,
     Intent,
     WebhookEvent,
@@ -15,6 +16,8 @@ from app.forge.webhook import (
     WebhookUnauthorized,
     body_digest_id,
     decode_json_object,
+    form_payload,
+    media_type,
     obj,
     positive_int,
     project_path,
@@ -22,12 +25,27 @@ from app.forge.webhook import (
 )
 
 
-def gitea_signature(secret: str, body: bytes) -> str:
-    return hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+def gitea_signature(secret: str, payload: bytes) -> str:
+    return hmac.new(secret.encode("utf-8"), payload, hashlib.sha256).hexdigest()
+
+
+def signed_payload(body: bytes, content_type: str | None) -> bytes:
+    """The bytes Gitea signs: the JSON payload itself, also when it sent it as a form.
+
+    A form delivery is `payload=<URL-encoded JSON>`, but Gitea and Forgejo compute the HMAC over
+    the JSON before encoding it (services/webhook/deliver.go), so the form body never verifies.
+    A form whose payload cannot be read has nothing signed in it, so it is refused as unverified.
+    """
+    if media_type(content_type) != FORM_MEDIA:
+        return body
+    try:
+        return form_payload(body)
+    except WebhookMalformed as exc:
+        raise WebhookUnauthorized(f"cannot verify this form delivery: {exc}") from None
 
 
 def verify_gitea(headers: Mapping[str, str], body: bytes, *, secret: str) -> None:
-    """Check the hex HMAC-SHA256 of the raw body in constant time."""
+    """Check the hex HMAC-SHA256 of the signed payload in constant time."""
     if not secret:
         raise WebhookUnauthorized("no Gitea webhook secret is configured (set FROGFIX_GITEA_WEBHOOK_SECRET)")
     h = HeaderView(headers)
@@ -37,7 +55,7 @@ def verify_gitea(headers: Mapping[str, str], body: bytes, *, secret: str) -> Non
         given = hub.removeprefix("sha256=") if hub else None
     if not given:
         raise WebhookUnauthorized("missing X-Gitea-Signature")
-    expected = gitea_signature(secret, body)
+    expected = gitea_signature(secret, signed_payload(body, h.get("Content-Type")))
     if not hmac.compare_digest(given.strip().lower().encode("utf-8", "surrogateescape"), expected.encode()):
         raise WebhookUnauthorized("wrong X-Gitea-Signature")
 
@@ -104,17 +122,22 @@ def _interpret(
     if issue.get("pull_request"):
         return ignore("the issue is a pull request", **fields)
 
-    intent: Intent
-    if action == "closed" or issue.get("state") == "closed":
-        intent, reason = "cancel", "the issue is closed"
-    elif action == "label_cleared":
-        intent, reason = "cancel", "all labels were removed"
-    elif action == "label_updated" and trigger_label in labels:
-        intent, reason = "start", f"labels updated and include {trigger_label!r} (admission re-reads the issue)"
-    elif action == "label_updated":
-        intent, reason = "recheck", f"labels updated without {trigger_label!r}; payload labels may be stale"
-    elif action == "opened" and trigger_label in labels:
-        intent, reason = "start", f"issue opened with label {trigger_label!r}"
-    else:
-        intent, reason = "ignore", f"action {action!r} does not add {trigger_label!r}"
+    intent, reason = _intent(action, issue.get("state"), labels, trigger_label)
     return WebhookEvent("gitea", delivery_id, event, intent, reason, **fields)
+
+
+def _intent(action: str | None, state: Any, labels: tuple[str, ...], trigger_label: str) -> tuple[Intent, str]:
+    """What an `issues` delivery asks of us; label payloads only hint (admission re-reads the issue)."""
+    if action == "deleted":
+        return "cancel", "the issue was deleted"
+    if action == "closed" or state == "closed":
+        return "cancel", "the issue is closed"
+    if action == "label_cleared":
+        return "cancel", "all labels were removed"
+    if action == "label_updated" and trigger_label in labels:
+        return "start", f"labels updated and include {trigger_label!r} (admission re-reads the issue)"
+    if action == "label_updated":
+        return "recheck", f"labels updated without {trigger_label!r}; payload labels may be stale"
+    if action in ("opened", "reopened") and trigger_label in labels:
+        return "start", f"issue {action} with label {trigger_label!r}"
+    return "ignore", f"action {action!r} does not add {trigger_label!r}"

@@ -76,19 +76,32 @@ def body_digest_id(body: bytes) -> str:
     return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
+def media_type(content_type: str | None) -> str:
+    """The bare media type of a Content-Type header (JSON when none is given)."""
+    return (content_type or "application/json").split(";")[0].strip().lower()
+
+
+FORM_MEDIA = "application/x-www-form-urlencoded"
+
+
+def form_payload(body: bytes) -> bytes:
+    """The `payload=` value of a form delivery, as the bytes Gitea put there (and signed)."""
+    from urllib.parse import parse_qs
+
+    try:
+        fields = parse_qs(body.decode("utf-8"), strict_parsing=False)
+    except UnicodeDecodeError as exc:
+        raise WebhookMalformed("form body is not UTF-8") from exc
+    if "payload" not in fields:
+        raise WebhookMalformed("form body has no 'payload' field")
+    return fields["payload"][0].encode("utf-8")
+
+
 def decode_json_object(body: bytes, content_type: str | None) -> dict[str, Any]:
     """The JSON object in a body (JSON, or a form with `payload=` as Gitea can be set to send)."""
-    media = (content_type or "application/json").split(";")[0].strip().lower()
-    if media == "application/x-www-form-urlencoded":
-        from urllib.parse import parse_qs
-
-        try:
-            fields = parse_qs(body.decode("utf-8"), strict_parsing=False)
-        except UnicodeDecodeError as exc:
-            raise WebhookMalformed("form body is not UTF-8") from exc
-        if "payload" not in fields:
-            raise WebhookMalformed("form body has no 'payload' field")
-        body = fields["payload"][0].encode("utf-8")
+    media = media_type(content_type)
+    if media == FORM_MEDIA:
+        body = form_payload(body)
     elif media not in ("application/json", "text/json") and not media.endswith("+json"):
         raise WebhookUnsupportedMedia(f"unsupported content type {media!r}; send application/json")
     if not body.strip():

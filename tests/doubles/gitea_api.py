@@ -6,10 +6,19 @@ made from the captured Gitea webhook objects in ../shared/fixtures/forge (they a
 own structs serialised), with the fields that matter replaced by the double's state.
 
 Like real Gitea, issues and pull requests share one number sequence per repository, a pull
-request is a draft when its title starts with a WORK_IN_PROGRESS_PREFIX (`WIP:`, `[WIP]`), the
-issue view of a pull request says so under `pull_request.draft`, and only a repository admin may
-read another user's permission. The pull request API of Gitea does not report `draft`;
-`report_draft=True` makes the double answer it as Forgejo does.
+request is a draft when its title starts with a WORK_IN_PROGRESS_PREFIX (`WIP:`, `[WIP]`, case
+folded, the title's leading spaces kept), and only a repository admin may read another user's
+permission. Gitea 1.22+ reports `draft` on the pull request and under the issue view's
+`pull_request.draft`; `draft_field=False` answers as 1.16-1.21 do, with neither.
+
+Listings page as Gitea pages them: `limit` is capped at `max_response_items` ([api]
+MAX_RESPONSE_ITEMS, default 50; 30 when no limit is given), the pull request list answers `[]`
+past the end with a Link header and the total in X-Total-Count, and the issue timeline answers
+`null` past the end, with no Link header and X-Total-Count counting only the page.
+
+Organisation teams (`add_team`) carry `units_map` as Gitea 1.17+ lists them: a "general access"
+team grants its modes per unit, and the repository-level permission of its members reads the
+team's lowest unit mode (so `read` for a team with write on code and read on the wiki).
 """
 
 from __future__ import annotations
@@ -21,10 +30,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from tests.doubles.gitlab_api import FIXTURES, Answer, JsonApiDouble, load_fixture
+from tests.doubles.gitlab_api import FIXTURES, JSON_NULL, Answer, JsonApiDouble, load_fixture
 
 WIP_PREFIXES = ("WIP:", "[WIP]")  # Gitea's default [repository.pull-request] WORK_IN_PROGRESS_PREFIXES
 NOT_FOUND = {"errors": None, "message": "The target couldn't be found.", "url": ""}
+MODES = ("none", "read", "write", "admin", "owner")  # Gitea's AccessMode, lowest first
+DEFAULT_PAGING_NUM = 30  # Gitea's [api] DEFAULT_PAGING_NUM: the page size when no limit is given
 
 
 def gitea_time() -> str:
@@ -44,11 +55,14 @@ class GiteaDouble(JsonApiDouble):
         *,
         fixtures: Path = FIXTURES,
         bot_login: str = "frogfix-bot",
-        report_draft: bool = False,
+        draft_field: bool = True,
+        max_response_items: int = 50,
     ) -> None:
         self.token = token
-        self.report_draft = report_draft
+        self.draft_field = draft_field  # False: a 1.16-1.21 server, which reports no `draft`
+        self.max_response_items = max_response_items  # the instance's [api] MAX_RESPONSE_ITEMS
         self.bot_repo_admin = True  # set False to see Gitea's 403 on reading others' permissions
+        self.bot_org_owner = True  # set False to see Gitea's 403 on reading a team's members
         self.wip_prefixes = WIP_PREFIXES  # the instance's WORK_IN_PROGRESS_PREFIXES
         event = load_fixture(fixtures, "gitea/go-playground_webhooks/issue-label-event.json")
         self._user_template = event["sender"]
@@ -64,6 +78,7 @@ class GiteaDouble(JsonApiDouble):
         self.users: dict[str, dict[str, Any]] = {}
         self.repos: dict[str, dict[str, Any]] = {}
         self.permissions: dict[tuple[str, str], str] = {}
+        self.teams: dict[int, dict[str, Any]] = {}  # id -> API shape plus `org`, `repos`, `members`
         self.issues: dict[tuple[str, int], dict[str, Any]] = {}
         self.pulls: dict[tuple[str, int], dict[str, Any]] = {}
         self.timeline: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -95,9 +110,18 @@ class GiteaDouble(JsonApiDouble):
         return user
 
     def add_repo(
-        self, full_name: str, *, default_branch: str = "main", clone_url: str | None = None, private: bool = True
+        self,
+        full_name: str,
+        *,
+        default_branch: str = "main",
+        clone_url: str | None = None,
+        private: bool = True,
+        empty: bool = False,
     ) -> dict[str, Any]:
-        """A repository owned by its owner (who gets `owner`); `clone_url` may point at a git_http double."""
+        """A repository owned by its owner (who gets `owner`); `clone_url` may point at a git_http double.
+
+        An `empty` one (no commits yet) still names its default branch, as Gitea's does.
+        """
         owner_login, name = full_name.split("/")
         owner = self.users.get(owner_login) or self.add_user(owner_login)
         repo = copy.deepcopy(self._repo_template)
@@ -106,7 +130,7 @@ class GiteaDouble(JsonApiDouble):
             owner=copy.deepcopy(owner),
             name=name,
             full_name=full_name,
-            empty=False,
+            empty=empty,
             private=private,
             html_url=f"{self.base_url}/{full_name}",
             ssh_url=f"git@127.0.0.1:{full_name}.git",
@@ -125,6 +149,47 @@ class GiteaDouble(JsonApiDouble):
         if login not in self.users:
             self.add_user(login)
         self.permissions[(repo, login)] = permission
+
+    def add_team(
+        self,
+        org: str,
+        name: str,
+        *,
+        repos: tuple[str, ...] = (),
+        members: tuple[str, ...] = (),
+        units_map: dict[str, str] | None = None,
+        permission: str | None = None,
+    ) -> dict[str, Any]:
+        """A team of organisation `org` with access to `repos`.
+
+        With `units_map` it is a "general access" team, whose `permission` Gitea derives as its
+        lowest unit mode; `permission="admin"` (or "owner") is an admin team with every unit.
+        """
+        units = dict(units_map or {})
+        mode = permission or min(units.values(), key=MODES.index, default="none")
+        if mode in ("admin", "owner"):
+            units = dict.fromkeys(units or ("repo.code", "repo.issues", "repo.pulls"), mode)
+        team: dict[str, Any] = {
+            "id": next(self._ids),
+            "name": name,
+            "description": "",
+            "organization": None,
+            "includes_all_repositories": False,
+            "permission": mode,
+            "units": sorted(units),
+            "units_map": units,
+            "can_create_org_repo": False,
+        }
+        for login in members:
+            if login not in self.users:
+                self.add_user(login)
+        self.teams[team["id"]] = {**team, "org": org, "repos": set(repos), "members": set(members)}
+        return team
+
+    def _team_mode(self, repo: str, login: str) -> str:
+        """The repository-level mode a user's teams give (Gitea's `access` table): their highest."""
+        modes = [t["permission"] for t in self.teams.values() if repo in t["repos"] and login in t["members"]]
+        return max(modes, key=MODES.index, default="none")
 
     def _next_index(self, repo: str) -> int:
         return 1 + max([n for (r, n) in self.issues if r == repo] or [0])
@@ -187,6 +252,10 @@ class GiteaDouble(JsonApiDouble):
         """A plain comment in the timeline (type `comment`), to show the client skips it."""
         self.timeline[(repo, number)].append(self._timeline_entry(repo, number, "comment", by, body))
 
+    def add_review_comment(self, repo: str, number: int, body: str, *, by: str) -> None:
+        """A code review comment: stored in the timeline, but Gitea leaves it out of the answer after paging."""
+        self.timeline[(repo, number)].append(self._timeline_entry(repo, number, "code", by, body))
+
     def _label(self, repo: str, name: str) -> dict[str, Any]:
         label = copy.deepcopy(self._label_template)
         label.update(id=abs(hash(name)) % 10**6, name=name, url=f"{self.base_url}/api/v1/repos/{repo}/labels/{name}")
@@ -242,6 +311,8 @@ class GiteaDouble(JsonApiDouble):
     # -- the API ---------------------------------------------------------------------------
 
     def route(self, method: str, segments: list[str], query: dict[str, list[str]], body: Any) -> Answer:
+        if segments[:3] == ["api", "v1", "teams"] and len(segments) == 6 and segments[4] == "members":
+            return self._team_member(segments[3], segments[5]) if method == "GET" else self._not_found()
         if segments[:3] != ["api", "v1", "repos"] or len(segments) < 5:
             return self._not_found()
         repo_name, rest = f"{segments[3]}/{segments[4]}", segments[5:]
@@ -252,6 +323,8 @@ class GiteaDouble(JsonApiDouble):
             return Answer(200, repo)
         if rest[:1] == ["collaborators"] and rest[2:] == ["permission"] and method == "GET":
             return self._permission(repo_name, rest[1])
+        if rest == ["teams"] and method == "GET":
+            return self._repo_teams(repo_name)
         if rest[:1] == ["issues"] and len(rest) >= 2 and rest[1].isdigit():
             issue = self.issues.get((repo_name, int(rest[1])))
             if issue is None:
@@ -259,7 +332,7 @@ class GiteaDouble(JsonApiDouble):
             if len(rest) == 2 and method == "GET":
                 return Answer(200, issue)
             if rest[2:] == ["timeline"] and method == "GET":
-                return self._page(self.timeline[(repo_name, issue["number"])], query, rest, repo_name)
+                return self._timeline_page(self.timeline[(repo_name, issue["number"])], query)
             if rest[2:] == ["comments"] and method == "POST":
                 return self._comment(repo_name, issue, body)
             if rest[2:] == ["comments"] and method == "GET":  # oldest first, all of them (`since` filters)
@@ -291,9 +364,21 @@ class GiteaDouble(JsonApiDouble):
     def _not_found(self) -> Answer:
         return Answer(404, {**NOT_FOUND, "url": f"{self.base_url}/api/swagger"})
 
-    def _page(self, items: list[Any], query: dict[str, list[str]], rest: list[str], repo: str) -> Answer:
+    def _page_bounds(self, query: dict[str, list[str]]) -> tuple[int, int]:
+        """Gitea's GetListOptions: page 1 at least; a missing or 0 limit is 30, any limit at most the cap."""
         page = max(1, int((query.get("page") or ["1"])[0] or 1))
-        limit = min(50, max(1, int((query.get("limit") or ["30"])[0] or 30)))
+        limit = int((query.get("limit") or ["0"])[0] or 0)
+        limit = DEFAULT_PAGING_NUM if limit <= 0 else limit
+        return page, min(limit, self.max_response_items)
+
+    def _timeline_page(self, items: list[Any], query: dict[str, list[str]]) -> Answer:
+        """ListIssueCommentsAndTimeline: `null` for an empty page, no Link, a per-page X-Total-Count."""
+        page, limit = self._page_bounds(query)
+        chunk = [e for e in items[(page - 1) * limit : page * limit] if e["type"] != "code"]
+        return Answer(200, chunk or JSON_NULL, {"X-Total-Count": str(len(chunk))})
+
+    def _page(self, items: list[Any], query: dict[str, list[str]], rest: list[str], repo: str) -> Answer:
+        page, limit = self._page_bounds(query)
         chunk = items[(page - 1) * limit : page * limit]
         headers = {"X-Total-Count": str(len(items))}
         if page * limit < len(items):
@@ -317,8 +402,28 @@ class GiteaDouble(JsonApiDouble):
         if user is None:
             return Answer(404, {"message": f"user redirect does not exist [name: {login}]", "url": ""})
         default = "none" if self.repos[repo]["private"] else "read"
-        permission = self.permissions.get((repo, login), default)
+        direct = self.permissions.get((repo, login), default)
+        permission = max(direct, self._team_mode(repo, login), key=MODES.index)
         return Answer(200, {"permission": permission, "role_name": permission, "user": user})
+
+    def _repo_teams(self, repo: str) -> Answer:
+        """GET /repos/{owner}/{repo}/teams: 405 for a user's repository, else every team with access."""
+        org = repo.split("/")[0]
+        if all(t["org"] != org for t in self.teams.values()):
+            return Answer(405, {"message": "repo is not owned by an organization", "url": ""})
+        found = [t for t in self.teams.values() if repo in t["repos"]]
+        return Answer(200, [{k: v for k, v in t.items() if k not in ("org", "repos", "members")} for t in found])
+
+    def _team_member(self, team_id: str, login: str) -> Answer:
+        """GET /teams/{id}/members/{username}: the user, or 404; 403 when the token may not look."""
+        team = self.teams.get(int(team_id)) if team_id.isdigit() else None
+        if team is None:
+            return self._not_found()
+        if not self.bot_org_owner and self.bot["login"] not in team["members"]:
+            return Answer(403, {"message": "Must be a team member", "url": f"{self.base_url}/api/swagger"})
+        if login not in team["members"]:
+            return self._not_found()
+        return Answer(200, self.users[login])
 
     def _comment(self, repo: str, issue: dict[str, Any], body: Any) -> Answer:
         text = body.get("body") if isinstance(body, dict) else None
@@ -408,10 +513,13 @@ class GiteaDouble(JsonApiDouble):
         return Answer(201, pull)
 
     def _set_draft(self, repo: str, pull: dict[str, Any]) -> None:
+        """Gitea's HasWorkInProgressPrefix, reported (1.22+) on the pull request and its issue view."""
         title = pull["title"].upper()
         draft = any(title.startswith(prefix.upper()) for prefix in self.wip_prefixes)
-        self.issues[(repo, pull["number"])]["pull_request"].update(draft=draft, html_url=pull["html_url"])
-        if self.report_draft:
-            pull["draft"] = draft
+        meta = self.issues[(repo, pull["number"])]["pull_request"]
+        meta.update(html_url=pull["html_url"])
+        if self.draft_field:
+            pull["draft"] = meta["draft"] = draft
         else:
             pull.pop("draft", None)
+            meta.pop("draft", None)

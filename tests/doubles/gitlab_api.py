@@ -73,6 +73,9 @@ class Fault:
         return self.path_contains is None or self.path_contains in path
 
 
+JSON_NULL = object()  # an Answer body sent as the JSON literal `null` (None sends no body at all)
+
+
 @dataclass
 class Answer:
     status: int
@@ -256,7 +259,9 @@ class JsonApiDouble:
 
     @staticmethod
     def _send(handler: BaseHTTPRequestHandler, answer: Answer) -> None:
-        payload = b"" if answer.body is None else json.dumps(answer.body).encode()
+        payload = (
+            b"null" if answer.body is JSON_NULL else b"" if answer.body is None else json.dumps(answer.body).encode()
+        )
         try:
             handler.send_response(answer.status)
             handler.send_header("Content-Type", "application/json")

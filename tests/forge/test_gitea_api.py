@@ -67,7 +67,55 @@ def test_label_adder_reads_every_page(gitea_double: GiteaDouble, retry: RetryPol
         gitea_double.add_timeline_comment(P, 1, f"comment {i}", by="rep")
     gitea_double.add_label(P, 1, TRIGGER, by="boss")
     assert make(gitea_double, retry).label_adder(P, 1, TRIGGER) == "boss"
+    # 122 entries: pages of 50, 50 and 22, then the `null` page that ends a Gitea timeline
+    assert len(gitea_double.calls("GET", "/timeline")) == 4
+
+
+def test_a_50_entry_timeline_ends_at_a_null_page(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    """Gitea answers an empty timeline page with `null`, no Link header and a per-page X-Total-Count."""
+    for i in range(48):  # with the fixture's two label entries: exactly one full page
+        gitea_double.add_timeline_comment(P, 1, f"comment {i}", by="rep")
+    assert make(gitea_double, retry).label_adder(P, 1, TRIGGER) == "dev"
+    assert [c.query["page"] for c in gitea_double.calls("GET", "/timeline")] == [["1"], ["2"]]
+    headers = {"Authorization": f"token {gitea_double.token}"}
+    url = f"{gitea_double.base_url}/api/v1/repos/{P}/issues/1/timeline"
+    first = httpx.get(url, params={"page": 1, "limit": 50}, headers=headers)
+    second = httpx.get(url, params={"page": 2, "limit": 50}, headers=headers)
+    assert len(first.json()) == 50 and first.headers["X-Total-Count"] == "50" and "Link" not in first.headers
+    assert second.text == "null" and second.headers["X-Total-Count"] == "0" and "Link" not in second.headers
+
+
+def test_label_on_page_2_of_a_capped_timeline(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    """An instance whose MAX_RESPONSE_ITEMS is 10 gives pages of 10 whatever limit is asked."""
+    gitea_double.max_response_items = 10
+    for i in range(15):
+        gitea_double.add_timeline_comment(P, 1, f"comment {i}", by="rep")
+    gitea_double.add_label(P, 1, TRIGGER, by="boss")  # entry 18: on page 2
+    assert make(gitea_double, retry).label_adder(P, 1, TRIGGER) == "boss"
     assert len(gitea_double.calls("GET", "/timeline")) == 3
+    assert all(c.query["limit"] == ["50"] for c in gitea_double.calls("GET", "/timeline"))
+
+
+def test_a_page_shortened_by_hidden_entries_is_not_the_end(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    """Gitea drops code review comments from the timeline after paging, so page 1 holds 49 of 50."""
+    gitea_double.add_review_comment(P, 1, "nit", by="rep")
+    for i in range(60):
+        gitea_double.add_timeline_comment(P, 1, f"comment {i}", by="rep")
+    gitea_double.add_label(P, 1, TRIGGER, by="boss")
+    assert make(gitea_double, retry).label_adder(P, 1, TRIGGER) == "boss"
+
+
+def test_open_pr_on_page_2_is_found_and_updated(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    """Capped pages of 10, ours the oldest of 13 open PRs (the list is newest first): no second PR, no 409."""
+    gitea_double.max_response_items = 10
+    ours = gitea_double.add_pull(P, "frogfix/issue-1", title="WIP: an earlier run")
+    for i in range(12):
+        gitea_double.add_pull(P, f"feature/{i}")
+    forge = make(gitea_double, retry)
+    mr, created = upsert_draft_mr(forge, P, "frogfix/issue-1", "main", "Fix (#1)", "again")
+    assert not created and mr.number == ours["number"] and mr.description == "again"
+    assert gitea_double.calls("POST", "/pulls") == []
+    assert len([p for p in gitea_double.open_pulls(P) if p["head"]["ref"] == "frogfix/issue-1"]) == 1
 
 
 def test_permission_needs_write(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
@@ -78,6 +126,37 @@ def test_permission_needs_write(gitea_double: GiteaDouble, retry: RetryPolicy) -
     assert forge.can_trigger(P, "rep") is False  # read
     assert forge.can_trigger(P, "stranger") is False  # none (private repository)
     assert forge.can_trigger(P, "nobody-at-all") is False  # no such user: 404
+
+
+GENERAL_ACCESS = {"repo.code": "write", "repo.issues": "write", "repo.wiki": "read"}  # a typical team
+
+
+def test_write_through_a_general_access_team(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    """A team with write on code and issues but read on the wiki: the repository-level mode reads `read`."""
+    gitea_double.add_repo("guild/app")
+    for name, member, units in [
+        ("General", "tess", GENERAL_ACCESS),
+        ("Readers", "rita", {"repo.code": "read", "repo.issues": "read"}),
+        ("Docs", "wren", {"repo.issues": "write", "repo.code": "read"}),
+    ]:
+        gitea_double.add_team("guild", name, repos=("guild/app",), members=(member,), units_map=units)
+    gitea_double.add_team("guild", "Elsewhere", repos=("guild/other",), members=("otto",), units_map=GENERAL_ACCESS)
+    headers = {"Authorization": f"token {gitea_double.token}"}
+    mode = httpx.get(f"{gitea_double.base_url}/api/v1/repos/guild/app/collaborators/tess/permission", headers=headers)
+    assert mode.json()["permission"] == "read"
+    forge = make(gitea_double, retry)
+    assert forge.can_trigger("guild/app", "tess") is True
+    assert forge.can_trigger("guild/app", "rita") is False  # only read units
+    assert forge.can_trigger("guild/app", "wren") is False  # writes issues, not code
+    assert forge.can_trigger("guild/app", "otto") is False  # the team has no access to this repository
+
+
+def test_team_membership_needs_an_org_owner_token(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    gitea_double.add_repo("guild/app")
+    gitea_double.add_team("guild", "General", repos=("guild/app",), members=("tess",), units_map=GENERAL_ACCESS)
+    gitea_double.bot_org_owner = False
+    with pytest.raises(ForgeAuthError, match="own the organisation"):
+        make(gitea_double, retry).can_trigger("guild/app", "tess")
 
 
 def test_permission_check_needs_a_repo_admin_token(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
@@ -92,11 +171,18 @@ def test_project_info(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
     assert info.clone_url == f"{gitea_double.base_url}/acme/widgets.git"
 
 
-@pytest.mark.parametrize("report_draft", [False, True], ids=["gitea", "forgejo-style-draft-field"])
+def test_an_empty_repository_says_so(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    """Gitea names a default branch even for a repository with no commits; `empty` tells."""
+    gitea_double.add_repo("acme/fresh", empty=True)
+    with pytest.raises(ForgeError, match="acme/fresh is empty: it has no commits yet"):
+        make(gitea_double, retry).project_info("acme/fresh")
+
+
+@pytest.mark.parametrize("draft_field", [False, True], ids=["gitea-1.16-1.21", "gitea-1.22+"])
 def test_draft_pr_is_created_once_then_updated(
-    gitea_double: GiteaDouble, retry: RetryPolicy, report_draft: bool
+    gitea_double: GiteaDouble, retry: RetryPolicy, draft_field: bool
 ) -> None:
-    gitea_double.report_draft = report_draft
+    gitea_double.draft_field = draft_field
     forge = make(gitea_double, retry)
     assert forge.find_open_mr(P, "frogfix/issue-1") is None
     mr, created = upsert_draft_mr(forge, P, "frogfix/issue-1", "main", "Fix crash on empty input (#1)", "first")
@@ -105,8 +191,8 @@ def test_draft_pr_is_created_once_then_updated(
     assert mr.source_branch == "frogfix/issue-1" and mr.target_branch == "main"
     posted = gitea_double.calls("POST", "/pulls")[0].body
     assert posted == {"head": "frogfix/issue-1", "base": "main", "title": mr.title, "body": "first"}
-    # without a `draft` field Gitea's own verdict is read from the issue view of the PR
-    assert bool(gitea_double.calls("GET", f"/issues/{mr.number}")) is not report_draft
+    # without a `draft` field the issue view of the PR is asked for Gitea's own verdict
+    assert bool(gitea_double.calls("GET", f"/issues/{mr.number}")) is not draft_field
 
     again, created = upsert_draft_mr(forge, P, "frogfix/issue-1", "main", "WIP: Fix crash (#1)", "second")
     assert not created and again.number == mr.number
@@ -114,6 +200,21 @@ def test_draft_pr_is_created_once_then_updated(
     assert len(gitea_double.open_pulls(P)) == 1
     assert len(gitea_double.calls("POST", "/pulls")) == 1
     assert len(gitea_double.calls("PATCH", "/pulls")) == 1
+
+
+@pytest.mark.parametrize(
+    ("title", "draft"),
+    [("WIP: fix", True), ("wip: fix", True), ("[wip] fix", True), ("[WIP]fix", True), (" WIP: fix", False)],
+)
+def test_draft_from_the_title_on_gitea_before_1_22(
+    gitea_double: GiteaDouble, retry: RetryPolicy, title: str, draft: bool
+) -> None:
+    """No `draft` field (1.16-1.21): Gitea's case-insensitive prefixes decide, on the title as it is."""
+    gitea_double.draft_field = False
+    gitea_double.add_pull(P, "frogfix/issue-1", title=title)
+    mr = make(gitea_double, retry).find_open_mr(P, "frogfix/issue-1")
+    assert mr is not None and mr.draft is draft
+    assert "draft" not in gitea_double.pulls[(P, mr.number)]
 
 
 def test_pr_from_another_branch_is_not_ours(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:

@@ -246,3 +246,20 @@ def test_label_removed_while_running_publishes_nothing(client: Any, world: World
     assert run_job(job_id) == "cancelled"
     assert world.gitea.open_pulls(PROJECT) == []
     assert not (world.bare("gitea") / "refs" / "heads" / "frogfix").exists()
+
+
+def test_gitea_empty_repository_gets_a_clear_message(client: Any, world: World) -> None:
+    """An empty Gitea repository still names a default branch; its `empty` flag ends the job with words."""
+    world.gitea.repos[PROJECT]["empty"] = True
+    issue = world.gitea.add_issue(PROJECT, title="add() returns the difference", author="rep")
+    world.gitea.add_label(PROJECT, issue["number"], TRIGGER, by="dev")
+    body, headers = world.gitea_webhook(issue["number"])
+    job_id = client.post("/webhooks/gitea", content=body, headers=headers).json()["job_id"]
+
+    assert run_job(job_id) == "failed"
+
+    job, kinds, attempts = _job(job_id)
+    assert f"{PROJECT} is empty: it has no commits yet" in (job.error or "")
+    assert "prepared" not in kinds and attempts == []
+    assert f"{PROJECT} is empty" in world.gitea.comments[-1]["body"]
+    assert world.gitea.open_pulls(PROJECT) == [] and world.model.count == 0
