@@ -186,18 +186,19 @@ class GiteaForge:
 
         A short page is not the end (a capped page size, or timeline entries hidden from us), and
         neither X-Total-Count (per page on the timeline) nor Link (absent there) can be trusted.
-        `retried=False` is for a caller that is already inside a retry of its own.
+        Past the bound it fails rather than act on part of a list (an older label adder, a
+        missed pull request). `retried=False` is for a caller already inside a retry of its own.
         """
         get = self._call if retried else self._request
         items: list[dict[str, Any]] = []
-        for page in range(1, MAX_PAGES + 1):
+        for page in range(1, MAX_PAGES + 2):  # up to MAX_PAGES pages of items, and one to see the end
             batch = get("GET", path, what, params={**(params or {}), "page": page, "limit": PAGE_SIZE})
             if batch is None or batch == []:
-                break
+                return items
             if not isinstance(batch, list):
                 raise ForgeError(f"Gitea {what}: expected a list")
             items.extend(b for b in batch if isinstance(b, dict))
-        return items
+        raise ForgeError(f"Gitea {what}: more than {MAX_PAGES} pages; FrogFix will not act on part of the list")
 
     # -- the protocol ----------------------------------------------------------------------
 
@@ -296,7 +297,8 @@ class GiteaForge:
             raise _explain_403(
                 exc,
                 "Gitea lets only organisation owners and team members read a team's members, "
-                "so the FrogFix account needs to own the organisation (or be in the team)",
+                "so the FrogFix account needs to own the organisation (or be in the team), "
+                "with a token that may read organisations",
             ) from None
         return True
 

@@ -96,6 +96,19 @@ def test_label_on_page_2_of_a_capped_timeline(gitea_double: GiteaDouble, retry: 
     assert all(c.query["limit"] == ["50"] for c in gitea_double.calls("GET", "/timeline"))
 
 
+def test_a_listing_past_the_page_bound_fails(
+    gitea_double: GiteaDouble, retry: RetryPolicy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Never act on part of a timeline: the label adder could be an older one, with other rights."""
+    monkeypatch.setattr("app.forge.gitea_api.MAX_PAGES", 3)
+    gitea_double.max_response_items = 1
+    gitea_double.add_label(P, 1, TRIGGER, by="boss")  # entry 3 of 3: the bound is not passed yet
+    assert make(gitea_double, retry).label_adder(P, 1, TRIGGER) == "boss"
+    gitea_double.add_label(P, 1, TRIGGER, by="rep")  # entry 4: past three pages of one
+    with pytest.raises(ForgeError, match="more than 3 pages"):
+        make(gitea_double, retry).label_adder(P, 1, TRIGGER)
+
+
 def test_a_page_shortened_by_hidden_entries_is_not_the_end(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
     """Gitea drops code review comments from the timeline after paging, so page 1 holds 49 of 50."""
     gitea_double.add_review_comment(P, 1, "nit", by="rep")
