@@ -229,12 +229,6 @@ def strip_draft_prefix(title: str) -> str:
     return title.strip()
 
 
-def has_prefix(title: str, prefixes: Iterable[str]) -> bool:
-    """Case-insensitive prefix test, as Gitea and GitLab decide draft state from a title."""
-    upper = title.lstrip().upper()
-    return any(upper.startswith(p.strip().upper()) for p in prefixes)
-
-
 class OutboundText:
     """Scrubs and bounds everything a client sends or says: our token never leaves in a post or error."""
 
