@@ -1,4 +1,4 @@
-"""One attempt, owned here: workspace, `.frogfix.yml`, trajectory, sandbox, Leaf, patch, review rules, tests.
+"""One attempt, owned here: workspace, `.frogfix.yml` and guidance, trajectory, sandbox, Leaf, patch, review, tests.
 
 The pipeline, `manage.py fix` and replay all run an attempt through `AttemptRunner.run` and differ
 only in what they hand it: an observer (database writes, progress lines, or the replay checker)
@@ -24,8 +24,9 @@ from sandbox.base import PatchTooLarge, SandboxError
 from worker import repos
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
+from worker.leaf.prompts import RepoGuidance, add_guidance
 from worker.leaf.trajectory import TrajectoryWriter
-from worker.repo_config import RepoConfig, load_repo_config, refusal_reasons, review_flags
+from worker.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.report import TestEvidence
 from worker.wiring import open_job_sandbox
 from worker.workspaces import WorkspaceSource
@@ -64,7 +65,12 @@ class AttemptOutcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class AttemptSpec:
-    """What one attempt runs: the prompt, the limits, and where its trajectory goes."""
+    """What one attempt runs: the prompt, the limits, and where its trajectory goes.
+
+    With `read_guidance` (the default) the runner appends the repository's guidance, read from the
+    base commit's checkout before the agent runs, to `task`; without it (a plain replay, whose
+    recorded task already holds what the agent got) `task` is sent as it is.
+    """
 
     job_id: int | str
     number: int
@@ -77,6 +83,7 @@ class AttemptSpec:
     sampling: dict[str, Any]
     trajectory_fields: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    read_guidance: bool = True
 
 
 @dataclass(frozen=True)
@@ -140,6 +147,7 @@ class AttemptResult:
     flags: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     verification: Verification | None = None
+    guidance: RepoGuidance | None = None  # what the agent was given, as read from the base commit
 
     @property
     def infrastructure_failure(self) -> bool:
@@ -282,6 +290,7 @@ class AttemptRunner:
         self.source.checkout(ws, spec.base_commit)
         try:
             config = load_repo_config(ws)
+            guidance = load_guidance(ws, config) if spec.read_guidance else None
             self.observer.stage(
                 "agent_started",
                 f"attempt {spec.number}: running the agent ({spec.model_label})",
@@ -290,9 +299,10 @@ class AttemptRunner:
                     "trajectory": str(spec.trajectory),
                     "test_command": config.test_command,
                     "test_command_source": config.test_command_source,
+                    "guidance": [self.redact(f.source) for f in guidance.files] if guidance else [],
                 },
             )
-            leaf, patch, too_large = self._agent(spec, model, ws, config)
+            leaf, patch, too_large = self._agent(spec, model, ws, config, guidance)
         finally:
             repos.remove_workspace(ws)
         self.observer.stage(
@@ -300,15 +310,23 @@ class AttemptRunner:
             f"attempt {spec.number}: {leaf.exit_reason} after {leaf.steps} steps",
             {"attempt": spec.number, "exit_reason": leaf.exit_reason, "steps": leaf.steps, "patch_bytes": len(patch)},
         )
-        result = AttemptResult(spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory)
+        result = AttemptResult(
+            spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory, guidance=guidance
+        )
         if review is None:
             return result
         return self._judge(result, spec.base_commit, review, too_large)
 
     def _agent(
-        self, spec: AttemptSpec, model: ModelClient, ws: Path, config: RepoConfig
+        self, spec: AttemptSpec, model: ModelClient, ws: Path, config: RepoConfig, guidance: RepoGuidance | None
     ) -> tuple[LeafResult, str, PatchTooLarge | None]:
-        """Leaf in a fresh sandbox over `ws`, then the patch against the base; an oversized patch is kept out."""
+        """Leaf in a fresh sandbox over `ws`, then the patch against the base; an oversized patch is kept out.
+
+        The guidance goes into the task and, whole, into the trajectory, where the job page shows it.
+        """
+        fields = dict(spec.trajectory_fields)
+        if guidance is not None:
+            fields["repository_guidance"] = guidance.to_dict()
         writer = TrajectoryWriter(
             spec.trajectory,
             job_id=spec.job_id,
@@ -316,7 +334,7 @@ class AttemptRunner:
             sampling=spec.sampling,
             base_commit=spec.base_commit,
             redact=self.redact,
-            fields=spec.trajectory_fields,
+            fields=fields,
         )
 
         def on_step(record: StepRecord) -> None:
@@ -325,7 +343,7 @@ class AttemptRunner:
 
         with closing(open_job_sandbox(ws, self.settings, config.image, spec.labels)) as box:
             leaf = run_leaf(
-                model, box, spec.task, system_prompt=spec.system_prompt, limits=spec.limits,
+                model, box, add_guidance(spec.task, guidance), system_prompt=spec.system_prompt, limits=spec.limits,
                 on_step=on_step, cancel=self.observer.cancelled,
             )
             try:

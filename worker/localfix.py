@@ -222,6 +222,8 @@ class LocalFix:
         if kind == "agent_started":
             source = data.get("test_command_source")
             self.say(f"workspace ready; test command: {data.get('test_command') or '(none found)'} ({source})")
+            if data.get("guidance"):
+                self.say(f"repository guidance for the agent: {', '.join(data['guidance'])}")
         elif kind == "agent_finished":
             steps, size = data["steps"], data["patch_bytes"]
             self.say(f"agent finished: {data['exit_reason']} after {steps} steps; patch {size} bytes")

@@ -57,6 +57,7 @@ from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
 from worker.leaf.loop import LeafLimits, StepRecord, plan_calls
 from worker.leaf.model import ModelClient, ModelQueryError, ModelReply, ReplayModel
+from worker.leaf.prompts import strip_guidance
 from worker.repo_config import RepoConfigError
 from worker.wiring import leaf_limits_from, make_forge, model_from, sampling_from
 from worker.workspaces import CheckoutSource, MirrorSource
@@ -611,21 +612,27 @@ def _replay_model(rec: Recording, settings: Settings, live: bool, model: ModelCl
 
 
 def _spec(rec: Recording, settings: Settings, mode: str, limits: LeafLimits) -> AttemptSpec:
-    """The recorded system prompt and task, run again under the recorded (or, live, the current) model."""
+    """The recorded system prompt and task, run again under the recorded (or, live, the current) model.
+
+    A plain replay sends the recorded task as it is, guidance included; a live run reads the
+    guidance from the base commit again, as the pipeline does, in place of the recorded one.
+    """
     messages = rec.messages
     live = mode == "live"
+    task = str(messages[1].get("content") or "")
     return AttemptSpec(
         job_id=rec.job_id,
         number=rec.number or 1,
         base_commit=rec.base_commit,
         system_prompt=str(messages[0].get("content") or ""),
-        task=str(messages[1].get("content") or ""),
+        task=strip_guidance(task) if live else task,
         limits=limits,
         trajectory=_replay_trajectory_path(rec, settings, mode),
         model_label=settings.model_name if live else f"replay of {rec.data.get('model')}",
         sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
         trajectory_fields={"mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number},
         labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": "replay"},
+        read_guidance=live,
     )
 
 

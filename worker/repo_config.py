@@ -7,13 +7,22 @@
     image: registry.example/python:3.12     # sandbox image (Kubernetes backend)
     protected_paths: ["migrations/**"]      # paths the bot may not change
     test_timeout: 900                       # seconds
+    instructions: |                         # guidance for the agent, beside the AGENTS.md files
+      Run the tests with `make check`.
+
+Repository guidance: the AGENTS.md files (the root one and those in subfolders; the nearest one
+governs the paths below it) and `instructions`, read from the base commit before the agent runs,
+so nothing a patch writes there guides the run that wrote it; a patch that changes an AGENTS.md is
+flagged for the reviewer instead.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import posixpath
+import subprocess
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +31,18 @@ from typing import Any
 import yaml
 
 from app.patches import file_diffs
+from worker.leaf.prompts import GuidanceFile, RepoGuidance
+from worker.repos import git_environment
 
 CONFIG_FILE = ".frogfix.yml"
 DEFAULT_TEST_TIMEOUT = 900.0
+AGENTS_FILE = "AGENTS.md"
+# Caps on the guidance given to the agent (characters): a file is cut, files past the total are named only.
+MAX_INSTRUCTIONS_CHARS = 4_000
+MAX_AGENTS_FILE_CHARS = 8_000
+MAX_AGENTS_TOTAL_CHARS = 24_000
+MAX_AGENTS_FILES = 32
+_KNOWN_KEYS = {"test_command", "setup_command", "image", "protected_paths", "test_timeout", "instructions"}
 # Paths whose change is always flagged for the reviewer: tests and CI configuration.
 ALWAYS_FLAGGED = (
     "tests/**",
@@ -63,6 +81,7 @@ class RepoConfig:
     protected_paths: tuple[str, ...] = field(default_factory=tuple)
     test_timeout: float = DEFAULT_TEST_TIMEOUT
     test_command_source: str = "none"  # ".frogfix.yml", "detected: <why>" or "none"
+    instructions: str | None = None
 
 
 def _text(data: dict[str, Any], key: str) -> str | None:
@@ -88,7 +107,7 @@ def load_repo_config(workspace: Path) -> RepoConfig:
         if loaded is not None and not isinstance(loaded, dict):
             raise RepoConfigError(f"{CONFIG_FILE} must be a mapping of keys to values")
         data = loaded or {}
-        unknown = set(data) - {"test_command", "setup_command", "image", "protected_paths", "test_timeout"}
+        unknown = set(data) - _KNOWN_KEYS
         if unknown:
             raise RepoConfigError(f"{CONFIG_FILE}: unknown keys {sorted(unknown)}")
     protected = data.get("protected_paths") or []
@@ -111,7 +130,115 @@ def load_repo_config(workspace: Path) -> RepoConfig:
         protected_paths=tuple(protected),
         test_timeout=float(timeout),
         test_command_source=source,
+        instructions=_instructions(data),
     )
+
+
+def _instructions(data: dict[str, Any]) -> str | None:
+    text = _text(data, "instructions")
+    if text is not None and len(text) > MAX_INSTRUCTIONS_CHARS:
+        raise RepoConfigError(
+            f"{CONFIG_FILE}: instructions must be at most {MAX_INSTRUCTIONS_CHARS} characters (it has {len(text)});"
+            f" longer guidance belongs in {AGENTS_FILE}"
+        )
+    return text
+
+
+def load_guidance(workspace: Path, config: RepoConfig) -> RepoGuidance:
+    """The repository's guidance for the agent: its AGENTS.md files, root first, then `instructions`.
+
+    Call it on the attempt's fresh checkout of the base commit, before the agent runs. Only files
+    git tracks there and does not ignore count (so never one in .git); symlinks and anything that
+    resolves outside the checkout are skipped. Each file is cut at MAX_AGENTS_FILE_CHARS, and files
+    past MAX_AGENTS_TOTAL_CHARS (or MAX_AGENTS_FILES) are named, not shown: the prompt says so.
+    """
+    paths, skipped = _agents_files(workspace)
+    files: list[GuidanceFile] = []
+    omitted: list[str] = []
+    left = MAX_AGENTS_TOTAL_CHARS
+    for path in paths:
+        if len(files) >= MAX_AGENTS_FILES or left < _MIN_SHOWN_CHARS:
+            omitted.append(path)
+            continue
+        read = _read_agents_file(workspace.resolve(), path, min(MAX_AGENTS_FILE_CHARS, left))
+        if isinstance(read, str):
+            skipped.append(f"{path}: {read}")
+            continue
+        files.append(read)
+        left -= len(read.text)
+    if config.instructions:
+        size = len(config.instructions.encode("utf-8"))
+        files.append(GuidanceFile(f"{CONFIG_FILE} instructions", "", config.instructions, size))
+    return RepoGuidance(tuple(files), tuple(omitted), tuple(skipped))
+
+
+_MIN_SHOWN_CHARS = 200  # below this much room left, a file is named rather than shown as a sliver
+
+
+def _git(workspace: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        ["git", "-C", str(workspace), *args],
+        input=stdin, capture_output=True, env=git_environment(), timeout=120, check=False,
+    )
+
+
+def _check_git(done: subprocess.CompletedProcess[bytes], fine: set[int]) -> None:
+    if done.returncode not in fine:
+        why = done.stderr.decode("utf-8", "replace").strip()[:300]
+        raise RepoConfigError(f"the repository's {AGENTS_FILE} files could not be listed: {why}")
+
+
+def _agents_files(workspace: Path) -> tuple[list[str], list[str]]:
+    """Tracked AGENTS.md files git does not ignore, each folder before its subfolders; the rest as "path: why"."""
+    listed = _git(workspace, "ls-files", "--stage", "-z", "--", f":(glob)**/{AGENTS_FILE}")
+    _check_git(listed, {0})
+    candidates: list[str] = []
+    skipped: list[str] = []
+    for entry in listed.stdout.split(b"\0"):
+        meta, _, raw = entry.partition(b"\t")
+        try:
+            path = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            skipped.append(f"{raw.decode('utf-8', 'replace')}: the name is not UTF-8")
+            continue
+        if posixpath.basename(path) != AGENTS_FILE or ".git" in path.lower().split("/"):
+            continue
+        why = "a symlink" if meta.startswith(b"120000") else _escapes_checkout(workspace.resolve(), path)
+        if why:
+            skipped.append(f"{path}: {why}")
+        elif meta.startswith((b"100644", b"100755")):
+            candidates.append(path)
+    ignored = _git(workspace, "check-ignore", "--no-index", "-z", "--stdin", stdin="\0".join(candidates).encode())
+    _check_git(ignored, {0, 1})  # 1: none is ignored
+    dropped = set(ignored.stdout.decode("utf-8").split("\0"))
+    skipped += [f"{path}: in a folder git ignores" for path in candidates if path in dropped]
+    kept = [path for path in candidates if path not in dropped]
+    return sorted(kept, key=lambda path: path.split("/")[:-1]), skipped
+
+
+def _escapes_checkout(root: Path, path: str) -> str | None:
+    """Why the file at `path` must not be read: it is a symlink, or a linked folder takes it outside `root`."""
+    file = root / path
+    if file.is_symlink():
+        return "a symlink"
+    return None if file.resolve().is_relative_to(root) else "outside the checkout"
+
+
+def _read_agents_file(root: Path, path: str, cap: int) -> GuidanceFile | str:
+    """The file's first `cap` characters, or why it is skipped (unreadable, empty)."""
+    try:
+        fd = os.open(root / path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            raw = handle.read(cap * 4)  # enough bytes for `cap` characters of UTF-8
+    except OSError as exc:
+        return f"unreadable ({exc.strerror})"
+    text = raw.decode("utf-8", "replace").replace("\r\n", "\n").strip()
+    if not text:
+        return "empty"
+    folder = posixpath.dirname(path)
+    cut = size > len(raw) or len(text) > cap
+    return GuidanceFile(path, f"{folder}/" if folder else "", text[:cap].rstrip(), size, cut)
 
 
 def detect_test_command(workspace: Path) -> tuple[str, str] | None:
@@ -169,11 +296,17 @@ def matches(path: str, patterns: tuple[str, ...] | list[str]) -> bool:
 
 
 def review_flags(patch: str, config: RepoConfig) -> list[str]:
-    """What a reviewer must look at twice: changed tests, CI configuration, protected paths."""
+    """What a reviewer must look at twice: changed tests, CI configuration, protected paths, agent instructions.
+
+    An AGENTS.md the patch writes guided nobody in this run (guidance is read from the base commit),
+    but it would guide every later run once merged, so a person decides.
+    """
     flags = []
     for path in changed_paths(patch):
         if matches(path, config.protected_paths):
             flags.append(f"changes protected path {path}")
+        elif posixpath.basename(path) == AGENTS_FILE:
+            flags.append(f"changes agent instructions {path}")
         elif matches(path, ALWAYS_FLAGGED):
             flags.append(f"changes test or CI file {path}")
     return flags

@@ -256,6 +256,7 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
         "test_runs": runs,
         "flaky": flaky,
         "meta": trajectory_meta,
+        "guidance": views.repository_guidance(trajectory_meta),
         "trajectory_problem": problem,
     }
 

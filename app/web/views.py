@@ -193,6 +193,52 @@ def _test_log(label: str, run: dict[str, Any]) -> TestLog:
     )
 
 
+# -- repository guidance ----------------------------------------------------------------------
+
+
+@dataclass
+class GuidanceItem:
+    source: str  # "AGENTS.md", "src/api/AGENTS.md" or ".frogfix.yml instructions"
+    folder: str  # the folder it governs; "" for the whole repository
+    text: str
+    size_bytes: int | None
+    cut: bool
+
+
+@dataclass
+class GuidanceView:
+    files: list[GuidanceItem]
+    omitted: list[str]
+    skipped: list[str]
+
+
+def repository_guidance(meta: dict[str, Any]) -> GuidanceView | None:
+    """The guidance an attempt's agent got (its AGENTS.md files and `.frogfix.yml` instructions), from its
+    trajectory; None when the trajectory does not record any (older runs, plain replays)."""
+    raw = meta.get("repository_guidance")
+    if not isinstance(raw, dict):
+        return None
+    files = []
+    for item in raw.get("files") or []:
+        if isinstance(item, dict):
+            size = item.get("size_bytes")
+            files.append(
+                GuidanceItem(
+                    str(item.get("source") or "?"),
+                    str(item.get("folder") or ""),
+                    str(item.get("text") or "")[:SHOW_CHARS],
+                    size if isinstance(size, int) else None,
+                    bool(item.get("cut")),
+                )
+            )
+    omitted, skipped = raw.get("omitted"), raw.get("skipped")
+    return GuidanceView(
+        files,
+        [str(x) for x in omitted] if isinstance(omitted, list) else [],
+        [str(x) for x in skipped] if isinstance(skipped, list) else [],
+    )
+
+
 # -- trajectories -----------------------------------------------------------------------------
 
 
