@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from tests.conftest import configure
 from worker.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
 from worker.leaf.model import ModelReply, ReplayModel
+from worker.leaf.prompts import strip_guidance
 from worker.localfix import LocalFix
 from worker.replay import ReplayError, replay_job
 
@@ -119,3 +121,47 @@ def test_live_replay_refuses_what_the_pipeline_refuses(local_env: dict[str, Any]
     assert "refused" in live.message and live.verified is False
     assert live.tests_after is None  # a refused patch is never tested
     assert live.patch and "+test_command: 'true'" in live.patch  # reported for the reviewer, never published
+
+
+class _TaskRecorder:
+    """A model that answers like `inner` and keeps the task (first user message) of every request."""
+
+    def __init__(self, inner: ReplayModel) -> None:
+        self.inner = inner
+        self.tasks: list[str] = []
+
+    def complete(self, messages: Any, tools: Any, **kwargs: Any) -> ModelReply:
+        self.tasks.append(messages[1]["content"])
+        return self.inner.complete(messages, tools, **kwargs)
+
+
+def test_plain_replay_sends_the_recorded_guidance_and_live_reads_the_base_commit(
+    local_env: dict[str, Any], tmp_path: Path
+) -> None:
+    repo = make_sample_repo(tmp_path / "src")
+    (repo / "AGENTS.md").write_text("Run the tests with `python3 -m pytest -q`.\n")
+    for args in (["add", "AGENTS.md"], ["-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q", "-m", "agents"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+    job_id, trajectory = _fix(repo)
+    recorded = json.loads(trajectory.read_text())
+    task = recorded["messages"][1]["content"]
+    assert "=== AGENTS.md, for the whole repository ===\nRun the tests with `python3 -m pytest -q`." in task
+
+    # A plain replay sends exactly the recorded task (guidance included): every message matches the recording.
+    report = replay_job(job_id)
+    assert report.status == "reproduced" and report.patch_identical, report.message
+
+    # A live run takes the recorded guidance off and reads it again from the base commit.
+    recorded["messages"][1]["content"] = task.replace("Run the tests with", "OLD: never run")
+    trajectory.write_text(json.dumps(recorded))
+    model = _TaskRecorder(demo_model())
+    live = replay_job(job_id, live=True, model=model)
+    assert live.status == "live" and live.exit_code == 0, live.message
+    assert model.tasks and set(model.tasks) == {task}
+
+    # A recording from before guidance existed gets it too.
+    recorded["messages"][1]["content"] = strip_guidance(task)
+    trajectory.write_text(json.dumps(recorded))
+    model = _TaskRecorder(demo_model())
+    assert replay_job(job_id, live=True, model=model).status == "live"
+    assert set(model.tasks) == {task}
