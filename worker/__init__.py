@@ -3,14 +3,14 @@
 - `tasks.py`: thin Celery tasks on `app.queue`'s app; they claim a job and call the pipeline.
 - `pipeline.py`: one run of one job, stage by stage (admit, prepare, attempts, publish), with no
   Celery inside; its attempts go through `attempt.py` with an observer that writes the database.
-- `attempt.py`: one attempt, owned in one place (workspace, `.frogfix.yml`, trajectory, sandbox,
-  Leaf, patch, review rules, verification). The pipeline, `localfix.py` (`manage.py fix`) and
-  `replay.py` (`manage.py replay`) all run attempts through it and differ only in their observer
-  and their workspace source (`workspaces.py`).
+- `attempt.py`: one attempt, owned in one place (workspace, `.frogfix.yml` and the repository's
+  AGENTS.md guidance, trajectory, sandbox, Leaf, patch, review rules, verification). The pipeline,
+  `localfix.py` (`manage.py fix`) and `replay.py` (`manage.py replay`) all run attempts through it
+  and differ only in their observer and their workspace source (`workspaces.py`).
 - `wiring.py`: settings to seams: the model client, the sandbox and the forge client.
 - `repos.py` (mirrors, warm workspace pool, commits and pushes), `repo_config.py`
-  (`.frogfix.yml`, test-command detection, review rules), `report.py` (what is written on the
-  forge), `issue_text.py`, `demo.py`.
+  (`.frogfix.yml`, AGENTS.md guidance, test-command detection, review rules), `report.py` (what is
+  written on the forge), `issue_text.py`, `demo.py`.
 - `leaf/`: the agent loop, its model client, tools and trajectory writer.
 
 Imports flow one way: worker/ uses app's core (settings, db, jobs, statuses, trajectory, patches,
