@@ -61,6 +61,7 @@ def _isolation_lines(settings: Settings) -> list[CheckResult]:
     from sandbox import SandboxError, SandboxLimits, SandboxSpec, open_sandbox
 
     scratch = Path(tempfile.mkdtemp(prefix="doctor-", dir=settings.resolved_workspace_dir()))
+    scratch.chmod(0o711)  # as the workspaces folder: the sandbox's uid may pass through, not list
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         workspace, outside = scratch / "workspace", scratch / "outside"
@@ -79,7 +80,11 @@ def _isolation_lines(settings: Settings) -> list[CheckResult]:
                 box.close()
         except SandboxError as exc:
             why = "not checked: the sandbox did not start"
-            fix = f"see the error; check that bwrap may create user namespaces ({BWRAP_FIX})"
+            fix = (
+                "make FROGFIX_WORKSPACE_DIR and every folder above it searchable (o+x) by the sandbox's uid, "
+                "and let bwrap create user namespaces (kernel.unprivileged_userns_clone=1, or AppArmor's "
+                "bwrap profile)"
+            )
             return [failed("sandbox.network", f"cannot start a sandbox: {exc}"[:400], fix),
                     skipped("sandbox.filesystem", why)]
         reached = bool(select.select([listener], [], [], 0)[0])
