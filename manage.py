@@ -249,6 +249,29 @@ def demo(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON o
     raise typer.Exit(run_demo_command(json_out))
 
 
+@cli.command()
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list.")] = False,
+    min_free_gib: Annotated[float, typer.Option(min=0, help="Free GiB wanted in the data and workspace folders.")] = 2,
+) -> None:
+    """Check the configuration end to end: database, broker, forges, model, sandbox, disk.
+
+    One line a check, with the fix for a failure; exit 1 exactly when a check fails (a forge that
+    is not configured is skipped).
+    """
+    import json
+
+    from worker.doctor import exit_code, render_text, run_doctor
+    from worker.doctor.checks import DoctorOptions
+
+    results = run_doctor(_settings(), DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
+    if json_out:
+        typer.echo(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
+    else:
+        typer.echo(render_text(results))
+    raise typer.Exit(exit_code(results))
+
+
 # ---------------------------------------------------------------------------------------------
 # Job commands: jobs, show, cancel, retry, replay. Errors are one line on stderr: exit 2 for an
 # unknown job or bad input, 1 when the job cannot make the change asked for.
