@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, reap-sandboxes, and the job
-commands: jobs, show, cancel, retry, replay."""
+"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, doctor, reap-sandboxes, and the
+job commands: jobs, show, cancel, retry, replay."""
 
 from __future__ import annotations
 

@@ -158,11 +158,11 @@ def check_kubernetes(settings: Settings, options: DoctorOptions) -> list[CheckRe
     from kubernetes import client
 
     from sandbox import SandboxUnavailable
-    from sandbox.kubernetes import _api_client
+    from sandbox.kubernetes import make_api_client
 
     ns = settings.sandbox_namespace
     try:
-        api = _api_client(None, settings.kubeconfig or None, settings.kube_context or None)
+        api = make_api_client(settings.kubeconfig or None, settings.kube_context or None)
     except SandboxUnavailable as exc:
         return _api_down(f"no Kubernetes API to talk to: {exc}",
                          "run the worker in the cluster, or set FROGFIX_KUBECONFIG (and FROGFIX_KUBE_CONTEXT)")
