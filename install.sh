@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Installs everything FrogFix and its tests need on a fresh Debian machine (run as root or with sudo).
+# Installs everything FrogFix and its tests need on a fresh Debian machine (run as root or with sudo):
+# Debian's packages for the services and the sandbox, and FrogFix with its Python dependencies in a
+# virtual environment inside the checkout (.venv/), made with the system python3. pip never touches
+# the system interpreter. Running it again is quick: pip runs only when pyproject.toml changed
+# since the last install that finished, and .venv is made again when its interpreter is gone.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+
+apt_install() {
+  echo "install.sh: installing $*"
+  $SUDO apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
 missing=()
 command -v git >/dev/null || missing+=(git)
 command -v redis-server >/dev/null || missing+=(redis-server)
@@ -16,12 +27,26 @@ command -v runuser >/dev/null || missing+=(util-linux)
 if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   missing+=(postgresql)
 fi
-python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "install.sh: installing ${missing[*]}"
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  apt_install "${missing[@]}"
 fi
-# Debian's own python3 is "externally managed" (PEP 668); a pyenv or venv python3 ignores this.
-PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --disable-pip-version-check -e ".[dev]"
-echo "install.sh: ready"
+
+stamp=.venv/.frogfix-installed
+want="$PWD $(sha256sum pyproject.toml | cut -d' ' -f1)"  # a moved checkout reinstalls too
+if [ -e .venv ] && ! .venv/bin/python -c "import pip" 2>/dev/null; then
+  echo "install.sh: .venv's interpreter or its pip is gone; making .venv again"
+  rm -rf .venv
+elif [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "install.sh: ready (.venv is up to date)"
+  exit 0
+fi
+if [ ! -e .venv ] && ! python3 -m venv .venv; then
+  # Debian ships venv's pip bootstrap (ensurepip) separately, in python3-venv.
+  rm -rf .venv
+  apt_install python3-venv
+  python3 -m venv .venv
+fi
+rm -f "$stamp"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[dev]"
+echo "$want" >"$stamp"
+echo "install.sh: ready (FrogFix and its dependencies in .venv; ./manage.py and ./test.sh use it)"

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, reap-sandboxes, and the job
-commands: jobs, show, cancel, retry, replay."""
+"""FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, doctor, reap-sandboxes, and the
+job commands: jobs, show, cancel, retry, replay."""
 
 from __future__ import annotations
 
@@ -13,9 +13,62 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
-import typer
-
 ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"  # where ./install.sh puts FrogFix's Python dependencies
+_REEXEC_MARK = "FROGFIX_MANAGE_REEXEC"  # set on the re-exec, so a broken .venv cannot loop
+
+
+def _missing_dependencies() -> list[str]:
+    """pyproject.toml's runtime dependencies that this interpreter has no distribution of.
+
+    Looked up by name only (no import, no version check), so the wrong interpreter is told from
+    the right one in milliseconds, before anything third-party is imported."""
+    import importlib.metadata
+    import re
+
+    try:
+        import tomllib
+    except ImportError:
+        return [f"Python 3.11 or newer, not {sys.version.split()[0]}"]
+    try:
+        declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    except (OSError, ValueError, KeyError):
+        return []  # no pyproject.toml beside manage.py to go by: let the imports decide
+    missing = []
+    for requirement in declared:
+        name = re.match(r"[A-Za-z0-9._-]+", requirement)
+        if name is None:
+            continue
+        try:
+            importlib.metadata.distribution(name.group())
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name.group())
+    return missing
+
+
+def _use_checkout_venv() -> None:
+    """Run under .venv/bin/python when this interpreter lacks the dependencies and .venv exists.
+
+    So `./manage.py` works after ./install.sh without anyone activating the environment, while
+    `python manage.py` under any interpreter that has the project installed runs right there."""
+    reexeced = os.environ.pop(_REEXEC_MARK, None)  # popped, so no child of ours inherits it
+    if Path(sys.prefix).resolve() == VENV.resolve():
+        return
+    missing = _missing_dependencies()
+    if not missing:
+        return
+    venv_python = VENV / "bin" / "python"
+    if reexeced or not os.access(venv_python, os.X_OK):
+        names = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        sys.exit(f"manage.py: {sys.executable} lacks FrogFix's dependencies ({names}); run ./install.sh")
+    os.environ[_REEXEC_MARK] = "1"
+    os.execv(venv_python, [str(venv_python), str(ROOT / "manage.py"), *sys.argv[1:]])
+
+
+_use_checkout_venv()
+
+import typer  # noqa: E402  (after the interpreter is settled)
+
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -194,6 +247,29 @@ def demo(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON o
     from worker.localfix import run_demo_command
 
     raise typer.Exit(run_demo_command(json_out))
+
+
+@cli.command()
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list.")] = False,
+    min_free_gib: Annotated[float, typer.Option(min=0, help="Free GiB wanted in the data and workspace folders.")] = 2,
+) -> None:
+    """Check the configuration end to end: database, broker, forges, model, sandbox, disk.
+
+    One line a check, with the fix for a failure; exit 1 exactly when a check fails (a forge that
+    is not configured is skipped).
+    """
+    import json
+
+    from worker.doctor import exit_code, render_text, run_doctor
+    from worker.doctor.checks import DoctorOptions
+
+    results = run_doctor(_settings(), DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
+    if json_out:
+        typer.echo(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
+    else:
+        typer.echo(render_text(results))
+    raise typer.Exit(exit_code(results))
 
 
 # ---------------------------------------------------------------------------------------------

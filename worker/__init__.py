@@ -8,6 +8,8 @@
   `localfix.py` (`manage.py fix`) and `replay.py` (`manage.py replay`) all run attempts through it
   and differ only in their observer and their workspace source (`workspaces.py`).
 - `wiring.py`: settings to seams: the model client, the sandbox and the forge client.
+- `doctor/`: `manage.py doctor`'s checks of the configuration, end to end (database, broker,
+  forges, model server, sandbox, disk).
 - `repos.py` (mirrors, warm workspace pool, commits and pushes), `repo_config.py`
   (`.frogfix.yml`, AGENTS.md guidance, test-command detection, review rules), `report.py` (what is
   written on the forge), `issue_text.py`, `demo.py`.

@@ -297,6 +297,7 @@ class AttemptRunner:
                 {
                     "attempt": spec.number,
                     "trajectory": str(spec.trajectory),
+                    "base_commit": spec.base_commit,
                     "test_command": config.test_command,
                     "test_command_source": config.test_command_source,
                     "guidance": [self.redact(f.source) for f in guidance.files] if guidance else [],
@@ -308,7 +309,13 @@ class AttemptRunner:
         self.observer.stage(
             "agent_finished",
             f"attempt {spec.number}: {leaf.exit_reason} after {leaf.steps} steps",
-            {"attempt": spec.number, "exit_reason": leaf.exit_reason, "steps": leaf.steps, "patch_bytes": len(patch)},
+            {
+                "attempt": spec.number,
+                "exit_reason": leaf.exit_reason,
+                "steps": leaf.steps,
+                "patch_bytes": len(patch),
+                "patch_lines": len(patch.splitlines()),
+            },
         )
         result = AttemptResult(
             spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory, guidance=guidance
@@ -371,13 +378,14 @@ class AttemptRunner:
             )
             return _ended(result, AttemptOutcome.no_patch, reason)
         result.flags = review_flags(patch, config)
-        if not config.test_command:
-            reason = "no test command was found to verify the patch; add test_command to .frogfix.yml"
-            return _ended(result, AttemptOutcome.no_test_command, reason)
         # `config` was read from the base commit, so a patch rewriting .frogfix.yml cannot change the verification.
         refused = refusal_reasons(patch, config, allow_binary=review.allow_binary)
         if review.refuse_flagged:
             refused += [flag for flag in result.flags if flag not in refused]
+        if not config.test_command:  # nothing can verify it; the refusals are still reported
+            result.refused = refused
+            reason = "no test command was found to verify the patch; add test_command to .frogfix.yml"
+            return _ended(result, AttemptOutcome.no_test_command, reason)
         if refused:
             return self._refuse(result, refused)
         return self._verify(result, base, review)

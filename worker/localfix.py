@@ -28,6 +28,7 @@ from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import render_task, system_prompt
+from worker.leaf.trajectory import redact_value
 from worker.repo_config import RepoConfigError
 from worker.wiring import leaf_limits_from, model_from, sampling_from
 from worker.workspaces import CheckoutSource
@@ -206,7 +207,8 @@ class LocalFix:
         """Add `fix`'s verdict to the finished trajectory, atomically (readers see the old or the new file)."""
         path = self.trajectory_path
         data = trajectory.load(path)
-        data.update(json.loads(self.redactor.redact(json.dumps(fields, ensure_ascii=False))))
+        data.update(redact_value(fields, self.redactor.redact))  # string by string, as the writer redacts
+        data["updated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         trajectory.write_atomic(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
 
     # -- the observer: progress lines ------------------------------------------------------------
@@ -220,13 +222,14 @@ class LocalFix:
 
     def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
         if kind == "agent_started":
+            self.say(f"workspace ready at base commit {data['base_commit'][:12]}")
             source = data.get("test_command_source")
-            self.say(f"workspace ready; test command: {data.get('test_command') or '(none found)'} ({source})")
+            self.say(f"test command: {data.get('test_command') or '(none found)'} ({source})")
             if data.get("guidance"):
                 self.say(f"repository guidance for the agent: {', '.join(data['guidance'])}")
         elif kind == "agent_finished":
-            steps, size = data["steps"], data["patch_bytes"]
-            self.say(f"agent finished: {data['exit_reason']} after {steps} steps; patch {size} bytes")
+            steps, lines = data["steps"], data["patch_lines"]
+            self.say(f"agent finished: {data['exit_reason']} after {steps} steps; patch {lines} lines")
         elif kind in ("testing", "tested", "not_verified", "verified"):
             self.say(message)
 

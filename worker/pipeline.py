@@ -213,8 +213,6 @@ class JobObserver:
         if kind == "agent_finished":
             p.update(exit_reason=data["exit_reason"], steps=data["steps"])
         p.event(kind, message, data)
-        if kind == "not_verified":
-            p.status(JobStatus.running, expected=("verifying",))
 
 
 class Pipeline:
@@ -443,9 +441,11 @@ class Pipeline:
             labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
         )
         result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s))
-        self._record_attempt(observer.attempt_id, result)
+        self._record_attempt(observer.attempt_id, result)  # before any status change that may find us superseded
         if result.outcome == AttemptOutcome.cancelled:
             raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+        if result.outcome == AttemptOutcome.not_verified:
+            self.status(JobStatus.running, expected=("verifying",))
         return result
 
     def _record_attempt(self, attempt_id: int, result: AttemptResult) -> None:

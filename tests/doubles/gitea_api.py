@@ -313,6 +313,10 @@ class GiteaDouble(JsonApiDouble):
     def route(self, method: str, segments: list[str], query: dict[str, list[str]], body: Any) -> Answer:
         if segments[:3] == ["api", "v1", "teams"] and len(segments) == 6 and segments[4] == "members":
             return self._team_member(segments[3], segments[5]) if method == "GET" else self._not_found()
+        if segments[2:] == ["user"] and method == "GET":  # the token's own account
+            return Answer(200, self.bot)
+        if segments[2:] == ["repos", "search"] and method == "GET":
+            return self._search(query)
         if segments[:3] != ["api", "v1", "repos"] or len(segments) < 5:
             return self._not_found()
         repo_name, rest = f"{segments[3]}/{segments[4]}", segments[5:]
@@ -320,7 +324,7 @@ class GiteaDouble(JsonApiDouble):
         if repo is None:
             return self._not_found()
         if not rest and method == "GET":
-            return Answer(200, repo)
+            return Answer(200, self._as_seen_by_bot(repo_name))
         if rest[:1] == ["collaborators"] and rest[2:] == ["permission"] and method == "GET":
             return self._permission(repo_name, rest[1])
         if rest == ["teams"] and method == "GET":
@@ -360,6 +364,22 @@ class GiteaDouble(JsonApiDouble):
             if method == "PATCH":
                 return self._patch_pull(repo_name, pull, body)
         return self._not_found()
+
+    def _as_seen_by_bot(self, repo_name: str) -> dict[str, Any]:
+        """A repository with `permissions` for the token's own account, as Gitea answers it."""
+        mode = max(self.permissions.get((repo_name, self.bot["login"]), "none"),
+                   self._team_mode(repo_name, self.bot["login"]), key=MODES.index)
+        rank = MODES.index(mode)
+        permissions = {"admin": rank >= MODES.index("admin"), "push": rank >= MODES.index("write"), "pull": rank >= 1}
+        return {**self.repos[repo_name], "permissions": permissions}
+
+    def _search(self, query: dict[str, list[str]]) -> Answer:
+        """GET /repos/search: the repositories the token may see, `{"ok": true, "data": [...]}`, paged."""
+        page, limit = self._page_bounds(query)
+        visible = [self._as_seen_by_bot(name) for name in sorted(self.repos)]
+        visible = [r for r in visible if r["permissions"]["pull"] or not r["private"]]
+        chunk = visible[(page - 1) * limit : page * limit]
+        return Answer(200, {"ok": True, "data": chunk}, {"X-Total-Count": str(len(visible))})
 
     def _not_found(self) -> Answer:
         return Answer(404, {**NOT_FOUND, "url": f"{self.base_url}/api/swagger"})

@@ -499,6 +499,10 @@ class GitLabDouble(JsonApiDouble):
             name = (query.get("username") or [""])[0]
             found = [u for u in self.users.values() if u["username"].lower() == name.lower()] if name else []
             return paginate(found, query, self.base_url, "/api/v4/users")
+        if seg == ["user"] and method == "GET":  # the token's own account
+            return Answer(200, self.bot)
+        if seg == ["projects"] and method == "GET":
+            return paginate(self._visible_projects(query), query, self.base_url, "/api/v4/projects")
         if not seg or seg[0] != "projects" or len(seg) < 2:
             return Answer(404, {"message": "404 Not Found"})
         try:
@@ -509,7 +513,7 @@ class GitLabDouble(JsonApiDouble):
         base_path = "/api/v4/projects/" + str(pid)
 
         if not rest and method == "GET":
-            return Answer(200, project)
+            return Answer(200, {**project, "permissions": self._bot_permissions(pid)})
         if rest[:2] == ["members", "all"] and len(rest) == 3 and method == "GET":
             return self._member(pid, rest[2])
         if rest[:1] == ["issues"] and len(rest) >= 2:
@@ -548,6 +552,22 @@ class GitLabDouble(JsonApiDouble):
             if method == "PUT":
                 return self._put_mr(mr, body)
         return Answer(404, {"message": "404 Not Found"})
+
+    def _bot_permissions(self, pid: int) -> dict[str, Any]:
+        """A project's `permissions` as GitLab reports them for the token's own account."""
+        level = self.members.get((pid, self.bot["id"]))
+        access = {"access_level": level, "notification_level": 3} if level is not None else None
+        return {"project_access": access, "group_access": None}
+
+    def _visible_projects(self, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+        """GET /projects: `membership=true` keeps the bot's projects, `min_access_level` its level and up."""
+        found = sorted(self.projects.values(), key=lambda p: p["id"])
+        if (query.get("membership") or ["false"])[0] == "true":
+            found = [p for p in found if (p["id"], self.bot["id"]) in self.members]
+        least = int((query.get("min_access_level") or ["0"])[0] or 0)
+        if least:
+            found = [p for p in found if self.members.get((p["id"], self.bot["id"]), 0) >= least]
+        return found
 
     def _member(self, pid: int, user_ref: str) -> Answer:
         user = next((u for u in self.users.values() if str(u["id"]) == user_ref), None)

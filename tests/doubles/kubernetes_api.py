@@ -12,6 +12,8 @@ that namespace is the host's.
 What it serves, with the real API's shapes (JSON, Status errors, 201/409/404/422):
 - core/v1 pods: create, get, list (labelSelector: `k=v`, `k!=v`, `k`, `!k`), delete;
 - networking.k8s.io/v1 networkpolicies: the same;
+- core/v1 namespaces: get (those in `namespaces`); authorization.k8s.io/v1 selfsubjectaccessreviews:
+  create (allowed unless `(verb, resource, subresource)` is in `denied`);
 - pods/exec over WebSocket: subprotocols v5.channel.k8s.io and v4.channel.k8s.io; each
   message starts with its channel byte (0 stdin, 1 stdout, 2 stderr, 3 the exit Status as JSON,
   255 = v5 "close channel"); an empty stdout message says the stream is open, as the kubelet does;
@@ -66,6 +68,8 @@ DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
 LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 KINDS = {"pods": ("v1", "Pod"), "networkpolicies": ("networking.k8s.io/v1", "NetworkPolicy")}
+NAMESPACE_PATH = re.compile(r"^/api/v1/namespaces/([^/]+)$")
+ACCESS_REVIEW_PATH = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 ROUTES = [
     (re.compile(r"^/api/v1/namespaces/([^/]+)/(pods)(?:/([^/]+))?(?:/(exec))?$"), "core"),
     (re.compile(r"^/apis/networking\.k8s\.io/v1/namespaces/([^/]+)/(networkpolicies)(?:/([^/]+))?()$"), "net"),
@@ -294,6 +298,8 @@ class KubernetesApiDouble:
         self._base = Path(tempfile.mkdtemp(prefix="kube-api-double-"))
         self._base.chmod(0o755)
         self.ca_file: str | None = None
+        self.namespaces: set[str] = set()  # what GET /api/v1/namespaces/<name> finds (nothing else checks it)
+        self.denied: set[tuple[str, str, str]] = set()  # (verb, resource, subresource) a SelfSubjectAccessReview denies
         self._server = _Server(("127.0.0.1", 0), _handler_class(self))
         self._server.double = self
         self._server.daemon_threads = True
@@ -414,6 +420,25 @@ class KubernetesApiDouble:
         return body
 
     # -- the API -------------------------------------------------------------------------------
+
+    def serve_doctor(self, method: str, path: str, raw: bytes) -> tuple[int, Any] | None:
+        """A namespace read and a SelfSubjectAccessReview (what `manage.py doctor` asks); None: not these."""
+        match = NAMESPACE_PATH.match(path)
+        if match and method == "GET":
+            name = match.group(1)
+            if name not in self.namespaces:
+                return 404, _status(404, "NotFound", f'namespaces "{name}" not found', name=name, kind="namespaces")
+            meta = {"name": name, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, name)), "resourceVersion": "1"}
+            return 200, {"kind": "Namespace", "apiVersion": "v1", "metadata": meta, "status": {"phase": "Active"}}
+        if path == ACCESS_REVIEW_PATH and method == "POST":
+            review = json.loads(raw or b"{}")
+            attrs = (review.get("spec") or {}).get("resourceAttributes") or {}
+            key = (attrs.get("verb", ""), attrs.get("resource", ""), attrs.get("subresource") or "")
+            allowed = key not in self.denied
+            status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "denied by the double"}
+            return 201, {**review, "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                         "status": status}
+        return None
 
     def _take_fault(self, verb: str, kind: str) -> _Fault | None:
         with self.lock:
@@ -938,6 +963,9 @@ def _handler_class(double: KubernetesApiDouble) -> type[BaseHTTPRequestHandler]:
                 return _send_json(self, 401, _status(401, "Unauthorized", "Unauthorized"))
             split = urlsplit(self.path)
             query = parse_qs(split.query, keep_blank_values=True)
+            answered = double.serve_doctor(method, split.path, raw)
+            if answered is not None:
+                return _send_json(self, *answered)
             for pattern, _ in ROUTES:
                 match = pattern.match(split.path)
                 if match:

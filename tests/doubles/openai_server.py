@@ -27,7 +27,7 @@ class Reply:
 
     message: dict[str, Any]
     finish_reason: str = "stop"
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
 
 
 @dataclass
@@ -88,7 +88,7 @@ def assistant(
     tool_calls: list[dict[str, Any]] | None = None,
     reasoning: str | None = None,
     finish_reason: str | None = None,
-    usage: dict[str, int] | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> Reply:
     """Shorthand for a reply; the finish reason follows from tool calls unless given."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
@@ -145,7 +145,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.rstrip("/").endswith("/stats"):
             payload = json.dumps(self.server.owner.stats()).encode()
         else:
-            payload = b'{"object":"list","data":[{"id":"scripted","object":"model"}]}'
+            payload = self.server.owner.models_payload()
         self._answer(200, payload, {})
 
     def _answer(self, status: int, payload: bytes, extra: dict[str, str]) -> None:
@@ -242,6 +242,11 @@ class ScriptedOpenAIServer:
             "baseline_seconds": list(self.baseline_seconds),
         }
 
+    def models_payload(self) -> bytes:
+        """`GET /v1/models` as SGLang answers it: the one served model, under `model`."""
+        entry = {"id": self.model, "object": "model", "created": 1764547200, "owned_by": "sglang", "root": self.model}
+        return json.dumps({"object": "list", "data": [entry]}).encode()
+
     def _next(self, body: bytes, headers: dict[str, str]) -> ScriptItem:
         with self._lock:
             index = self.count
@@ -280,6 +285,48 @@ class ScriptedOpenAIServer:
             "usage": usage,
         }
         return json.dumps(payload).encode()
+
+
+def sglang_responder(
+    *, reasoning_parser: bool = True, tool_call_parser: bool = True, cache_report: bool = True
+) -> Responder:
+    """Answer every request as SGLang 0.5.23 serving FrogNano does, with or without its launch flags.
+
+    The model "writes" a short thought, `</think>` (FrogNano's template opens the thinking, so the
+    text holds only the closing tag), then one qwen3_coder call of the request's first tool. The
+    shapes follow ../shared/fixtures/sglang/responses.jsonl: `call_read` (both parsers),
+    `no_tool_parser_text_call` (no --tool-call-parser: the call stays in content, finish `stop`),
+    `cache_report_on_first_turn` / `cache_report_off` (prompt_tokens_details present or null).
+    Without --reasoning-parser the whole text, `</think>` included, is content and
+    reasoning_content is null.
+    """
+
+    def respond(index: int, body: bytes) -> ScriptItem:
+        request = json.loads(body)
+        tools = request.get("tools") or [{"function": {"name": "Bash"}}]
+        name = tools[0]["function"]["name"]
+        thought, after = "Run the command.\n", "\n\n"
+        parsed = tool_call_parser and "tools" in request
+        # The tool-call parser keeps only the text before <tool_call> in content.
+        rest = after if parsed else after + text_call(name, command="true")
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": rest if reasoning_parser else thought + "</think>" + rest,
+            "reasoning_content": thought if reasoning_parser else None,
+        }
+        if parsed:
+            call = tool_call(name, {"command": "true"}, f"call_{index:024x}")
+            message["tool_calls"] = [dict(call, index=0)]
+        usage = {
+            "prompt_tokens": 300,
+            "completion_tokens": 30,
+            "prompt_tokens_details": {"cached_tokens": 0} if cache_report else None,
+            "reasoning_tokens": 0,
+            "completion_tokens_details": None,
+        }
+        return Reply(message=message, finish_reason="tool_calls" if parsed else "stop", usage=usage)
+
+    return respond
 
 
 def messages_span(body: bytes) -> bytes:

@@ -1,0 +1,155 @@
+"""Sandbox checks: a real bubblewrap sandbox, cgroup layouts, and Kubernetes through the API double."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.settings import get_settings
+from tests.conftest import configure
+from tests.doctor.conftest import by_name, free_port
+from tests.doubles.kubernetes_api import KubernetesApiDouble
+from worker.doctor.checks import DoctorOptions
+from worker.doctor.sandboxes import cgroup_line, check_kubernetes, check_local, is_deny_all
+
+NS = "frogfix-sandboxes"
+DENY_ALL = {"metadata": {"name": "default-deny"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_local_sandbox_isolates(frogfix_env: dict[str, Any]) -> None:
+    root = get_settings().resolved_workspace_dir()  # the default: reachable by the sandbox's uid
+    before = set(root.glob("doctor-*"))
+    lines = by_name(check_local(get_settings(), DoctorOptions()))
+    assert lines["sandbox.bubblewrap"].outcome == "pass"
+    assert lines["sandbox.network"].outcome == "pass", lines["sandbox.network"]
+    assert lines["sandbox.filesystem"].outcome == "pass", lines["sandbox.filesystem"]
+    assert lines["sandbox.cgroups"].outcome in ("pass", "fail")
+    assert set(root.glob("doctor-*")) == before  # the scratch workspace is gone
+
+
+@pytest.mark.bwrap
+@pytest.mark.skipif(shutil.which("bwrap") is None or os.getuid() != 0, reason="needs bwrap, and root (uid 65534)")
+def test_local_workspace_out_of_the_sandbox_uid_reach(frogfix_env: dict[str, Any], tmp_path: Path) -> None:
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    configure(frogfix_env["monkeypatch"], workspace_dir=str(private / "ws"))
+    lines = by_name(check_local(get_settings(), DoctorOptions()))
+    assert lines["sandbox.network"].outcome == "fail" and "cannot start a sandbox" in lines["sandbox.network"].detail
+    assert "FROGFIX_WORKSPACE_DIR" in lines["sandbox.network"].fix
+    assert lines["sandbox.filesystem"].outcome == "skip"
+
+
+def test_local_without_bubblewrap_fails_with_install(frogfix_env: dict[str, Any], monkeypatch: Any) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    lines = by_name(check_local(get_settings(), DoctorOptions()))
+    line = lines["sandbox.bubblewrap"]
+    assert line.outcome == "fail" and "apt-get install bubblewrap" in line.fix
+    assert lines["sandbox.network"].outcome == "skip" and lines["sandbox.filesystem"].outcome == "skip"
+
+
+def _cgroup_v2(root: Path, controllers: str) -> Path:
+    own = root / "system.slice" / "frogfix.service"
+    own.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    (own / "cgroup.controllers").write_text(controllers)
+    (own / "cgroup.subtree_control").write_text("")
+    proc = root.parent / "self-cgroup"
+    proc.write_text("0::/system.slice/frogfix.service\n")
+    return proc
+
+
+def test_cgroup_v2_delegated_passes(tmp_path: Path) -> None:
+    proc = _cgroup_v2(tmp_path / "cg", "memory pids\n")
+    line = cgroup_line(tmp_path / "cg", proc)
+    assert line.outcome == "pass" and "cgroup v2" in line.detail
+
+
+def test_cgroup_v2_without_pids_is_a_warning(tmp_path: Path) -> None:
+    proc = _cgroup_v2(tmp_path / "cg", "memory\n")
+    line = cgroup_line(tmp_path / "cg", proc)
+    assert (line.outcome, line.severity) == ("fail", "warning")
+    assert "pids not enabled" in line.detail and "Delegate=yes" in line.fix
+
+
+def test_cgroup_v1_missing_controller(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
+    (root / "memory" / "frogfix").mkdir(parents=True)
+    proc = tmp_path / "self-cgroup"
+    proc.write_text("5:memory:/frogfix\n6:pids:/frogfix\n")
+    line = cgroup_line(root, proc)
+    assert (line.outcome, line.severity) == ("fail", "warning") and "v1: pids" in line.detail
+    (root / "pids" / "frogfix").mkdir(parents=True)
+    assert cgroup_line(root, proc).outcome == "pass"
+
+
+def test_deny_all_shape() -> None:
+    assert is_deny_all(DENY_ALL)
+    assert not is_deny_all({"spec": {"podSelector": {"matchLabels": {"a": "b"}}, "policyTypes": ["Ingress", "Egress"]}})
+    assert not is_deny_all({"spec": {"podSelector": {}, "policyTypes": ["Ingress"]}})
+    assert not is_deny_all({"spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"], "egress": [{}]}})
+
+
+@pytest.fixture
+def kube(frogfix_env: dict[str, Any], tmp_path: Path) -> Iterator[KubernetesApiDouble]:
+    with KubernetesApiDouble() as double:
+        _kube_env(frogfix_env, tmp_path, double.url, double.token or "")
+        yield double
+
+
+def _kube_env(env: dict[str, Any], folder: Path, server: str, token: str) -> None:
+    config = folder / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: d\n"
+        f"clusters: [{{name: d, cluster: {{server: '{server}'}}}}]\n"
+        f"users: [{{name: d, user: {{token: '{token}'}}}}]\n"
+        "contexts: [{name: d, context: {cluster: d, user: d}}]\n"
+    )
+    configure(env["monkeypatch"], sandbox="kubernetes", kubeconfig=str(config))
+
+
+def test_kubernetes_ready_passes(kube: KubernetesApiDouble) -> None:
+    kube.namespaces.add(NS)
+    kube.add("networkpolicies", NS, DENY_ALL)
+    lines = by_name(check_kubernetes(get_settings(), DoctorOptions()))
+    assert {n: r.outcome for n, r in lines.items()} == {
+        "sandbox.namespace": "pass",
+        "sandbox.rbac": "pass",
+        "sandbox.deny_policy": "pass",
+    }, lines
+    assert "default-deny" in lines["sandbox.deny_policy"].detail
+
+
+def test_kubernetes_missing_pieces_fail_with_fixes(kube: KubernetesApiDouble) -> None:
+    kube.denied.add(("create", "pods", "exec"))
+    kube.add("networkpolicies", NS, {"metadata": {"name": "allow-dns"},
+                                     "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}})
+    lines = by_name(check_kubernetes(get_settings(), DoctorOptions()))
+    assert lines["sandbox.namespace"].outcome == "fail" and "kubectl apply -k" in lines["sandbox.namespace"].fix
+    assert lines["sandbox.rbac"].outcome == "fail" and lines["sandbox.rbac"].detail.endswith("create pods/exec")
+    assert "rbac.yaml" in lines["sandbox.rbac"].fix
+    assert lines["sandbox.deny_policy"].outcome == "fail" and "default-deny" in lines["sandbox.deny_policy"].fix
+
+
+def test_kubernetes_api_down(frogfix_env: dict[str, Any], tmp_path: Path) -> None:
+    _kube_env(frogfix_env, tmp_path, f"http://127.0.0.1:{free_port()}", "t")
+    lines = by_name(check_kubernetes(get_settings(), DoctorOptions()))
+    assert lines["sandbox.namespace"].outcome == "fail" and "does not answer" in lines["sandbox.namespace"].detail
+    assert lines["sandbox.rbac"].outcome == "skip" and lines["sandbox.deny_policy"].outcome == "skip"
+
+
+def test_escape_evidence_fails_the_lines() -> None:
+    from worker.doctor.sandboxes import _filesystem_line, _network_line
+
+    assert _network_line("NET=open\nINSIDE=ok\n", reached=False).outcome == "fail"
+    assert _network_line("NET=closed\n", reached=True).outcome == "fail"
+    assert _network_line("", reached=False).outcome == "fail"  # a probe that did not run proves nothing
+    assert _filesystem_line("INSIDE=ok\n", ["/etc/frogfix-doctor-probe"]).outcome == "fail"
+    assert _filesystem_line("NET=closed\n", []).outcome == "fail"
+    assert _filesystem_line("INSIDE=ok\n", []).outcome == "pass"

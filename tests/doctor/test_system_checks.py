@@ -1,0 +1,137 @@
+"""Database, broker and disk checks, and the runner's deadlines and scrubbing."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from app.settings import Settings, get_settings
+from tests.conftest import configure
+from tests.doctor.conftest import by_name, free_port
+from worker.doctor import exit_code, render_text, run_doctor
+from worker.doctor.checks import CheckResult, DoctorOptions, Group, failed, passed, skipped
+from worker.doctor.system import check_broker, check_database, check_disk, shown_url
+
+
+def test_database_at_head_passes(frogfix_env: dict[str, Any]) -> None:
+    [line] = check_database(get_settings(), DoctorOptions())
+    assert line.outcome == "pass", line
+    assert "head" in line.detail
+
+
+def test_database_not_migrated_fails_with_migrate(frogfix_env: dict[str, Any]) -> None:
+    from app.migrate import downgrade
+
+    url = get_settings().resolved_database_url()
+    downgrade(url, "base")
+    [line] = check_database(get_settings(), DoctorOptions())
+    assert line.outcome == "fail"
+    assert "empty (no schema)" in line.detail
+    assert line.fix == "run ./manage.py migrate"
+
+
+def test_database_file_missing_is_not_created(frogfix_env: dict[str, Any], tmp_path: Any) -> None:
+    configure(frogfix_env["monkeypatch"], data_dir=str(tmp_path / "elsewhere"))
+    [line] = check_database(get_settings(), DoctorOptions())
+    assert line.outcome == "fail" and "no database file" in line.detail
+    assert not (tmp_path / "elsewhere" / "frogfix.db").exists()
+
+
+def test_database_server_down_is_a_failed_line(frogfix_env: dict[str, Any]) -> None:
+    port = free_port()
+    configure(frogfix_env["monkeypatch"], database_url=f"postgresql+psycopg://frog:s3cret-pass@127.0.0.1:{port}/frogfix")
+    [line] = check_database(get_settings(), DoctorOptions())
+    assert line.outcome == "fail"
+    assert "FROGFIX_DATABASE_URL" in line.fix
+    assert "s3cret-pass" not in line.detail and f":{port}" in line.detail
+
+
+def test_embedded_broker_passes(frogfix_env: dict[str, Any]) -> None:
+    [line] = check_broker(get_settings(), DoctorOptions())
+    assert line.outcome == "pass" and "embedded" in line.detail
+
+
+def test_broker_down_fails_with_its_fix(frogfix_env: dict[str, Any]) -> None:
+    port = free_port()
+    configure(frogfix_env["monkeypatch"], broker_url=f"redis://:hunter2-secret@127.0.0.1:{port}/0")
+    started = time.monotonic()
+    [line] = check_broker(get_settings(), DoctorOptions())
+    assert time.monotonic() - started < 15
+    assert line.outcome == "fail"
+    assert "FROGFIX_BROKER_URL" in line.fix
+    assert "hunter2-secret" not in line.detail
+
+
+@pytest.mark.redis
+def test_redis_broker_passes(frogfix_env: dict[str, Any], redis: Any) -> None:
+    configure(frogfix_env["monkeypatch"], broker_url=redis.url)
+    [line] = check_broker(get_settings(), DoctorOptions())
+    assert line.outcome == "pass", line
+
+
+def test_disk_threshold(frogfix_env: dict[str, Any], tmp_path: Any) -> None:
+    configure(frogfix_env["monkeypatch"], workspace_dir=str(tmp_path / "ws"))
+    lines = by_name(check_disk(get_settings(), DoctorOptions(min_free_bytes=1)))
+    assert lines["disk.data"].outcome == "pass" and lines["disk.workspace"].outcome == "pass"
+    lines = by_name(check_disk(get_settings(), DoctorOptions(min_free_bytes=10**18)))
+    assert lines["disk.data"].outcome == "fail" and "FROGFIX_DATA_DIR" in lines["disk.data"].fix
+    assert lines["disk.workspace"].outcome == "fail" and "FROGFIX_WORKSPACE_DIR" in lines["disk.workspace"].fix
+
+
+def test_shown_url_hides_only_the_password() -> None:
+    assert shown_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
+    assert shown_url("postgresql://u:pw@h/db") == "postgresql://u:***@h/db"
+    assert shown_url("redis://h:6379") == "redis://h:6379"
+
+
+def _hangs(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    time.sleep(30)
+    return [passed("slow", "never seen")]
+
+
+def _crashes(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    raise RuntimeError("boom")
+
+
+def _echoes_secret(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    token = settings.gitlab_token.get_secret_value()
+    return [failed("echo", f"server said: bad token {token}", f"replace {token}"), skipped("other", "x")]
+
+
+def test_runner_bounds_hangs_and_crashes_and_scrubs(frogfix_env: dict[str, Any]) -> None:
+    configure(frogfix_env["monkeypatch"], gitlab_token="glpat-super-secret-token")
+    groups = [
+        Group("slow", 0.5, _hangs, "look at the slow thing"),
+        Group("crash", 5, _crashes, "look at the crash"),
+        Group("echo", 5, _echoes_secret, "n/a"),
+    ]
+    started = time.monotonic()
+    results = run_doctor(get_settings(), groups=groups)
+    assert time.monotonic() - started < 5
+    lines = by_name(results)
+    assert lines["slow"].outcome == "fail" and "no answer within 0.5 s" in lines["slow"].detail
+    assert lines["slow"].fix == "look at the slow thing"
+    assert lines["crash"].outcome == "fail" and "RuntimeError: boom" in lines["crash"].detail
+    assert "glpat-super-secret-token" not in render_text(results)
+    assert lines["echo"].detail == "server said: bad token [REDACTED]"
+    assert exit_code(results) == 1
+    assert exit_code([lines["other"]]) == 0
+
+
+def test_text_report_one_line_each_with_fix() -> None:
+    results = [
+        passed("a", "fine"),
+        failed("b", "broken", "do this"),
+        failed("c", "meh", "do that", severity="warning"),
+        skipped("d", "not configured"),
+    ]
+    lines = render_text(results).splitlines()
+    assert lines == [
+        "PASS a: fine",
+        "FAIL b: broken; fix: do this",
+        "FAIL c (warning): meh; fix: do that",
+        "SKIP d: not configured",
+        "1 passed, 2 failed, 1 skipped",
+    ]

@@ -1,0 +1,155 @@
+"""The doctor's result type and runner: each group of checks runs in a thread with a deadline."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from app.settings import Settings
+
+Outcome = Literal["pass", "fail", "skip"]
+Severity = Literal["error", "warning"]
+DEFAULT_MIN_FREE_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One line of the report. `fix` says what to do when `outcome` is `fail` (empty otherwise)."""
+
+    name: str
+    outcome: Outcome
+    detail: str
+    fix: str = ""
+    severity: Severity = "error"  # a `warning` fails too, but FrogFix can still run jobs
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def passed(name: str, detail: str) -> CheckResult:
+    return CheckResult(name, "pass", detail)
+
+
+def failed(name: str, detail: str, fix: str, severity: Severity = "error") -> CheckResult:
+    return CheckResult(name, "fail", detail, fix, severity)
+
+
+def skipped(name: str, detail: str) -> CheckResult:
+    return CheckResult(name, "skip", detail)
+
+
+@dataclass(frozen=True)
+class DoctorOptions:
+    """What a run of doctor may tune: the free-disk threshold (`--min-free-gib`)."""
+
+    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
+
+
+GroupFn = Callable[[Settings, DoctorOptions], list[CheckResult]]
+
+
+@dataclass(frozen=True)
+class Group:
+    """Checks that run one after another (later ones depend on earlier), under one deadline."""
+
+    name: str  # the line reported when the whole group runs out of time or crashes
+    timeout_s: float
+    run: GroupFn
+    fix: str  # what to look at when the group hangs
+
+
+def default_groups(settings: Settings) -> list[Group]:
+    """Every group, in report order; the sandbox group follows FROGFIX_SANDBOX."""
+    from worker.doctor import forges, model, sandboxes, system
+
+    sandbox_group = (
+        Group("sandbox.kubernetes", 90, sandboxes.check_kubernetes, "check that the Kubernetes API answers")
+        if settings.sandbox == "kubernetes"
+        else Group("sandbox.local", 90, sandboxes.check_local, "check that bwrap can start (try `bwrap --version`)")
+    )
+    return [
+        Group("database", 20, system.check_database, "check that the database server answers"),
+        Group("broker", 15, system.check_broker, "check that the broker (Redis) answers"),
+        Group("gitlab", 60, forges.check_gitlab, "check that FROGFIX_GITLAB_URL answers"),
+        Group("gitea", 60, forges.check_gitea, "check that FROGFIX_GITEA_URL answers"),
+        Group("model", 120, model.check_model, "check that FROGFIX_MODEL_BASE_URL answers"),
+        sandbox_group,
+        Group("disk", 15, system.check_disk, "check that the data and workspace folders' file systems answer"),
+    ]
+
+
+def _run_group(group: Group, settings: Settings, options: DoctorOptions, out: queue.Queue[list[CheckResult]]) -> None:
+    try:
+        out.put(group.run(settings, options))
+    except Exception as exc:  # a check's own bug or an unforeseen error: a failed line, never a traceback
+        detail = f"the check itself failed: {type(exc).__name__}: {exc}"
+        out.put([failed(group.name, detail, group.fix)])
+
+
+def run_doctor(
+    settings: Settings, options: DoctorOptions | None = None, groups: Sequence[Group] | None = None
+) -> list[CheckResult]:
+    """Run every group at once (each in a daemon thread) and collect their lines in report order.
+
+    A group that has not answered by its deadline is reported as failed and left behind: its
+    thread is a daemon, so it cannot keep doctor from exiting.
+    """
+    opts = options or DoctorOptions()
+    chosen = list(groups) if groups is not None else default_groups(settings)
+    boxes: list[queue.Queue[list[CheckResult]]] = []
+    for group in chosen:
+        box: queue.Queue[list[CheckResult]] = queue.Queue(maxsize=1)
+        threading.Thread(
+            target=_run_group, args=(group, settings, opts, box), name=f"doctor-{group.name}", daemon=True
+        ).start()
+        boxes.append(box)
+    results: list[CheckResult] = []
+    started = time.monotonic()
+    for group, box in zip(chosen, boxes, strict=True):
+        left = max(0.0, group.timeout_s - (time.monotonic() - started))
+        try:
+            results.extend(box.get(timeout=left))
+        except queue.Empty:
+            detail = f"no answer within {group.timeout_s:g} s"
+            results.append(failed(group.name, detail, group.fix))
+    return _scrubbed(results, settings.secret_values())
+
+
+def _scrubbed(results: list[CheckResult], secrets: list[str]) -> list[CheckResult]:
+    """No configured secret reaches the report, whatever a server echoed back."""
+    ordered = sorted(set(secrets), key=len, reverse=True)
+
+    def scrub(text: str) -> str:
+        for secret in ordered:
+            text = text.replace(secret, "[REDACTED]")
+        return " ".join(text.split())
+
+    return [
+        CheckResult(r.name, r.outcome, scrub(r.detail), scrub(r.fix), r.severity) for r in results
+    ]
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    """1 exactly when a check failed (a warning included); skipped checks do not count."""
+    return 1 if any(r.outcome == "fail" for r in results) else 0
+
+
+LABELS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
+
+
+def render_text(results: Sequence[CheckResult]) -> str:
+    """One line a check (`FAIL name: detail; fix: ...`), then a one-line summary."""
+    lines = []
+    for r in results:
+        level = " (warning)" if r.outcome == "fail" and r.severity == "warning" else ""
+        line = f"{LABELS[r.outcome]} {r.name}{level}: {r.detail}"
+        if r.outcome == "fail" and r.fix:
+            line += f"; fix: {r.fix}"
+        lines.append(line)
+    counts = {o: sum(1 for r in results if r.outcome == o) for o in ("pass", "fail", "skip")}
+    lines.append(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
+    return "\n".join(lines)
