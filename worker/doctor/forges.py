@@ -68,13 +68,21 @@ def _gitlab_visible(client: httpx.Client, api: str) -> list[str]:
     return found
 
 
-def _gitlab_reach(client: httpx.Client, api: str, project: str) -> str | None:
-    response = _get(client, f"{api}/projects/{quote(project, safe='')}")
+def _project(client: httpx.Client, url: str) -> dict[str, Any] | str:
+    """The project as the bot sees it, or why it cannot."""
+    response = _get(client, url)
     if response.status_code == 404:
         return "not found, or the bot may not see it"
     data = _json(response)
     if response.status_code != 200 or not isinstance(data, dict):
         return f"HTTP {response.status_code}"
+    return data
+
+
+def _gitlab_reach(client: httpx.Client, api: str, project: str) -> str | None:
+    data = _project(client, f"{api}/projects/{quote(project, safe='')}")
+    if isinstance(data, str):
+        return data
     permissions = data.get("permissions")
     if not isinstance(permissions, dict):
         return None  # an older GitLab that does not say: the project is at least visible
@@ -100,12 +108,9 @@ def _gitea_visible(client: httpx.Client, api: str) -> list[str]:
 
 def _gitea_reach(client: httpx.Client, api: str, project: str) -> str | None:
     owner, _, name = project.partition("/")
-    response = _get(client, f"{api}/repos/{quote(owner, safe='')}/{quote(name, safe='')}")
-    if response.status_code == 404:
-        return "not found, or the bot may not see it"
-    data = _json(response)
-    if response.status_code != 200 or not isinstance(data, dict):
-        return f"HTTP {response.status_code}"
+    data = _project(client, f"{api}/repos/{quote(owner, safe='')}/{quote(name, safe='')}")
+    if isinstance(data, str):
+        return data
     permissions = data.get("permissions")
     if isinstance(permissions, dict) and not permissions.get("push"):
         return "the bot may read it but not push (needs write)"
