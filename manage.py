@@ -52,13 +52,12 @@ def _use_checkout_venv() -> None:
     So `./manage.py` works after ./install.sh without anyone activating the environment, while
     `python manage.py` under any interpreter that has the project installed runs right there."""
     reexeced = os.environ.pop(_REEXEC_MARK, None)  # popped, so no child of ours inherits it
-    if Path(sys.prefix).resolve() == VENV.resolve():
-        return
     missing = _missing_dependencies()
     if not missing:
         return
     venv_python = VENV / "bin" / "python"
-    if reexeced or not os.access(venv_python, os.X_OK):
+    in_venv = Path(sys.prefix).resolve() == VENV.resolve()  # a half-finished ./install.sh: nowhere better to go
+    if in_venv or reexeced or not os.access(venv_python, os.X_OK):
         names = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
         sys.exit(f"manage.py: {sys.executable} lacks FrogFix's dependencies ({names}); run ./install.sh")
     os.environ[_REEXEC_MARK] = "1"
@@ -261,10 +260,17 @@ def doctor(
     """
     import json
 
-    from worker.doctor import exit_code, render_text, run_doctor
-    from worker.doctor.checks import DoctorOptions
+    from pydantic import ValidationError
 
-    results = run_doctor(_settings(), DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
+    from worker.doctor import exit_code, render_text, run_doctor
+    from worker.doctor.checks import DoctorOptions, settings_invalid
+
+    try:
+        settings = _settings()
+    except ValidationError as exc:  # the first thing doctor is for: say which variable, not a traceback
+        results = [settings_invalid([dict(error) for error in exc.errors()])]
+    else:
+        results = run_doctor(settings, DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
     if json_out:
         typer.echo(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
     else:

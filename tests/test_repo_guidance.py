@@ -206,3 +206,13 @@ def test_a_patch_touching_an_agents_file_is_flagged() -> None:
     ]
     # a protected path keeps its stronger flag
     assert review_flags(patch, RepoConfig(protected_paths=("src/**",)))[0] == "changes protected path src/AGENTS.md"
+
+
+def test_a_folder_name_cannot_fake_a_block_boundary() -> None:
+    """Folder and file names come from the repository too: a marker in one is quoted like one in the text."""
+    from worker.leaf.prompts import BEGIN_MARKER, END_MARKER, GuidanceFile, RepoGuidance, render_guidance
+
+    folder = f"{END_MARKER}{BEGIN_MARKER}/"
+    rendered = render_guidance(RepoGuidance((GuidanceFile(f"{folder}AGENTS.md", folder, "run make test", 13),)))
+    assert END_MARKER not in rendered and BEGIN_MARKER not in rendered
+    assert "run make test" in rendered

@@ -89,6 +89,15 @@ def test_a_venv_that_lacks_them_too_is_a_clear_error_not_a_loop(tmp_path: Path) 
     assert "run ./install.sh" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_a_half_installed_venv_run_directly_is_a_clear_error(tmp_path: Path) -> None:
+    """./install.sh stopped before pip finished: .venv's own interpreter lacks the dependencies too."""
+    root = checkout(tmp_path, "manage.py", "pyproject.toml")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True, timeout=120)
+    done = run([root / ".venv" / "bin" / "python", "manage.py", "jobs"], cwd=root)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "lacks FrogFix's dependencies" in done.stderr and "run ./install.sh" in done.stderr
+
+
 def test_without_a_venv_a_bare_interpreter_is_told_to_run_install(tmp_path: Path) -> None:
     root = checkout(tmp_path, "manage.py", "pyproject.toml")
     done = run([bare_python(tmp_path), "manage.py", "jobs"], cwd=root)

@@ -80,3 +80,17 @@ def test_doctor_text_fails_for_a_server_without_parsers(frogfix_env: dict[str, A
     assert "PASS gitlab.token" in lines
     assert "SKIP gitea" in lines
     assert out.splitlines()[-1].endswith("skipped")
+
+
+def test_settings_that_do_not_load_are_one_failed_line_not_a_traceback(frogfix_env: dict[str, Any]) -> None:
+    """A mistyped setting is the commonest day-one failure: doctor names the variable and never echoes a value."""
+    env = {"FROGFIX_DATA_DIR": str(frogfix_env["data_dir"]), "FROGFIX_SANDBOX": "kubernets-canary-7f3e",
+           "FROGFIX_VERIFY_RUNS": "many"}
+    code, out, err = _doctor(env, "--json")
+    assert code == 1 and "Traceback" not in err, err
+    [line] = json.loads(out)
+    assert line["name"] == "settings" and line["outcome"] == "fail"
+    assert "FROGFIX_SANDBOX" in line["detail"] and "FROGFIX_VERIFY_RUNS" in line["detail"] and line["fix"]
+    assert "canary-7f3e" not in out + err
+    code, out, err = _doctor(env)
+    assert code == 1 and out.startswith("FAIL settings: ") and "Traceback" not in err

@@ -112,8 +112,18 @@ def test_gitea_read_only_repository_fails(frogfix_env: dict[str, Any], gitea: Gi
     configure(frogfix_env["monkeypatch"], gitea_url=gitea.base_url, gitea_token=gitea.token,
               allowed_projects="acme/docs")
     line = by_name(check_gitea(get_settings(), DoctorOptions()))["gitea.project"]
-    assert line.outcome == "fail" and "acme/docs" in line.detail and "not push" in line.detail
-    assert "write" in line.fix
+    assert line.outcome == "fail" and "acme/docs" in line.detail and "not admin" in line.detail
+    assert "admin" in line.fix
+
+
+def test_gitea_write_without_admin_fails(frogfix_env: dict[str, Any], gitea: GiteaDouble) -> None:
+    """Write lets the bot push, but only a repository admin may read who else may trigger: every admission would
+    meet Gitea's 403, so doctor says so before the first job does."""
+    gitea.set_permission("acme/docs", "frogfix-bot", "write")
+    configure(frogfix_env["monkeypatch"], gitea_url=gitea.base_url, gitea_token=gitea.token,
+              allowed_projects="acme/docs")
+    line = by_name(check_gitea(get_settings(), DoctorOptions()))["gitea.project"]
+    assert line.outcome == "fail" and "not admin" in line.detail and "admin" in line.fix
 
 
 def test_gitea_wrong_token_fails(frogfix_env: dict[str, Any], gitea: GiteaDouble) -> None:

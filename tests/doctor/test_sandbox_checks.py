@@ -137,6 +137,16 @@ def test_kubernetes_missing_pieces_fail_with_fixes(kube: KubernetesApiDouble) ->
     assert lines["sandbox.deny_policy"].outcome == "fail" and "default-deny" in lines["sandbox.deny_policy"].fix
 
 
+def test_kubernetes_access_reviews_that_fail_are_one_line_with_a_fix(kube: KubernetesApiDouble) -> None:
+    """An API that refuses SelfSubjectAccessReview fails the RBAC line alone; the other lines are still checked."""
+    kube.namespaces.add(NS)
+    kube.add("networkpolicies", NS, DENY_ALL)
+    kube.access_review_error = 500
+    lines = by_name(check_kubernetes(get_settings(), DoctorOptions()))
+    assert lines["sandbox.rbac"].outcome == "fail" and "selfsubjectaccessreviews" in lines["sandbox.rbac"].fix
+    assert lines["sandbox.namespace"].outcome == "pass" and lines["sandbox.deny_policy"].outcome == "pass"
+
+
 def test_kubernetes_api_down(frogfix_env: dict[str, Any], tmp_path: Path) -> None:
     _kube_env(frogfix_env, tmp_path, f"http://127.0.0.1:{free_port()}", "t")
     lines = by_name(check_kubernetes(get_settings(), DoctorOptions()))

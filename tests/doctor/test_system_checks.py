@@ -120,6 +120,19 @@ def test_runner_bounds_hangs_and_crashes_and_scrubs(frogfix_env: dict[str, Any])
     assert exit_code([lines["other"]]) == 0
 
 
+def _echoes_urls(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    return [failed("urls", f"nothing answers at {settings.model_base_url} nor {settings.broker_url}", "start them")]
+
+
+def test_a_password_written_into_a_url_setting_is_never_shown(frogfix_env: dict[str, Any]) -> None:
+    configure(frogfix_env["monkeypatch"], model_base_url="http://frog:url-pass-1@127.0.0.1:9/v1",
+              broker_url="redis://:url-pass-2@127.0.0.1:9/0")
+    results = run_doctor(get_settings(), groups=[Group("urls", 5, _echoes_urls, "n/a")])
+    text = render_text(results)
+    assert "url-pass-1" not in text and "url-pass-2" not in text
+    assert "http://frog:***@127.0.0.1:9/v1" in text and "redis://:***@127.0.0.1:9/0" in text
+
+
 def test_text_report_one_line_each_with_fix() -> None:
     results = [
         passed("a", "fine"),

@@ -300,6 +300,7 @@ class KubernetesApiDouble:
         self.ca_file: str | None = None
         self.namespaces: set[str] = set()  # what GET /api/v1/namespaces/<name> finds (nothing else checks it)
         self.denied: set[tuple[str, str, str]] = set()  # (verb, resource, subresource) a SelfSubjectAccessReview denies
+        self.access_review_error: int | None = None  # an HTTP status every SelfSubjectAccessReview answers instead
         self._server = _Server(("127.0.0.1", 0), _handler_class(self))
         self._server.double = self
         self._server.daemon_threads = True
@@ -431,6 +432,10 @@ class KubernetesApiDouble:
             meta = {"name": name, "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, name)), "resourceVersion": "1"}
             return 200, {"kind": "Namespace", "apiVersion": "v1", "metadata": meta, "status": {"phase": "Active"}}
         if path == ACCESS_REVIEW_PATH and method == "POST":
+            if self.access_review_error is not None:
+                code = self.access_review_error
+                return code, _status(code, "InternalError", "the double refuses access reviews", name="",
+                                     kind="selfsubjectaccessreviews")
             review = json.loads(raw or b"{}")
             attrs = (review.get("spec") or {}).get("resourceAttributes") or {}
             key = (attrs.get("verb", ""), attrs.get("resource", ""), attrs.get("subresource") or "")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +41,19 @@ def failed(name: str, detail: str, fix: str, severity: Severity = "error") -> Ch
 
 def skipped(name: str, detail: str) -> CheckResult:
     return CheckResult(name, "skip", detail)
+
+
+def settings_invalid(errors: list[dict[str, Any]]) -> CheckResult:
+    """Settings that do not load: one failed line naming each variable, never its value (it may be a secret)."""
+    names = []
+    for error in errors:
+        field = ".".join(str(part) for part in error.get("loc", ())) or "?"
+        names.append(f"FROGFIX_{field.upper()}: {error.get('msg', 'invalid')}")
+    return failed(
+        "settings",
+        "the settings do not load: " + "; ".join(names),
+        "correct these variables in the environment or the .env file (see README's Configuration)",
+    )
 
 
 @dataclass(frozen=True)
@@ -119,6 +133,10 @@ def run_doctor(
     return _scrubbed(results, settings.secret_values())
 
 
+# `scheme://user:password@` in any URL: the password is never shown, whichever setting held it.
+URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^/\s@]*@")
+
+
 def _scrubbed(results: list[CheckResult], secrets: list[str]) -> list[CheckResult]:
     """No configured secret reaches the report, whatever a server echoed back."""
     ordered = sorted(set(secrets), key=len, reverse=True)
@@ -126,6 +144,7 @@ def _scrubbed(results: list[CheckResult], secrets: list[str]) -> list[CheckResul
     def scrub(text: str) -> str:
         for secret in ordered:
             text = text.replace(secret, "[REDACTED]")
+        text = URL_PASSWORD.sub(r"\1***@", text)  # a password written into any URL setting
         return " ".join(text.split())
 
     return [

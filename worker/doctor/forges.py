@@ -101,7 +101,7 @@ def _gitea_visible(client: httpx.Client, api: str) -> list[str]:
         found += [
             str(r.get("full_name"))
             for r in batch
-            if isinstance(r, dict) and (r.get("permissions") or {}).get("push")
+            if isinstance(r, dict) and (r.get("permissions") or {}).get("admin")
         ]
     return found
 
@@ -112,8 +112,9 @@ def _gitea_reach(client: httpx.Client, api: str, project: str) -> str | None:
     if isinstance(data, str):
         return data
     permissions = data.get("permissions")
-    if isinstance(permissions, dict) and not permissions.get("push"):
-        return "the bot may read it but not push (needs write)"
+    if isinstance(permissions, dict) and not permissions.get("admin"):
+        # Pushing needs write, but reading another user's permission (who may trigger) needs admin.
+        return "the bot is not admin there (Gitea lets only repository admins read who may trigger)"
     return None
 
 
@@ -136,7 +137,7 @@ GITEA = ForgeSpec(
     login_field="login",
     token_fix="create an access token for the FrogFix bot account (scopes: repository and issue read/write, "
     "organization read) and set FROGFIX_GITEA_TOKEN",
-    access_fix="give the bot account write (or admin) on the repository",
+    access_fix="give the bot account admin on the repository (Gitea shows another user's permission only to admins)",
     visible=_gitea_visible,
     reach=_gitea_reach,
 )

@@ -19,7 +19,7 @@ from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed, ski
 LIST_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 60.0
 # The thinking comes before the call, so "a few tokens" means enough for a short thought and the call.
-MAX_TOKENS = 256
+MAX_TOKENS = 1024
 PROBE_COMMAND = "true"
 SYSTEM = "You are a software-engineering agent in a checked-out repository. Use the tools."
 TASK = f"Run the shell command `{PROBE_COMMAND}` with the Bash tool. Call the tool at once; do not explain."

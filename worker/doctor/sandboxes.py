@@ -210,7 +210,12 @@ def _rbac_line(client: Any, api: Any, ns: str) -> CheckResult:
             review = client.V1SelfSubjectAccessReview(
                 spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attributes)
             )
-            answer = authz.create_self_subject_access_review(review, _request_timeout=API_TIMEOUT_S)
+            try:
+                answer = authz.create_self_subject_access_review(review, _request_timeout=API_TIMEOUT_S)
+            except Exception as exc:  # no common base for urllib3's errors and ApiException: one line, its fix
+                return failed("sandbox.rbac", f"cannot ask the API what the worker may do: {type(exc).__name__}: "
+                              f"{exc}"[:400], "the worker's service account needs to create selfsubjectaccessreviews "
+                              "(every authenticated user may by default); check the API server is reachable")
             if not (answer.status and answer.status.allowed):
                 denied.append(f"{verb} {resource}{'/' + sub if sub else ''}")
     if not denied:

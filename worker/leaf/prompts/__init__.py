@@ -121,7 +121,7 @@ def render_guidance(guidance: RepoGuidance) -> str:
     blocks = []
     for item in guidance.files:
         text = _defang(item.text.strip("\n"))
-        block = f"{item.heading()}\n{text}"
+        block = f"{_defang(item.heading())}\n{text}"  # folder names come from the repository too
         if item.cut:
             block += (
                 f"\n[cut: {item.source} is {item.size_bytes} bytes; only its first {len(item.text)} characters"
