@@ -145,6 +145,17 @@ def load(path: Path) -> dict[str, Any]:
     return data
 
 
+def amend(path: Path, fields: dict[str, Any]) -> None:
+    """Add top-level fields to a finished trajectory, whole (a caller's verdict that came after the run).
+
+    `fields` are written as given: the caller redacts them, as the writer redacts what it writes.
+    """
+    document = load(path)
+    document.update(fields)
+    document["updated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
+    write_atomic(path, json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+
+
 def validate(document: dict[str, Any], where: str | PurePath) -> dict[str, Any]:
     """The document, when it can be replayed: the Leaf format, starting with the system prompt and the task."""
     if document.get("trajectory_format") != TRAJECTORY_FORMAT:

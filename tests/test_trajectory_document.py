@@ -109,3 +109,14 @@ def test_write_atomic_replaces_the_file_whole_and_leaves_no_temporary(tmp_path: 
     assert json.loads(path.read_text()) == {"a": 2}
     assert os.listdir(path.parent) == ["t.json"]
     assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_amend_adds_fields_to_the_whole_document(tmp_path: Path) -> None:
+    path = tmp_path / "trajectories" / "local-x.json"
+    trajectory.write_atomic(path, json.dumps({"trajectory_format": "leaf-function-calling", "messages": []}).encode())
+    trajectory.amend(path, {"fix": {"status": "no_fix"}})
+    data = json.loads(path.read_text())
+    assert data["fix"] == {"status": "no_fix"} and data["trajectory_format"] == "leaf-function-calling"
+    assert "updated_at" in data and [p.name for p in path.parent.iterdir()] == ["local-x.json"]
+    with pytest.raises(TrajectoryMissing):
+        trajectory.amend(tmp_path / "trajectories" / "gone.json", {"fix": {}})

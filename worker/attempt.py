@@ -78,7 +78,7 @@ class AttemptSpec:
     system_prompt: str
     task: str
     limits: LeafLimits
-    trajectory: Path
+    trajectory: str  # relative to the data folder, as a job records it
     model_label: str
     sampling: dict[str, Any]
     trajectory_fields: dict[str, Any] = field(default_factory=dict)
@@ -143,7 +143,7 @@ class AttemptResult:
     leaf: LeafResult
     patch: str
     config: RepoConfig
-    trajectory: Path
+    trajectory: str  # relative to the data folder
     flags: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     verification: Verification | None = None
@@ -296,7 +296,7 @@ class AttemptRunner:
                 f"attempt {spec.number}: running the agent ({spec.model_label})",
                 {
                     "attempt": spec.number,
-                    "trajectory": str(spec.trajectory),
+                    "trajectory": spec.trajectory,
                     "base_commit": spec.base_commit,
                     "test_command": config.test_command,
                     "test_command_source": config.test_command_source,
@@ -335,7 +335,7 @@ class AttemptRunner:
         if guidance is not None:
             fields["repository_guidance"] = guidance.to_dict()
         writer = TrajectoryWriter(
-            spec.trajectory,
+            self.settings.data_dir / spec.trajectory,
             job_id=spec.job_id,
             model=spec.model_label,
             sampling=spec.sampling,

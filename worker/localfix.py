@@ -175,7 +175,7 @@ class LocalFix:
             system_prompt=system_prompt(s.prompts_dir),
             task=task,
             limits=leaf_limits_from(s),
-            trajectory=self.trajectory_path,
+            trajectory=trajectory.local_path(self.job_id),
             model_label=s.model_name,
             sampling=sampling_from(s).body_fields(),
             trajectory_fields={"issue": {"title": self.title}, "repository": str(self.repo_dir)},
@@ -205,11 +205,8 @@ class LocalFix:
 
     def amend_trajectory(self, fields: dict[str, Any]) -> None:
         """Add `fix`'s verdict to the finished trajectory, atomically (readers see the old or the new file)."""
-        path = self.trajectory_path
-        data = trajectory.load(path)
-        data.update(redact_value(fields, self.redactor.redact))  # string by string, as the writer redacts
-        data["updated_at"] = datetime.now(UTC).isoformat(timespec="seconds")
-        trajectory.write_atomic(path, json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+        # Redacted string by string, as the writer redacts.
+        trajectory.amend(self.trajectory_path, redact_value(fields, self.redactor.redact))
 
     # -- the observer: progress lines ------------------------------------------------------------
 

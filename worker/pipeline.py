@@ -208,8 +208,6 @@ class JobObserver:
         if kind in ("testing", "tested"):  # each test run; the verdict is the event
             log.info(kind, message=message[:500])
             return
-        if kind == "agent_started":  # recorded as the attempt row has it: relative to the data folder
-            data = {**data, "trajectory": trajectory.attempt_path(p.job_id, p.run_number, data["attempt"])}
         if kind == "agent_finished":
             p.update(exit_reason=data["exit_reason"], steps=data["steps"])
         p.event(kind, message, data)
@@ -431,7 +429,7 @@ class Pipeline:
                 project=self.project, issue_number=self.issue,
             ),
             limits=leaf_limits_from(self.s, self.deadline - time.monotonic()),
-            trajectory=self.s.data_dir / trajectory.attempt_path(self.job_id, self.run_number, number),
+            trajectory=trajectory.attempt_path(self.job_id, self.run_number, number),
             model_label=self.s.model_name,
             sampling=sampling_from(self.s).body_fields(),
             trajectory_fields={
@@ -454,7 +452,7 @@ class Pipeline:
         fields: dict[str, Any] = {
             "exit_reason": leaf.exit_reason,
             "steps": leaf.steps,
-            "trajectory_path": trajectory.attempt_path(self.job_id, self.run_number, result.number),
+            "trajectory_path": result.trajectory,
             "patch": result.patch,
             "summary": self.redact(leaf.final_answer)[:20_000],
             "error": result.reason if result.outcome == AttemptOutcome.refused else error,

@@ -567,8 +567,6 @@ class _ReplayingModel:
 # ---------------------------------------------------------------------------------------------
 
 
-def _replay_trajectory_path(rec: Recording, settings: Settings, mode: str) -> Path:
-    return settings.data_dir / trajectory.replay_path(rec.path, mode)
 
 
 def _safe_label(job_id: int | str) -> str:
@@ -627,7 +625,7 @@ def _spec(rec: Recording, settings: Settings, mode: str, limits: LeafLimits) -> 
         system_prompt=str(messages[0].get("content") or ""),
         task=strip_guidance(task) if live else task,
         limits=limits,
-        trajectory=_replay_trajectory_path(rec, settings, mode),
+        trajectory=trajectory.replay_path(rec.path, mode),
         model_label=settings.model_name if live else f"replay of {rec.data.get('model')}",
         sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
         trajectory_fields={"mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number},
@@ -665,14 +663,14 @@ def _run(
         if callable(close):
             close()
         repos.remove_workspace(root)
-    report = _report(rec, spec, result)
+    report = _report(rec, spec, result, settings.data_dir)
     if live:
         return _live_verdict(report, result)
     assert checker is not None and replaying is not None
     return _replay_verdict(report, rec, result, checker, replaying)
 
 
-def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult) -> ReplayReport:
+def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: Path) -> ReplayReport:
     leaf = result.leaf
     return ReplayReport(
         job_id=rec.job_id,
@@ -682,7 +680,7 @@ def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult) -> ReplayR
         run=rec.run,
         number=rec.number,
         recorded_trajectory=str(rec.path),
-        trajectory=str(spec.trajectory),
+        trajectory=str(data_dir / spec.trajectory),
         base_commit=rec.base_commit,
         steps_recorded=rec.replies,
         steps_replayed=len(leaf.records),
