@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app import trajectory
 from app.db import in_transaction, session_scope
-from app.forge.api import Forge, ForgeError, ForgeTransient, upsert_draft_mr
+from app.forge.api import Forge, ForgeError, ForgeTransient, Issue, upsert_draft_mr
 from app.jobs import records, transitions
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
@@ -355,6 +355,7 @@ class Pipeline:
                 "FrogFix is not enabled for this project.",
             )
         issue = self.forge.get_issue(self.project, self.issue)
+        self.refuse_confidential(issue, "did not start")
         if issue.state != "open":
             raise JobEnded(JobStatus.cancelled, "the issue is closed", None)
         if label not in issue.labels:
@@ -381,6 +382,25 @@ class Pipeline:
         announced = in_transaction(lambda session: records.announced_this_round(session, self.job_id))
         if not announced and self.comment(comment_started(self.job_id, self.url)):
             self.event("announced", "told the issue that FrogFix is working on it")
+
+    def refuse_confidential(self, issue: Issue, outcome: str) -> None:
+        """End the job `rejected` when the issue is confidential now and FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off.
+
+        The webhook drops confidential issues, but an issue can be made confidential after it, so
+        admission and publishing ask again. `rejected`, like any trigger FrogFix may not act on (an
+        operator can retry once allowed). Nothing of the issue is said: the reason and the comment
+        (which only those who may see the issue can read) are fixed words, and the job's copy of the
+        title and body, taken when the issue was public, is dropped from the dashboard and the API.
+        """
+        if not issue.confidential or self.s.gitlab_allow_confidential:
+            return
+        self.title = self.body = ""
+        self.update(title=None, body=None)
+        raise JobEnded(
+            JobStatus.rejected,
+            f"the issue is confidential and FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off: FrogFix {outcome}",
+            f"FrogFix does not work on confidential issues, so it {outcome}.",
+        )
 
     def prepare(self) -> Prepared:
         assert self.forge is not None
@@ -470,6 +490,7 @@ class Pipeline:
         self.check_cancel()
         # Webhooks can be stale or missed (Gitea does not say which label changed): ask once more.
         issue = self.forge.get_issue(self.project, self.issue)
+        self.refuse_confidential(issue, "published nothing")
         if issue.state != "open" or self.s.trigger_label not in issue.labels:
             raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the job ran", None)
         self.status(JobStatus.publishing, expected=("verifying",))

@@ -101,6 +101,9 @@ class Issue:
     labels: tuple[str, ...]
     web_url: str
     author: str | None
+    # GitLab's confidential flag (Gitea has no such thing): an issue can be made confidential after
+    # its webhook, so the worker asks again at admission and before publishing.
+    confidential: bool = False
 
 
 @dataclass(frozen=True)

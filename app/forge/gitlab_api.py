@@ -134,6 +134,7 @@ class GitLabForge:
             labels=labels,
             web_url=str(data.get("web_url") or ""),
             author=author.get("username"),
+            confidential=data.get("confidential") is True,
         )
 
     def label_adder(self, project: str, number: int, label: str) -> str | None:

@@ -459,6 +459,26 @@ class GitLabDouble(JsonApiDouble):
             issue["labels"].remove(label)
         self._label_event(pid, iid, label, by, "remove")
 
+    def set_confidential(
+        self,
+        project: str,
+        iid: int,
+        confidential: bool = True,
+        *,
+        title: str | None = None,
+        description: str | None = None,
+    ) -> None:
+        """Someone marks the issue confidential (or public again), maybe rewriting it at the same time.
+
+        Tests call it between stages (after the webhook, during the agent's run) to see each check."""
+        issue = self.issues[(self._project(project)["id"], iid)]
+        issue["confidential"] = confidential
+        issue["updated_at"] = now_iso()
+        if title is not None:
+            issue["title"] = title
+        if description is not None:
+            issue["description"] = description
+
     def _label_event(self, pid: int, iid: int, label: str, by: str, action: str) -> None:
         user = self.users.get(by) or self.add_user(by)
         self.label_events[(pid, iid)].append(
