@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -97,6 +96,43 @@ def migrate(revision: str = "head") -> None:
     typer.echo(f"database at revision {migrations.current_revision(url)} ({url.split('@')[-1]})")
 
 
+class _Stopped(Exception):
+    """serve was asked to stop by a signal (after uvicorn's own graceful shutdown, if it was serving)."""
+
+
+class _StopSignals:
+    """SIGTERM, SIGINT and SIGHUP stop serve through its cleanup, then end it by that same signal.
+
+    uvicorn answers SIGTERM and SIGINT while it serves and re-raises them after its graceful
+    shutdown; left to their default actions they ended serve right there, skipping the cleanup that
+    stops and waits for the embedded worker. Here they raise `_Stopped` instead. SIGHUP, which
+    uvicorn does not answer, asks it for the same graceful shutdown as SIGTERM. A second signal
+    while serve waits for its worker ends serve at once (the worker's lifeline still stops it).
+    """
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.stopping = False
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.stopping:
+            os._exit(128 + signum)
+        self.received = self.received or signum
+        if signum == signal.SIGHUP:
+            signal.raise_signal(signal.SIGTERM)  # uvicorn's graceful shutdown, or straight to `_Stopped`
+            return
+        self.stopping = True
+        raise _Stopped
+
+    def end_like_the_signal(self) -> None:
+        """Die of the signal that stopped serve, so a service manager reads the stop as it asked for it."""
+        if self.received is not None:
+            signal.signal(self.received, signal.SIG_DFL)
+            os.kill(os.getpid(), self.received)
+
+
 @cli.command()
 def serve(
     host: str = "127.0.0.1",
@@ -105,17 +141,20 @@ def serve(
     no_migrate: Annotated[bool, typer.Option("--no-migrate", help="Do not upgrade the schema first.")] = False,
     no_worker: Annotated[bool, typer.Option("--no-worker", help="Do not start a worker beside the app.")] = False,
 ) -> None:
-    """Run the web app; with the embedded broker, also a worker beside it."""
+    """Run the web app; with the embedded broker, also a worker beside it, which ends when serve ends."""
     import uvicorn
 
-    settings = _settings()
-    if not no_migrate:
-        migrate()
-    worker_proc: subprocess.Popen[bytes] | None = None
-    if settings.embedded_broker and not no_worker:
-        worker_proc = subprocess.Popen([sys.executable, str(ROOT / "manage.py"), "worker", "--pool", "solo"])
-        typer.echo(f"embedded broker: started a worker beside the app (pid {worker_proc.pid})")
+    from worker.embedded import EmbeddedWorker
+
+    signals = _StopSignals()
+    embedded: EmbeddedWorker | None = None
     try:
+        settings = _settings()
+        if not no_migrate:
+            migrate()
+        if settings.embedded_broker and not no_worker:
+            embedded = EmbeddedWorker([sys.executable, str(ROOT / "manage.py"), "worker", "--pool", "solo"])
+            typer.echo(f"embedded broker: started a worker beside the app (pid {embedded.pid})")
         uvicorn.run(
             "app.web.main:create_app",
             factory=True,
@@ -125,13 +164,12 @@ def serve(
             log_config=None,
             access_log=False,
         )
+    except _Stopped:
+        pass
     finally:
-        if worker_proc is not None and worker_proc.poll() is None:
-            worker_proc.send_signal(signal.SIGTERM)
-            try:
-                worker_proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                worker_proc.kill()
+        if embedded is not None:
+            embedded.stop()
+    signals.end_like_the_signal()
 
 
 @cli.command()
@@ -139,6 +177,9 @@ def worker(
     concurrency: int = 1,
     pool: Annotated[str, typer.Option(help="prefork, solo or threads")] = "prefork",
     loglevel: str = "INFO",
+    lifeline_fd: Annotated[
+        int, typer.Option("--lifeline-fd", hidden=True, help="serve's lifeline: stop when it reads end-of-file.")
+    ] = -1,
 ) -> None:
     """Run a Celery worker for FrogFix jobs."""
     from app.logs import configure_logging
@@ -146,6 +187,10 @@ def worker(
 
     settings = _settings()
     configure_logging(settings.log_level, settings.secret_values())
+    if lifeline_fd >= 0:
+        from worker.embedded import watch_lifeline
+
+        watch_lifeline(lifeline_fd)
     import worker.tasks  # noqa: F401  (registers the tasks)
 
     celery_app.worker_main(
