@@ -190,7 +190,10 @@ def worker(
     if lifeline_fd >= 0:
         from worker.embedded import watch_lifeline
 
-        watch_lifeline(lifeline_fd)
+        try:
+            watch_lifeline(lifeline_fd)
+        except OSError as exc:  # not an open descriptor: say so rather than run unwatched
+            _fail("worker", f"--lifeline-fd {lifeline_fd}: {exc.strerror}")
     import worker.tasks  # noqa: F401  (registers the tasks)
 
     celery_app.worker_main(
