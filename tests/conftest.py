@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.nonroot import nonroot as nonroot  # noqa: F401  (the fixture, for every test)
 from tests.processes import Workers
 from tests.servers import Postgres, Redis, postgres_server, redis_server
 
