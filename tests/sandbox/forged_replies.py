@@ -64,7 +64,9 @@ def fds_of(pid):
         return list(range(16))  # cannot list them: try the usual numbers blind
 
 
-for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me):
+# argv: the id to forge from, then the pids to try (default: every other process in /proc)
+targets = [int(a) for a in sys.argv[2:]] or sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me)
+for pid in targets:
     report["pids"].append(pid)
     for fd in fds_of(pid):
         for flags, how in ((os.O_WRONLY, "w"), (os.O_RDONLY, "r")):
@@ -114,7 +116,7 @@ def _git(workspace: str, *args: str) -> str:
     return subprocess.run(argv, cwd=workspace, check=True, capture_output=True, text=True).stdout.strip()
 
 
-def _report(text: str) -> Any:
+def probe_report(text: str) -> Any:
     """The probe's JSON report, or the text itself when a forged reply replaced it."""
     try:
         return json.loads(text.strip().splitlines()[-1])
@@ -135,9 +137,9 @@ def attack(workspace: str) -> dict[str, Any]:
     try:
         outcome["runner"] = sandbox.runner_info
         # Request ids run 1 (the start's ping), 2, 3, ...: the probe forges from its own on.
-        outcome["probe_command"] = _report(sandbox.run_command("exec python3 probe.py 2", 60).log)
+        outcome["probe_command"] = probe_report(sandbox.run_command("exec python3 probe.py 2", 60).log)
         bash = sandbox.call_tool("Bash", {"command": "exec python3 probe.py 3"})
-        outcome["probe_bash"] = _report(bash.split("\nSTDERR:", 1)[0])
+        outcome["probe_bash"] = probe_report(bash.split("\nSTDERR:", 1)[0])
         failing = sandbox.run_command("echo real-failure; exit 1", 30)
         outcome["failing"] = {"exit_code": failing.exit_code, "log": failing.log}
         sandbox.call_tool("Write", {"file_path": "calc.py", "content": REAL_CHANGE})
