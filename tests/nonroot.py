@@ -57,15 +57,6 @@ class NonRoot:
             os.chown(path, self.uid, self.gid)
         return path
 
-    def give(self, path: Path) -> None:
-        """Hand a tree the script works on (a workspace) to this user, without following symlinks."""
-        if os.geteuid() != 0:
-            return
-        for folder, dirs, files in os.walk(path):
-            for name in [*dirs, *files]:
-                os.lchown(os.path.join(folder, name), self.uid, self.gid)
-        os.lchown(path, self.uid, self.gid)
-
     def command(self, argv: list[str]) -> list[str]:
         """`argv` as a command line that runs it as this user with a clean environment."""
         env = ["env", "-i", f"PATH={SAFE_PATH}", f"HOME={self.home}", "LANG=C.UTF-8", f"PYTHONPATH={REPO}"]
@@ -74,7 +65,8 @@ class NonRoot:
         drop = ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
         if not self.hidden:
             return [*drop, *env, *argv]
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", self._view_script(drop + env + argv)]
+        view = self._view_script([*drop, *env, *argv])
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", view]
 
     def run_python(self, script: str | Path, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
         """Run a Python file with the checkout's .venv as this user (cwd: the repo root)."""

@@ -27,7 +27,7 @@ from sandbox.local import LocalSandbox
 FORGED_MARK = "FORGED-BY-THE-SANDBOX"
 REAL_CHANGE = "def add(a, b):\n    return a - b  # the real edit\n"
 
-PROBE = r'''
+PROBE = r"""
 import base64, ctypes, errno, json, os, sys
 
 MARK = "FORGED-BY-THE-SANDBOX"
@@ -106,7 +106,7 @@ for pid in targets:
     else:
         refused(OSError(ctypes.get_errno(), "ptrace"))
 print(json.dumps(report))
-'''
+"""
 
 LIMITS = SandboxLimits(wall_seconds=120.0, max_processes=64, default_tool_timeout=30.0)
 

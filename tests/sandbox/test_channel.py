@@ -11,7 +11,6 @@ in-process as the suite's user, and as an unprivileged worker through tests/nonr
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -110,8 +109,11 @@ def test_orphans_are_reaped_and_exit_codes_stay_true(sb: LocalSandbox) -> None:
 def test_a_runner_that_cannot_hide_its_channel_refuses_to_serve(tmp_path: Path) -> None:
     """Without ctypes (some slim images) the runner cannot make itself non-dumpable: it says so
     and exits instead of answering over a channel the sandbox could reach."""
-    start = "import runpy, sys; sys.modules['ctypes'] = None; sys.argv[0] = RUNNER; runpy.run_path(RUNNER, run_name='__main__')"
-    argv = [sys.executable, "-I", "-S", "-B", "-c", f"RUNNER = {RUNNER_SCRIPT!r}\n{start}", "--root", str(tmp_path)]
+    start = (
+        f"import runpy, sys\nsys.modules['ctypes'] = None\nsys.argv[0] = {RUNNER_SCRIPT!r}\n"
+        f"runpy.run_path({RUNNER_SCRIPT!r}, run_name='__main__')\n"
+    )
+    argv = [sys.executable, "-I", "-S", "-B", "-c", start, "--root", str(tmp_path)]
     done = subprocess.run(argv, input=b'{"id": 1, "op": "ping"}\n', capture_output=True, timeout=30, check=False)
     assert done.returncode == 2
     assert done.stdout == b""

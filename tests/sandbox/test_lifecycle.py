@@ -116,9 +116,7 @@ def runner_host_pid(sandbox: LocalSandbox) -> int:
     """The runner's pid on the host: the one child of the bwrap that binds this workspace."""
     [monitor] = host_processes(f"--bind {sandbox.workspace} ")
     children = [
-        int(entry)
-        for entry in os.listdir("/proc")
-        if entry.isdigit() and f"PPid:\t{monitor}\n" in _status(entry)
+        int(entry) for entry in os.listdir("/proc") if entry.isdigit() and f"PPid:\t{monitor}\n" in _status(entry)
     ]
     assert len(children) == 1, children
     return children[0]
