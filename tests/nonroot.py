@@ -136,8 +136,10 @@ def _needed_paths(python: str) -> list[str]:
 
 
 def _check_runs(user: NonRoot) -> None:
-    """The user can start the checkout's Python, import FrogFix's sandbox from it, and run bwrap."""
-    probe = "import sandbox.local, sys; print(sandbox.local.__file__)"
+    """The user can start the checkout's Python, import FrogFix and the .venv's packages, run bwrap."""
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.fail("setpriv is not installed (apt-get install util-linux): the non-root tests need it")
+    probe = "import pydantic, pytest, sandbox.local; print(sandbox.local.__file__)"
     done = subprocess.run(
         user.command([user.python, "-B", "-c", probe]), cwd=REPO, capture_output=True, text=True, check=False
     )
