@@ -14,6 +14,12 @@ Why it is built this way:
   runs as root, bwrap is started as an unprivileged host uid (`host_uid`, default 65534) and the
   workspace is handed to that uid while the sandbox is open and handed back on `close()`.
   Wall time is enforced here by a timer that kills the whole sandbox.
+- The channel: the runner is the sandbox's pid 1 (`--as-pid-1`: no bubblewrap init inside, which
+  would hold the protocol pipes as a plain process of the sandbox's uid) and makes itself
+  non-dumpable before its first reply, so no sandboxed process can open its /proc/1/fd/*
+  (stdin, stdout, stderr), its memory, ptrace it or take its descriptors with pidfd_getfd.
+  Commands it starts inherit none of them. As init it also reaps orphans, and no signal sent
+  from inside reaches it; the host kills it, and with it the whole pid namespace, by pidfd.
 - Nothing on the host side reads or writes inside the workspace while the sandbox lives; the
   patch is taken by the runner, inside. `close()` waits until every sandboxed process is gone
   before handing the workspace back, and does so without following symlinks.
@@ -189,7 +195,7 @@ class LocalSandbox(RunnerClient):
         tmp_size_bytes: int,
         start_timeout_s: float,
     ) -> None:
-        """Spawn bwrap with the runner inside, then wait for the sandbox's init and a first ping."""
+        """Spawn bwrap with the runner inside (as its pid 1), then wait for its pid and a first ping."""
         fds: list[int] = []
         info_r, info_w = os.pipe()
         try:
@@ -251,7 +257,7 @@ class LocalSandbox(RunnerClient):
         passwd, group, profile, runner = memfds
         argv = [self.bwrap]
         argv += ["--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
-        argv += ["--unshare-cgroup-try", "--disable-userns"]
+        argv += ["--unshare-cgroup-try", "--disable-userns", "--as-pid-1"]
         argv += ["--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_GID), "--hostname", "frogfix-sandbox"]
         argv += ["--die-with-parent", "--new-session", "--clearenv"]
         for key, value in env.items():
@@ -367,7 +373,7 @@ class _Resources:
 
 
 def _kill(res: _Resources) -> None:
-    """SIGKILL bwrap's process group and the sandbox's init, then wait until all are gone."""
+    """SIGKILL bwrap's process group and the sandbox's init (the runner), then wait until all are gone."""
     with res.lock:
         _kill_locked(res)
 
@@ -437,7 +443,7 @@ def _read_lines(stream: IO[bytes], replies: queue.Queue[object]) -> None:
 
 
 def _read_info(fd: int, timeout: float) -> int | None:
-    """The host pid of the sandbox's init, from bwrap's --info-fd JSON; None if bwrap failed."""
+    """The host pid of the sandbox's init (the runner), from bwrap's --info-fd JSON; None if bwrap failed."""
     data = b""
     deadline = time.monotonic() + timeout
     while True:

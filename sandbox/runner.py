@@ -70,6 +70,10 @@ Details LEAF.md leaves open, decided here (and relied on by tests/sandbox):
   sandbox's process slots (e.g. a fork bomb still running in the background), or a fork fails
   for lack of slots, a runner started with `--reclaim` (alone in its own pid namespace) kills
   every other process in it before starting the next command, so the run can go on.
+- The channel is out of reach of everything the runner starts: the runner makes itself
+  non-dumpable before it reads its first request (and refuses to serve if it cannot), and
+  commands inherit only /dev/null and their own output pipes. Started as a pid namespace's
+  init (the local backend), it also reaps the orphans commands leave behind.
 """
 
 from __future__ import annotations
@@ -377,6 +381,30 @@ def _reap_children() -> None:
             return
 
 
+def reap_orphans(running: subprocess.Popen[bytes] | None = None) -> None:
+    """As the sandbox's init (pid 1), reap the exited processes that commands left behind.
+
+    Orphans re-parent to init, and an unreaped one still counts against RLIMIT_NPROC. The
+    command being run (`running`) is reaped through its Popen, never by a bare waitpid: that
+    would leave Popen no status, and it reports 0 for a command that failed.
+    """
+    if os.getpid() != 1:
+        return  # not init: orphans are not ours, and children may belong to a caller's Popen
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        if info is None:
+            return
+        if running is not None and info.si_pid == running.pid:
+            if running.poll() is None:  # it is waitable, so poll() reaps it; never spin on it
+                return
+            continue
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, os.WNOHANG)
+
+
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
@@ -386,6 +414,7 @@ def _wait_group_gone(pgid: int, wait_s: float) -> None:
     """Wait until every member of the group is reaped, so its processes no longer count."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
+        reap_orphans()
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
@@ -430,6 +459,7 @@ def run_captured(
             if timed_out and now >= drain_until:
                 break
             wait = (drain_until if timed_out else deadline) - now
+            reap_orphans(proc)
             for key, _ in selector.select(timeout=max(0.0, min(wait, 1.0))):
                 try:
                     data = os.read(key.fd, PIPE_CHUNK)
@@ -901,6 +931,7 @@ class Server:
             reply = self.handle_line(line)
             writer.write(json.dumps(reply, ensure_ascii=True).encode("ascii") + b"\n")
             writer.flush()
+            reap_orphans()
 
 
 # --------------------------------------------------------------------------- process setup
@@ -930,14 +961,28 @@ def apply_limits(limits: dict[str, int]) -> None:
         resource.setrlimit(which, (value, value))
 
 
-def _not_dumpable() -> None:
-    """Stop same-uid sandbox processes from ptracing the runner or reading its pipes via /proc."""
-    try:
-        import ctypes
+PR_GET_DUMPABLE = 3
+PR_SET_DUMPABLE = 4
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
-    except Exception:
-        pass
+
+def make_undumpable() -> None:
+    """Put the runner's descriptors and memory out of reach of every other sandboxed process.
+
+    Sandboxed code runs as the runner's own uid, so a dumpable runner would let it open
+    /proc/<runner>/fd/* (the protocol stream: forged replies, stolen requests), /proc/<runner>/mem,
+    ptrace it or copy its descriptors with pidfd_getfd. A non-dumpable process needs
+    CAP_SYS_PTRACE for all of those, which nothing in the sandbox has. The flag survives fork
+    (a command's child is covered until its exec drops every protocol descriptor) and is only
+    reset by exec or a change of credentials, neither of which the runner does.
+    Raises (ImportError, OSError) when it cannot be done: the runner must then not serve.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+    if libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(errno.EPERM, "the runner is still dumpable after prctl(PR_SET_DUMPABLE, 0)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -951,7 +996,14 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
 
     apply_limits(json.loads(options.limits))
-    _not_dumpable()
+    try:
+        make_undumpable()
+    except (ImportError, OSError) as exc:
+        sys.stderr.write(f"runner: refusing to serve: cannot make itself non-dumpable ({exc})\n")
+        return 2
+    # As the sandbox's init (local backend) the runner takes no signal without a handler from
+    # inside; Python's SIGINT handler would let any sandboxed process interrupt it mid-reply.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     # A file-size overrun must fail the runner's own write with EFBIG, not kill it; children get
     # the default action back (Popen's restore_signals).
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.nonroot import nonroot as nonroot  # the fixture, for any test (see tests/nonroot.py)
 from tests.processes import Workers
 from tests.servers import Postgres, Redis, postgres_server, redis_server
 

@@ -16,6 +16,7 @@ from sandbox.base import SandboxLimits
 from sandbox.kubernetes import DEFAULT_IMAGE, LABEL_SANDBOX, KubernetesSandbox
 from tests.doubles.kubernetes_api import V4, KubernetesApiDouble
 from tests.kubernetes.conftest import NAMESPACE, TEST_LIMITS, MakeSandbox, sandbox_options
+from tests.sandbox import forged_replies
 from tests.sandbox.support import init_repo, leaf_bash
 
 CALC = "def add(a, b):\n    return a - b\n"
@@ -171,6 +172,23 @@ def test_patch_and_commands_run_inside_and_the_host_workspace_stays_untouched(
     assert patch.startswith("diff --git a/src/calc.py b/src/calc.py\n")
     assert "-    return a - b\n+    return a + b\n" in patch
     assert (workspace / "src/calc.py").read_text() == CALC
+
+
+def test_commands_in_the_pod_cannot_reach_the_runner_channel(make_k8s: MakeSandbox, workspace: Path) -> None:
+    """Issue 12, finding 1, in a pod: the runner is an exec'd process with its commands' uid, not
+    pid 1, so its own non-dumpable flag is the wall: no open of /proc/<runner>/fd/*, no
+    /proc/<runner>/mem, no pidfd_getfd, no ptrace, and the next replies are the runner's."""
+    base = init_repo(workspace, {"probe.py": forged_replies.PROBE, "calc.py": CALC})
+    sb = make_k8s(workspace)
+    runner = sb.runner_info["pid"]
+    # Request ids count from 1 after the start's ping: the probe forges from its own on.
+    report = forged_replies.probe_report(sb.run_command(f"exec python3 -B probe.py 1 {runner}", 60).log)
+    assert isinstance(report, dict), f"a forged reply replaced the probe's output: {report!r}"
+    assert report["pids"] == [runner]
+    assert (report["opened"], report["mem"], report["getfd"], report["ptrace"]) == ([], [], [], []), report
+    failing = sb.run_command("echo real-failure; exit 1", 30)
+    assert (failing.exit_code, failing.log) == (1, "real-failure\n")
+    assert forged_replies.FORGED_MARK not in sb.patch(base)
 
 
 def test_a_patch_over_the_limit_is_patch_too_large_and_no_replay_entry(
