@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from app.patches import file_diffs
 from tests.doubles.openai_server import ScriptedOpenAIServer, Status, assistant, text_call, tool_call
 from tests.fix.sample_repo import ISSUE, git, make_sample_repo
 from worker.leaf.prompts import system_prompt
-from worker.repo_config import changed_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "canary-secret-5d1e0b7a9c"
@@ -89,7 +89,7 @@ def test_fix_json_fixes_the_bug_and_reports_tests_before_and_after(tmp_path: Pat
     out = json.loads(proc.stdout)
     assert out["status"] == "fixed" and out["exit_reason"] == "agent" and out["steps"] == 4
     assert "-    return a - b" in out["patch"] and "+    return a + b" in out["patch"]
-    assert changed_paths(out["patch"]) == ["calc.py"]  # no bytecode or cache files swept in
+    assert [d.path for d in file_diffs(out["patch"])] == ["calc.py"]  # no bytecode or cache files swept in
     assert out["flags"] == []
     tests = out["tests"]
     assert tests["command"] == "python3 -m pytest -q"
@@ -172,7 +172,7 @@ def test_demo_command_fixes_its_sample_repository(tmp_path: Path) -> None:
         and out["tests"]["before"]["exit_code"] == 1
         and out["tests"]["after"]["exit_code"] == 0
     )
-    assert changed_paths(out["patch"]) == ["calc.py"]
+    assert [d.path for d in file_diffs(out["patch"])] == ["calc.py"]
 
 
 @pytest.mark.bwrap
