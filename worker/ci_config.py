@@ -40,7 +40,7 @@ def local_includes(text: bytes) -> list[str]:
         return []
     try:
         data = yaml.safe_load(text.decode("utf-8", "replace"))
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError, ValueError):  # deep nesting, bad scalars: not a usable CI file
         return []
     entries = data.get("include") if isinstance(data, dict) else None
     if entries is None:

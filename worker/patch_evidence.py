@@ -213,7 +213,7 @@ def _size(git: _Git, blob: str) -> int:
 def _link_target(git: _Git, blob: str) -> str:
     """A symlink's target exactly as git stores it (every byte, `\\r` and newlines included)."""
     if _size(git, blob) > MAX_LINK_TARGET_BYTES:
-        return "/" + "x" * 10  # absolute, so the rules refuse it: no checkout could make this link
+        return f"/(a target longer than {MAX_LINK_TARGET_BYTES} bytes)"  # absolute, so the rules refuse it
     return git("cat-file", "blob", blob, what="git cat-file").decode("utf-8", "surrogateescape")
 
 

@@ -108,6 +108,15 @@ def test_every_kind_of_change_is_read_from_gits_objects(repo: Path) -> None:
     assert evidence(repo, changes.patch).tree == changes.tree
 
 
+def test_the_repositorys_attributes_cannot_pass_a_binary_file_off_as_text(tmp_path: Path) -> None:
+    repo = make_worktree(tmp_path / "repo", {".gitattributes": "*.dat diff\n* -binary\n", "a.txt": "a\n"})
+    (repo / "blob.dat").write_bytes(b"MZ\x00\x01\x02")
+    (repo / ".gitattributes").write_text("*.dat diff\n* -binary\nblob.dat text\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    assert [(f.path, f.binary) for f in changes.files] == [(".gitattributes", False), ("blob.dat", True)]
+    assert refusal_reasons(changes, RepoConfig()) == ["adds binary file blob.dat"]
+
+
 def test_a_patch_git_cannot_apply_is_refused_with_gits_reason(repo: Path) -> None:
     stale = SECOND_SECTION.replace("-x = 1", "-x = 7")
     with pytest.raises(PatchRefused, match=r"git cannot apply the patch to the base commit: .*calc\.py"):
@@ -202,6 +211,7 @@ def test_local_includes_read_every_form_and_ignore_the_rest() -> None:
     assert local_includes(b"include: {local: two.yml}\n") == ["two.yml"]
     assert local_includes(b"include: [\n") == [] and local_includes(b"- a\n") == []
     assert local_includes(b"x: " + b"a" * 300_000) == []  # over the bound: not parsed
+    assert local_includes(b"[" * 20_000) == []  # nesting deeper than the parser goes
 
 
 # -- finding 6: no git filter, hook or driver of the worker's own config ----------------------
