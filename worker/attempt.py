@@ -398,7 +398,8 @@ class AttemptRunner:
             changes = take_evidence(
                 self.source.repository(), base, patch, self.root / f"evidence-{n}", max_bytes=review.max_patch_bytes
             )
-        except PatchRefused as exc:
+        except PatchRefused as exc:  # nothing git regenerated, so nothing stored: the trajectory keeps the text
+            result.patch = ""
             return self._refuse(result, [str(exc)])
         result.changes, result.patch = changes, changes.patch  # from here on, git's patch only
         if not changes.files:
