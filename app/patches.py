@@ -1,10 +1,11 @@
-"""Reading a `git diff --binary`: the one patch parser, for the review rules, the MR and the dashboard.
+"""Reading a `git diff --binary` for display: the dashboard's one patch parser.
 
 Git C-quotes a path that holds odd bytes (`"a/sp\\303\\251cial"`), ends a name holding spaces with
 a tab on its `---`/`+++` lines, and writes no such lines at all for binary, mode-only and
-rename-only sections, where both paths come from the `diff --git a/X b/Y` header. Every reader
-goes through `file_diffs`, so a quoted name reads the same in the refusal rules, the MR's
-diffstat and the dashboard. Standard library only; the worker and the web layer both import it.
+rename-only sections, where both paths come from the `diff --git a/X b/Y` header. It only ever
+shows patches git itself regenerated (worker/patch_evidence.py); nothing is judged from this
+reading: the review rules and the MR's file table read what git stored instead (a patch git
+cannot apply is stored as nothing). Standard library only.
 """
 
 from __future__ import annotations

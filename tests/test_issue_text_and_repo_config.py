@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from worker.issue_text import sanitize_issue_text
-from worker.repo_config import RepoConfigError, changed_paths, detect_test_command, load_repo_config, review_flags
+from worker.patch_evidence import ChangedFile, PatchEvidence
+from worker.repo_config import RepoConfigError, detect_test_command, load_repo_config, review_flags
 
 
 @pytest.mark.parametrize(
@@ -70,14 +71,11 @@ def test_frogfix_yml_wins_and_is_validated(tmp_path: Path) -> None:
 
 
 def test_review_flags_for_tests_ci_and_protected_paths(tmp_path: Path) -> None:
-    patch = "".join(
-        f"diff --git a/{p} b/{p}\n--- a/{p}\n+++ b/{p}\n@@ -1 +1 @@\n-a\n+b\n"
-        for p in ("src/calc.py", "tests/test_calc.py", ".gitlab-ci.yml", "db/schema.sql")
-    )
-    assert changed_paths(patch) == ["src/calc.py", "tests/test_calc.py", ".gitlab-ci.yml", "db/schema.sql"]
+    paths = ("src/calc.py", "tests/test_calc.py", ".gitlab-ci.yml", "db/schema.sql")
+    changes = PatchEvidence("0" * 40, "1" * 40, "", tuple(ChangedFile(p) for p in paths))
     config = load_repo_config(_repo(tmp_path, {".frogfix.yml": "protected_paths: [db/**]\n"}))
-    assert review_flags(patch, config) == [
+    assert review_flags(changes, config) == [
         "changes test or CI file tests/test_calc.py",
-        "changes test or CI file .gitlab-ci.yml",
+        "changes CI configuration .gitlab-ci.yml",
         "changes protected path db/schema.sql",
     ]

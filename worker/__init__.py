@@ -10,9 +10,12 @@
 - `wiring.py`: settings to seams: the model client, the sandbox and the forge client.
 - `doctor/`: `manage.py doctor`'s checks of the configuration, end to end (database, broker,
   forges, model server, sandbox, disk).
-- `repos.py` (mirrors, warm workspace pool, commits and pushes), `repo_config.py`
-  (`.frogfix.yml`, AGENTS.md guidance, test-command detection, review rules), `report.py` (what is
-  written on the forge), `issue_text.py`, `demo.py`.
+- `repos.py` (mirrors, warm workspace pool, commits and pushes; the isolated git environment every
+  git call of a job uses), `patch_evidence.py` (what git stores for the sandbox's patch, taken
+  outside the sandbox, and git's regeneration of it), `ci_config.py` (which paths are CI
+  configuration), `repo_config.py` (`.frogfix.yml`, AGENTS.md guidance, test-command detection,
+  review rules over the evidence), `report.py` (what is written on the forge), `issue_text.py`,
+  `demo.py`.
 - `leaf/`: the agent loop, its model client, tools and trajectory writer.
 
 Imports flow one way: worker/ uses app's core (settings, db, jobs, statuses, trajectory, patches,

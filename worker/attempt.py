@@ -4,6 +4,11 @@ The pipeline, `manage.py fix` and replay all run an attempt through `AttemptRunn
 only in what they hand it: an observer (database writes, progress lines, or the replay checker)
 and a workspace source (the pool, a local checkout, or the recorded base). So a rule added here (a
 refusal, a verification run, the line between infrastructure failures and no fix) holds for all.
+
+The sandbox's patch is judged only through worker/patch_evidence.py (what git stores when it
+applies it, outside the sandbox); from then on the attempt's `patch` is git's regeneration, and
+that is what is tested, stored, pushed and shown. Every git call runs in the isolated git
+environment (repos.git_environment), so no filter, hook or driver of the worker's own config runs.
 """
 
 from __future__ import annotations
@@ -16,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import git
-
 from app.settings import Settings
 from app.statuses import INFRA_EXITS, AttemptStatus, ExitReason
 from sandbox.base import PatchTooLarge, SandboxError
@@ -26,6 +29,7 @@ from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import RepoGuidance, add_guidance
 from worker.leaf.trajectory import TrajectoryWriter
+from worker.patch_evidence import PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.report import TestEvidence
 from worker.wiring import open_job_sandbox
@@ -93,10 +97,18 @@ class ReviewPolicy:
     allow_binary: bool
     refuse_flagged: bool
     verify_runs: int
+    allow_ci: bool = False  # CI configuration changes are refused unless FROGFIX_ALLOW_CI_CHANGES
+    max_patch_bytes: int = 1024 * 1024
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReviewPolicy:
-        return cls(settings.allow_binary_patches, settings.refuse_protected_changes, settings.verify_runs)
+        return cls(
+            settings.allow_binary_patches,
+            settings.refuse_protected_changes,
+            settings.verify_runs,
+            allow_ci=settings.allow_ci_changes,
+            max_patch_bytes=settings.max_patch_bytes,
+        )
 
 
 @dataclass
@@ -141,13 +153,15 @@ class AttemptResult:
     outcome: AttemptOutcome
     reason: str
     leaf: LeafResult
-    patch: str
+    patch: str  # git's regeneration once judged (see `changes`); the sandbox's text before that
     config: RepoConfig
     trajectory: str  # relative to the data folder
     flags: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     verification: Verification | None = None
     guidance: RepoGuidance | None = None  # what the agent was given, as read from the base commit
+    sandbox_patch: str = ""  # the sandbox's own text, as the trajectory records it: never judged, never pushed
+    changes: PatchEvidence | None = None  # what git stored for it; the review rules and the MR read this
 
     @property
     def infrastructure_failure(self) -> bool:
@@ -191,17 +205,19 @@ def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} chars cut ...]\n{text[-half:]}"
 
 
-def apply_patch(workspace: Path, patch: str, scratch: Path) -> str | None:
-    """Apply a patch to a checkout; returns git's complaint when it does not apply."""
-    patch_file = scratch / "candidate.patch"
-    patch_file.write_bytes(patch.encode("utf-8", "surrogateescape"))  # the sandbox keeps odd bytes as surrogates
-    try:
-        git.Repo(workspace).git.apply("--binary", "--whitespace=nowarn", str(patch_file))
-    except git.GitCommandError as exc:
-        return f"the patch does not apply to the base commit: {str(exc.stderr).strip()}"
-    finally:
-        patch_file.unlink(missing_ok=True)
-    return None
+def apply_patch(workspace: Path, patch: str) -> str | None:
+    """Apply a patch to a checkout with the isolated git environment; returns git's complaint when it does not apply."""
+    done = repos._run(
+        ["-C", str(workspace), "apply", "--binary", "--whitespace=nowarn", "-"],
+        env=repos.git_environment(),
+        what="git apply",
+        timeout=repos.LOCAL_TIMEOUT,
+        stdin=patch.encode("utf-8", "surrogateescape"),  # the sandbox keeps odd bytes as surrogates
+        check=False,
+    )
+    if done.returncode == 0:
+        return None
+    return f"the patch does not apply to the base commit: {done.stderr.decode('utf-8', 'replace').strip()[:1000]}"
 
 
 def run_tests(
@@ -255,7 +271,7 @@ class Verifier:
         ws = c.root / ("tests-" + re.sub(r"[^a-z0-9]+", "-", label))
         c.source.checkout(ws, base)
         if patch:
-            problem = apply_patch(ws, patch, c.root)
+            problem = apply_patch(ws, patch)
             if problem:
                 repos.remove_workspace(ws)
                 return TestRun(None, problem)
@@ -318,7 +334,8 @@ class AttemptRunner:
             },
         )
         result = AttemptResult(
-            spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory, guidance=guidance
+            spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory, guidance=guidance,
+            sandbox_patch=patch,
         )
         if review is None:
             return result
@@ -377,9 +394,19 @@ class AttemptRunner:
                 else f"attempt {n} ended ({leaf.exit_reason}) without changing any file"
             )
             return _ended(result, AttemptOutcome.no_patch, reason)
-        result.flags = review_flags(patch, config)
+        try:
+            changes = take_evidence(
+                self.source.repository(), base, patch, self.root / f"evidence-{n}", max_bytes=review.max_patch_bytes
+            )
+        except PatchRefused as exc:  # nothing git regenerated, so nothing stored: the trajectory keeps the text
+            result.patch = ""
+            return self._refuse(result, [str(exc)])
+        result.changes, result.patch = changes, changes.patch  # from here on, git's patch only
+        if not changes.files:
+            return _ended(result, AttemptOutcome.no_patch, f"attempt {n}'s patch changes nothing once applied")
+        result.flags = review_flags(changes, config)
         # `config` was read from the base commit, so a patch rewriting .frogfix.yml cannot change the verification.
-        refused = refusal_reasons(patch, config, allow_binary=review.allow_binary)
+        refused = refusal_reasons(changes, config, allow_binary=review.allow_binary, allow_ci=review.allow_ci)
         if review.refuse_flagged:
             refused += [flag for flag in result.flags if flag not in refused]
         if not config.test_command:  # nothing can verify it; the refusals are still reported

@@ -8,12 +8,12 @@ protocol, the patch, and the tests run before and after in fresh sandboxes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from worker.leaf.model import ModelReply, ReplayModel
+from worker.repos import git_environment
 
 CALC = '''"""A tiny calculator."""
 
@@ -63,7 +63,9 @@ def make_sample_repo(root: Path) -> Path:
     ):
         # Fixed dates make the sample's commit the same every time, so a demo job can be replayed.
         dates = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
-        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env={**os.environ, **dates})
+        # The isolated git environment: none of the machine's hooks or filters runs on the sample.
+        env = {**git_environment(), **dates}
+        subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
     return repo
 
 

@@ -16,13 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-import git
-
 from app import trajectory
 from app.logs import SecretRedactor
 from app.settings import Settings, get_settings
 from app.statuses import ExitReason, FixStatus
 from sandbox.base import SandboxError
+from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord
@@ -125,23 +124,26 @@ class LocalFix:
         return self._model
 
     def run(self) -> FixOutcome:
-        try:
-            repo = git.Repo(self.repo_dir)
-        except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
-            raise FixError(f"{self.repo_dir} is not a git checkout") from exc
-        try:
-            base = repo.head.commit.hexsha
-        except ValueError as exc:
-            raise FixError(f"{self.repo_dir} has no commits yet") from exc
-        if repo.is_dirty(untracked_files=True):
-            self.say("note: uncommitted changes in the checkout are not part of the job (it starts from HEAD)")
+        base = self.base_commit()
         self.root.mkdir(parents=True, exist_ok=True)
         try:
             return self._run(base)
-        except git.GitCommandError as exc:  # e.g. an unusual checkout that cannot be cloned
-            return self._failed(ExitReason.git_error, f"git failed: {str(exc.stderr or exc).strip()[:500]}")
+        except repos.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
+            return self._failed(ExitReason.git_error, str(exc)[:500])
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+    def base_commit(self) -> str:
+        """The checkout's HEAD commit, read with the isolated git environment (no filter or hook runs)."""
+        if not (self.repo_dir / ".git").exists():
+            raise FixError(f"{self.repo_dir} is not a git checkout")
+        try:
+            base = repos.resolve(self.repo_dir, "HEAD")
+        except repos.RepoError as exc:
+            raise FixError(f"{self.repo_dir} has no commits yet") from exc
+        if repos.has_uncommitted_changes(self.repo_dir):
+            self.say("note: uncommitted changes in the checkout are not part of the job (it starts from HEAD)")
+        return base
 
     def _run(self, base: str) -> FixOutcome:
         runner = AttemptRunner(self.settings, self.redactor.redact, CheckoutSource(self.repo_dir), self.root, self)

@@ -497,7 +497,10 @@ class Pipeline:
         branch = f"frogfix/issue-{self.issue}"
         message = self.redact(f"Fix #{self.issue}: {self.title}"[:200] + f"\n\nDrafted by FrogFix (job {self.job_id}).")
         mirror, base = prepared.mirror, prepared.base
-        sha = repos.commit_patch(mirror, base, result.patch, message, BOT_AUTHOR, self.root / "publish")
+        assert result.changes is not None, "only a judged attempt is published"
+        sha = repos.commit_patch(
+            mirror, base, result.patch, message, BOT_AUTHOR, self.root / "publish", expect_tree=result.changes.tree
+        )
         auth = self.forge.git_auth_header()
         repos.retry_transient("git push", lambda: repos.push_branch(mirror, prepared.clone_url, auth, branch, sha))
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
@@ -530,7 +533,7 @@ class Pipeline:
             issue_ref=f"#{self.issue}",
             issue_url=self.issue_url,
             summary=result.leaf.final_answer,
-            patch=result.patch,
+            diffstat=result.changes.diffstat() if result.changes else [],
             tests=result.evidence,
             flags=result.flags,
             job_url=self.url,

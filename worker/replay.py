@@ -355,9 +355,12 @@ class RepoSource:
             return
         try:
             CheckoutSource(self.path).checkout(dest, commit)
-        except Exception as exc:  # GitPython's errors carry the whole command line; say it plainly
+        except repos.RepoError as exc:
             repos.remove_workspace(dest)
-            raise ReplayError(f"cannot check out {commit[:12]} from {self.path}: {type(exc).__name__}") from exc
+            raise ReplayError(f"cannot check out {commit[:12]} from {self.path}: {exc}") from exc
+
+    def repository(self) -> Path:
+        return self.path
 
 
 def _is_demo(rec: Recording) -> bool:
@@ -374,13 +377,11 @@ def _fresh_demo_repo(rec: Recording, progress: Progress) -> RepoSource:
     stamps the time), so the replay starts from the new commit and the report says so."""
     import tempfile
 
-    import git
-
     from worker.demo import make_sample_repo
 
     folder = Path(tempfile.mkdtemp(prefix="frogfix-replay-demo-"))
     repo = make_sample_repo(folder)
-    head = git.Repo(repo).head.commit.hexsha
+    head = repos.resolve(repo, "HEAD")
     note = (
         f"the demo's repository was temporary; replayed on the same sample made again "
         f"(commit {head[:12]} instead of {rec.base_commit[:12]})"
@@ -688,7 +689,8 @@ def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: 
         exit_reason=leaf.exit_reason,
         recorded_patch=rec.patch,
         patch=result.patch,
-        patch_identical=None if rec.patch is None else rec.patch == result.patch,
+        # The recording holds the sandbox's text (output_patch); so does `sandbox_patch`, judged or not.
+        patch_identical=None if rec.patch is None else rec.patch == result.sandbox_patch,
         error=leaf.error,
     )
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml
 
-from app.patches import file_diffs
 from worker.leaf.prompts import GuidanceFile, RepoGuidance
+from worker.patch_evidence import ChangedFile, PatchEvidence
 from worker.repos import git_environment
 
 CONFIG_FILE = ".frogfix.yml"
@@ -43,7 +43,8 @@ MAX_AGENTS_FILE_CHARS = 8_000
 MAX_AGENTS_TOTAL_CHARS = 24_000
 MAX_AGENTS_FILES = 32
 _KNOWN_KEYS = {"test_command", "setup_command", "image", "protected_paths", "test_timeout", "instructions"}
-# Paths whose change is always flagged for the reviewer: tests and CI configuration.
+# Paths whose change is always flagged for the reviewer: tests and the test runners' configuration.
+# CI configuration has its own home (worker/ci_config.py) and is refused unless FROGFIX_ALLOW_CI_CHANGES.
 ALWAYS_FLAGGED = (
     "tests/**",
     "test/**",
@@ -51,13 +52,6 @@ ALWAYS_FLAGGED = (
     "**/test_*.py",
     "**/*_test.py",
     "**/conftest.py",
-    ".gitlab-ci.yml",
-    ".github/**",
-    ".gitea/**",
-    ".forgejo/**",
-    ".woodpecker*",
-    ".drone.yml",
-    "Jenkinsfile",
     CONFIG_FILE,
     # where test runners read options that can deselect or skip tests
     "pytest.ini",
@@ -281,32 +275,25 @@ def _read(path: Path) -> str:
         return ""
 
 
-def changed_paths(patch: str) -> list[str]:
-    """The paths a `git diff` touches (both sides of renames), in order of appearance; quoted names unquoted."""
-    paths: list[str] = []
-    for diff in file_diffs(patch):
-        for path in (diff.old_path, diff.path):
-            if path and path not in paths:
-                paths.append(path)
-    return paths
-
-
 def matches(path: str, patterns: tuple[str, ...] | list[str]) -> bool:
     return any(fnmatch.fnmatch(path, p) or fnmatch.fnmatch(path, p.removeprefix("**/")) for p in patterns)
 
 
-def review_flags(patch: str, config: RepoConfig) -> list[str]:
+def review_flags(changes: PatchEvidence, config: RepoConfig) -> list[str]:
     """What a reviewer must look at twice: changed tests, CI configuration, protected paths, agent instructions.
 
-    An AGENTS.md the patch writes guided nobody in this run (guidance is read from the base commit),
-    but it would guide every later run once merged, so a person decides.
+    Read from what git stored (`changes`), never from the patch text. An AGENTS.md the patch writes
+    guided nobody in this run (guidance is read from the base commit), but it would guide every
+    later run once merged, so a person decides.
     """
     flags = []
-    for path in changed_paths(patch):
+    for path in changes.paths:
         if matches(path, config.protected_paths):
             flags.append(f"changes protected path {path}")
         elif posixpath.basename(path) == AGENTS_FILE:
             flags.append(f"changes agent instructions {path}")
+        elif matches(path, changes.ci_paths):
+            flags.append(f"changes CI configuration {path}")
         elif matches(path, ALWAYS_FLAGGED):
             flags.append(f"changes test or CI file {path}")
     return flags
@@ -321,26 +308,40 @@ def _escapes(link: str, target: str) -> bool:
     return first == ".." or first.lower() == ".git"
 
 
-def refusal_reasons(patch: str, config: RepoConfig, *, allow_binary: bool = False) -> list[str]:
+def refusal_reasons(
+    changes: PatchEvidence, config: RepoConfig, *, allow_binary: bool = False, allow_ci: bool = False
+) -> list[str]:
     """Why a patch must not be pushed at all (not merely flagged): each reason names the file.
 
-    Protected paths are the repository's own rule; `.frogfix.yml` is FrogFix's guard rail, which
-    only people change (it is always read from the base commit anyway); a symlink out of the
-    checkout would point a reviewer's or CI's checkout at their own machine; binary files cannot be
-    reviewed in a diff.
+    Read from what git stored. Protected paths are the repository's own rule; `.frogfix.yml` is
+    FrogFix's guard rail, which only people change (it is always read from the base commit
+    anyway); CI configuration would run with the project's CI variables before anyone reviews it
+    (unless `allow_ci`); a symlink out of the checkout would point a reviewer's or CI's checkout
+    at their own machine; a submodule pulls in code the diff does not show; binary files cannot
+    be reviewed in a diff.
     """
     reasons: list[str] = []
-    for path in changed_paths(patch):
+    for path in changes.paths:
         if matches(path, config.protected_paths):
             reasons.append(f"changes protected path {path}")
         elif path == CONFIG_FILE:
             reasons.append(f"changes FrogFix's own configuration {CONFIG_FILE} (only people may change it)")
-    for diff in file_diffs(patch):
-        if diff.symlink:
-            target = "\n".join(diff.added)
-            if _escapes(diff.path, target):
-                reasons.append(f"adds symlink {diff.path} pointing outside the repository ({target[:200]!r})")
-        elif diff.binary and not allow_binary and not diff.has("deleted file mode"):
-            verb = "adds" if diff.has("new file mode") else "changes"
-            reasons.append(f"{verb} binary file {diff.path}")
+        elif not allow_ci and matches(path, changes.ci_paths):
+            reasons.append(f"changes CI configuration {path} (FROGFIX_ALLOW_CI_CHANGES is off)")
+    for file in changes.files:
+        reason = _content_reason(file, allow_binary)
+        if reason:
+            reasons.append(reason)
     return reasons
+
+
+def _content_reason(file: ChangedFile, allow_binary: bool) -> str | None:
+    if file.status == "deleted":
+        return None  # removing a file is reviewable, whatever it was
+    if file.symlink and _escapes(file.path, file.link_target or ""):
+        return f"adds symlink {file.path} pointing outside the repository ({(file.link_target or '')[:200]!r})"
+    if file.submodule:
+        return f"adds submodule {file.path} (its code is not in the diff)"
+    if file.binary and not allow_binary:
+        return f"{'adds' if file.status == 'added' else 'changes'} binary file {file.path}"
+    return None

@@ -7,11 +7,10 @@ and the forge client bounds the size again. Test logs are trimmed and folded.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.patches import file_diffs
 from worker.leaf.trajectory import HARNESS_VERSION
 
 LOG_EXCERPT = 12_000
@@ -76,11 +75,6 @@ def _code(text: str) -> str:
     return f"{ticks}{pad}{text.replace('|', chr(92) + '|')}{pad}{ticks}"
 
 
-def diffstat(patch: str) -> list[tuple[str, int, int]]:
-    """(path, lines added, lines removed) per file, from the one patch parser the review rules use."""
-    return [(diff.path, len(diff.added), diff.removed) for diff in file_diffs(patch)]
-
-
 def _exit(run: dict[str, Any] | None) -> str:
     if run is None:
         return "not run"
@@ -94,7 +88,7 @@ def mr_description(
     issue_ref: str,
     issue_url: str | None,
     summary: str,
-    patch: str,
+    diffstat: Sequence[tuple[str, int, int]],  # (path, added, removed) as git stored them (PatchEvidence)
     tests: TestEvidence,
     flags: list[str],
     job_url: str | None,
@@ -110,7 +104,7 @@ def mr_description(
     # The model's own words, which a hostile issue may have shaped: shown as plain text, never rendered.
     lines += ["### What the agent says", "", _fence((summary.strip() or "(no summary)")[:SUMMARY_LIMIT]), ""]
     lines += ["### Files changed", "", "| file | + | - |", "| --- | --: | --: |"]
-    lines += [f"| {_code(path)} | {added} | {removed} |" for path, added, removed in diffstat(patch)]
+    lines += [f"| {_code(path)} | {added} | {removed} |" for path, added, removed in diffstat]
     lines += ["", "### Tests", "", f"Command: `{tests.command}`", ""]
     lines += [f"- before the patch (base commit): {_exit(tests.before)}"]
     lines += [f"- with the patch, run {i + 1}: {_exit(run)}" for i, run in enumerate(tests.after)]

@@ -509,6 +509,18 @@ def resolve(mirror: Path, ref: str) -> str:
     return done.stdout.decode().strip()
 
 
+def has_uncommitted_changes(checkout: Path) -> bool:
+    """Whether a user's checkout differs from its HEAD (for a note only): isolated, and writes nothing there."""
+    done = _run(
+        ["--no-optional-locks", "-C", str(checkout), "status", "--porcelain", "-z"],
+        env=git_environment(),
+        what="git status",
+        timeout=LOCAL_TIMEOUT,
+        check=False,
+    )
+    return done.returncode == 0 and bool(done.stdout.strip(b"\0"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Workspaces
 # ---------------------------------------------------------------------------------------------
@@ -934,8 +946,12 @@ def commit_patch(
     *,
     committer: tuple[str, str] | None = None,
     timeout: float = LOCAL_TIMEOUT,
+    expect_tree: str | None = None,
 ) -> str:
     """Commit `patch` on top of `base` and return the new commit id.
+
+    With `expect_tree` (the tree the review judged, worker/patch_evidence.py) any other result is
+    refused, so what is pushed is exactly what was judged and tested.
 
     The patch is applied with `git apply --cached --binary` to a private index under
     `scratch` (read from `base`), never to a work tree: binary files, modes and symlinks are
@@ -976,6 +992,8 @@ def commit_patch(
             tree = _run([*repo, "write-tree"], env=env, what="git write-tree", timeout=timeout).stdout.strip()
             if tree == base_tree.stdout.strip():
                 raise RepoError("the patch changes nothing")
+            if expect_tree is not None and tree.decode() != expect_tree:
+                raise RepoError(f"the patch made tree {tree.decode()[:12]}, not the reviewed {expect_tree[:12]}")
             text = message.strip() + "\n"
             done = _run(
                 [*repo, "commit-tree", tree.decode(), "-p", base, "-F", "-"],

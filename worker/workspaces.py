@@ -10,14 +10,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-import git
-
 from worker import repos
 
 
 class WorkspaceSource(Protocol):
     def checkout(self, dest: Path, commit: str) -> None:
         """A fresh repository at `dest` whose HEAD is exactly `commit`, with no remote; raises on failure."""
+        ...
+
+    def repository(self) -> Path:
+        """The repository that holds the base commit's objects (a mirror or a local checkout).
+
+        The attempt applies the sandbox's patch against it, privately (worker/patch_evidence.py).
+        """
         ...
 
 
@@ -30,6 +35,9 @@ class PoolSource:
     def checkout(self, dest: Path, commit: str) -> None:
         self.pool.prepare(self.mirror, commit, dest)
 
+    def repository(self) -> Path:
+        return self.mirror
+
 
 class MirrorSource:
     """Workspaces made straight from a mirror (no pool): replay's copy of a forge job's repository."""
@@ -40,23 +48,22 @@ class MirrorSource:
     def checkout(self, dest: Path, commit: str) -> None:
         repos.make_workspace(self.mirror, dest, commit)
 
+    def repository(self) -> Path:
+        return self.mirror
+
 
 class CheckoutSource:
-    """Workspaces cloned from a local checkout's committed history: `manage.py fix` and its replays."""
+    """Workspaces from a local checkout's committed history: `manage.py fix` and its replays.
+
+    Made like a mirror's (repos.make_workspace: the isolated git environment, one commit's
+    objects copied), so none of the user's or the machine's git filters, hooks or drivers runs.
+    """
 
     def __init__(self, repo_dir: Path) -> None:
         self.repo_dir = repo_dir
 
     def checkout(self, dest: Path, commit: str) -> None:
-        clone_workspace(self.repo_dir, dest, commit)
+        repos.make_workspace(self.repo_dir, dest, commit)
 
-
-def clone_workspace(repo_dir: Path, dest: Path, base_commit: str) -> None:
-    """A private copy at the base commit, with no remote: nothing in it points anywhere else."""
-    git.Repo.clone_from(str(repo_dir), str(dest), no_hardlinks=True, no_checkout=True)
-    repo = git.Repo(dest)
-    repo.git.checkout("--detach", "--quiet", base_commit)
-    repo.delete_remote(repo.remote("origin"))
-    with repo.config_writer() as cfg:
-        cfg.set_value("user", "name", "FrogFix")
-        cfg.set_value("user", "email", "frogfix@localhost")
+    def repository(self) -> Path:
+        return self.repo_dir

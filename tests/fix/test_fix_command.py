@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from app.patches import file_diffs
 from tests.doubles.openai_server import ScriptedOpenAIServer, Status, assistant, text_call, tool_call
 from tests.fix.sample_repo import ISSUE, git, make_sample_repo
 from worker.leaf.prompts import system_prompt
-from worker.repo_config import changed_paths
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "canary-secret-5d1e0b7a9c"
@@ -89,7 +90,7 @@ def test_fix_json_fixes_the_bug_and_reports_tests_before_and_after(tmp_path: Pat
     out = json.loads(proc.stdout)
     assert out["status"] == "fixed" and out["exit_reason"] == "agent" and out["steps"] == 4
     assert "-    return a - b" in out["patch"] and "+    return a + b" in out["patch"]
-    assert changed_paths(out["patch"]) == ["calc.py"]  # no bytecode or cache files swept in
+    assert [d.path for d in file_diffs(out["patch"])] == ["calc.py"]  # no bytecode or cache files swept in
     assert out["flags"] == []
     tests = out["tests"]
     assert tests["command"] == "python3 -m pytest -q"
@@ -99,7 +100,11 @@ def test_fix_json_fixes_the_bug_and_reports_tests_before_and_after(tmp_path: Pat
 
     trajectory = json.loads(Path(out["trajectory"]).read_text())
     assert trajectory["trajectory_format"] == "leaf-function-calling"
-    assert trajectory["exit_reason"] == "agent" and trajectory["output_patch"] == out["patch"]
+    assert trajectory["exit_reason"] == "agent"
+    # The trajectory keeps the sandbox's own text; `patch` is git's regeneration of what it applied (full index).
+    recorded = trajectory["output_patch"]
+    assert [d.path for d in file_diffs(recorded)] == ["calc.py"] and "+    return a + b" in recorded
+    assert re.search(r"^index [0-9a-f]{40}\.\.[0-9a-f]{40} 100644$", out["patch"], re.M), out["patch"]
     tool_outputs = [m["content"] for m in trajectory["messages"] if m["role"] == "tool"]
     assert tool_outputs[0].startswith("calc.py\n1. ")
     assert tool_outputs[1] == "Edited calc.py (1 replacement)."
@@ -172,7 +177,7 @@ def test_demo_command_fixes_its_sample_repository(tmp_path: Path) -> None:
         and out["tests"]["before"]["exit_code"] == 1
         and out["tests"]["after"]["exit_code"] == 0
     )
-    assert changed_paths(out["patch"]) == ["calc.py"]
+    assert [d.path for d in file_diffs(out["patch"])] == ["calc.py"]
 
 
 @pytest.mark.bwrap

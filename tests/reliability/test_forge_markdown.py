@@ -37,12 +37,11 @@ def test_code_spans_cannot_be_closed_by_the_text() -> None:
 
 
 def test_the_mr_description_shows_the_models_words_as_plain_text() -> None:
-    patch = "diff --git a/x` @all ![i](http://h/p) b/x` @all ![i](http://h/p)\n--- a/x\n+++ b/x\n+1\n"
     description = mr_description(
         issue_ref="#1",
         issue_url=None,
         summary=HOSTILE,
-        patch=patch,
+        diffstat=[("x` @all ![i](http://h/p)", 1, 0)],
         tests=Evidence("pytest", {"exit_code": 1, "log": "@all /merge"}, [{"exit_code": 0, "log": ""}]),
         flags=["adds binary file @all.bin"],
         job_url=None,

@@ -32,6 +32,7 @@ from tests.doubles.git_http import git
 from tests.doubles.openai_server import Reply, ScriptItem, assistant, tool_call
 from tests.pipeline import conftest as pipeline_conftest
 from tests.pipeline.conftest import GITEA_TOKEN, GITLAB_TOKEN, MODEL_KEY, PROJECT, TRIGGER, World
+from worker.patch_evidence import take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons
 from worker.tasks import run_job
 
@@ -417,13 +418,15 @@ def test_binary_junk_in_a_patch_is_refused_naming_the_file(client: Any, world: W
 
     assert run_job(job_id) == "no_fix"
 
-    _, events, [attempt] = load(job_id)
+    job, events, [attempt] = load(job_id)
     assert event(events, "patch_refused").data["reasons"] == ["adds binary file blob.dat", "adds binary file junk.bin"]
     assert attempt.status == "rejected" and "GIT binary patch" in (attempt.patch or "")
     assert attempt.error == "attempt 1's patch was refused: adds binary file blob.dat; adds binary file junk.bin"
     assert "adds binary file junk.bin" in last_comment(world) and world.git_gitlab.pushes == []
     # FROGFIX_ALLOW_BINARY_PATCHES=true lets the same patch through to verification.
-    assert refusal_reasons(attempt.patch or "", RepoConfig(), allow_binary=True) == []
+    base, patch = job.base_commit or "", attempt.patch or ""
+    changes = take_evidence(world.bare("gitlab"), base, patch, world.tmp / "s", max_bytes=2**20)
+    assert refusal_reasons(changes, RepoConfig(), allow_binary=True) == []
 
 
 # -- 6. a test command that never ends -------------------------------------------------------

