@@ -12,7 +12,9 @@ exactly that). Retries are ours (the SDK's are off), so the time budget is one n
 from __future__ import annotations
 
 import json
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +24,8 @@ from typing import Any, Protocol
 import openai
 
 from app import trajectory
+
+log = logging.getLogger(__name__)
 
 
 class ModelError(Exception):
@@ -55,11 +59,36 @@ class Usage:
         total = _as_int(data.get("total_tokens")) or prompt + completion
         details = data.get("prompt_tokens_details")
         cached = _as_int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        if cached is None and "cached_tokens" in data:  # a trajectory step's flat record of it
+            cached = _as_int(data.get("cached_tokens"))
         return cls(prompt, completion, total, cached)
 
 
 def _as_int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+_no_cache_report_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_without_cache_report(server: str, usage: Usage | None) -> None:
+    """Log once per process and server that its replies carry no cached-token figures.
+
+    SGLang reports `usage.prompt_tokens_details.cached_tokens` only when started with
+    `--enable-cache-report`; without it nobody can see whether the prefix cache works.
+    """
+    if usage is not None and usage.cached_tokens is not None:
+        return
+    with _warned_lock:
+        if server in _no_cache_report_warned:
+            return
+        _no_cache_report_warned.add(server)
+    log.warning(
+        "the model server at %s reports no cached tokens (usage.prompt_tokens_details.cached_tokens); "
+        "start SGLang with --enable-cache-report to see whether its prefix cache works",
+        server,
+    )
 
 
 @dataclass(frozen=True)
@@ -200,6 +229,9 @@ class OpenAIChatModel:
         self._client = client or openai.OpenAI(
             base_url=base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
         )
+        # The server as logs may name it: no user or password from the URL, no query.
+        url = self._client.base_url
+        self._server = str(url.copy_with(username=None, password=None, query=None))
         # Encoded messages, by identity: the history is append-only, so the common prefix of
         # two calls is found by comparing object identities and only new messages are encoded.
         self._encoded: list[tuple[Mapping[str, Any], bytes]] = []
@@ -326,10 +358,12 @@ class OpenAIChatModel:
         if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
             raise ModelQueryError(f"model answered without a message: {json.dumps(data)[:300]}")
         choice = choices[0]
+        usage = Usage.from_dict(data.get("usage"))
+        warn_without_cache_report(self._server, usage)
         return ModelReply(
             message=choice["message"],
             finish_reason=choice.get("finish_reason"),
-            usage=Usage.from_dict(data.get("usage")),
+            usage=usage,
             model=data.get("model"),
             response_id=data.get("id"),
             elapsed_s=time.monotonic() - started,
