@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions
 from app.models import Job, JobAttempt, utcnow
-from app.statuses import ACTIVE_STATUSES, OUTCOME_STATUSES, SUCCESS_STATUSES, AttemptStatus, JobStatus
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, OUTCOME_STATUSES, SUCCESS_STATUSES, AttemptStatus, JobStatus
 from app.usage import USAGE_COLUMNS, UsageFigures
 
 LIST_COUNT_CAP = 10_000
@@ -417,3 +417,44 @@ def usage_report(
     for row in rows:
         per_day[row.day] = per_day.get(row.day, UsageFigures()) + row.usage
     return UsageReport(since, rows, sorted(per_day.items()))
+
+
+@dataclass(frozen=True)
+class UsageCounters:
+    """/metrics' usage counters, read at scrape time so every API replica reports the same truth.
+
+    Tokens and seconds are summed over finished attempts by project and attempt outcome: an
+    attempt's status never changes once it ends, so these only grow. Jobs are counted by project
+    and final status (a retried job leaves its old outcome's count until it ends again).
+    """
+
+    attempts: dict[tuple[str, str], UsageFigures]  # (project, attempt status) -> figures
+    jobs: dict[tuple[str, str], int]  # (project, final job status) -> jobs
+
+    def cached_share(self) -> dict[str, float]:
+        """Per project, the share of prompt tokens the prefix cache served (projects with prompts only)."""
+        per_project: dict[str, UsageFigures] = {}
+        for (project, _), figures in self.attempts.items():
+            per_project[project] = per_project.get(project, UsageFigures()) + figures
+        return {p: u.cached_share for p, u in per_project.items() if u.cached_share is not None}
+
+
+def usage_counters(session: Session) -> UsageCounters:
+    """The sums behind /metrics' usage counters (two grouped scans, no per-job work)."""
+    sums = (func.coalesce(func.sum(getattr(JobAttempt, name)), 0) for name in USAGE_COLUMNS)
+    attempt_rows = session.execute(
+        select(Job.project, JobAttempt.status, *sums)
+        .join(Job, Job.id == JobAttempt.job_id)
+        .where(JobAttempt.status != AttemptStatus.running.value)
+        .group_by(Job.project, JobAttempt.status)
+    )
+    attempts = {
+        (project, status): UsageFigures(**dict(zip(USAGE_COLUMNS, values, strict=True)))
+        for project, status, *values in attempt_rows
+    }
+    job_rows = session.execute(
+        select(Job.project, Job.status, func.count())
+        .where(Job.status.in_(FINAL_STATUSES))
+        .group_by(Job.project, Job.status)
+    )
+    return UsageCounters(attempts, {(project, status): int(n) for project, status, n in job_rows})
