@@ -130,3 +130,20 @@ def test_the_warning_never_shows_credentials_from_the_url(serve: Serve, caplog: 
         model.complete([{"role": "user", "content": "x"}], [])
     text = "\n".join(_no_cache_warnings(caplog))
     assert "127.0.0.1" in text and "CANARY" not in text and "user:" not in text
+
+
+def test_a_tool_call_as_text_names_the_missing_parser_once(
+    serve: Serve, client_for: ClientFor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SGLang without --tool-call-parser leaves the qwen3_coder call in the content (finish `stop`)."""
+    text_call = as_reply(sglang_case("no_tool_parser_text_call"))
+    parsed = as_reply(sglang_case("cache_report_on_first_turn"))
+    server = serve(parsed, text_call, text_call)
+    caplog.set_level(logging.WARNING, logger="worker.leaf.model")
+    model = client_for(server)
+    model.complete([{"role": "user", "content": "x"}], [])
+    assert not [r for r in caplog.records if "--tool-call-parser" in r.getMessage()]
+    model.complete([{"role": "user", "content": "x"}], [])
+    model.complete([{"role": "user", "content": "y"}], [])
+    warnings = [r.getMessage() for r in caplog.records if "--tool-call-parser qwen3_coder" in r.getMessage()]
+    assert len(warnings) == 1 and server.base_url.rstrip("/") in warnings[0]

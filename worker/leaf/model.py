@@ -68,8 +68,16 @@ def _as_int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-_no_cache_report_warned: set[str] = set()
+_warned: set[tuple[str, str]] = set()  # (what, server): each server's flag is named once per process
 _warned_lock = threading.Lock()
+
+
+def _first_time(what: str, server: str) -> bool:
+    with _warned_lock:
+        if (what, server) in _warned:
+            return False
+        _warned.add((what, server))
+        return True
 
 
 def warn_without_cache_report(server: str, usage: Usage | None) -> None:
@@ -80,13 +88,30 @@ def warn_without_cache_report(server: str, usage: Usage | None) -> None:
     """
     if usage is not None and usage.cached_tokens is not None:
         return
-    with _warned_lock:
-        if server in _no_cache_report_warned:
-            return
-        _no_cache_report_warned.add(server)
+    if not _first_time("cache-report", server):
+        return
     log.warning(
         "the model server at %s reports no cached tokens (usage.prompt_tokens_details.cached_tokens); "
         "start SGLang with --enable-cache-report to see whether its prefix cache works",
+        server,
+    )
+
+
+def warn_text_tool_calls(server: str, message: Mapping[str, Any]) -> None:
+    """Log once per process and server that a tool call came back as text in the content.
+
+    SGLang parses qwen3_coder calls into `tool_calls` only when started with
+    `--tool-call-parser qwen3_coder`; without it the calls stay in the text (the loop's fallback
+    still reads them, less reliably).
+    """
+    content = message.get("content")
+    if message.get("tool_calls") or not isinstance(content, str) or "<function=" not in content:
+        return
+    if not _first_time("tool-call-parser", server):
+        return
+    log.warning(
+        "the model server at %s returned a tool call as text in the content; "
+        "start SGLang with --tool-call-parser qwen3_coder so calls arrive as tool_calls",
         server,
     )
 
@@ -360,6 +385,7 @@ class OpenAIChatModel:
         choice = choices[0]
         usage = Usage.from_dict(data.get("usage"))
         warn_without_cache_report(self._server, usage)
+        warn_text_tool_calls(self._server, choice["message"])
         return ModelReply(
             message=choice["message"],
             finish_reason=choice.get("finish_reason"),
