@@ -188,3 +188,15 @@ def test_the_usage_page_in_chromium(browser_page: Any) -> None:
     page.click("#usage-projects >> text=acme/web")
     expect(page.locator("#usage-projects tr[data-project]")).to_have_count(1)
     assert problems == []
+
+
+def test_the_usage_page_needs_a_sign_in_and_escapes_project_names(client: Any, operator: str) -> None:
+    from tests.dashboard.conftest import sign_in
+
+    hostile = 'acme/<img src=x onerror=alert(1)>"'
+    used_job(hostile, 1, "done", UsageFigures(10, 1, 5, 1, 1, 1.0, 1.0))
+    refused = client.get("/usage", follow_redirects=False)
+    assert refused.status_code in (302, 303) and "/login" in refused.headers["location"]
+    sign_in(client)
+    html = client.get("/usage").text
+    assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
