@@ -147,3 +147,15 @@ def test_a_tool_call_as_text_names_the_missing_parser_once(
     model.complete([{"role": "user", "content": "y"}], [])
     warnings = [r.getMessage() for r in caplog.records if "--tool-call-parser qwen3_coder" in r.getMessage()]
     assert len(warnings) == 1 and server.base_url.rstrip("/") in warnings[0]
+
+
+@pytest.mark.parametrize("odd", [True, "5000", -1.5, -1, None, [1], {"x": 1}])
+def test_odd_usage_figures_from_a_server_count_as_zero(odd: Any) -> None:
+    """A server that sends bools, strings, floats, negatives or objects as token counts cannot poison the sums."""
+    from worker.leaf.model import Usage
+
+    usage = Usage.from_dict(
+        {"prompt_tokens": odd, "completion_tokens": 7, "prompt_tokens_details": {"cached_tokens": odd}}
+    )
+    assert usage is not None and usage.prompt_tokens == 0 and usage.completion_tokens == 7
+    assert usage.cached_tokens == 0

@@ -65,7 +65,8 @@ class Usage:
 
 
 def _as_int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count as reported; anything but a non-negative int (a bool, a string, -1) is 0."""
+    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 _warned: set[tuple[str, str]] = set()  # (what, server): each server's flag is named once per process
