@@ -509,6 +509,7 @@ def _print_job(d: dict[str, Any]) -> None:
             lines.extend(_wrap(f"flag: {flag}", indent, len(head)))
         if a.get("trajectory_path"):
             lines.append(f"{indent}{_trajectory_shown(a['trajectory_path'])}")
+    lines.extend(_usage_lines(d))
     lines.append("timeline (UTC)")
     day = None
     for e in d["events"]:
@@ -518,6 +519,17 @@ def _print_job(d: dict[str, Any]) -> None:
             lines.append(f"  {day}")
         lines.extend(_event_lines(e))
     typer.echo("\n".join(lines))
+
+
+def _usage_lines(d: dict[str, Any]) -> list[str]:
+    """The job's usage table: one row per attempt, then the job's sums, then its queue wait."""
+    from app.usage import UsageFigures, usage_table
+
+    rows = [(f"{a['run']}.{a['number']}", UsageFigures.from_dict(a.get("usage"))) for a in d["attempts"]]
+    rows.append(("job", UsageFigures.from_dict(d.get("usage"))))
+    wait = d.get("queue_wait_seconds")
+    queued = f"  queue wait {wait:.1f} s before the latest claim" if isinstance(wait, int | float) else ""
+    return ["usage", *("  " + line for line in usage_table(rows).splitlines()), *([queued] if queued else [])]
 
 
 def _trajectory_shown(stored: str) -> str:
@@ -594,6 +606,7 @@ def _show_local(job: str, json_out: bool) -> None:
         "steps": data.get("n_steps"),
         "tests": fix.get("tests"),
         "flags": fix.get("flags") or [],
+        "usage": fix.get("usage") or data.get("usage"),
         "trajectory": str(path),
         "started_at": data.get("started_at"),
         "updated_at": data.get("updated_at"),
@@ -613,6 +626,11 @@ def _show_local(job: str, json_out: bool) -> None:
         ("started", _when(summary["started_at"])),
     ):
         lines.extend(_wrap(str(value), f"  {label:<10} ", 13))
+    if summary["usage"]:
+        from app.usage import UsageFigures, usage_table
+
+        table = usage_table([("usage", UsageFigures.from_dict(summary["usage"]))])
+        lines.extend("  " + line for line in table.splitlines())
     lines.append(f"  trajectory {path}")
     typer.echo("\n".join(lines))
 

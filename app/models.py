@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    column,
+    func,
+    select,
+    table,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, AttemptStatus, JobStatus
+from app.usage import UsageFigures
 
 __all__ = [
     "ACTIVE_PREDICATE",
@@ -28,6 +45,9 @@ __all__ = [
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
+
+# The attempts table as the job's summed step count reads it (JobAttempt is defined below Job).
+_ATTEMPT_STEPS = table("job_attempts", column("job_id", Integer), column("steps", Integer))
 
 # SQL text of the partial-index predicate; shared by the model, the migration and the upsert.
 ACTIVE_PREDICATE = "status IN (" + ", ".join(f"'{s}'" for s in ACTIVE_STATUSES) + ")"
@@ -77,6 +97,15 @@ class Job(Base):
     steps: Mapped[int] = mapped_column(Integer, default=0)
     exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
+    # Usage (migration 0005): a job's figures are the sums over its attempts.
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    model_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    model_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    sandbox_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # Seconds from the enqueue to the worker's claim of the latest run; None until claimed.
+    queue_wait_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -85,6 +114,18 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     events: Mapped[list[JobEvent]] = relationship(back_populates="job", order_by="JobEvent.id")
+    # Steps summed over every attempt, for the job's usage (`steps` above is the current attempt's).
+    attempt_steps: Mapped[int] = column_property(
+        select(func.coalesce(func.sum(_ATTEMPT_STEPS.c.steps), 0))
+        .where(_ATTEMPT_STEPS.c.job_id == id)
+        .correlate_except(_ATTEMPT_STEPS)
+        .scalar_subquery()
+    )
+
+    @property
+    def usage(self) -> UsageFigures:
+        """The job's figures: the sums over its attempts, steps included."""
+        return replace(UsageFigures.of(self), steps=int(self.attempt_steps or 0))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +151,8 @@ class Job(Base):
             "updated_at": _iso(self.updated_at),
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
+            "usage": self.usage.to_dict(),
+            "queue_wait_seconds": None if self.queue_wait_seconds is None else round(self.queue_wait_seconds, 3),
         }
 
 
@@ -132,6 +175,13 @@ class JobAttempt(Base):
     tests: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Usage (migration 0005): this attempt's own figures.
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    model_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    model_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    sandbox_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
@@ -141,6 +191,7 @@ class JobAttempt(Base):
             "exit_reason": self.exit_reason, "steps": self.steps, "trajectory_path": self.trajectory_path,
             "patch": self.patch, "summary": self.summary, "tests": self.tests, "flags": self.flags or [],
             "error": self.error, "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+            "usage": UsageFigures.of(self).to_dict(),
         }
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, inspect
 from app import migrate
 from app.models import Base
 
-HEAD = "0004"
+HEAD = "0005"
 
 
 def _check_schema(url: str) -> None:
@@ -138,5 +138,58 @@ def test_run_rename_keeps_each_jobs_run_number(where: str, tmp_path: Path, reque
         migrate.downgrade(url, "0003")
         with engine.connect() as conn:
             assert conn.execute(text("SELECT attempt FROM jobs")).scalar_one() == 3
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+def test_usage_columns_arrive_as_zero_and_leave_cleanly(where: str, tmp_path: Path, request: Any) -> None:
+    """0005 gives existing jobs and attempts zero usage (NOT NULL, default 0) and an unknown queue wait."""
+    from sqlalchemy import text
+
+    url = (
+        f"sqlite:///{tmp_path / 'u.db'}"
+        if where == "sqlite"
+        else request.getfixturevalue("pg").create_database("usage")
+    )
+    migrate.upgrade(url, "0004")
+    engine = create_engine(url)
+    usage = ("prompt_tokens", "completion_tokens", "cached_tokens", "model_calls", "model_seconds", "sandbox_seconds")
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (forge, project, issue, status, run, cancel_requested, enqueue_count,"
+                    " steps, created_at, updated_at) VALUES ('gitlab', 'a/b', 1, 'done', 1, false, 1, 4,"
+                    " CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO job_attempts (job_id, run, number, status, steps, started_at)"
+                    " VALUES ((SELECT id FROM jobs), 1, 1, 'verified', 4, CURRENT_TIMESTAMP)"
+                )
+            )
+        migrate.upgrade(url)
+        with engine.connect() as conn:
+            for table in ("jobs", "job_attempts"):
+                row = conn.execute(text(f"SELECT {', '.join(usage)}, steps FROM {table}")).one()
+                assert tuple(row) == (0, 0, 0, 0, 0, 0, 4)
+            assert conn.execute(text("SELECT queue_wait_seconds FROM jobs")).scalar_one() is None
+            # New rows get the defaults from the database itself.
+            conn.execute(
+                text(
+                    "INSERT INTO job_attempts (job_id, run, number, status, steps, started_at)"
+                    " VALUES ((SELECT id FROM jobs), 1, 2, 'no_fix', 1, CURRENT_TIMESTAMP)"
+                )
+            )
+            assert conn.execute(text("SELECT sum(cached_tokens) FROM job_attempts")).scalar_one() == 0
+            conn.rollback()
+        migrate.downgrade(url, "0004")
+        with engine.connect() as conn:
+            for table in ("jobs", "job_attempts"):
+                columns = {c["name"] for c in inspect(conn).get_columns(table)}
+                assert not columns & {*usage, "queue_wait_seconds"} and "steps" in columns
+            assert conn.execute(text("SELECT steps FROM job_attempts")).scalar_one() == 4
     finally:
         engine.dispose()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import re
+import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 from app.settings import Settings
 from app.statuses import INFRA_EXITS, AttemptStatus, ExitReason
+from app.usage import UsageFigures
 from sandbox.base import PatchTooLarge, SandboxError
 from worker import repos
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
@@ -162,6 +164,12 @@ class AttemptResult:
     guidance: RepoGuidance | None = None  # what the agent was given, as read from the base commit
     sandbox_patch: str = ""  # the sandbox's own text, as the trajectory records it: never judged, never pushed
     changes: PatchEvidence | None = None  # what git stored for it; the review rules and the MR read this
+    test_seconds: float = 0.0  # wall time of the test runs this attempt made (the shared base run counts once)
+
+    @property
+    def usage(self) -> UsageFigures:
+        """The agent's figures, with the sandbox time of this attempt's test runs added."""
+        return self.leaf.figures() + UsageFigures(sandbox_seconds=self.test_seconds)
 
     @property
     def infrastructure_failure(self) -> bool:
@@ -254,6 +262,7 @@ class Verifier:
     def __init__(self, context: AttemptContext) -> None:
         self.context = context
         self._before: TestRun | None = None
+        self.seconds = 0.0  # wall time of every test run so far, sandbox start and checkout included
 
     def before(self, config: RepoConfig, base: str) -> TestRun:
         if self._before is None:
@@ -276,7 +285,11 @@ class Verifier:
                 repos.remove_workspace(ws)
                 return TestRun(None, problem)
         c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
-        run = run_tests(ws, config, c.settings, c.redact, image=config.image)
+        started = time.monotonic()
+        try:
+            run = run_tests(ws, config, c.settings, c.redact, image=config.image)
+        finally:
+            self.seconds += time.monotonic() - started
         timed_out = " (timed out)" if run.timed_out else ""
         c.observer.stage("tested", f"tests {label}: exit code {run.exit_code}{timed_out}", {"label": label})
         return run
@@ -339,7 +352,11 @@ class AttemptRunner:
         )
         if review is None:
             return result
-        return self._judge(result, spec.base_commit, review, too_large)
+        tested_before = self.verifier.seconds
+        try:
+            return self._judge(result, spec.base_commit, review, too_large)
+        finally:
+            result.test_seconds = self.verifier.seconds - tested_before
 
     def _agent(
         self, spec: AttemptSpec, model: ModelClient, ws: Path, config: RepoConfig, guidance: RepoGuidance | None

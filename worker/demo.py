@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from worker.leaf.model import ModelReply, ReplayModel
+from worker.leaf.model import ModelReply, ReplayModel, Usage
 from worker.repos import git_environment
 
 CALC = '''"""A tiny calculator."""
@@ -85,10 +85,16 @@ def demo_model() -> ReplayModel:
         (None, "Run the tests.", [_call("d3", "Bash", {"command": "python3 -m pytest -q"})]),
         ("add() subtracted instead of adding; it now returns a + b and the tests pass.", "Done.", []),
     ]
+    # Token figures as SGLang started with --enable-cache-report reports them: each prompt is the last
+    # one plus the new turns, and the prefix cache serves what was sent before.
+    prompts = (1890, 2230, 2480, 2790)
+    completions = (48, 96, 31, 52)
     replies = []
-    for content, reasoning, calls in turns:
+    for i, (content, reasoning, calls) in enumerate(turns):
         message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
         if calls:
             message["tool_calls"] = calls
-        replies.append(ModelReply(message=message, finish_reason="tool_calls" if calls else "stop"))
+        cached = 0 if i == 0 else prompts[i - 1] + completions[i - 1] - 14
+        usage = Usage(prompts[i], completions[i], prompts[i] + completions[i], cached)
+        replies.append(ModelReply(message=message, finish_reason="tool_calls" if calls else "stop", usage=usage))
     return ReplayModel(replies)

@@ -20,6 +20,7 @@ from app import trajectory
 from app.logs import SecretRedactor
 from app.settings import Settings, get_settings
 from app.statuses import ExitReason, FixStatus
+from app.usage import UsageFigures, usage_table
 from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun
@@ -51,6 +52,7 @@ class FixOutcome:
     error: str | None = None
     flags: list[str] = field(default_factory=list)
     final_answer: str = ""
+    usage: UsageFigures = field(default_factory=UsageFigures)
 
     @property
     def flaky(self) -> bool:
@@ -75,6 +77,7 @@ class FixOutcome:
             "error": self.error,
             "flags": self.flags,
             "summary": self.final_answer,
+            "usage": self.usage.to_dict(),
         }
 
 
@@ -161,6 +164,8 @@ class LocalFix:
             self.say(f"refused: {reason}")
         before = runner.verifier.before(result.config, base) if result.config.test_command else None
         outcome = self.outcome(result, before)
+        # Every test run of this one-attempt job, including a base run made only for the report.
+        outcome.usage = result.leaf.figures() + UsageFigures(sandbox_seconds=runner.verifier.seconds)
         self.amend_trajectory({"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}})
         return outcome
 
@@ -298,6 +303,7 @@ def run_and_report(repo_dir: Path, title: str, body: str, as_json: bool, model: 
             print(f"tests: {outcome.test_command}: before exit {b}, after exit {a}{flaky}")
         for flag in outcome.flags:
             print(f"flag: {flag}")
+        print(usage_table([("usage", outcome.usage)]))
         print(f"trajectory: {outcome.trajectory}")
         if outcome.patch:
             print(outcome.patch, end="" if outcome.patch.endswith("\n") else "\n")

@@ -27,11 +27,12 @@ from app.jobs import records, transitions
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
 from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus
+from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
 from worker.issue_text import sanitize_issue_text
-from worker.leaf.loop import StepRecord
+from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import render_task, system_prompt
 from worker.repo_config import RepoConfigError
@@ -190,12 +191,18 @@ class JobObserver:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.attempt_id = 0  # set by `one_attempt` before each attempt
+        self.usage = UsageFigures()  # the running attempt's figures, step by step
+
+    def start(self, attempt_id: int) -> None:
+        self.attempt_id, self.usage = attempt_id, UsageFigures()
 
     def on_step(self, record: StepRecord) -> None:
         p = self.pipeline
+        self.usage += step_usage(record)
         with session_scope() as session:
             records.update_attempt(session, self.attempt_id, steps=record.step + 1)
             records.update_job(session, p.job_id, run=p.run_number, steps=record.step + 1)
+            records.record_usage(session, p.job_id, self.attempt_id, self.usage)
 
     def cancelled(self) -> bool:
         return self.pipeline.cancelled()
@@ -436,9 +443,9 @@ class Pipeline:
 
     def one_attempt(self, runner: AttemptRunner, observer: JobObserver, base: str, number: int) -> AttemptResult:
         """One attempt through the shared runner, recorded as an attempt row of this run."""
-        observer.attempt_id = in_transaction(
+        observer.start(in_transaction(
             lambda session: records.start_attempt(session, self.job_id, self.run_number, number)
-        )
+        ))
         spec = AttemptSpec(
             job_id=self.job_id,
             number=number,
@@ -480,9 +487,12 @@ class Pipeline:
         }
         if result.evidence is not None:
             fields["tests"] = result.evidence.to_dict()
-        in_transaction(
-            lambda session: records.update_attempt(session, attempt_id, finished=True, status=result.status, **fields)
-        )
+
+        def write(session: Session) -> None:
+            records.update_attempt(session, attempt_id, finished=True, status=result.status, **fields)
+            records.record_usage(session, self.job_id, attempt_id, result.usage)
+
+        in_transaction(write)
 
     def publish(self, prepared: Prepared, result: AttemptResult) -> None:
         """Push the verified patch to the bot's branch and open (or update) the one draft MR."""

@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 
 from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions
 from app.models import Job, JobAttempt, utcnow
-from app.statuses import ACTIVE_STATUSES, OUTCOME_STATUSES, SUCCESS_STATUSES, AttemptStatus, JobStatus
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, OUTCOME_STATUSES, SUCCESS_STATUSES, AttemptStatus, JobStatus
+from app.usage import USAGE_COLUMNS, UsageFigures
 
 LIST_COUNT_CAP = 10_000
 SEARCH_MAX_CHARS = 100
@@ -298,10 +299,7 @@ def _running_sandboxes(session: Session) -> int:
 
 def _jobs_per_day(session: Session, since: datetime, days: int) -> list[tuple[str, dict[str, int]]]:
     """Jobs created each day since `since` (UTC days), by status; days without jobs are present and empty."""
-    if session.get_bind().dialect.name == "postgresql":
-        day: Any = func.to_char(func.timezone("UTC", Job.created_at), "YYYY-MM-DD")
-    else:
-        day = func.date(Job.created_at)
+    day = _created_day(session)
     per_day: dict[str, dict[str, int]] = {}
     for d in range(days):
         per_day[(since + timedelta(days=d)).strftime("%Y-%m-%d")] = {}
@@ -337,3 +335,126 @@ def percentile(values: list[float], q: float) -> float:
     low = int(position)
     high = min(low + 1, len(values) - 1)
     return values[low] + (values[high] - values[low]) * (position - low)
+
+
+# -- usage --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One project's jobs created on one UTC day: how many, how they ended, and what they used."""
+
+    day: str  # YYYY-MM-DD
+    project: str
+    jobs: int
+    outcomes: dict[str, int]  # job status -> jobs
+    usage: UsageFigures
+
+    @property
+    def model_hours(self) -> float:
+        return self.usage.model_seconds / 3600.0
+
+
+@dataclass(frozen=True)
+class UsageReport:
+    """The usage page: rows per (day, project), newest day first, and the days for the chart."""
+
+    since: datetime
+    rows: list[UsageRow]
+    per_day: list[tuple[str, UsageFigures]]  # every day of the window, oldest first, empty days included
+
+    def by_project(self) -> list[UsageRow]:
+        """The window's totals per project, largest prompt-token use first."""
+        totals: dict[str, UsageRow] = {}
+        for row in self.rows:
+            seen = totals.get(row.project)
+            if seen is None:
+                totals[row.project] = UsageRow("", row.project, row.jobs, dict(row.outcomes), row.usage)
+                continue
+            outcomes = dict(seen.outcomes)
+            for status, n in row.outcomes.items():
+                outcomes[status] = outcomes.get(status, 0) + n
+            totals[row.project] = UsageRow("", row.project, seen.jobs + row.jobs, outcomes, seen.usage + row.usage)
+        return sorted(totals.values(), key=lambda r: (-r.usage.prompt_tokens, r.project))
+
+
+def _created_day(session: Session) -> Any:
+    """A job's creation day in UTC as YYYY-MM-DD, in the session's SQL dialect."""
+    if session.get_bind().dialect.name == "postgresql":
+        return func.to_char(func.timezone("UTC", Job.created_at), "YYYY-MM-DD")
+    return func.date(Job.created_at)
+
+
+def usage_report(
+    session: Session, now: datetime | None = None, days: int = 14, project: str | None = None
+) -> UsageReport:
+    """Tokens, cached share, model time, jobs and outcomes per project and per day of creation (UTC).
+
+    A job's figures are the sums over its attempts (every run), counted on the day it was created,
+    as the jobs-per-day chart counts it.
+    """
+    now = now or utcnow()
+    since = (now - timedelta(days=days - 1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    day = _created_day(session).label("day")
+    where = [Job.created_at >= since] + ([Job.project == project] if project else [])
+    query = (
+        select(
+            day, Job.project, Job.status, func.count(),
+            *(func.coalesce(func.sum(getattr(Job, name)), 0) for name in USAGE_COLUMNS),
+        )
+        .where(*where)
+        .group_by("day", Job.project, Job.status)
+    )
+    cells: dict[tuple[str, str], tuple[int, dict[str, int], UsageFigures]] = {}
+    for d, proj, status, n, *sums in session.execute(query):
+        figures = UsageFigures(**{name: value for name, value in zip(USAGE_COLUMNS, sums, strict=True)})
+        jobs, outcomes, usage = cells.get((str(d), proj), (0, {}, UsageFigures()))
+        cells[(str(d), proj)] = (jobs + int(n), {**outcomes, status: int(n)}, usage + figures)
+    rows = [UsageRow(d, p, jobs, outcomes, usage) for (d, p), (jobs, outcomes, usage) in cells.items()]
+    rows.sort(key=lambda r: (-r.usage.prompt_tokens, r.project))
+    rows.sort(key=lambda r: r.day, reverse=True)  # stable: newest day first, largest use first within it
+    per_day = {(since + timedelta(days=i)).strftime("%Y-%m-%d"): UsageFigures() for i in range(days)}
+    for row in rows:
+        per_day[row.day] = per_day.get(row.day, UsageFigures()) + row.usage
+    return UsageReport(since, rows, sorted(per_day.items()))
+
+
+@dataclass(frozen=True)
+class UsageCounters:
+    """/metrics' usage counters, read at scrape time so every API replica reports the same truth.
+
+    Tokens and seconds are summed over finished attempts by project and attempt outcome: an
+    attempt's status never changes once it ends, so these only grow. Jobs are counted by project
+    and final status (a retried job leaves its old outcome's count until it ends again).
+    """
+
+    attempts: dict[tuple[str, str], UsageFigures]  # (project, attempt status) -> figures
+    jobs: dict[tuple[str, str], int]  # (project, final job status) -> jobs
+
+    def cached_share(self) -> dict[str, float]:
+        """Per project, the share of prompt tokens the prefix cache served (projects with prompts only)."""
+        per_project: dict[str, UsageFigures] = {}
+        for (project, _), figures in self.attempts.items():
+            per_project[project] = per_project.get(project, UsageFigures()) + figures
+        return {p: u.cached_share for p, u in per_project.items() if u.cached_share is not None}
+
+
+def usage_counters(session: Session) -> UsageCounters:
+    """The sums behind /metrics' usage counters (two grouped scans, no per-job work)."""
+    sums = (func.coalesce(func.sum(getattr(JobAttempt, name)), 0) for name in USAGE_COLUMNS)
+    attempt_rows = session.execute(
+        select(Job.project, JobAttempt.status, *sums)
+        .join(Job, Job.id == JobAttempt.job_id)
+        .where(JobAttempt.status != AttemptStatus.running.value)
+        .group_by(Job.project, JobAttempt.status)
+    )
+    attempts = {
+        (project, status): UsageFigures(**dict(zip(USAGE_COLUMNS, values, strict=True)))
+        for project, status, *values in attempt_rows
+    }
+    job_rows = session.execute(
+        select(Job.project, Job.status, func.count())
+        .where(Job.status.in_(FINAL_STATUSES))
+        .group_by(Job.project, Job.status)
+    )
+    return UsageCounters(attempts, {(project, status): int(n) for project, status, n in job_rows})

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from sqlalchemy import Table, bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from app.models import ACTIVE_PREDICATE, Job, JobAttempt, JobEvent, WebhookDelivery, utcnow
 from app.statuses import ACTIVE_STATUSES, AttemptStatus, JobStatus
+from app.usage import USAGE_COLUMNS, UsageFigures
 
 
 class UnknownJob(LookupError):
@@ -174,6 +175,22 @@ def events_after(session: Session, job_id: int, after_id: int = 0, limit: int = 
     return list(session.execute(query).scalars())
 
 
+# The timeline events that put a job in the queue: its creation, an operator's retry, the sweep's requeue.
+QUEUED_EVENTS: Final = ("created", "retried", "requeued")
+
+
+def queued_since(session: Session, job_id: int) -> datetime | None:
+    """When the job last entered the queue (its newest queueing event; its creation without one)."""
+    at = session.execute(
+        select(func.max(JobEvent.at)).where(JobEvent.job_id == job_id, JobEvent.kind.in_(QUEUED_EVENTS))
+    ).scalar()
+    if at is None:
+        at = session.execute(select(Job.created_at).where(Job.id == job_id)).scalar()
+    if at is not None and at.tzinfo is None:  # SQLite hands back naive datetimes, written as UTC
+        at = at.replace(tzinfo=UTC)
+    return at
+
+
 def announced_this_round(session: Session, job_id: int) -> bool:
     """Whether the issue was already told this job started, since it was created or last retried.
 
@@ -208,6 +225,23 @@ def update_attempt(session: Session, attempt_id: int, *, finished: bool = False,
     if finished:
         values["finished_at"] = utcnow()
     session.execute(update(JobAttempt).where(JobAttempt.id == attempt_id).values(**values))
+
+
+def record_usage(session: Session, job_id: int, attempt_id: int, usage: UsageFigures) -> None:
+    """An attempt's figures so far, then its job's as the sum over all its attempts (every run).
+
+    Written after every step and at the attempt's end, as totals rather than increments, so a
+    repeated write changes nothing and a worker that dies loses at most one step's figures.
+    """
+    values = usage.columns()  # `steps` has its own writers: the step callback and the attempt's end
+    session.execute(update(JobAttempt).where(JobAttempt.id == attempt_id).values(**values))
+    sums = {
+        name: select(func.coalesce(func.sum(getattr(JobAttempt, name)), 0))
+        .where(JobAttempt.job_id == job_id)
+        .scalar_subquery()
+        for name in USAGE_COLUMNS
+    }
+    session.execute(update(Job).where(Job.id == job_id).values(**sums))
 
 
 def close_open_attempts(session: Session, job_id: int, status: str, why: str, run: int | None = None) -> None:

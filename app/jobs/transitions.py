@@ -15,7 +15,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.jobs.records import active_job, add_event, close_open_attempts, get_job, job_of_run
+from app.jobs.records import active_job, add_event, close_open_attempts, get_job, job_of_run, queued_since
 from app.models import Job, utcnow
 from app.statuses import (
     ACTIVE_STATUSES,
@@ -64,13 +64,19 @@ def request_cancel(session: Session, job: Job, why: str) -> None:
 
 
 def claim_job(session: Session, job_id: int) -> bool:
-    """queued -> running, guarded: of two deliveries of the same task, only one wins. Starts a new run."""
+    """queued -> running, guarded: of two deliveries of the same task, only one wins. Starts a new run.
+
+    Stamps the run's queue wait: from when the job last entered the queue to this claim.
+    """
     now = utcnow()
+    since = queued_since(session, job_id)
+    wait = None if since is None else max(0.0, (now - since).total_seconds())
     return _changed(
         session,
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued.value)
-        .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now),
+        .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now,
+                queue_wait_seconds=wait),
     )
 
 

@@ -29,6 +29,7 @@ from app.queue import send_replay_job
 from app.settings import get_settings
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, RETRYABLE_STATUSES, STATUS_ORDER, JobStatus
 from app.trajectory import TrajectoryMissing
+from app.usage import UsageFigures
 from app.web import views
 from app.web.params import NO_NUL, AttemptId, JobId, Offset, ProjectFilter
 from app.web.security import clear_cookie_header, safe_next, session_cookie_header
@@ -182,6 +183,25 @@ def overview(request: Request) -> Response:
     return _render(request, "overview.html", context)
 
 
+UsageDays = Annotated[int, Query(ge=1, le=366)]
+
+
+@router.get("/usage", response_class=HTMLResponse)
+def usage_page(request: Request, days: UsageDays = 14, project: ProjectFilter = None) -> Response:
+    """Tokens, cached share, model hours, jobs and outcomes per project and per day, with a chart."""
+    project = (project or "").strip() or None
+    with session_scope() as session:
+        report = read_model.usage_report(session, days=days, project=project)
+    context = {
+        "r": report,
+        "days": days,
+        "project": project,
+        "chart": views.tokens_per_day_svg(report.per_day),
+        "series": views.TOKEN_SERIES,
+    }
+    return _render(request, "usage.html", context)
+
+
 def _cursor(value: str | None) -> tuple[datetime, int] | None:
     """`<microseconds since the epoch>_<id>`: exact, short, and opaque enough for a URL."""
     if not value:
@@ -289,6 +309,8 @@ def job_page(request: Request, job_id: JobId) -> Response:
         "last_event_id": events[-1].id if events else 0,
         "stages": _stages(job.status, [e.kind for e in events]),
         "live_state": live_state(job, attempts[-1] if attempts else None, len(attempts)),
+        "usage_rows": [(f"attempt {a.number} of run {a.run}", UsageFigures.of(a)) for a in attempts],
+        "usage": job.usage,
     }
     return _render(request, "job.html", context)
 

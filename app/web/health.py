@@ -7,11 +7,12 @@ from collections.abc import Iterator
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import text
 
 from app.db import session_scope
+from app.jobs.read_model import UsageCounters, usage_counters
 from app.jobs.records import count_deliveries, count_jobs_by_status, oldest_queued_age
 from app.queue import broker_folder, celery_app
 from app.settings import get_settings
@@ -60,7 +61,7 @@ def readyz() -> JSONResponse:
 class DatabaseCollector(Collector):
     """Counts read from the database at scrape time, so every API replica reports the same truth."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         deliveries = GaugeMetricFamily(
             "frogfix_webhook_deliveries",
             "Webhook deliveries recorded, by forge and outcome",
@@ -75,9 +76,45 @@ class DatabaseCollector(Collector):
             for status in JobStatus:
                 by_status.add_metric([status.value], counts.get(status.value, 0))
             queued_age.add_metric([], oldest_queued_age(session))
+            counters = usage_counters(session)
         yield deliveries
         yield by_status
         yield queued_age
+        yield from usage_metrics(counters)
+
+
+def usage_metrics(counters: UsageCounters) -> Iterator[Metric]:
+    """Tokens by kind, model and sandbox seconds, calls and jobs by project and outcome; the cached share."""
+    labels = ["project", "outcome"]
+    tokens = CounterMetricFamily(
+        "frogfix_tokens", "Tokens of finished attempts, by project, attempt outcome and kind (prompt, "
+        "completion, cached: the prompt tokens the server's prefix cache served)", labels=[*labels, "kind"],
+    )
+    model_seconds = CounterMetricFamily(
+        "frogfix_model_seconds", "Wall time inside model calls of finished attempts, retries included", labels=labels
+    )
+    sandbox_seconds = CounterMetricFamily(
+        "frogfix_sandbox_seconds", "Wall time inside sandbox tool calls and test runs of finished attempts",
+        labels=labels,
+    )
+    calls = CounterMetricFamily("frogfix_model_calls", "Model replies of finished attempts", labels=labels)
+    jobs = CounterMetricFamily("frogfix_jobs_finished", "Jobs by project and final status", labels=labels)
+    share = GaugeMetricFamily(
+        "frogfix_prompt_cached_ratio", "Share of prompt tokens served from the prefix cache, by project",
+        labels=["project"],
+    )
+    for (project, outcome), u in sorted(counters.attempts.items()):
+        for kind, value in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),
+                            ("cached", u.cached_tokens)):
+            tokens.add_metric([project, outcome, kind], value)
+        model_seconds.add_metric([project, outcome], u.model_seconds)
+        sandbox_seconds.add_metric([project, outcome], u.sandbox_seconds)
+        calls.add_metric([project, outcome], u.model_calls)
+    for (project, outcome), n in sorted(counters.jobs.items()):
+        jobs.add_metric([project, outcome], n)
+    for project, ratio in sorted(counters.cached_share().items()):
+        share.add_metric([project], ratio)
+    yield from (tokens, model_seconds, sandbox_seconds, calls, jobs, share)
 
 
 registry = CollectorRegistry()

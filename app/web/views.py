@@ -22,6 +22,7 @@ from markupsafe import Markup
 from app import trajectory
 from app.patches import FileDiff, file_diffs
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, status_label
+from app.usage import UsageFigures
 
 FOLD_CHARS = 1_500  # tool outputs and logs longer than this start folded
 FOLD_LINES = 25
@@ -454,40 +455,68 @@ CHART_SERIES: tuple[tuple[str, str], ...] = (
 
 
 def jobs_per_day_svg(per_day: list[tuple[str, dict[str, int]]]) -> Markup:
-    """A stacked bar per day, coloured by outcome through CSS classes (so dark mode restyles it)."""
+    """Jobs created per day, a stacked bar each, by outcome (every active status as one)."""
+    keys = {key for key, _ in CHART_SERIES}
+    grouped = []
+    for day, counts in per_day:
+        bars = dict.fromkeys(keys, 0)
+        for status, n in counts.items():
+            bars["active" if status in ACTIVE_STATUSES else status if status in bars else "failed"] += n
+        grouped.append((day, bars))
+    return stacked_bars_svg(grouped, CHART_SERIES, "Jobs per day by outcome")
+
+
+# The usage page's tokens per day: the cached part of the prompts, the rest of them, the completions.
+TOKEN_SERIES: tuple[tuple[str, str], ...] = (
+    ("cached", "cached prompt tokens"),
+    ("uncached", "uncached prompt tokens"),
+    ("completion", "completion tokens"),
+)
+
+
+def tokens_per_day_svg(per_day: list[tuple[str, UsageFigures]]) -> Markup:
+    """Tokens used per day, a stacked bar each, split as TOKEN_SERIES."""
+    bars = [
+        (day, {"cached": u.cached_tokens, "uncached": max(0, u.prompt_tokens - u.cached_tokens),
+               "completion": u.completion_tokens})
+        for day, u in per_day
+    ]
+    return stacked_bars_svg(bars, TOKEN_SERIES, "Tokens per day, cached and not")
+
+
+def stacked_bars_svg(
+    days: list[tuple[str, dict[str, int]]], series: tuple[tuple[str, str], ...], label: str
+) -> Markup:
+    """A stacked bar per day, one segment per series, coloured through CSS classes (so dark mode restyles it)."""
     width, height = 1100, 230
-    left, right, top, bottom = 40, 8, 10, 28
+    left, right, top, bottom = 48, 8, 10, 28
     plot_w, plot_h = width - left - right, height - top - bottom
-    days = per_day or []
-    totals = [sum(c.values()) for _, c in days]
+    totals = [sum(c.get(key, 0) for key, _ in series) for _, c in days]
     peak = max(totals, default=0)
     scale_max = _nice_ceiling(peak)
     slot = plot_w / max(1, len(days))
     bar_w = max(2.0, slot * 0.7)
     parts = [
         f'<svg class="chart" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="Jobs per day by outcome" xmlns="http://www.w3.org/2000/svg">'
+        f'aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg">'
     ]
     for tick in range(5):
         value = scale_max * tick / 4
         y = top + plot_h - plot_h * tick / 4
         parts.append(f'<line class="grid" x1="{left}" x2="{width - right}" y1="{y:.1f}" y2="{y:.1f}"/>')
-        parts.append(f'<text class="axis" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{value:g}</text>')
+        parts.append(f'<text class="axis" x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_tick(value)}</text>')
     for i, (day, counts) in enumerate(days):
         x = left + slot * i + (slot - bar_w) / 2
         y = top + plot_h
-        grouped = {key: 0 for key, _ in CHART_SERIES}
-        for status, n in counts.items():
-            grouped["active" if status in ACTIVE_STATUSES else status if status in grouped else "failed"] += n
-        for key, label in CHART_SERIES:
-            n = grouped[key]
+        for key, name in series:
+            n = counts.get(key, 0)
             if not n or not scale_max:
                 continue
             h = plot_h * n / scale_max
             y -= h
             parts.append(
                 f'<rect class="bar s-{key}" x="{x:.1f}" y="{y:.1f}" width="{bar_w:.1f}" height="{h:.1f}">'
-                f"<title>{escape(day)}: {n} {escape(label)}</title></rect>"
+                f"<title>{escape(day)}: {n} {escape(name)}</title></rect>"
             )
         if len(days) <= 16 or i % 2 == 0:
             parts.append(
@@ -496,6 +525,14 @@ def jobs_per_day_svg(per_day: list[tuple[str, dict[str, int]]]) -> Markup:
             )
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _tick(value: float) -> str:
+    """An axis label that stays short: 40, 2.5k, 1.2M."""
+    for limit, suffix in ((1e6, "M"), (1e3, "k")):
+        if value >= limit:
+            return f"{value / limit:g}{suffix}"
+    return f"{value:g}"
 
 
 def _nice_ceiling(value: int) -> int:

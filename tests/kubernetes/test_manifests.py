@@ -224,6 +224,7 @@ def test_probes_gpu_and_parsers(built: list[dict[str, Any]]) -> None:
     sglang = next(c for d, c in containers(built) if d["metadata"]["name"] == "sglang")
     command = " ".join(sglang["command"])
     assert "--tool-call-parser qwen3_coder" in command and "--reasoning-parser qwen3" in command
+    assert "--enable-cache-report" in sglang["command"]  # else usage carries no cached tokens (issue 13)
     assert sglang["resources"]["limits"]["nvidia.com/gpu"] == "1"
     services = {d["metadata"]["name"] for d in built if d["kind"] == "Service"}
     assert {"frogfix-api", "sglang", "redis", "postgres"} <= services
@@ -250,6 +251,7 @@ def test_compose_gives_a_working_stack_with_healthchecks() -> None:
     assert services["sglang"]["profiles"] == ["gpu"]
     command = " ".join(services["sglang"]["command"])
     assert "--tool-call-parser qwen3_coder" in command and "--reasoning-parser qwen3" in command
+    assert "--enable-cache-report" in services["sglang"]["command"]
     for name in ("api", "worker"):
         assert services[name]["depends_on"]["postgres"] == {"condition": "service_healthy"}
         assert services[name]["depends_on"]["redis"] == {"condition": "service_healthy"}

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from app.statuses import LEAF_EXITS, ExitReason
+from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker.leaf.model import ContextOverflow, ModelClient, ModelQueryError, ModelReply, Usage
 from worker.leaf.textcalls import extract_text_calls
@@ -109,6 +110,7 @@ class StepRecord:
                 "prompt_tokens": self.usage.prompt_tokens,
                 "completion_tokens": self.usage.completion_tokens,
                 "total_tokens": self.usage.total_tokens,
+                "cached_tokens": self.usage.cached_tokens or 0,  # none reported (no --enable-cache-report): 0
             },
             "model_seconds": round(self.model_seconds, 6),
             "tool_seconds": round(self.tool_seconds, 6),
@@ -118,27 +120,48 @@ class StepRecord:
         }
 
 
+def step_usage(record: StepRecord) -> UsageFigures:
+    """One step's share of the usage, for callers that keep figures up to date as steps come."""
+    u = record.usage
+    return UsageFigures(
+        prompt_tokens=u.prompt_tokens if u else 0, completion_tokens=u.completion_tokens if u else 0,
+        cached_tokens=(u.cached_tokens or 0) if u else 0, model_calls=1, steps=1,
+        model_seconds=record.model_seconds, sandbox_seconds=record.tool_seconds,
+    )
+
+
 @dataclass
 class UsageTotals:
-    """Token totals over the run, from the server's usage reports."""
+    """Token totals over the run's replies, from the server's usage reports.
+
+    `cached_unreported` counts replies without `prompt_tokens_details.cached_tokens` (a server
+    started without `--enable-cache-report`): their cached tokens are unknown and count as 0.
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     calls: int = 0
     last_prompt_tokens: int = 0
     context_tokens: int = 0
+    cached_tokens: int = 0
+    cached_unreported: int = 0
 
     def add(self, usage: Usage | None) -> None:
         self.calls += 1
+        if usage is None or usage.cached_tokens is None:
+            self.cached_unreported += 1
         if usage is not None:
             self.prompt_tokens += usage.prompt_tokens
             self.completion_tokens += usage.completion_tokens
+            self.cached_tokens += usage.cached_tokens or 0
             self.last_prompt_tokens = usage.prompt_tokens
 
     def to_dict(self) -> dict[str, int]:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cached_unreported": self.cached_unreported,
             "calls": self.calls,
             "last_prompt_tokens": self.last_prompt_tokens,
             "context_tokens": self.context_tokens,
@@ -159,6 +182,15 @@ class LeafResult:
     model_seconds: float
     tool_seconds: float
     records: list[StepRecord]
+
+    def figures(self) -> UsageFigures:
+        """The run's usage: one step per reply; model seconds include calls that failed."""
+        u = self.usage
+        return UsageFigures(
+            prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens,
+            model_calls=u.calls, steps=len(self.records), model_seconds=self.model_seconds,
+            sandbox_seconds=self.tool_seconds,
+        )
 
 
 @dataclass
@@ -385,9 +417,11 @@ class LeafRun:
             raise _Exit(ExitReason.max_time)
         self.steps += 1
         model_started = time.perf_counter()
-        reply = self.query(remaining)
-        model_seconds = time.perf_counter() - model_started
-        self.model_seconds += model_seconds
+        try:
+            reply = self.query(remaining)
+        finally:  # a call that failed still took the model's time (its retries included)
+            model_seconds = time.perf_counter() - model_started
+            self.model_seconds += model_seconds
         assistant = self._append_reply(reply)
         planned, from_text = plan_calls(reply.message, index)
         tools_started = time.perf_counter()

@@ -12,7 +12,9 @@ exactly that). Retries are ours (the SDK's are off), so the time budget is one n
 from __future__ import annotations
 
 import json
+import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +24,8 @@ from typing import Any, Protocol
 import openai
 
 from app import trajectory
+
+log = logging.getLogger(__name__)
 
 
 class ModelError(Exception):
@@ -55,11 +59,62 @@ class Usage:
         total = _as_int(data.get("total_tokens")) or prompt + completion
         details = data.get("prompt_tokens_details")
         cached = _as_int(details.get("cached_tokens")) if isinstance(details, Mapping) else None
+        if cached is None and "cached_tokens" in data:  # a trajectory step's flat record of it
+            cached = _as_int(data.get("cached_tokens"))
         return cls(prompt, completion, total, cached)
 
 
 def _as_int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count as reported; anything but a non-negative int (a bool, a string, -1) is 0."""
+    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+_warned: set[tuple[str, str]] = set()  # (what, server): each server's flag is named once per process
+_warned_lock = threading.Lock()
+
+
+def _first_time(what: str, server: str) -> bool:
+    with _warned_lock:
+        if (what, server) in _warned:
+            return False
+        _warned.add((what, server))
+        return True
+
+
+def warn_without_cache_report(server: str, usage: Usage | None) -> None:
+    """Log once per process and server that its replies carry no cached-token figures.
+
+    SGLang reports `usage.prompt_tokens_details.cached_tokens` only when started with
+    `--enable-cache-report`; without it nobody can see whether the prefix cache works.
+    """
+    if usage is not None and usage.cached_tokens is not None:
+        return
+    if not _first_time("cache-report", server):
+        return
+    log.warning(
+        "the model server at %s reports no cached tokens (usage.prompt_tokens_details.cached_tokens); "
+        "start SGLang with --enable-cache-report to see whether its prefix cache works",
+        server,
+    )
+
+
+def warn_text_tool_calls(server: str, message: Mapping[str, Any]) -> None:
+    """Log once per process and server that a tool call came back as text in the content.
+
+    SGLang parses qwen3_coder calls into `tool_calls` only when started with
+    `--tool-call-parser qwen3_coder`; without it the calls stay in the text (the loop's fallback
+    still reads them, less reliably).
+    """
+    content = message.get("content")
+    if message.get("tool_calls") or not isinstance(content, str) or "<function=" not in content:
+        return
+    if not _first_time("tool-call-parser", server):
+        return
+    log.warning(
+        "the model server at %s returned a tool call as text in the content; "
+        "start SGLang with --tool-call-parser qwen3_coder so calls arrive as tool_calls",
+        server,
+    )
 
 
 @dataclass(frozen=True)
@@ -200,6 +255,9 @@ class OpenAIChatModel:
         self._client = client or openai.OpenAI(
             base_url=base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
         )
+        # The server as logs may name it: no user or password from the URL, no query.
+        url = self._client.base_url
+        self._server = str(url.copy_with(username=None, password=None, query=None))
         # Encoded messages, by identity: the history is append-only, so the common prefix of
         # two calls is found by comparing object identities and only new messages are encoded.
         self._encoded: list[tuple[Mapping[str, Any], bytes]] = []
@@ -326,10 +384,13 @@ class OpenAIChatModel:
         if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
             raise ModelQueryError(f"model answered without a message: {json.dumps(data)[:300]}")
         choice = choices[0]
+        usage = Usage.from_dict(data.get("usage"))
+        warn_without_cache_report(self._server, usage)
+        warn_text_tool_calls(self._server, choice["message"])
         return ModelReply(
             message=choice["message"],
             finish_reason=choice.get("finish_reason"),
-            usage=Usage.from_dict(data.get("usage")),
+            usage=usage,
             model=data.get("model"),
             response_id=data.get("id"),
             elapsed_s=time.monotonic() - started,

@@ -109,7 +109,8 @@ class TrajectoryWriter:
             error=result.error,
             final_message=result.final_answer,
             n_steps=result.steps,
-            usage=result.usage.to_dict(),
+            # The run's summary: the loop's totals and the one usage shape (app/usage.py) over its replies.
+            usage={**result.usage.to_dict(), **result.figures().to_dict()},
             timings={
                 "elapsed_s": round(result.elapsed_s, 3),
                 "model_s": round(result.model_seconds, 3),
