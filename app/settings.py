@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     # A larger patch refuses the attempt (the sandbox stops reading the diff there): this bot makes small fixes.
     max_patch_bytes: int = Field(default=1024 * 1024, ge=1024, le=256 * 1024**2)
     allow_binary_patches: bool = False  # binary files cannot be reviewed in an MR's diff, so they are refused
+    # Let the forge's CI run on the bot's branch as soon as it is pushed. Off: the push asks GitLab
+    # (`ci.skip`, `[skip ci]`) and Gitea/Forgejo (`[skip ci]`) not to, since the patch may have
+    # written the CI configuration; a maintainer runs CI after review (README).
+    allow_forge_ci: bool = False
     allowed_projects: str = ""  # comma-separated glob patterns (e.g. "acme/*,tools/bot"); empty allows all
     public_url: str = ""  # where operators reach this service, for links in comments and MRs
     stale_job_seconds: float = 600.0  # an active job without a heartbeat this long lost its worker

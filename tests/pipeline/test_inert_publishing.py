@@ -79,11 +79,18 @@ def bare_mentions(text: str) -> list[str]:
     return re.findall(r"@[\w.-]+", text)
 
 
+def rendered(text: str) -> str:
+    """`text` without its fenced blocks (opened by FrogFix as ```text): what a forge renders as Markdown."""
+    return re.sub(r"^(`{3,})text\n.*?\n\1$", "", text, flags=re.S | re.M)
+
+
 def assert_inert(text: str, own_issue: int, where: str) -> None:
+    """Even inside code: no quick action (GitLab's reader ends a code block at its first ``` line),
+    no mention, no closing reference (GitLab's closing pattern reads the raw text); outside: no HTML."""
     assert quick_action_lines(text) == [], where
     assert bare_mentions(text) == [], where
     assert closing_references(text) <= {f"#{own_issue}"}, where
-    assert "<img" not in text and "![i]" not in text, where
+    assert "<img" not in rendered(text) and "![i]" not in rendered(text), where
 
 
 def test_the_oracles_see_what_the_finding_describes() -> None:
@@ -105,7 +112,9 @@ def test_the_oracles_see_what_the_finding_describes() -> None:
 
 
 def _git(bare: Path, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", str(bare), *args], capture_output=True, text=True, check=True).stdout
+    """Git's output as it is: no universal-newline translation, which would turn a `\r` into `\n`."""
+    done = subprocess.run(["git", "--git-dir", str(bare), *args], capture_output=True, check=True)
+    return done.stdout.decode("utf-8", "surrogateescape")
 
 
 def _quoted(name: str) -> str:
@@ -140,8 +149,8 @@ def _job(job_id: int) -> Any:
 def _check_published(world: World, forge: str, job_id: int, number: int) -> None:
     job = _job(job_id)
     bare = world.bare(forge)
-    comments = [n["body"] for n in world.gitlab.notes] if forge == "gitlab" else [c["body"] for c in world.gitea.comments]
-    for comment in comments:
+    notes = world.gitlab.notes if forge == "gitlab" else world.gitea.comments
+    for comment in [n["body"] for n in notes]:
         assert_inert(comment, number, "comment")
     if forge == "gitlab":
         mrs = world.gitlab.open_mrs(PROJECT)
@@ -161,7 +170,7 @@ def _check_published(world: World, forge: str, job_id: int, number: int) -> None
         assert_inert(text, number, where)
     assert "add() broken." in title and "billing" in title  # still readable
     for name in HOSTILE_NAMES:
-        shown = _quoted(name) if re.search(r"[\r\n]", name) else name
+        shown = (_quoted(name) if re.search(r"[\r\n]", name) else name).replace("@", "@\u200b")
         assert re.search("`+ ?" + re.escape(shown) + " ?`+", description), name  # inside a code span
     for line in description.splitlines():  # each file name stays inside its table row
         if line.startswith("| ") and "\\n" in line:

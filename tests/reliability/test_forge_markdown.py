@@ -49,7 +49,9 @@ def test_the_mr_description_shows_the_models_words_as_plain_text() -> None:
         provenance=Provenance("m", {}, "abc", "local", 1, 1),
         redact=lambda s: s,
     )
-    assert "/merge" in description and "@all please approve" in description  # shown, inside a text block
+    # shown, inside a text block, and disarmed even there (GitLab's quick-action reader ends a code
+    # block at its first line of three backticks, and a forge may read mentions in code)
+    assert "\u200b/merge" in description and "@\u200ball please approve" in description
     rendered = _visible_markdown(description)
     assert not re.search(r"^\s*/", rendered, re.M)
     outside_code = re.sub(r"(`+).*?\1", "", rendered)  # code spans render no mention, image or HTML
