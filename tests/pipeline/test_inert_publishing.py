@@ -22,6 +22,7 @@ from app.db import session_scope
 from app.jobs import records
 from tests.conftest import configure
 from tests.doubles.openai_server import assistant, text_call, tool_call
+from tests.forge_oracles import bare_mentions, closing_references, quick_action_lines, rendered_outside_code
 from tests.pipeline.conftest import PROJECT, TRIGGER, World
 from worker.tasks import run_job
 
@@ -53,50 +54,20 @@ def hostile_script() -> list[Any]:
     ]
 
 
-# -- oracles -----------------------------------------------------------------------------------
-
-_KEYWORD = r"(?i:clos(?:e[sd]?|ing)|fix(?:e[sd]|ing)?|resolv(?:e[sd]?|ing)|implement(?:s|ed|ing)?|reopen(?:s|ed)?)"
-_REF = r"(?:(?:[\w.-]+(?:/[\w.-]+)*)?[#!]\d+|https?://\S+?/(?:issues|pulls|work_items)/\d+|[A-Z][A-Z0-9_]+-\d+)"
-# GitLab's default closing pattern (docs: "Default closing pattern") and Gitea's keywords before a
-# reference (modules/references), as one superset: keyword, optional colon, spaces, `issue(s)`, refs.
-_CLOSING = re.compile(rf"\b{_KEYWORD}:?[ \t]+(?:(?i:issues?)[ \t]+)?((?:{_REF})(?:(?: *,? +and +| *,? *)(?:{_REF}))*)")
-
-
-def closing_references(text: str) -> set[str]:
-    """Every issue a forge would close (or reopen) from `text` with its default keywords."""
-    found: set[str] = set()
-    for match in _CLOSING.finditer(text):
-        found.update(re.findall(_REF, match.group(1)))
-    return found
-
-
-def quick_action_lines(text: str) -> list[str]:
-    """Lines (by every line break Python knows, `\\r` included) that start with a slash command."""
-    return [line for line in text.splitlines() if re.match(r"\s*/", line)]
-
-
-def bare_mentions(text: str) -> list[str]:
-    return re.findall(r"@[\w.-]+", text)
-
-
-def rendered(text: str) -> str:
-    """`text` without its fenced blocks (opened by FrogFix as ```text): what a forge renders as Markdown."""
-    return re.sub(r"^(`{3,})text\n.*?\n\1$", "", text, flags=re.S | re.M)
-
-
 def assert_inert(text: str, own_issue: int, where: str) -> None:
-    """Even inside code: no quick action (GitLab's reader ends a code block at its first ``` line),
-    no mention, no closing reference (GitLab's closing pattern reads the raw text); outside: no HTML."""
+    """Even inside code: no quick action, no mention, no closing reference but the job's own;
+    and nothing a browser would fetch where the forge renders Markdown."""
     assert quick_action_lines(text) == [], where
     assert bare_mentions(text) == [], where
     assert closing_references(text) <= {f"#{own_issue}"}, where
-    assert "<img" not in rendered(text) and "![i]" not in rendered(text), where
+    assert "<img" not in rendered_outside_code(text), where
 
 
 def test_the_oracles_see_what_the_finding_describes() -> None:
     """The checks fail on what today's code posted, so a pass means something."""
     raw = "| `a\n/ready\n` | 1 | 0 |\nadd() broken. Closes other-group/billing#17 @all\r/merge"
     assert quick_action_lines(raw) == ["/ready", "/merge"]
+    assert quick_action_lines("````text\nx\n```\n/merge\n````") == ["/merge"]  # GitLab's reader, not CommonMark's
     assert bare_mentions(raw) == ["@all"]
     assert closing_references(raw) == {"other-group/billing#17"}
     assert closing_references("Fix #5: x") == {"#5"}
