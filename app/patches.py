@@ -5,6 +5,7 @@ a tab on its `---`/`+++` lines, and writes no such lines at all for binary, mode
 rename-only sections, where both paths come from the `diff --git a/X b/Y` header. Every reader
 goes through `file_diffs`, so a quoted name reads the same in the refusal rules, the MR's
 diffstat and the dashboard. Standard library only; the worker and the web layer both import it.
+`shown_path` is how every reader shows such a name to a person: one line, as git quotes it.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def escape_hidden(text: str, *, keep: str = "") -> str:
 def shown_path(path: str) -> str:
     """A path as a reviewer sees it: as is, or, when it holds a hidden character, a backslash or a
     double quote, C-quoted as git prints such names (`"a\\n/ready\\n"`). Either way one line, and
-    two different names never look the same. The MR, the comments and the job page all use this."""
+    two different names never look the same. The MR's file table and the job page use this."""
     if not any(c in '"\\' or _hidden(c) for c in path):
         return path
     return '"' + escape_hidden(path.replace("\\", "\\\\").replace('"', '\\"')) + '"'

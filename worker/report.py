@@ -1,7 +1,10 @@
-"""What FrogFix writes on the forge: the draft MR's description and the issue comments.
+"""What FrogFix writes on the forge: the MR's title and description, the commit message, the issue comments.
 
 Everything here is Markdown that the forge renders; every string passes the caller's redactor
-and the forge client bounds the size again. Test logs are trimmed and folded.
+and the forge client bounds the size again. Test logs are trimmed and folded. Whatever the
+issue, the model or the repository chose is redacted first and then made inert (`disarm`,
+`inert`, `inert_title`): forges read commands, mentions and closing references in raw text,
+code included, so code formatting alone protects nothing.
 """
 
 from __future__ import annotations
