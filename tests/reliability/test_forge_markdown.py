@@ -150,3 +150,26 @@ def test_a_comment_quoting_a_name_with_a_carriage_return_runs_nothing() -> None:
     assert quick_action_lines(text) == [] and bare_mentions(text) == []
     mr = comment_finished("draft merge request ready", "", 1, None, lambda s: s, mr_url="https://h/g/p/-/merge_requests/7")
     assert mr.endswith("Please review https://h/g/p/-/merge_requests/7.")  # our own link stays a link
+
+
+def test_a_secret_holding_characters_that_inert_changes_is_still_redacted() -> None:
+    """Redaction comes first: after a zero-width space or an entity, a redactor no longer sees the secret."""
+    secret = "s3cr@t<&>pw"
+
+    def redact(text: str) -> str:
+        return text.replace(secret, "[REDACTED]")
+
+    description = mr_description(
+        issue_ref="#1",
+        issue_url=None,
+        summary=f"token {secret}",
+        patch="",
+        tests=Evidence(f"pytest --pw {secret}", {"exit_code": 1, "log": secret}, []),
+        flags=[f"changes test file {secret}"],
+        job_url=None,
+        provenance=Provenance("m", {}, "abc", f"local ({secret})", 1, 1),
+        redact=redact,
+    )
+    comment = comment_finished("no fix", f"refused: {secret}", 1, None, redact)
+    for text in (description, comment):
+        assert "s3cr" not in text and "[REDACTED]" in text
