@@ -6,10 +6,12 @@ rename-only sections, where both paths come from the `diff --git a/X b/Y` header
 shows patches git itself regenerated (worker/patch_evidence.py); nothing is judged from this
 reading: the review rules and the MR's file table read what git stored instead (a patch git
 cannot apply is stored as nothing). Standard library only.
+`shown_path` is how every reader shows such a name to a person: one line, as git quotes it.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -148,3 +150,38 @@ def file_diffs(patch: str, *, headerless: str | None = None) -> Iterator[FileDif
             current.removed += 1
     if current is not None and (current.header or current.body or headerless is None):
         yield current
+
+
+# -- showing names and text that git, the model or a repository chose --------------------------
+
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f", "\v": "\\v", "\a": "\\a"}
+
+
+def _hidden(char: str) -> bool:
+    """A character that breaks a line or shows nothing: controls, format characters (bidi
+    overrides, zero-width), line and paragraph separators, and undecodable bytes."""
+    return unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Cs")
+
+
+def _escape(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    code = ord(char)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_hidden(text: str, *, keep: str = "") -> str:
+    """`text` with every hidden character except those in `keep` written as a visible escape
+    (`\\n`, `\\r`, `\\x1c`, `\\u2028`), so it cannot start a line or hide anything where it is shown."""
+    return "".join(_escape(c) if c not in keep and _hidden(c) else c for c in text)
+
+
+def shown_path(path: str) -> str:
+    """A path as a reviewer sees it: as is, or, when it holds a hidden character, a backslash or a
+    double quote, C-quoted as git prints such names (`"a\\n/ready\\n"`). Either way one line, and
+    two different names never look the same. The MR's file table and the job page use this."""
+    if not any(c in '"\\' or _hidden(c) for c in path):
+        return path
+    return '"' + escape_hidden(path.replace("\\", "\\\\").replace('"', '\\"')) + '"'

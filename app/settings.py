@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     # .forgejo/ workflows, ...) is refused: pushed, it would run with the project's CI variables before any
     # review. True turns the refusal into a review flag.
     allow_ci_changes: bool = False
+    # Let the forge's CI run on the bot's branch as soon as it is pushed. Off: the push asks GitLab
+    # (`ci.skip`, `[skip ci]`) and Gitea/Forgejo (`[skip ci]`) not to, since the patch may have
+    # written the CI configuration; a maintainer runs CI after review (README).
+    allow_forge_ci: bool = False
     allowed_projects: str = ""  # comma-separated glob patterns (e.g. "acme/*,tools/bot"); empty allows all
     public_url: str = ""  # where operators reach this service, for links in comments and MRs
     stale_job_seconds: float = 600.0  # an active job without a heartbeat this long lost its worker

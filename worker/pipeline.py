@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app import trajectory
 from app.db import in_transaction, session_scope
-from app.forge.api import Forge, ForgeError, ForgeTransient, Issue, upsert_draft_mr
+from app.forge.api import Forge, ForgeError, ForgeTransient, Issue, skip_ci_push_options, upsert_draft_mr
 from app.jobs import records, transitions
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
@@ -36,7 +36,14 @@ from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import render_task, system_prompt
 from worker.repo_config import RepoConfigError
-from worker.report import Provenance, comment_finished, comment_started, mr_description
+from worker.report import (
+    Provenance,
+    comment_finished,
+    comment_started,
+    commit_message,
+    mr_description,
+    mr_title,
+)
 from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
 from worker.wiring import leaf_limits_from, make_forge, model_from, sampling_from
 from worker.workspaces import PoolSource
@@ -505,27 +512,33 @@ class Pipeline:
             raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the job ran", None)
         self.status(JobStatus.publishing, expected=("verifying",))
         branch = f"frogfix/issue-{self.issue}"
-        message = self.redact(f"Fix #{self.issue}: {self.title}"[:200] + f"\n\nDrafted by FrogFix (job {self.job_id}).")
+        title = self.redact(self.title)  # before it is disarmed: a zero-width space could hide a secret
+        skip_ci = not self.s.allow_forge_ci
+        message = self.redact(commit_message(self.issue, title, self.job_id, skip_ci=skip_ci))
         mirror, base = prepared.mirror, prepared.base
         assert result.changes is not None, "only a judged attempt is published"
         sha = repos.commit_patch(
             mirror, base, result.patch, message, BOT_AUTHOR, self.root / "publish", expect_tree=result.changes.tree
         )
         auth = self.forge.git_auth_header()
-        repos.retry_transient("git push", lambda: repos.push_branch(mirror, prepared.clone_url, auth, branch, sha))
+        options = skip_ci_push_options(self.forge_kind) if skip_ci else ()
+        repos.retry_transient(
+            "git push",
+            lambda: repos.push_branch(mirror, prepared.clone_url, auth, branch, sha, push_options=options),
+        )
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
         mr, created = upsert_draft_mr(
             self.forge,
             self.project,
             branch,
             prepared.default_branch,
-            self.redact(f"Fix #{self.issue}: {self.title}"),
+            self.redact(mr_title(self.issue, title)),
             self.description(prepared, result),
         )
         self.finish(mr.web_url, created, result.flags)
         self.comment(
             comment_finished(
-                "draft merge request ready", f"Please review {mr.web_url}.", self.job_id, self.url, self.redact
+                "draft merge request ready", "", self.job_id, self.url, self.redact, mr_url=mr.web_url
             )
         )
 

@@ -1,7 +1,10 @@
-"""What FrogFix writes on the forge: the draft MR's description and the issue comments.
+"""What FrogFix writes on the forge: the MR's title and description, the commit message, the issue comments.
 
 Everything here is Markdown that the forge renders; every string passes the caller's redactor
-and the forge client bounds the size again. Test logs are trimmed and folded.
+and the forge client bounds the size again. Test logs are trimmed and folded. Whatever the
+issue, the model or the repository chose is redacted first and then made inert (`disarm`,
+`inert`, `inert_title`): forges read commands, mentions and closing references in raw text,
+code included, so code formatting alone protects nothing.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.forge.api import SKIP_CI_MARKER
+from app.patches import escape_hidden, shown_path
 from worker.leaf.trajectory import HARNESS_VERSION
 
 LOG_EXCERPT = 12_000
@@ -46,33 +51,91 @@ def _tail(text: str, limit: int = LOG_EXCERPT) -> str:
 
 
 def _fence(text: str) -> str:
-    longest = max((len(run) for run in text.split("\n") if set(run) == {"`"}), default=0)
+    """A fenced block that `text` cannot close: CommonMark also ends a line at a lone CR, and a
+    closing fence may be indented or followed by spaces, so the fence is longer than any run of
+    backticks anywhere in the text. The content is disarmed too: GitLab's quick-action reader has
+    its own idea of where a code block ends (the first line of exactly three backticks)."""
+    text = escape_hidden(text.replace("\r\n", "\n").replace("\r", "\n"), keep="\n\t")
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     ticks = "`" * max(3, longest + 1)
-    return f"{ticks}text\n{text.replace(chr(0), '')}\n{ticks}"
+    return f"{ticks}text\n{disarm(text)}\n{ticks}"
 
 
 ZWSP = "\u200b"
-_QUICK_ACTION = re.compile(r"^(\s*)/", re.M)
+# A line starts after \n and after every other line break a renderer or Python's splitlines() knows.
+_LINE_START = "(?:^|(?<=[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]))"
+_QUICK_ACTION = re.compile(_LINE_START + r"(\s*)/", re.M)
+# Keywords that close (or reopen) issues, as one case-insensitive superset of the forges' defaults:
+# - GitLab's default closing pattern (docs.gitlab.com, "Default closing pattern"; `implement` since
+#   gitlab-ce#38424): \b((?:[Cc]los(?:e[sd]?|ing)|\b[Ff]ix(?:e[sd]|ing)?|\b[Rr]esolv(?:e[sd]?|ing)
+#   |\b[Ii]mplement(?:s|ed|ing)?)(:?) +(?:(?:issues? +)?%{issue_ref}(...)|([A-Z][A-Z0-9_]+-\d+))+),
+#   where issue_ref is #123, group/project#123 or a link to an issue;
+# - Gitea and Forgejo (modules/references/references.go, [repository.pull-request] CLOSE_KEYWORDS
+#   and REOPEN_KEYWORDS): close, closes, closed, fix, fixes, fixed, resolve, resolves, resolved;
+#   reopen, reopens, reopened; before #123, !123, owner/repo#123, ABC-123 or an issues/pulls URL.
+_KEYWORD = r"(?i:clos(?:e[sd]?|ing)|fix(?:e[sd]|ing)?|resolv(?:e[sd]?|ing)|implement(?:s|ed|ing)?|reopen(?:s|ed|ing)?)"
+_REFERENCE_START = r"(?:[#!]|[\w.-]+(?:/[\w.-]+)*[#!]\d|(?i:https?):|[A-Z][A-Z0-9_]*-\d)"
+_CLOSING = re.compile(rf"\b({_KEYWORD})(?=:?\s+(?:(?i:issues?)\s+)?{_REFERENCE_START})")
+_NUMBERED = re.compile(r"([#!])(?=\d)")  # #17, !17, group/project#17: issue and MR references
+_ISSUE_LINK = re.compile(r"(/(?:issues|pulls|merge_requests|work_items)/)(?=\d)")
+
+
+def disarm(text: str) -> str:
+    """Text the model, the issue or a repository chose, unable to act on the forge, even inside code.
+
+    No working closing keyword before a reference, no issue or MR reference (#17, a/b!17, an issue
+    link: no custom closing pattern can use them either), no @mention (a forge notifies people
+    from titles, descriptions and commits) and no line that starts with `/` (GitLab runs quick
+    actions written by the bot's account). Each is broken by a zero-width space, so the text
+    reads the same.
+    """
+    text = _CLOSING.sub(lambda m: m.group(1)[0] + ZWSP + m.group(1)[1:], text)
+    text = _NUMBERED.sub(lambda m: m.group(1) + ZWSP, text)
+    text = _ISSUE_LINK.sub(lambda m: m.group(1) + ZWSP, text)
+    text = text.replace("@", "@" + ZWSP)
+    return _QUICK_ACTION.sub(lambda m: m.group(1) + ZWSP + "/", text)
 
 
 def inert(text: str) -> str:
     """Text the model or a repository chose, made harmless as Markdown on the forge.
 
-    No @mentions (they notify people), no images or raw HTML (a reviewer's browser would fetch a
-    URL the model chose: a way to call home), and no line-leading `/` (GitLab runs quick actions
-    such as /merge or /close written by the bot's account).
+    Besides `disarm`: no images or raw HTML (a reviewer's browser would fetch a URL the model
+    chose: a way to call home), and no hidden characters but newlines and tabs.
     """
+    text = escape_hidden(text, keep="\n\t")
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    text = text.replace("@", "@" + ZWSP).replace("![", "!" + ZWSP + "[")
-    return _QUICK_ACTION.sub(lambda m: m.group(1) + ZWSP + "/", text)
+    return disarm(text.replace("![", "!" + ZWSP + "["))
+
+
+def inert_title(text: str) -> str:
+    """An issue title as FrogFix repeats it in a commit subject or an MR title: one line, disarmed.
+
+    Titles are plain text on both forges (no HTML escaping), but GitLab reads mentions in MR
+    titles, and commit messages and Gitea PR titles close the issues they name.
+    """
+    return disarm(escape_hidden(" ".join(text.split())))
 
 
 def _code(text: str) -> str:
-    """An inline code span that `text` cannot close, safe in a table cell too."""
+    """An inline code span that `text` cannot close or leave, safe in a table cell too."""
+    text = disarm(escape_hidden(text))
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     ticks = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{ticks}{pad}{text.replace('|', chr(92) + '|')}{pad}{ticks}"
+
+
+def mr_title(issue: int, title: str) -> str:
+    """`Fix #N: <title>`: our own reference closes the job's issue when the MR is merged; nothing else can."""
+    return f"Fix #{issue}: {inert_title(title)}"
+
+
+def commit_message(issue: int, title: str, job_id: int, *, skip_ci: bool) -> str:
+    """The bot's commit: the MR title as subject, and the marker that keeps forge CI off the branch."""
+    body = f"Drafted by FrogFix (job {job_id})."
+    if skip_ci:
+        body += f"\n\nForge CI is skipped until a maintainer runs it on this branch: {SKIP_CI_MARKER}"
+    return f"{mr_title(issue, title)[:200]}\n\n{body}"
 
 
 def _exit(run: dict[str, Any] | None) -> str:
@@ -95,17 +158,30 @@ def mr_description(
     provenance: Provenance,
     redact: Callable[[str], str],
 ) -> str:
+    """The draft MR's Markdown. Every piece the model, the issue or the repository chose is redacted
+    first (a zero-width space could hide a secret from a later redaction), then made inert."""
     lines = [f"Draft fix for {issue_ref}" + (f" ({issue_url})" if issue_url else "") + ", opened by FrogFix.", ""]
     lines += ["A human must review this change before it is merged. FrogFix never merges.", ""]
-    if flags:
-        lines += ["**Review flags:**", *[f"- **{inert(flag)}**" for flag in flags], ""]
+    if flags:  # one line each, whatever file name a flag quotes
+        lines += ["**Review flags:**", *[f"- **{inert(escape_hidden(redact(flag)))}**" for flag in flags], ""]
     if tests.flaky:
         lines += ["**The patched tests gave different results between runs: treat them as flaky.**", ""]
     # The model's own words, which a hostile issue may have shaped: shown as plain text, never rendered.
-    lines += ["### What the agent says", "", _fence((summary.strip() or "(no summary)")[:SUMMARY_LIMIT]), ""]
+    summary = redact(summary.strip() or "(no summary)")[:SUMMARY_LIMIT]
+    lines += ["### What the agent says", "", _fence(summary), ""]
     lines += ["### Files changed", "", "| file | + | - |", "| --- | --: | --: |"]
-    lines += [f"| {_code(path)} | {added} | {removed} |" for path, added, removed in diffstat]
-    lines += ["", "### Tests", "", f"Command: `{tests.command}`", ""]
+    for path, added, removed in diffstat:
+        lines.append(f"| {_code(shown_path(redact(path)))} | {added} | {removed} |")
+    lines += _tests_section(tests, redact)
+    if job_url:
+        lines += [f"Job: {job_url}", ""]
+    lines += _provenance_section(provenance, redact)
+    return redact("\n".join(lines))
+
+
+def _tests_section(tests: TestEvidence, redact: Callable[[str], str]) -> list[str]:
+    """The test command (the repository's .frogfix.yml chose it), the verdicts and the logs."""
+    lines = ["", "### Tests", "", f"Command: {_code(redact(tests.command))}", ""]
     lines += [f"- before the patch (base commit): {_exit(tests.before)}"]
     lines += [f"- with the patch, run {i + 1}: {_exit(run)}" for i, run in enumerate(tests.after)]
     lines.append("")
@@ -116,27 +192,28 @@ def mr_description(
             lines += [
                 f"<details><summary>Test log {label} ({_exit(run)})</summary>",
                 "",
-                _fence(_tail(run.get("log", ""))),
+                _fence(_tail(redact(run.get("log", "")))),
                 "",
                 "</details>",
                 "",
             ]
-    if job_url:
-        lines += [f"Job: {job_url}", ""]
-    p = provenance
+    return lines
+
+
+def _provenance_section(p: Provenance, redact: Callable[[str], str]) -> list[str]:
+    """What produced the patch; the sandbox names the repository's own image, so it is inert too."""
     sampling = ", ".join(f"{k}={v}" for k, v in sorted(p.sampling.items()) if not isinstance(v, dict))
-    lines += [
+    return [
         "<details><summary>Provenance</summary>",
         "",
-        f"- model: `{p.model}` ({sampling})",
+        f"- model: {_code(p.model)} ({sampling})",
         f"- harness: Leaf protocol, FrogFix {p.harness_version}",
         f"- base commit: `{p.base_commit}`",
-        f"- sandbox: {p.sandbox}",
+        f"- sandbox: {inert(escape_hidden(redact(p.sandbox)))}",
         f"- attempt {p.attempt} of {p.attempts}",
         "",
         "</details>",
     ]
-    return redact("\n".join(lines))
 
 
 def comment_started(job_id: int, job_url: str | None) -> str:
@@ -155,11 +232,18 @@ def comment_finished(
     redact: Callable[[str], str],
     *,
     notify: str | None = None,
+    mr_url: str | None = None,
 ) -> str:
     """`detail` may quote what the model or the repository chose (file names, test output): made inert.
 
-    `notify` is a forge user name FrogFix itself decided to mention (who added the label).
+    `notify` is a forge user name FrogFix itself decided to mention (who added the label), and
+    `mr_url` the MR it opened: both are ours, so they stay working links and mentions.
     """
     where = f"[job {job_id}]({job_url})" if job_url else f"job {job_id}"
     mention = f"@{notify} " if notify and re.fullmatch(r"[\w.-]+", notify) else ""
-    return redact(f"{mention}FrogFix finished ({where}): **{outcome}**. {inert(detail)}")
+    text = f"{mention}FrogFix finished ({where}): **{outcome}**."
+    if mr_url:
+        text += f" Please review {mr_url}."
+    if detail:
+        text += f" {inert(redact(detail))}"
+    return redact(text)

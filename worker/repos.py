@@ -1007,6 +1007,9 @@ def commit_patch(
     return done.stdout.decode().strip()
 
 
+PUSH_OPTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:=[\x20-\x7e]*)?")  # ci.skip, ci.variable=K=V
+
+
 def push_branch(
     source_repo: Path,
     clone_url: str,
@@ -1015,6 +1018,7 @@ def push_branch(
     commit: str,
     *,
     expect_old: str | None = None,
+    push_options: Sequence[str] = (),
     timeout: float = NETWORK_TIMEOUT,
 ) -> None:
     """Push `commit` to `refs/heads/<branch>` and to nothing else; `branch` must be `frogfix/...`.
@@ -1024,11 +1028,17 @@ def push_branch(
     ref, no tags, no merge). A caller that recorded what it last pushed can pass `expect_old`
     (a sha, or "" for "must not exist yet") to get `--force-with-lease` instead: then a commit
     someone else added to our branch is never overwritten (RepoError "stale info").
+    `push_options` go to the server as `git push -o` (GitLab's `ci.skip`); a server that does not
+    advertise push options refuses the push.
     All validation happens before any network call.
     """
     check_branch(branch)
     _check_sha(commit)
     _check_url(clone_url)
+    for option in push_options:
+        if not PUSH_OPTION.fullmatch(option):
+            raise RepoError(f"invalid push option {option!r}")
+    options = [arg for option in push_options for arg in ("-o", option)]
     if expect_old not in (None, ""):
         _check_sha(str(expect_old))
     ref = f"refs/heads/{branch}"
@@ -1045,10 +1055,10 @@ def push_branch(
         if exists.returncode != 0:
             raise RepoError(f"commit {commit[:12]} is not in {source.name}")
         if expect_old is None:
-            args = ["push", "--porcelain", "--no-verify", "--", clone_url, f"+{commit}:{ref}"]
+            args = ["push", "--porcelain", "--no-verify", *options, "--", clone_url, f"+{commit}:{ref}"]
         else:
             lease = f"--force-with-lease={ref}:{expect_old}"
-            args = ["push", "--porcelain", "--no-verify", lease, "--", clone_url, f"{commit}:{ref}"]
+            args = ["push", "--porcelain", "--no-verify", *options, lease, "--", clone_url, f"{commit}:{ref}"]
         env = git_environment()
         if auth_header:
             env = git_auth_env(auth_header, url=clone_url, base_env=env)

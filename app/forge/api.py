@@ -208,6 +208,28 @@ def upsert_draft_mr(
 
 
 # ---------------------------------------------------------------------------------------------
+# Forge CI on the bot's branch
+# ---------------------------------------------------------------------------------------------
+
+# A patch may add or change CI configuration, and a pipeline on the bot's branch would run it with
+# the project's CI variables before anyone reviewed it; so by default FrogFix asks each forge not
+# to run CI for its push (FROGFIX_ALLOW_FORGE_CI turns this off).
+# - GitLab: the push option `ci.skip` skips the branch pipeline (docs: "Push options for GitLab
+#   CI/CD"), but not the merge request pipeline that opening or updating the MR starts
+#   (gitlab-org/gitlab#27955); a commit message holding `[skip ci]` or `[ci skip]` skips both.
+# - Gitea and Forgejo Actions: no push option; a push or pull request run is skipped when the head
+#   commit's message (or the PR title) holds one of [actions] SKIP_WORKFLOW_STRINGS, by default
+#   "[skip ci]", "[ci skip]", "[no ci]", "[skip actions]", "[actions skip]" (modules/setting/actions.go,
+#   services/actions/notifier_helper.go). Woodpecker and Drone honour "[skip ci]" too.
+SKIP_CI_MARKER = "[skip ci]"
+
+
+def skip_ci_push_options(kind: str) -> tuple[str, ...]:
+    """The push options that ask forge `kind` not to run CI for a push (only GitLab has one)."""
+    return ("ci.skip",) if kind == "gitlab" else ()
+
+
+# ---------------------------------------------------------------------------------------------
 # Outbound text: redaction and size bounds
 # ---------------------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Any
 from markupsafe import Markup
 
 from app import trajectory
-from app.patches import FileDiff, file_diffs
+from app.patches import FileDiff, file_diffs, shown_path
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, status_label
 from app.usage import UsageFigures
 
@@ -117,7 +117,7 @@ def parse_diff(patch: str | None) -> list[DiffFile]:
 
 
 def _diff_file(diff: FileDiff) -> DiffFile:
-    shown = DiffFile(diff.path, status=diff.status)
+    shown = DiffFile(shown_path(diff.path), status=diff.status)  # one line, as the MR names it
     shown.lines = [DiffLine("meta", line) for line in diff.header if not line.startswith(_HIDDEN_HEADER)]
     old = new = 0
     in_hunk = False

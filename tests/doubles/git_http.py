@@ -3,7 +3,9 @@
 Requests go to `git http-backend` as CGI, so clone, fetch and push speak the real protocol
 (v0/v1 and v2). Every request must carry the expected Authorization header, as a forge demands
 for private repositories; otherwise the answer is 401 with a Basic challenge. Receive-pack is
-enabled (REMOTE_USER is set), and every push is recorded with the ref updates it asked for.
+enabled (REMOTE_USER is set), and every push is recorded with the ref updates it asked for and
+its push options (`git push -o ci.skip`): the served repositories advertise push options, as
+GitLab's and Gitea's do, so a test can see what a push asked of the forge.
 """
 
 from __future__ import annotations
@@ -72,11 +74,12 @@ def bare_repo_from(worktree: Path, root: Path, name: str) -> Path:
 
 @dataclass
 class Push:
-    """One receive-pack request: the repository and the (old, new, ref) updates it asked for."""
+    """One receive-pack request: the repository, the (old, new, ref) updates it asked for, its push options."""
 
     repo: str
     updates: list[tuple[str, str, str]]
     status: int
+    options: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -88,29 +91,38 @@ class GitRequest:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def _pkt_lines(data: bytes) -> list[bytes]:
-    """The pkt-lines before the first flush packet (receive-pack's command list)."""
-    lines, pos = [], 0
+def _pkt_lines(data: bytes, pos: int = 0) -> tuple[list[bytes], int]:
+    """The pkt-lines from `pos` to the next flush packet, and the position just past that flush."""
+    lines = []
     while pos + 4 <= len(data):
         try:
             size = int(data[pos : pos + 4], 16)
         except ValueError:
             break
         if size == 0:
-            break
+            return lines, pos + 4
         lines.append(data[pos + 4 : pos + size])
         pos += size
-    return lines
+    return lines, pos
 
 
 def parse_push_commands(body: bytes) -> list[tuple[str, str, str]]:
     updates = []
-    for line in _pkt_lines(body):
+    for line in _pkt_lines(body)[0]:
         command = line.split(b"\0", 1)[0].strip().decode("utf-8", "replace")
         parts = command.split(" ")
         if len(parts) == 3:
             updates.append((parts[0], parts[1], parts[2]))
     return updates
+
+
+def parse_push_options(body: bytes) -> list[str]:
+    """The push options: a second pkt-line list after the commands, sent only when the first
+    command's capabilities name `push-options` (git's pack-protocol, "push-options")."""
+    commands, end = _pkt_lines(body)
+    if not commands or b"push-options" not in commands[0].partition(b"\0")[2].split():
+        return []
+    return [line.rstrip(b"\n").decode("utf-8", "replace") for line in _pkt_lines(body, end)[0]]
 
 
 @dataclass
@@ -224,6 +236,10 @@ class GitHttpDouble:
             "GIT_CONFIG_GLOBAL": os.devnull,
             "GIT_PROJECT_ROOT": str(self.root),
             "GIT_HTTP_EXPORT_ALL": "1",
+            # Served repositories accept `git push -o`, as GitLab's and Gitea's do.
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "receive.advertisePushOptions",
+            "GIT_CONFIG_VALUE_0": "true",
             "REMOTE_USER": "frogfix",  # enables receive-pack (pushes)
             "REMOTE_ADDR": "127.0.0.1",
             "REQUEST_METHOD": method,
@@ -245,7 +261,7 @@ class GitHttpDouble:
         if method == "POST" and path.endswith("/git-receive-pack"):
             repo = path[: -len("/git-receive-pack")].lstrip("/")
             with self.lock:
-                self.pushes.append(Push(repo, parse_push_commands(body), status))
+                self.pushes.append(Push(repo, parse_push_commands(body), status, parse_push_options(body)))
         if fault is not None:  # served; now the answer is lost
             self._stopping.wait(fault.hang_s)
             record.status = fault.status

@@ -511,3 +511,21 @@ def test_retry_transient_retries_network_trouble_only() -> None:
     with pytest.raises(repos.RepoTransient):
         repos.retry_transient("git fetch", down, delays=(0.0, 0.0), sleep=waits.append)
     assert waits == [0.0, 0.0]  # bounded: the delays, then one last try
+
+
+def test_push_options_reach_the_server_and_odd_ones_are_refused_before_the_network(
+    upstream: Upstream, cache: RepoCache
+) -> None:
+    """GitLab's `ci.skip` travels as `git push -o`; nothing else can ride along in an option."""
+    mirror = cache.mirror(KEY, upstream.url, HEADER)
+    branch = repos.branch_for_issue(9)
+    push_branch(mirror, upstream.url, HEADER, branch, upstream.second, push_options=["ci.skip"])
+    assert upstream.server.pushes[-1].options == ["ci.skip"] and upstream.rev(f"refs/heads/{branch}") == upstream.second
+    second = upstream.second
+    push_branch(mirror, upstream.url, HEADER, branch, second, expect_old=second, push_options=["ci.skip"])
+    assert upstream.server.pushes[-1].options == ["ci.skip"]
+    before = len(upstream.server.requests)
+    for odd in ("ci.skip\nci.variable=A=1", "", "-o", "--receive-pack=x", "ci.skip\0"):
+        with pytest.raises(RepoError, match="invalid push option"):
+            push_branch(mirror, upstream.url, HEADER, branch, upstream.second, push_options=[odd])
+    assert len(upstream.server.requests) == before
