@@ -48,7 +48,7 @@ def test_sampling_defaults_match_leaf() -> None:
 
 def test_request_body_and_reply(serve: Serve, client_for: ClientFor) -> None:
     message = {
-        "role": "assistant", "content": None, "reasoning_content": "think",
+        "role": "assistant", "content": "\n\n", "reasoning_content": "think",
         "tool_calls": [dict(tool_call("Read", {"file_path": "a.py"}, "call_1"), index=0)],
     }
     server = serve(assistant(None, reasoning="think", tool_calls=[tool_call("Read", {"file_path": "a.py"}, "call_1")],
@@ -57,7 +57,7 @@ def test_request_body_and_reply(serve: Serve, client_for: ClientFor) -> None:
     reply = model.complete(MESSAGES, TOOL_SCHEMAS)
     assert reply.message == message
     assert reply.finish_reason == "tool_calls"
-    assert reply.usage == Usage(50, 7, 57)
+    assert reply.usage == Usage(50, 7, 57, 0)  # a first request: nothing cached yet
     assert reply.attempts == 1
     body = server.request_json(0)
     assert body["model"] == "frognano-test"
