@@ -4,7 +4,9 @@ Messages start as [system, user]; each step sends the whole list with the five t
 appends the assistant message as the server returned it, and answers every tool call, in
 order, with one `tool` message. The history is append-only: nothing sent is ever rewritten, and
 each tool output is trimmed once, when it is appended, so every request extends the previous
-one byte for byte and SGLang's radix cache keeps its state between steps.
+one byte for byte and SGLang's radix cache keeps its state between steps. The one value changed
+on the way in: a tool call's arguments string that is not strict JSON (SGLang writes `Infinity`
+bare and then refuses it in the history), rewritten once, when appended.
 
 The loop knows only a Model (`model.ModelClient`) and a sandbox's `call_tool`; it imports no
 database, queue or web code. The worker persists each step through `on_step`.
@@ -520,8 +522,9 @@ class LeafRun:
     def answer(self, reply: ModelReply, assistant: Mapping[str, Any], planned: Sequence[_Planned]) -> _Answers:
         """Answer a reply's calls in order, appending each answer to the history as it comes.
 
-        A reply cut at its length or holding no calls is the end; its visible text is the final
-        answer. Cancelling, or a sandbox failure, stops before the call concerned, whose answer
+        A reply cut at its length, or holding no calls but answer text, is the end; its visible
+        text is the final answer (a reply with neither was planned as a format error by
+        `plan_calls`, so it is answered and the run goes on). Cancelling, or a sandbox failure, stops before the call concerned, whose answer
         is never appended; the answers so far are still the step's.
         """
         answers = _Answers()
