@@ -25,7 +25,7 @@ import openai
 
 from app import trajectory
 from app.logs import get_logger
-from worker.leaf.textcalls import extract_text_calls
+from worker.leaf.textcalls import OPEN_CALL, extract_text_calls
 
 # SGLang answers HTTP 200 with finish_reason "abort" when a request was aborted (an operator's
 # /abort_request, a weight update, a pause): not an answer. The client retries it; the loop
@@ -363,7 +363,9 @@ class OpenAIChatModel:
         """Warn (once per server) when a call came as text: the server runs without
         `--tool-call-parser qwen3_coder`, and the loop is reading calls from content instead."""
         content = reply.message.get("content")
-        if reply.message.get("tool_calls") or not isinstance(content, str) or "<" not in content:
+        # With the parser on, SGLang never leaves a <tool_call> in content (it keeps only the text
+        # before one): a wrapped call there is the sign. A bare <function=...> is the model's slip.
+        if reply.message.get("tool_calls") or not isinstance(content, str) or OPEN_CALL not in content:
             return
         if extract_text_calls(content).calls:
             warn_once_per_server(
