@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tests.conftest import sglang_case, sglang_case_names
+from tests.conftest import SGLANG_FIXTURES, sglang_case, sglang_case_names
 from tests.doubles.openai_server import (
     HISTORY_ARGS_INVALID,
     ScriptedOpenAIServer,
@@ -31,7 +31,7 @@ from tests.doubles.openai_server import (
 )
 from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf import model as model_module
-from worker.leaf.loop import LeafResult, run_leaf
+from worker.leaf.loop import LeafResult, history_message, run_leaf
 from worker.leaf.model import ContextOverflow, ModelQueryError, OpenAIChatModel
 from worker.leaf.textcalls import UNREAD_REPLY, extract_text_calls
 from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS
@@ -219,3 +219,16 @@ def test_a_call_that_arrives_as_text_is_warned_about_once_per_server(
     assert [entry["server"] for entry in warned] == [first.base_url, second.base_url]
     assert all(entry["log_level"] == "warning" and "--tool-call-parser qwen3_coder" in entry["hint"]
                for entry in warned)
+
+
+@pytest.mark.parametrize("name", ["first_request.json", "after_parallel_calls.json", "after_text_calls.json"])
+def test_request_bodies_stay_those_sglang_accepted(name: str) -> None:
+    """Re-encoding an accepted body's messages gives that body again: same fields, same order,
+    messages last, the history's assistant turns (through history_message) unchanged."""
+    sglang_case("responses.jsonl", "call_read")  # skips when the shared fixtures are absent
+    accepted = json.loads((SGLANG_FIXTURES / "requests" / name).read_text(encoding="utf-8"))
+    messages = [history_message(m) if m["role"] == "assistant" else m for m in accepted["messages"]]
+    with OpenAIChatModel("http://127.0.0.1:9/v1", accepted["model"]) as model:
+        body = json.loads(model.encode_request(messages, accepted["tools"]))
+    assert list(body) == list(accepted) and body == accepted
+    assert accepted["tools"] == TOOL_SCHEMAS

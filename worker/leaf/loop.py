@@ -524,8 +524,9 @@ class LeafRun:
 
         A reply cut at its length, or holding no calls but answer text, is the end; its visible
         text is the final answer (a reply with neither was planned as a format error by
-        `plan_calls`, so it is answered and the run goes on). Cancelling, or a sandbox failure, stops before the call concerned, whose answer
-        is never appended; the answers so far are still the step's.
+        `plan_calls`, so it is answered and the run goes on). Cancelling, or a sandbox failure,
+        stops before the call concerned, whose answer is never appended; the answers so far are
+        still the step's.
         """
         answers = _Answers()
         truncated = (reply.finish_reason or "").lower() in LENGTH_FINISH_REASONS
