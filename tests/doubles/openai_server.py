@@ -150,7 +150,7 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server.owner
         started = time.perf_counter()
         baseline = self.path.rstrip("/").endswith("/baseline")
-        item, counted = (owner._baseline_reply, _Counted(0, 0)) if baseline else owner._next(
+        item, counted = (owner._baseline_reply, Counted(0, 0)) if baseline else owner._next(
             body, dict(self.headers.items())
         )
         if isinstance(item, Hang):
@@ -195,7 +195,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @dataclass(frozen=True)
-class _Counted:
+class Counted:
     """One request's tokens as the double counts them, and how many the previous one shares."""
 
     prompt_tokens: int
@@ -295,7 +295,7 @@ class ScriptedOpenAIServer:
         entry = {"id": self.model, "object": "model", "created": 1764547200, "owned_by": "sglang", "root": self.model}
         return json.dumps({"object": "list", "data": [entry]}).encode()
 
-    def _next(self, body: bytes, headers: dict[str, str]) -> tuple[ScriptItem, _Counted]:
+    def _next(self, body: bytes, headers: dict[str, str]) -> tuple[ScriptItem, Counted]:
         with self._lock:
             index = self.count
             self.count += 1
@@ -304,7 +304,7 @@ class ScriptedOpenAIServer:
                 self.headers.append(headers)
             previous = self._last_body
             shared = self._track_prefix(body)
-            counted = _Counted(math.ceil(len(body) / BYTES_PER_TOKEN), shared // BYTES_PER_TOKEN)
+            counted = Counted(math.ceil(len(body) / BYTES_PER_TOKEN), shared // BYTES_PER_TOKEN)
             appended = bool(previous) and shared == len(previous) - 2  # only new messages to check
             refused = _history_refusal(body[shared:] if appended else body, partial=appended)
             if refused is not None:
@@ -341,7 +341,7 @@ class ScriptedOpenAIServer:
         self._last_span, self._last_head, self._last_body = span, head, body
         return shared
 
-    def _completion(self, reply: Reply, counted: _Counted) -> bytes:
+    def _completion(self, reply: Reply, counted: Counted) -> bytes:
         """The chat.completion JSON as SGLang 0.5.23 writes it (fixtures: responses.jsonl)."""
         usage = dict(reply.usage or {})
         prompt = usage.get("prompt_tokens", counted.prompt_tokens)
