@@ -19,6 +19,7 @@ from worker.leaf.model import (
     SamplingParams,
     Usage,
     is_context_overflow,
+    server_label,
 )
 from worker.leaf.tools import TOOL_SCHEMAS
 
@@ -184,3 +185,9 @@ def test_replay_model_returns_recordings_in_order() -> None:
     with pytest.raises(ModelQueryError, match="replay"):
         replay.complete(MESSAGES, TOOL_SCHEMAS)
     assert replay.received == [2, 2, 2]
+
+
+def test_a_server_is_named_in_logs_without_credentials() -> None:
+    assert server_label("http://frog:s3cret@sglang.internal:30000/v1?token=x#f") == "http://sglang.internal:30000/v1"
+    assert server_label("https://sglang.internal/v1") == "https://sglang.internal/v1"
+    assert "s3cret" not in OpenAIChatModel("http://frog:s3cret@127.0.0.1:9/v1", "m").server
