@@ -76,6 +76,7 @@ from tests.doubles.git_http import GitHttpDouble, bare_repo_from  # noqa: E402
 from tests.doubles.gitea_api import GiteaDouble  # noqa: E402
 from tests.doubles.gitlab_api import FIXTURES, Fault, GitLabDouble, JsonApiDouble  # noqa: E402
 from tests.doubles.openai_server import (  # noqa: E402
+    Counted,
     Drop,
     Hang,
     Reply,
@@ -84,6 +85,7 @@ from tests.doubles.openai_server import (  # noqa: E402
     ScriptItem,
     Status,
     assistant,
+    sglang_error,
 )
 from tests.pipeline.conftest import fixing_script  # noqa: E402
 from tests.servers import Postgres, Redis, free_port, postgres_server, redis_server, wait_for_port  # noqa: E402
@@ -460,7 +462,7 @@ class ModelFaults:
     @staticmethod
     def item(kind: str) -> ScriptItem:
         if kind == "model-500":
-            return Status(500, {"error": {"message": "injected by the soak"}})
+            return Status(500, sglang_error(500, "injected by the soak", "InternalServerError"))
         if kind == "model-429":
             return Status(429, {"error": {"message": "slow down"}}, {"Retry-After": "1"})
         if kind == "model-drop":
@@ -470,7 +472,7 @@ class ModelFaults:
         if kind == "model-badjson":
             return Status(200, b"{not json")
         broken = (
-            f"{MALFORMED_MARK}\n<tool_call>\n<function=Edit>\n<parameter=file_path>\ncalc.py\n</function>\n</tool_call>"
+            f"{MALFORMED_MARK}\n<tool_call>\n<function=Edit>\nfile_path=calc.py\n</function>\n</tool_call>"
         )
         return assistant(broken)
 
@@ -485,11 +487,11 @@ class SlowModelServer(ScriptedOpenAIServer):
         super().__init__(responder)
         self.latency = latency
 
-    def _next(self, body: bytes, headers: dict[str, str]) -> ScriptItem:
-        item = super()._next(body, headers)
+    def _next(self, body: bytes, headers: dict[str, str]) -> tuple[ScriptItem, Counted]:
+        item, counted = super()._next(body, headers)
         if isinstance(item, Reply) and self.latency > 0:
             time.sleep(random.uniform(0.5, 1.5) * self.latency)
-        return item
+        return item, counted
 
 
 GITLAB_PATHS = (

@@ -86,6 +86,7 @@ import errno
 import fnmatch
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -204,8 +205,8 @@ def _number(value: Any, key: str) -> float:
         number = float(value.strip() if isinstance(value, str) else value)
     except (TypeError, ValueError):
         raise ValueError(f"{key} must be a number, got {value!r}") from None
-    if number != number:  # NaN
-        raise ValueError(f"{key} must be a number, got {value!r}")
+    if not math.isfinite(number):  # NaN and the infinities: no deadline can be set from them
+        raise ValueError(f"{key} must be a finite number, got {value!r}")
     return number
 
 

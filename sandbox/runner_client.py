@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import threading
 from types import TracebackType
@@ -220,14 +221,22 @@ class RunnerClient:
         return not self._closed and self._dead is None
 
     def _tool_deadline(self, name: str, arguments: Any) -> float:
-        """A Bash call may run as long as its own timeout (plus grace); other tools are quick."""
+        """A Bash call may run as long as its own timeout (plus grace); other tools are quick.
+
+        The model chooses that timeout, so it is bounded here: a value the runner refuses (NaN,
+        Infinity) waits the default, and none waits past the sandbox's own wall clock. An
+        unbounded wait (`queue.get(timeout=inf)` raises OverflowError after the request went
+        out) would leave its reply unread and every later reply one request behind.
+        """
         if name != "Bash" or not isinstance(arguments, dict):
             return self.tool_timeout_s
         try:
             timeout = bash_timeout(arguments, self.limits.default_tool_timeout)
-        except ValueError:
+        except (ValueError, OverflowError):
             timeout = self.limits.default_tool_timeout
-        return timeout + self.reply_grace_s
+        if not math.isfinite(timeout):
+            timeout = self.limits.default_tool_timeout
+        return min(timeout, self.limits.wall_seconds) + self.reply_grace_s
 
     def _request(self, payload: dict[str, Any], timeout: float) -> dict[str, Any]:
         """One request through the channel; its reply if `ok`, else the error its code names."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from tests.processes import Workers
 from tests.servers import Postgres, Redis, postgres_server, redis_server
 
 SHARED_FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "forge"
+SGLANG_FIXTURES = SHARED_FIXTURES.parent / "sglang"
 PAYLOADS = Path(__file__).resolve().parent / "payloads"
 
 GITLAB_SECRET = "gitlab-hook-secret-for-tests"
@@ -98,3 +100,27 @@ def shared_fixture(relative: str) -> Path:
     if not SHARED_FIXTURES.is_dir():
         pytest.skip(f"the shared forge fixtures are not here ({SHARED_FIXTURES}); CI provides ../shared")
     return path
+
+
+SGLANG_ABSENT = "(shared sglang fixtures absent)"
+
+
+def sglang_case_names(file: str) -> list[str]:
+    """The case names of one ../shared/fixtures/sglang/*.jsonl file, for parametrize (read at
+    collection); one placeholder when the folder is absent, which `sglang_case` then skips."""
+    if not SGLANG_FIXTURES.is_dir():
+        return [SGLANG_ABSENT]
+    with open(SGLANG_FIXTURES / file, encoding="utf-8") as handle:
+        return [json.loads(line)["name"] for line in handle if line.strip()]
+
+
+def sglang_case(file: str, name: str) -> dict[str, Any]:
+    """One case of what SGLang 0.5.23 really returns (its MANIFEST.json says how each was made)."""
+    if name == SGLANG_ABSENT or not SGLANG_FIXTURES.is_dir():
+        pytest.skip(f"the shared SGLang fixtures are not here ({SGLANG_FIXTURES}); CI provides ../shared")
+    with open(SGLANG_FIXTURES / file, encoding="utf-8") as handle:
+        for line in handle:
+            case: dict[str, Any] = json.loads(line) if line.strip() else {}
+            if case.get("name") == name:
+                return case
+    raise LookupError(f"no case {name!r} in {SGLANG_FIXTURES / file}")

@@ -4,12 +4,19 @@ It is a real HTTP/1.1 server (stdlib, one thread per connection, keep-alive) so 
 client is exercised end to end: serialisation, status codes, timeouts, retries. It answers
 `POST /v1/chat/completions` from a script of replies and records every request body it
 received, byte for byte, so tests can check the byte-prefix property of the history.
+
+It speaks SGLang 0.5.23's shapes (../shared/fixtures/sglang): content `""` or `"\n\n"`, never
+null; `reasoning_content` null when absent; `usage.prompt_tokens_details.cached_tokens` (the
+prefix shared with the previous request, counted as this double counts tokens: a quarter of the
+bytes); flat errors `{object: "error", message, type, param, code}`; and, like SGLang, a 400
+`BadRequest` for a history whose tool-call arguments are not strict JSON for an object.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import socket
 import threading
 import time
@@ -19,6 +26,31 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 _ids = itertools.count(1)
+CREATED = 1764547200  # SGLang writes int(time.time()); fixed, as in the fixtures
+STOP_TOKEN = 151645  # matched_stop of a natural stop (<|im_end|> in Qwen3 vocabularies)
+BYTES_PER_TOKEN = 4  # how this double counts tokens: a quarter of the request's bytes
+
+
+def sglang_error(code: int, message: str, kind: str | None = None) -> dict[str, Any]:
+    """SGLang's flat error body; `kind` defaults as its create_error_response does."""
+    return {"object": "error", "message": message, "type": kind or "BadRequestError", "param": None, "code": code}
+
+
+def context_too_long(prompt_tokens: int = 140_000, context: int = 131_072) -> Status:
+    """SGLang's 400 when the prompt alone does not fit (errors.jsonl context_input_longer_than_context)."""
+    message = f"The input ({prompt_tokens} tokens) is longer than the model's context length ({context} tokens)."
+    return Status(400, sglang_error(400, message))
+
+
+def overloaded(message: str = "The request queue is full.") -> Status:
+    """SGLang's 503 (errors.jsonl queue_full): `type` is the status code as a string."""
+    return Status(503, sglang_error(503, message, "503"))
+
+
+HISTORY_ARGS_INVALID = sglang_error(400, "Assistant tool call function.arguments must be valid JSON.", "BadRequest")
+HISTORY_ARGS_NOT_OBJECT = sglang_error(
+    400, "Assistant tool call function.arguments must be a JSON object.", "BadRequest"
+)
 
 
 @dataclass
@@ -90,10 +122,14 @@ def assistant(
     finish_reason: str | None = None,
     usage: dict[str, Any] | None = None,
 ) -> Reply:
-    """Shorthand for a reply; the finish reason follows from tool calls unless given."""
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if reasoning is not None:
-        message["reasoning_content"] = reasoning
+    """Shorthand for a reply as SGLang shapes it; the finish reason follows from tool calls unless given.
+
+    Content None becomes what SGLang sends: `"\n\n"` (the text before `<tool_call>`, after
+    `</think>`) next to tool calls, `""` otherwise; reasoning_content is null when absent.
+    """
+    if content is None:
+        content = "\n\n" if tool_calls else ""
+    message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
     if tool_calls:
         message["tool_calls"] = [dict(call, index=i) for i, call in enumerate(tool_calls)]
     reason = finish_reason or ("tool_calls" if tool_calls else "stop")
@@ -114,7 +150,9 @@ class _Handler(BaseHTTPRequestHandler):
         owner = self.server.owner
         started = time.perf_counter()
         baseline = self.path.rstrip("/").endswith("/baseline")
-        item = owner._baseline_reply if baseline else owner._next(body, dict(self.headers.items()))
+        item, counted = (owner._baseline_reply, Counted(0, 0)) if baseline else owner._next(
+            body, dict(self.headers.items())
+        )
         if isinstance(item, Hang):
             owner._stopping.wait(item.seconds)
             self.close_connection = True
@@ -124,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         if isinstance(item, Cut):
-            whole = owner._completion(item.reply)
+            whole = owner._completion(item.reply, counted)
             head = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(whole)}\r\n\r\n"
             self.wfile.write(head.encode() + whole[: len(whole) // 2])
             self.wfile.flush()
@@ -132,7 +170,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(socket.SHUT_RDWR)
             return
         if isinstance(item, Reply):
-            payload = owner._completion(item)
+            payload = owner._completion(item, counted)
             status = 200
             extra: dict[str, str] = {}
         else:
@@ -154,6 +192,14 @@ class _Handler(BaseHTTPRequestHandler):
         head += [f"{k}: {v}" for k, v in extra.items()]
         # One write for head and body: no Nagle/delayed-ACK stall on loopback.
         self.wfile.write(("\r\n".join(head) + "\r\n\r\n").encode() + payload)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """One request's tokens as the double counts them, and how many the previous one shares."""
+
+    prompt_tokens: int
+    cached_tokens: int
 
 
 class _Server(ThreadingHTTPServer):
@@ -194,6 +240,8 @@ class ScriptedOpenAIServer:
         self.prefix_ok = 0
         self.prefix_pairs = 0
         self._last_span: bytes | None = None
+        self._last_body = b""
+        self._last_head: bytes | None = None
         self._baseline_reply = baseline_reply or assistant("baseline")
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -247,44 +295,124 @@ class ScriptedOpenAIServer:
         entry = {"id": self.model, "object": "model", "created": 1764547200, "owned_by": "sglang", "root": self.model}
         return json.dumps({"object": "list", "data": [entry]}).encode()
 
-    def _next(self, body: bytes, headers: dict[str, str]) -> ScriptItem:
+    def _next(self, body: bytes, headers: dict[str, str]) -> tuple[ScriptItem, Counted]:
         with self._lock:
             index = self.count
             self.count += 1
             if self.record:
                 self.requests.append(body)
                 self.headers.append(headers)
-            self._track_prefix(body)
+            previous = self._last_body
+            shared = self._track_prefix(body)
+            counted = Counted(math.ceil(len(body) / BYTES_PER_TOKEN), shared // BYTES_PER_TOKEN)
+            appended = bool(previous) and shared == len(previous) - 2  # only new messages to check
+            refused = _history_refusal(body[shared:] if appended else body, partial=appended)
+            if refused is not None:
+                return Status(400, refused), counted
             responder = self._responder
             if responder is None:
                 if not self._script:
-                    return Status(500, {"error": {"message": "scripted server: script exhausted"}})
-                return self._script.pop(0)
-        return responder(index, body)  # outside the lock: a responder that holds one answer holds no other
+                    exhausted = sglang_error(500, "scripted server: script exhausted", "InternalServerError")
+                    return Status(500, exhausted), counted
+                return self._script.pop(0), counted
+        return responder(index, body), counted  # outside the lock: a responder that holds one answer holds no other
 
-    def _track_prefix(self, body: bytes) -> None:
+    def _track_prefix(self, body: bytes) -> int:
+        """Count byte-prefix extensions; return how many bytes this body shares with the last.
+
+        The usual case costs one comparison of the messages (the fields before them, a few KB,
+        are compared apart), so a 700 KB history adds nothing to the bench's figures.
+        """
         try:
             span = messages_span(body)
         except (ValueError, UnicodeDecodeError):
             span = b""
+        head = body[: len(body) - len(span) - 1] if span and body.endswith(b"]}") else None
+        extends = False
         if self._last_span is not None:
             self.prefix_pairs += 1
             if span.startswith(self._last_span[:-1]) and len(span) > len(self._last_span):
                 self.prefix_ok += 1
-        self._last_span = span
+                extends = True
+        if extends and head is not None and head == self._last_head:
+            shared = len(head) + len(self._last_span or b"") - 1
+        else:
+            shared = _shared_prefix(self._last_body, body)
+        self._last_span, self._last_head, self._last_body = span, head, body
+        return shared
 
-    def _completion(self, reply: Reply) -> bytes:
-        usage = reply.usage or {"prompt_tokens": 100, "completion_tokens": 10}
-        usage = {**usage, "total_tokens": usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)}
+    def _completion(self, reply: Reply, counted: Counted) -> bytes:
+        """The chat.completion JSON as SGLang 0.5.23 writes it (fixtures: responses.jsonl)."""
+        usage = dict(reply.usage or {})
+        prompt = usage.get("prompt_tokens", counted.prompt_tokens)
+        completion = usage.get("completion_tokens", 10)
+        usage.setdefault("prompt_tokens_details", {"cached_tokens": min(counted.cached_tokens, prompt)})
+        usage.setdefault("reasoning_tokens", 0)
+        usage.setdefault("completion_tokens_details", None)
+        usage.update(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+        matched = STOP_TOKEN if reply.finish_reason == "stop" else None
         payload = {
-            "id": f"chatcmpl-{len(self.requests)}",
+            "id": f"{len(self.requests):032x}",
             "object": "chat.completion",
-            "created": 0,
+            "created": CREATED,
             "model": self.model,
-            "choices": [{"index": 0, "message": reply.message, "finish_reason": reply.finish_reason}],
+            "choices": [{"index": 0, "message": reply.message, "logprobs": None,
+                         "finish_reason": reply.finish_reason, "matched_stop": matched}],
             "usage": usage,
+            "metadata": {"weight_version": "default"},
         }
         return json.dumps(payload).encode()
+
+
+def _shared_prefix(before: bytes, after: bytes) -> int:
+    """Length of the common prefix: the whole earlier body but its closing `]}` when the history
+    was only appended to (the usual case, one comparison), else found by halving."""
+    if not before:
+        return 0
+    if after.startswith(before[:-2]):
+        return len(before) - 2
+    low, high = 0, min(len(before), len(after))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if after.startswith(before[:middle]):
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _history_refusal(tail: bytes, *, partial: bool) -> dict[str, Any] | None:
+    """SGLang's 400 for a history tool call whose arguments are not strict JSON for an object.
+
+    When the body only appends to the last one, only the new messages are read (`partial`:
+    `tail` is `,{...},{...}]}`), so a long history costs this double no more than a short one.
+    """
+    try:
+        if partial:
+            start = tail.find(b"{")
+            messages = json.loads(b"[" + tail[start:-1]) if start >= 0 and tail.endswith(b"]}") else []
+        else:
+            messages = json.loads(tail).get("messages") or []
+    except (ValueError, AttributeError):
+        return None  # not this double's business: the test sent something else on purpose
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            arguments = (call.get("function") or {}).get("arguments") if isinstance(call, dict) else None
+            if not isinstance(arguments, str):
+                continue
+            try:
+                value = json.loads(arguments, parse_constant=_not_json)
+            except ValueError:
+                return HISTORY_ARGS_INVALID
+            if not isinstance(value, dict):
+                return HISTORY_ARGS_NOT_OBJECT
+    return None
+
+
+def _not_json(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
 
 
 def sglang_responder(

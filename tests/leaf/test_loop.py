@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +33,7 @@ from worker.leaf.loop import (
     trim_output,
 )
 from worker.leaf.model import ModelReply, OpenAIChatModel, ReplayModel, Usage
+from worker.leaf.textcalls import ERROR_NAME, UNREAD_REPLY
 from worker.leaf.tools import TOOL_SCHEMAS
 
 Serve = Callable[..., ScriptedOpenAIServer]
@@ -91,7 +93,10 @@ def test_native_calls_then_final_answer(serve: Serve, client_for: ClientFor) -> 
         assert body["messages"] == result.messages[: len(body["messages"])]
     assert server.request_json(3)["messages"] == result.messages[:-1]
     assert_prefix_chain(server)
-    assert result.usage.calls == 4 and result.usage.prompt_tokens == 400 and result.usage.completion_tokens == 40
+    # The double counts a quarter of each body's bytes as its prompt tokens, as SGLang reports them.
+    prompts = [math.ceil(len(body) / 4) for body in server.requests]
+    assert result.usage.calls == 4 and result.usage.prompt_tokens == sum(prompts)
+    assert result.usage.completion_tokens == 40
     assert steps[0].to_dict()["tool_calls"][0]["name"] == "Read"
 
 
@@ -135,19 +140,44 @@ def test_text_calls_get_synthetic_ids_and_the_message_stays_as_returned(
     assert_prefix_chain(server)
 
 
-def test_text_call_left_in_reasoning_content(serve: Serve, client_for: ClientFor) -> None:
+def test_a_call_in_reasoning_content_is_never_run(serve: Serve, client_for: ClientFor) -> None:
+    """It used to be read out of reasoning_content and run; SGLang never does that."""
     sandbox = SandboxDouble(files={"a.py": "A"})
-    server = serve(assistant("", reasoning="I need the file.\n" + text_call("Read", file_path="a.py")),
-                   assistant("ok"))
+    thought = "I need the file.\n" + text_call("Bash", command="rm -rf src")
+    server = serve(assistant("\n\nNothing to change: a.py is right.", reasoning=thought), assistant("never"))
     result = run(client_for(server), sandbox)
-    assert sandbox.calls == [("Read", {"file_path": "a.py"})]
-    assert result.messages[2] == {"role": "assistant", "content": "",
-                                  "reasoning_content": "I need the file.\n" + text_call("Read", file_path="a.py")}
-    assert result.exit_reason == "agent"
+    assert sandbox.calls == []
+    assert (result.exit_reason, result.final_answer, len(server.requests)) == (
+        "agent", "Nothing to change: a.py is right.", 1)
+    assert result.messages[-1]["reasoning_content"] == thought  # kept as returned, just not run
+
+
+@pytest.mark.parametrize("content", ["\n\n", "", "  \n", "<think>only thinking</think>\n\n"])
+def test_a_reply_without_a_call_or_an_answer_is_not_a_final_answer(
+    serve: Serve, client_for: ClientFor, content: str
+) -> None:
+    """SGLang strips a <tool_call> it cannot read and sends "\n\n": that used to end the run as
+    a successful final answer with empty text. The model now hears its call was not understood."""
+    server = serve(assistant(content, reasoning="Call Read.\n"), assistant("\n\nDone."))
+    result = run(client_for(server), SandboxDouble())
+    assert (result.exit_reason, result.final_answer, len(server.requests)) == ("agent", "Done.", 2)
+    told = server.request_json(1)["messages"][-1]
+    assert told == {"role": "tool", "tool_call_id": "call_text_0_0", "content": UNREAD_REPLY}
+    assert told["content"].startswith(f"{ERROR_NAME}: ")
+    assert server.request_json(1)["messages"][-2] == {"role": "assistant", "content": content,
+                                                      "reasoning_content": "Call Read.\n"}
+    assert result.records[0].calls[0].rejected and result.records[0].text_calls
+    assert_prefix_chain(server)
+
+
+def test_empty_replies_use_up_the_step_budget(serve: Serve, client_for: ClientFor) -> None:
+    server = serve(*[assistant("\n\n") for _ in range(3)])
+    result = run(client_for(server), limits=LeafLimits(max_steps=3))
+    assert (result.exit_reason, result.steps, len(server.requests)) == ("max_turns", 3, 3)
 
 
 def test_malformed_text_call_is_answered_with_an_error(serve: Serve, client_for: ClientFor) -> None:
-    broken = "<tool_call>\n<function=Read>\n<parameter=file_path>\na.py\n</function>\n</tool_call>"
+    broken = "<tool_call>\n<function=Read>\nfile_path=a.py\n</function>\n</tool_call>"
     server = serve(assistant(broken), assistant("giving up"))
     sandbox = SandboxDouble()
     result = run(client_for(server), sandbox)
@@ -155,6 +185,80 @@ def test_malformed_text_call_is_answered_with_an_error(serve: Serve, client_for:
     [answer] = tool_messages(result)
     assert answer["content"].startswith("ToolCallFormatError: ")
     assert result.exit_reason == "agent"
+
+
+def test_abort_is_sent_again_and_never_appended(serve: Serve, client_for: ClientFor) -> None:
+    """finish_reason abort (HTTP 200) used to be taken as the final answer."""
+    aborted = assistant("", reasoning="Half a thought", finish_reason="abort")
+    server = serve(aborted, aborted, assistant("\n\nDone."))
+    result = run(client_for(server))
+    assert (result.exit_reason, result.final_answer, result.steps) == ("agent", "Done.", 1)
+    assert len(server.requests) == 3 and len(set(server.requests)) == 1  # the same messages each time
+    assert [m["role"] for m in result.messages] == ["system", "user", "assistant"]
+
+
+def test_abort_after_the_retry_budget_is_llm_query_error(serve: Serve, client_for: ClientFor) -> None:
+    call = tool_call("Bash", {"command": "rm -rf src"})
+    server = serve(*[assistant(None, tool_calls=[call], finish_reason="abort")] * 3)
+    sandbox = SandboxDouble()
+    result = run(client_for(server, max_retries=2), sandbox)
+    assert result.exit_reason == "llm_query_error" and result.error and "abort" in result.error
+    assert sandbox.calls == [] and len(server.requests) == 3 and len(result.messages) == 2
+
+
+def test_an_abort_from_another_client_ends_the_run_unappended() -> None:
+    aborted = ModelReply({"role": "assistant", "content": "", "tool_calls": [tool_call("Bash", {"command": "ls"})]},
+                         "abort")
+    sandbox = SandboxDouble()
+    result = run(ReplayModel([aborted]), sandbox)
+    assert (result.exit_reason, result.steps, result.records, sandbox.calls) == ("llm_query_error", 1, [], [])
+    assert len(result.messages) == 2
+
+
+def strict_json(body: bytes) -> Any:
+    def refuse(token: str) -> Any:
+        raise ValueError(f"{token} in a request")
+
+    return json.loads(body, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("arguments", [
+    '{"command": "sleep 1", "timeout": Infinity}',
+    '{"command": "sleep 1", "timeout": -Infinity}',
+    '{"command": "sleep 1", "timeout": NaN}',
+    '{"command": "sleep 1", "nested": {"list": [1, NaN]}}',
+])
+def test_non_finite_arguments_get_an_answer_and_every_later_request_is_strict(
+    serve: Serve, client_for: ClientFor, arguments: str
+) -> None:
+    """SGLang writes inf as a bare Infinity; echoed back, it made every later request a 400."""
+    server = serve(assistant(None, tool_calls=[tool_call("Bash", arguments, "n1")]),
+                   assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"}, "g1")]),
+                   assistant("\n\nDone."))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert (result.exit_reason, result.final_answer, len(server.requests)) == ("agent", "Done.", 3)
+    assert [name for name, _ in sandbox.calls] == ["Glob"]  # the Bash call was answered, not run
+    answer = tool_messages(result)[0]
+    assert answer["tool_call_id"] == "n1" and answer["content"].startswith("ValueError: ")
+    assert "not finite" in answer["content"]
+    for body in server.requests[1:]:
+        for message in strict_json(body)["messages"]:
+            for call in message.get("tool_calls") or []:
+                assert isinstance(strict_json(call["function"]["arguments"].encode()), dict)
+    rewritten = json.loads(result.messages[2]["tool_calls"][0]["function"]["arguments"])
+    assert rewritten["command"] == "sleep 1"
+    assert_prefix_chain(server)  # rewritten once, when appended: the history still only grows
+
+
+def test_history_arguments_that_are_no_json_object_are_rewritten_once() -> None:
+    calls = [tool_call("Read", '{"file_path": "a.py"', "j1"), tool_call("Read", "[1, 2]", "j2"),
+             tool_call("Read", {"file_path": "a.py"}, "j3")]
+    message = history_message({"role": "assistant", "content": "\n\n", "tool_calls": calls})
+    assert [c["function"]["arguments"] for c in message["tool_calls"]] == ["{}", "{}", '{"file_path": "a.py"}']
+    assert message["tool_calls"][2] is calls[2]  # strict ones are kept exactly as returned
+    strict = calls[2:]
+    assert history_message({"role": "assistant", "content": "", "tool_calls": strict})["tool_calls"] is strict
 
 
 def test_broken_json_arguments_and_unknown_tool_go_back_to_the_model(

@@ -19,6 +19,7 @@ from worker.leaf.model import (
     SamplingParams,
     Usage,
     is_context_overflow,
+    server_label,
 )
 from worker.leaf.tools import TOOL_SCHEMAS
 
@@ -48,7 +49,7 @@ def test_sampling_defaults_match_leaf() -> None:
 
 def test_request_body_and_reply(serve: Serve, client_for: ClientFor) -> None:
     message = {
-        "role": "assistant", "content": None, "reasoning_content": "think",
+        "role": "assistant", "content": "\n\n", "reasoning_content": "think",
         "tool_calls": [dict(tool_call("Read", {"file_path": "a.py"}, "call_1"), index=0)],
     }
     server = serve(assistant(None, reasoning="think", tool_calls=[tool_call("Read", {"file_path": "a.py"}, "call_1")],
@@ -57,7 +58,7 @@ def test_request_body_and_reply(serve: Serve, client_for: ClientFor) -> None:
     reply = model.complete(MESSAGES, TOOL_SCHEMAS)
     assert reply.message == message
     assert reply.finish_reason == "tool_calls"
-    assert reply.usage == Usage(50, 7, 57)
+    assert reply.usage == Usage(50, 7, 57, 0)  # a first request: nothing cached yet
     assert reply.attempts == 1
     body = server.request_json(0)
     assert body["model"] == "frognano-test"
@@ -184,3 +185,9 @@ def test_replay_model_returns_recordings_in_order() -> None:
     with pytest.raises(ModelQueryError, match="replay"):
         replay.complete(MESSAGES, TOOL_SCHEMAS)
     assert replay.received == [2, 2, 2]
+
+
+def test_a_server_is_named_in_logs_without_credentials() -> None:
+    assert server_label("http://frog:s3cret@sglang.internal:30000/v1?token=x#f") == "http://sglang.internal:30000/v1"
+    assert server_label("https://sglang.internal/v1") == "https://sglang.internal/v1"
+    assert "s3cret" not in OpenAIChatModel("http://frog:s3cret@127.0.0.1:9/v1", "m").server

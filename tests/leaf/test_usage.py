@@ -4,12 +4,12 @@ and the trajectory; a server that reports no cached tokens is named once in the 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from tests.conftest import shared_fixture
 from tests.doubles.openai_server import Reply, ScriptedOpenAIServer, Status, assistant, tool_call
@@ -85,36 +85,32 @@ def test_model_seconds_include_a_call_that_failed(serve: Serve, client_for: Clie
     assert (result.figures().model_calls, result.figures().steps) == (1, 1)
 
 
-def _no_cache_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if "--enable-cache-report" in r.getMessage()]
+def _no_cache_warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [entry for entry in logs if entry["event"] == "model_no_cached_tokens"]
 
 
-def test_a_server_without_cached_figures_is_named_once(
-    serve: Serve, client_for: ClientFor, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_server_without_cached_figures_is_named_once(serve: Serve, client_for: ClientFor) -> None:
     off = sglang_case("cache_report_off")  # prompt_tokens_details: null
     silent = serve(*(as_reply(off) for _ in range(3)))
     other = serve(as_reply(off))
-    caplog.set_level(logging.WARNING, logger="worker.leaf.model")
+    with capture_logs() as logs:
+        for model in (client_for(silent), client_for(silent)):  # two clients, one server: still one warning
+            model.complete([{"role": "user", "content": "x"}], [])
+        client_for(silent).complete([{"role": "user", "content": "y"}], [])
+        assert len(_no_cache_warnings(logs)) == 1
+        warning = _no_cache_warnings(logs)[0]
+        assert warning["server"] == silent.base_url.rstrip("/") and "--enable-cache-report" in warning["hint"]
 
-    for model in (client_for(silent), client_for(silent)):  # two clients, one server: still one warning
-        model.complete([{"role": "user", "content": "x"}], [])
-    client_for(silent).complete([{"role": "user", "content": "y"}], [])
-    assert len(_no_cache_warnings(caplog)) == 1
-    assert silent.base_url.rstrip("/") in _no_cache_warnings(caplog)[0]
-
-    client_for(other).complete([{"role": "user", "content": "x"}], [])  # another server: its own warning
-    assert len(_no_cache_warnings(caplog)) == 2
+        client_for(other).complete([{"role": "user", "content": "x"}], [])  # another server: its own warning
+        assert len(_no_cache_warnings(logs)) == 2
 
 
-def test_cached_figures_raise_no_warning_and_unknown_counts_as_zero(
-    serve: Serve, client_for: ClientFor, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_cached_figures_raise_no_warning_and_unknown_counts_as_zero(serve: Serve, client_for: ClientFor) -> None:
     on = serve(as_reply(sglang_case("cache_report_on")))
-    caplog.set_level(logging.WARNING, logger="worker.leaf.model")
-    reply = client_for(on).complete([{"role": "user", "content": "x"}], [])
+    with capture_logs() as logs:
+        reply = client_for(on).complete([{"role": "user", "content": "x"}], [])
     assert reply.usage is not None and reply.usage.cached_tokens == 4800
-    assert _no_cache_warnings(caplog) == []
+    assert _no_cache_warnings(logs) == []
 
     off = serve(as_reply(sglang_case("cache_report_off")))
     result = run_leaf(client_for(off), SandboxDouble(), "task", system_prompt="sys")
@@ -122,31 +118,13 @@ def test_cached_figures_raise_no_warning_and_unknown_counts_as_zero(
     assert result.records[0].to_dict()["usage"]["cached_tokens"] == 0
 
 
-def test_the_warning_never_shows_credentials_from_the_url(serve: Serve, caplog: pytest.LogCaptureFixture) -> None:
+def test_the_warning_never_shows_credentials_from_the_url(serve: Serve) -> None:
     server = serve(as_reply(sglang_case("cache_report_off")))
     url = server.base_url.replace("http://", "http://user:pa55word-CANARY@")
-    caplog.set_level(logging.WARNING, logger="worker.leaf.model")
-    with OpenAIChatModel(url, "m", timeout=5.0, max_retries=0) as model:
+    with capture_logs() as logs, OpenAIChatModel(url, "m", timeout=5.0, max_retries=0) as model:
         model.complete([{"role": "user", "content": "x"}], [])
-    text = "\n".join(_no_cache_warnings(caplog))
+    text = repr(_no_cache_warnings(logs))
     assert "127.0.0.1" in text and "CANARY" not in text and "user:" not in text
-
-
-def test_a_tool_call_as_text_names_the_missing_parser_once(
-    serve: Serve, client_for: ClientFor, caplog: pytest.LogCaptureFixture
-) -> None:
-    """SGLang without --tool-call-parser leaves the qwen3_coder call in the content (finish `stop`)."""
-    text_call = as_reply(sglang_case("no_tool_parser_text_call"))
-    parsed = as_reply(sglang_case("cache_report_on_first_turn"))
-    server = serve(parsed, text_call, text_call)
-    caplog.set_level(logging.WARNING, logger="worker.leaf.model")
-    model = client_for(server)
-    model.complete([{"role": "user", "content": "x"}], [])
-    assert not [r for r in caplog.records if "--tool-call-parser" in r.getMessage()]
-    model.complete([{"role": "user", "content": "x"}], [])
-    model.complete([{"role": "user", "content": "y"}], [])
-    warnings = [r.getMessage() for r in caplog.records if "--tool-call-parser qwen3_coder" in r.getMessage()]
-    assert len(warnings) == 1 and server.base_url.rstrip("/") in warnings[0]
 
 
 @pytest.mark.parametrize("odd", [True, "5000", -1.5, -1, None, [1], {"x": 1}])

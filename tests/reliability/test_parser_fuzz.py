@@ -318,22 +318,20 @@ def check_calls(calls: list[TextCall]) -> None:
 
 
 @settings(max_examples=500, deadline=None, derandomize=True, database=None)
-@given(content=st.none() | reply_text, reasoning=st.none() | reply_text)
-@example(content='<tool_call>\n{"name": "", "arguments": {}}\n</tool_call>', reasoning=None)
-@example(content="<tool_call>" + "[" * 100_000 + "</tool_call>", reasoning=None)
-def test_extract_text_calls_never_raises_and_returns_well_formed_calls(
-    content: str | None, reasoning: str | None
-) -> None:
-    parsed = extract_text_calls(content, reasoning)
+@given(content=st.none() | reply_text)
+@example(content='<tool_call>\n{"name": "", "arguments": {}}\n</tool_call>')
+@example(content="<tool_call>" + "[" * 100_000 + "</tool_call>")
+def test_extract_text_calls_never_raises_and_returns_well_formed_calls(content: str | None) -> None:
+    parsed = extract_text_calls(content)
     check_calls(parsed.calls)
     assert isinstance(parsed.visible, str)
     assert parsed.inline_reasoning is None or isinstance(parsed.inline_reasoning, str)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(text=reply_text, in_reasoning=st.booleans())
-def test_parse_tool_calls_never_raises(text: str, in_reasoning: bool) -> None:
-    check_calls(parse_tool_calls(text, in_reasoning=in_reasoning))
+@given(text=reply_text)
+def test_parse_tool_calls_never_raises(text: str) -> None:
+    check_calls(parse_tool_calls(text))
 
 
 def test_a_json_call_with_a_blank_name_is_an_error_not_a_call() -> None:

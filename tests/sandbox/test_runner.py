@@ -241,8 +241,11 @@ def test_bash_timeout_rules() -> None:
     assert bash_timeout({"timeout": "2.5"}) == 2.5
     assert bash_timeout({"timeout": 5, "timeout_ms": 250}) == 0.25
     assert bash_timeout({"timeout": -3}) == 0.1
-    with pytest.raises(ValueError, match="timeout must be a number"):
-        bash_timeout({"timeout": "nan"})
+    for non_finite in ("nan", "inf", "-Infinity", float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="timeout must be a finite number"):
+            bash_timeout({"timeout": non_finite})
+    with pytest.raises(ValueError, match="timeout_ms must be a finite number"):
+        bash_timeout({"timeout_ms": float("inf")})
 
 
 def test_runner_imports_on_old_pythons(tmp_path: Path) -> None:

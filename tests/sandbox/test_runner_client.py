@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sandbox import PatchTooLarge, SandboxError, SandboxLimits
+from sandbox.local import LocalSandbox
 from sandbox.runner_client import RunnerBroken, RunnerClient, decode_reply, encode_request
 
 LIMITS = SandboxLimits(default_tool_timeout=20.0)
@@ -110,3 +111,29 @@ def test_framing() -> None:
         decode_reply(b'{"id": 2, "ok": true}', 1)
     with pytest.raises(RunnerBroken, match="unexpected reply"):
         decode_reply(b"[1]", 1)
+
+
+@pytest.mark.parametrize(("timeout", "waited"), [
+    (float("inf"), 23.0), (float("-inf"), 23.0), (float("nan"), 23.0), ("Infinity", 23.0),
+    (1e300, LIMITS.wall_seconds + 3.0),  # finite but past any clock: the sandbox's own limit
+])
+def test_a_bash_timeout_the_model_chose_never_makes_an_unbounded_wait(timeout: object, waited: float) -> None:
+    box, channel = client({"ok": True, "output": "ValueError: timeout must be a finite number"})
+    box.call_tool("Bash", {"command": "true", "timeout": timeout})
+    assert channel.sent[0][1] == waited
+
+
+@pytest.mark.bwrap
+@pytest.mark.parametrize("timeout", [float("inf"), float("-inf"), float("nan"), "inf", 1e300])
+def test_non_finite_bash_timeout_is_a_tool_error_and_the_runner_stays_in_step(
+    sb: LocalSandbox, timeout: object
+) -> None:
+    """Infinity used to raise OverflowError in the client after the request went out, leaving
+    its reply unread: the next call read it and the sandbox died (tool_error)."""
+    output = sb.call_tool("Bash", {"command": "echo first", "timeout": timeout})
+    if timeout == 1e300:
+        assert output == "Exit code: 0\nSTDOUT:\nfirst\n\nSTDERR:\n"
+    else:
+        assert output.startswith("ValueError: timeout must be a finite number, got ")
+    assert sb.call_tool("Bash", {"command": "echo second"}) == "Exit code: 0\nSTDOUT:\nsecond\n\nSTDERR:\n"
+    assert sb.call_tool("Read", {"file_path": "missing.txt"}).startswith("FileNotFoundError")

@@ -4,7 +4,9 @@ Messages start as [system, user]; each step sends the whole list with the five t
 appends the assistant message as the server returned it, and answers every tool call, in
 order, with one `tool` message. The history is append-only: nothing sent is ever rewritten, and
 each tool output is trimmed once, when it is appended, so every request extends the previous
-one byte for byte and SGLang's radix cache keeps its state between steps.
+one byte for byte and SGLang's radix cache keeps its state between steps. The one value changed
+on the way in: a tool call's arguments string that is not strict JSON (SGLang writes `Infinity`
+bare and then refuses it in the history), rewritten once, when appended.
 
 The loop knows only a Model (`model.ModelClient`) and a sandbox's `call_tool`; it imports no
 database, queue or web code. The worker persists each step through `on_step`.
@@ -23,8 +25,15 @@ from typing import Any, Final, Protocol
 from app.statuses import LEAF_EXITS, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
-from worker.leaf.model import ContextOverflow, ModelClient, ModelQueryError, ModelReply, Usage
-from worker.leaf.textcalls import extract_text_calls
+from worker.leaf.model import (
+    ABORT_FINISH_REASON,
+    ContextOverflow,
+    ModelClient,
+    ModelQueryError,
+    ModelReply,
+    Usage,
+)
+from worker.leaf.textcalls import UNREAD_REPLY, extract_text_calls
 from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS, coerce_arguments
 
 log = logging.getLogger(__name__)
@@ -210,15 +219,83 @@ def initial_messages(system_prompt: str, task: str) -> list[dict[str, Any]]:
 def history_message(message: Mapping[str, Any]) -> dict[str, Any]:
     """The assistant message to append: the server's own content, reasoning and tool calls.
 
-    Values are kept exactly as returned (no re-serialising of arguments, no stripping of
-    thinking); only the fields the chat template reads are kept, as Leaf does.
+    Values are kept exactly as returned (no stripping of thinking); only the fields the chat
+    template reads are kept, as Leaf does. The one exception: a tool call's `arguments` string
+    that is not strict JSON for an object (SGLang writes `Infinity` and `NaN` bare) is rewritten
+    here, once, because SGLang refuses every later request whose history holds one.
     """
     appended: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
     if message.get("reasoning_content"):
         appended["reasoning_content"] = message["reasoning_content"]
     if message.get("tool_calls"):
-        appended["tool_calls"] = message["tool_calls"]
+        appended["tool_calls"] = strict_tool_calls(message["tool_calls"])
     return appended
+
+
+def strict_tool_calls(calls: Any) -> Any:
+    """`calls` itself when every arguments string is strict JSON for an object, else a copy with
+    those strings rewritten by `strict_arguments` (nothing else in a call changes)."""
+    if not isinstance(calls, list):
+        return calls
+    rewritten: list[Any] = []
+    changed = False
+    for call in calls:
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if isinstance(function, Mapping) and not _is_strict_object(function.get("arguments")):
+            function = {**function, "arguments": strict_arguments(function.get("arguments"))}
+            call = {**call, "function": function}
+            changed = True
+        rewritten.append(call)
+    return rewritten if changed else calls
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _is_strict_object(raw: Any) -> bool:
+    if not isinstance(raw, str):
+        return False
+    try:
+        return isinstance(json.loads(raw, parse_constant=_reject_constant), dict)
+    except ValueError:
+        return False
+
+
+def strict_arguments(raw: Any) -> str:
+    """Arguments as strict JSON for an object: a non-finite number becomes its token as a string
+    (`"Infinity"`), so the history still says what was asked; what is no object becomes `{}`."""
+    value: Any = raw
+    if isinstance(raw, str | bytes):
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = None
+    if not isinstance(value, Mapping):
+        return "{}"
+    return json.dumps(_finite(value), ensure_ascii=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {str(key): _finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_finite(item) for item in value]
+    return value
+
+
+def non_finite_argument(value: Any, where: str = "") -> str | None:
+    """Where a tool call's arguments hold NaN or an infinity (`timeout=Infinity`), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{where or 'arguments'}={_finite(value)}"
+    items = value.items() if isinstance(value, Mapping) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = non_finite_argument(item, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
 
 
 def trim_output(output: str, limit: int) -> str:
@@ -239,26 +316,41 @@ def estimate_tokens(messages: Sequence[Mapping[str, Any]]) -> int:
 def plan_calls(message: Mapping[str, Any], step: int) -> tuple[list[_Planned], bool]:
     """The calls to answer for one reply, and whether they came from text.
 
-    Native calls win; text calls are read only when the server returned none. A call whose
-    arguments cannot be used is still planned, carrying the error text to answer it with.
+    Native calls win; text calls are read only when the server returned none, and only from
+    the visible content (never from reasoning). A call whose arguments cannot be used is still
+    planned, carrying the error text to answer it with. A reply with neither a call nor answer
+    text (SGLang strips a `<tool_call>` it cannot read and returns "\n\n") is not a final
+    answer: it is planned as one format error, so the model hears its call was not understood.
+    Without calls and with answer text, nothing is planned: that text is the final answer.
     """
     native = message.get("tool_calls")
     if isinstance(native, list) and native:
         return [_plan_native(call, step, index) for index, call in enumerate(native)], False
     content = message.get("content")
-    reasoning = message.get("reasoning_content")
-    parsed = extract_text_calls(
-        content if isinstance(content, str) else None,
-        reasoning if isinstance(reasoning, str) else None,
-    )
+    parsed = extract_text_calls(content if isinstance(content, str) else None)
     planned = []
     for index, call in enumerate(parsed.calls):
         arguments = None
-        if call.error is None:
+        error = call.error
+        if error is None:
             arguments = dict(call.arguments) if call.typed else coerce_arguments(call.name, call.arguments)
+            error = _non_finite_error(call.name, arguments)
         call_id = f"{TEXT_CALL_ID_PREFIX}{step}_{index}"
-        planned.append(_Planned(call_id, call.name, arguments, call.error, "text"))
+        planned.append(_Planned(call_id, call.name, None if error else arguments, error, "text"))
+    if not planned and not parsed.visible.strip():
+        planned.append(_Planned(f"{TEXT_CALL_ID_PREFIX}{step}_0", "", None, UNREAD_REPLY, "text"))
     return planned, bool(planned)
+
+
+def _non_finite_error(name: str, arguments: Mapping[str, Any]) -> str | None:
+    """The answer to a call whose arguments hold NaN or an infinity: it is not run."""
+    found = non_finite_argument(arguments)
+    if found is None:
+        return None
+    return (
+        f"ValueError: the arguments of this {name or 'tool'} call hold a number that is not finite "
+        f"({found}); send a finite number."
+    )
 
 
 def _plan_native(call: Any, step: int, index: int) -> _Planned:
@@ -276,7 +368,8 @@ def _plan_native(call: Any, step: int, index: int) -> _Planned:
     if raw is None or raw == "":
         return _Planned(call_id, name, {}, None, "native")
     if isinstance(raw, Mapping):
-        return _Planned(call_id, name, dict(raw), None, "native")
+        error = _non_finite_error(name, raw)
+        return _Planned(call_id, name, None if error else dict(raw), error, "native")
     try:
         value = json.loads(raw) if isinstance(raw, str | bytes) else raw
     except ValueError as exc:
@@ -288,7 +381,8 @@ def _plan_native(call: Any, step: int, index: int) -> _Planned:
     if not isinstance(value, dict):
         error = f"TypeError: tool arguments must be a JSON object, not {type(value).__name__}."
         return _Planned(call_id, name, None, error, "native")
-    return _Planned(call_id, name, value, None, "native")
+    error = _non_finite_error(name, value)
+    return _Planned(call_id, name, None if error else value, error, "native")
 
 
 def _length_exit(reply: ModelReply, limits: LeafLimits) -> str:
@@ -422,6 +516,8 @@ class LeafRun:
         finally:  # a call that failed still took the model's time (its retries included)
             model_seconds = time.perf_counter() - model_started
             self.model_seconds += model_seconds
+        if (reply.finish_reason or "").lower() == ABORT_FINISH_REASON:  # not appended: nobody said it
+            raise _Exit(ExitReason.llm_query_error, "the model server aborted the request (finish_reason abort)")
         assistant = self._append_reply(reply)
         planned, from_text = plan_calls(reply.message, index)
         tools_started = time.perf_counter()
@@ -460,9 +556,11 @@ class LeafRun:
     def answer(self, reply: ModelReply, assistant: Mapping[str, Any], planned: Sequence[_Planned]) -> _Answers:
         """Answer a reply's calls in order, appending each answer to the history as it comes.
 
-        A reply cut at its length or holding no calls is the end; its visible text is the final
-        answer. Cancelling, or a sandbox failure, stops before the call concerned, whose answer
-        is never appended; the answers so far are still the step's.
+        A reply cut at its length, or holding no calls but answer text, is the end; its visible
+        text is the final answer (a reply with neither was planned as a format error by
+        `plan_calls`, so it is answered and the run goes on). Cancelling, or a sandbox failure,
+        stops before the call concerned, whose answer is never appended; the answers so far are
+        still the step's.
         """
         answers = _Answers()
         truncated = (reply.finish_reason or "").lower() in LENGTH_FINISH_REASONS

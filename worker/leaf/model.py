@@ -12,20 +12,47 @@ exactly that). Retries are ours (the SDK's are off), so the time budget is one n
 from __future__ import annotations
 
 import json
-import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 import openai
 
 from app import trajectory
+from app.logs import get_logger
+from worker.leaf.textcalls import OPEN_CALL, extract_text_calls
 
-log = logging.getLogger(__name__)
+# SGLang answers HTTP 200 with finish_reason "abort" when a request was aborted (an operator's
+# /abort_request, a weight update, a pause): not an answer. The client retries it; the loop
+# ends a run as llm_query_error on one that reaches it anyway (another client, a replay).
+ABORT_FINISH_REASON: Final = "abort"
+
+log = get_logger("frogfix.model")
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once_per_server(kind: str, server: str, **fields: Any) -> bool:
+    """Log warning `kind` for `server` once per process (a server's launch flags do not change
+    between calls, and a warning on every reply would drown the log); True when it was logged."""
+    with _warned_lock:
+        if (kind, server) in _warned:
+            return False
+        _warned.add((kind, server))
+    log.warning(kind, server=server, **fields)
+    return True
+
+
+def server_label(base_url: str) -> str:
+    """The server as a log line may name it: scheme, host, port and path, never credentials."""
+    parts = urlsplit(base_url)
+    port = f":{parts.port}" if parts.port else ""
+    return urlunsplit((parts.scheme, f"{parts.hostname or ''}{port}", parts.path, "", ""))
 
 
 class ModelError(Exception):
@@ -69,18 +96,6 @@ def _as_int(value: Any) -> int:
     return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-_warned: set[tuple[str, str]] = set()  # (what, server): each server's flag is named once per process
-_warned_lock = threading.Lock()
-
-
-def _first_time(what: str, server: str) -> bool:
-    with _warned_lock:
-        if (what, server) in _warned:
-            return False
-        _warned.add((what, server))
-        return True
-
-
 def warn_without_cache_report(server: str, usage: Usage | None) -> None:
     """Log once per process and server that its replies carry no cached-token figures.
 
@@ -89,31 +104,11 @@ def warn_without_cache_report(server: str, usage: Usage | None) -> None:
     """
     if usage is not None and usage.cached_tokens is not None:
         return
-    if not _first_time("cache-report", server):
-        return
-    log.warning(
-        "the model server at %s reports no cached tokens (usage.prompt_tokens_details.cached_tokens); "
-        "start SGLang with --enable-cache-report to see whether its prefix cache works",
+    warn_once_per_server(
+        "model_no_cached_tokens",
         server,
-    )
-
-
-def warn_text_tool_calls(server: str, message: Mapping[str, Any]) -> None:
-    """Log once per process and server that a tool call came back as text in the content.
-
-    SGLang parses qwen3_coder calls into `tool_calls` only when started with
-    `--tool-call-parser qwen3_coder`; without it the calls stay in the text (the loop's fallback
-    still reads them, less reliably).
-    """
-    content = message.get("content")
-    if message.get("tool_calls") or not isinstance(content, str) or "<function=" not in content:
-        return
-    if not _first_time("tool-call-parser", server):
-        return
-    log.warning(
-        "the model server at %s returned a tool call as text in the content; "
-        "start SGLang with --tool-call-parser qwen3_coder so calls arrive as tool_calls",
-        server,
+        hint="start SGLang with --enable-cache-report to see whether its prefix cache works "
+        "(usage.prompt_tokens_details.cached_tokens)",
     )
 
 
@@ -217,7 +212,8 @@ def is_context_overflow(status: int | None, text: str) -> bool:
 
 
 def _encode(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """Compact strict JSON: a NaN or an infinity raises ValueError rather than reach the server."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 class OpenAIChatModel:
@@ -251,13 +247,11 @@ class OpenAIChatModel:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self._sleep = sleep
+        self.server = server_label(base_url)
         self._owns_client = client is None
         self._client = client or openai.OpenAI(
             base_url=base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
         )
-        # The server as logs may name it: no user or password from the URL, no query.
-        url = self._client.base_url
-        self._server = str(url.copy_with(username=None, password=None, query=None))
         # Encoded messages, by identity: the history is append-only, so the common prefix of
         # two calls is found by comparing object identities and only new messages are encoded.
         self._encoded: list[tuple[Mapping[str, Any], bytes]] = []
@@ -320,8 +314,15 @@ class OpenAIChatModel:
         timeout: float | None = None,
         max_completion_tokens: int | None = None,
     ) -> ModelReply:
-        """One completion, with our bounded retries; raises ModelQueryError or ContextOverflow."""
-        body = self.encode_request(messages, tools, max_completion_tokens)
+        """One completion, with our bounded retries; raises ModelQueryError or ContextOverflow.
+
+        A 200 whose finish reason is `abort` (SGLang's answer to an aborted request) is no
+        answer: the same body is sent again, within the same retry budget and deadline.
+        """
+        try:
+            body = self.encode_request(messages, tools, max_completion_tokens)
+        except ValueError as exc:  # a NaN somewhere in the history: SGLang would refuse it
+            raise ModelQueryError(f"the history cannot be sent as strict JSON: {exc}") from exc
         started = time.monotonic()
         deadline = started + timeout if timeout is not None else None
         attempt = 0
@@ -344,7 +345,7 @@ class OpenAIChatModel:
                     },
                 )
             except openai.APIStatusError as exc:
-                text = f"{exc.message} {_body_text(exc.body)}".strip()
+                text = error_text(exc.body) or exc.message
                 if is_context_overflow(exc.status_code, text):
                     raise ContextOverflow(f"HTTP {exc.status_code}: {text[:500]}") from exc
                 if exc.status_code != 429 and exc.status_code < 500:
@@ -362,9 +363,12 @@ class OpenAIChatModel:
                 error, failure = f"answered with invalid JSON: {exc}", exc
             else:
                 try:
-                    return self._reply(data, started, attempt)
-                except ModelQueryError as exc:  # a 200 without a usable message: the same, one layer up
+                    reply = self._reply(data, started, attempt)
+                except ModelQueryError as exc:  # a 200 without a usable message or aborted: the same
                     error, failure = str(exc), exc
+                else:
+                    self._note_text_calls(reply)
+                    return reply
             if attempt > self.max_retries:
                 raise ModelQueryError(f"model call failed after {attempt} attempt(s): {error}") from failure
             delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
@@ -373,6 +377,20 @@ class OpenAIChatModel:
             if deadline is not None and time.monotonic() + delay >= deadline:
                 raise ModelQueryError(f"model call failed, no time left to retry: {error}") from failure
             self._sleep(delay)
+
+    def _note_text_calls(self, reply: ModelReply) -> None:
+        """Warn (once per server) when a call came as text: the server runs without
+        `--tool-call-parser qwen3_coder`, and the loop is reading calls from content instead."""
+        content = reply.message.get("content")
+        # With the parser on, SGLang never leaves a <tool_call> in content (it keeps only the text
+        # before one): a wrapped call there is the sign. A bare <function=...> is the model's slip.
+        if reply.message.get("tool_calls") or not isinstance(content, str) or OPEN_CALL not in content:
+            return
+        if extract_text_calls(content).calls:
+            warn_once_per_server(
+                "model_tool_calls_as_text", self.server,
+                hint="start SGLang with --tool-call-parser qwen3_coder; calls are read from the text meanwhile",
+            )
 
     def _reply(self, data: Any, started: float, attempts: int) -> ModelReply:
         if isinstance(data, str | bytes):
@@ -384,9 +402,10 @@ class OpenAIChatModel:
         if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
             raise ModelQueryError(f"model answered without a message: {json.dumps(data)[:300]}")
         choice = choices[0]
+        if choice.get("finish_reason") == ABORT_FINISH_REASON:
+            raise ModelQueryError("the model server aborted the request (finish_reason abort)")
         usage = Usage.from_dict(data.get("usage"))
-        warn_without_cache_report(self._server, usage)
-        warn_text_tool_calls(self._server, choice["message"])
+        warn_without_cache_report(self.server, usage)
         return ModelReply(
             message=choice["message"],
             finish_reason=choice.get("finish_reason"),
@@ -398,9 +417,18 @@ class OpenAIChatModel:
         )
 
 
-def _body_text(body: object) -> str:
+def error_text(body: object) -> str:
+    """An error answer's words: SGLang's flat `{object: "error", message, type, param, code}`,
+    OpenAI's nested `{error: {message, type, ...}}`, FastAPI's `{detail}`, or the raw body."""
     if body is None:
         return ""
+    if isinstance(body, Mapping):
+        inner = body.get("error")
+        found = inner if isinstance(inner, Mapping) else body
+        message = found.get("message", found.get("detail"))
+        if isinstance(message, str):
+            kind = found.get("type")
+            return f"{kind}: {message}" if isinstance(kind, str) and kind else message
     if isinstance(body, str):
         return body
     try:

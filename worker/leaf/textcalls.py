@@ -1,11 +1,18 @@
 """Tool calls that arrive as text in the qwen3_coder form, and inline `<think>` reasoning.
 
 SGLang's `qwen3_coder` parser normally turns these into `message.tool_calls`; when it is not
-running, or misses one, the call stays in `content` (or, when the model wrote it before closing
-its thinking, in `reasoning_content`). This module reads them back. It never raises: a call it
-cannot read becomes a `TextCall` with an `error`, which the loop answers as a tool error so the
-model can write it again. Parameter values are kept raw (strings); `tools.coerce_arguments`
-types them by schema.
+running the call stays in `content`, and this module reads it back. Only the visible content is
+read: never `reasoning_content` and never inline `<think>` text, because SGLang never runs a
+call the model merely thought about (a call quoted while thinking is not a call). It never
+raises: a call it cannot read becomes a `TextCall` with an `error`, which the loop answers as a
+tool error so the model can write it again. Parameter values are kept raw (strings);
+`tools.coerce_arguments` types them by schema.
+
+Where this reader and SGLang's `qwen3_coder` detector differ, on purpose: a value may contain
+`</parameter>`, `</function>` or `</tool_call>` text when its own `</parameter>` follows (SGLang
+cuts the value at the first one); a value never contains `<parameter=`: a parameter left open
+ends where the next `<parameter=` or `</function>` starts a line (SGLang's rule), and anywhere
+else the call is a format error; the JSON (Hermes) form is read; names are stripped.
 """
 
 from __future__ import annotations
@@ -26,13 +33,20 @@ OPEN_THINK: Final = "<think>"
 CLOSE_THINK: Final = "</think>"
 
 ERROR_NAME: Final = "ToolCallFormatError"
-_FORM_HINT: Final = (
+FORM_HINT: Final = (
     "Write each call as <tool_call>, <function=NAME>, one <parameter=NAME>value</parameter> per "
     "argument, </function>, </tool_call>, each tag on its own line."
+)
+# The answer to a reply with no readable call and no answer text (SGLang strips a <tool_call>
+# it cannot read and returns content "\n\n"): not a final answer, the model is told to try again.
+UNREAD_REPLY: Final = (
+    f"{ERROR_NAME}: your last reply held no tool call that could be read, and no answer. {FORM_HINT} "
+    "When the task is done, reply with a brief final answer instead."
 )
 _FUNCTION_TAG = re.compile(r"<function=([^<>\n]*)>")
 _PARAM_TAG = re.compile(r"<parameter=([^<>\n]*)>")
 _START = re.compile(re.escape(OPEN_CALL) + "|" + re.escape(OPEN_FUNCTION))
+_AFTER_VALUE: Final = (OPEN_PARAM, CLOSE_FUNCTION, CLOSE_CALL)
 _NEXT_CALL = re.compile(re.escape(CLOSE_CALL) + r"\s*(?:" + re.escape(OPEN_CALL) + "|" + re.escape(OPEN_FUNCTION) + ")")
 _SNIPPET = 60
 
@@ -68,8 +82,8 @@ def split_think(text: str) -> tuple[str | None, str]:
     """Split inline reasoning from the rest: `(reasoning, visible)`.
 
     The qwen3 chat template opens `<think>` inside the prompt, so a reply may hold only the
-    closing tag: everything before a lone `</think>` is reasoning. An unclosed `<think>` (a
-    reply cut short) runs to the end.
+    closing tag: everything before a lone `</think>` is reasoning. An unclosed `<think>` runs to
+    the first `<tool_call>` (where SGLang's qwen3 reasoning parser ends it too) or to the end.
     """
     close = text.find(CLOSE_THINK)
     if close >= 0:
@@ -81,31 +95,30 @@ def split_think(text: str) -> tuple[str | None, str]:
         return before, after
     opened = text.find(OPEN_THINK)
     if opened >= 0:
+        call = text.find(OPEN_CALL, opened)
+        if call >= 0:
+            return text[opened + len(OPEN_THINK):call], text[:opened] + text[call:]
         return text[opened + len(OPEN_THINK):], text[:opened]
     return None, text
 
 
-def extract_text_calls(content: str | None, reasoning_content: str | None = None) -> TextParse:
-    """Read the text calls of one assistant reply.
+def extract_text_calls(content: str | None) -> TextParse:
+    """Read the text calls of one assistant reply's content, outside its inline thinking.
 
-    Calls in the visible content win; only when it holds none are the inline thinking and then
-    `reasoning_content` searched (where the qwen3 reasoning parser leaves a call written before
-    the model closed its thinking). In reasoning, only complete calls and broken
-    `<tool_call>` blocks count, so thinking that merely mentions a tag does not become a call.
+    `reasoning_content` is deliberately not an argument: a call the model wrote while thinking
+    is never run (SGLang leaves it there as text, and so do we).
     """
     inline, visible = split_think(content or "")
-    calls = parse_tool_calls(visible)
-    if not calls:
-        for source in (inline, reasoning_content):
-            if source and (OPEN_CALL in source or OPEN_FUNCTION in source):
-                calls = parse_tool_calls(source, in_reasoning=True)
-                if calls:
-                    break
-    return TextParse(calls=calls, visible=visible, inline_reasoning=inline)
+    return TextParse(calls=parse_tool_calls(visible), visible=visible, inline_reasoning=inline)
 
 
-def parse_tool_calls(text: str, *, in_reasoning: bool = False) -> list[TextCall]:
-    """Every call block of `text`, in order; never raises."""
+def parse_tool_calls(text: str) -> list[TextCall]:
+    """Every call block of `text`, in order; never raises.
+
+    A broken `<tool_call>` block becomes an error call (the model meant a call). A bare
+    `<function=...>` without the wrapper counts only when it reads as a whole call: prose that
+    mentions the tag is not a call, as it is not for SGLang.
+    """
     calls: list[TextCall] = []
     pos = 0
     while True:
@@ -119,8 +132,8 @@ def parse_tool_calls(text: str, *, in_reasoning: bool = False) -> list[TextCall]
         except _Malformed as exc:
             resume = exc.resume if exc.resume is not None else _resume_after(text, start, wrapped)
             pos = max(resume, start + 1)
-            if wrapped or not in_reasoning:
-                calls.append(TextCall(name="", error=f"{ERROR_NAME}: {exc} {_FORM_HINT}"))
+            if wrapped:
+                calls.append(TextCall(name="", error=f"{ERROR_NAME}: {exc} {FORM_HINT}"))
             continue
         except Exception as exc:  # pragma: no cover - a parser bug must not end the run
             pos = start + 1
@@ -144,6 +157,9 @@ def _read_block(text: str, start: int, wrapped: bool) -> tuple[TextCall | None, 
     close = text.find(CLOSE_CALL, body)
     if close < 0:
         return None, body  # `<tool_call>` with nothing call-like after it: prose, not a call
+    again = text.find(OPEN_CALL, body, close)
+    if again >= 0:
+        return None, again  # prose that mentions the tag, then a real block: read that one
     inner = text[body:close].strip()
     if inner.startswith("{"):
         return _read_json_call(inner), close + len(CLOSE_CALL)
@@ -166,6 +182,8 @@ def _read_function(text: str, start: int) -> tuple[TextCall, int]:
         pos = _skip_ws(text, pos)
         if text.startswith(CLOSE_FUNCTION, pos):
             return TextCall(name=name, arguments=arguments), pos + len(CLOSE_FUNCTION)
+        if text.startswith(CLOSE_CALL, pos):  # </function> forgotten, the block closed: SGLang reads it too
+            return TextCall(name=name, arguments=arguments), pos
         if text.startswith(OPEN_PARAM, pos):
             key, value, pos = _read_parameter(text, pos, name)
             if key in arguments:
@@ -181,6 +199,15 @@ def _read_function(text: str, start: int) -> tuple[TextCall, int]:
 
 
 def _read_parameter(text: str, start: int, function: str) -> tuple[str, str, int]:
+    """One `<parameter=NAME>value</parameter>`; returns the name, the raw value and the end.
+
+    A value never runs past the next `<parameter=`, nor across the end of a call into the next
+    one. Within that stretch it ends at the first `</parameter>` followed by the next tag, so a
+    value may itself contain closing-tag text (source code of a parser, say). A parameter left
+    open ends where the next `<parameter=` or `</function>` starts a line (SGLang's rule); one
+    that is open anywhere else makes the call a format error, so tag text never folds into a
+    command, a path or file content.
+    """
     tag = _PARAM_TAG.match(text, start)
     if tag is None:
         raise _Malformed(f"unreadable parameter tag in <function={function}>: {_snippet(text[start:])}.")
@@ -188,26 +215,38 @@ def _read_parameter(text: str, start: int, function: str) -> tuple[str, str, int
     if not key:
         raise _Malformed(f"a <parameter=...> tag without a name in <function={function}>.")
     value_start = tag.end()
-    # The value ends at the first </parameter> that is followed by the next tag: a value may
-    # itself contain the closing tag text (source code of a parser, say). It never runs across
-    # the end of a call into the next one: that would swallow the next call.
-    search = value_start
     crossing = _NEXT_CALL.search(text, value_start)
-    boundary = crossing.start() if crossing else len(text)
-    while True:
-        close = text.find(CLOSE_PARAM, search)
-        if close < 0 or close > boundary:
-            raise _Malformed(f"parameter '{key}' of {function} is not closed with {CLOSE_PARAM}.")
+    stretch_end = crossing.start() if crossing else len(text)
+    next_param = text.find(OPEN_PARAM, value_start, stretch_end)
+    if next_param >= 0:
+        stretch_end = next_param
+    search = value_start
+    while (close := text.find(CLOSE_PARAM, search, stretch_end)) >= 0:
         after = _skip_ws(text, close + len(CLOSE_PARAM))
-        if text.startswith((OPEN_PARAM, CLOSE_FUNCTION), after) or after >= len(text):
-            break
+        if text.startswith(_AFTER_VALUE, after) or after >= len(text):
+            return key, _raw_value(text[value_start:close]), close + len(CLOSE_PARAM)
         search = close + 1
-    value = text[value_start:close]
+    end = text.find(CLOSE_FUNCTION, value_start, stretch_end)
+    if end < 0 and next_param >= 0:
+        end = next_param
+    if end >= 0 and _starts_line(text, value_start, end):
+        return key, _raw_value(text[value_start:end]), end
+    raise _Malformed(f"parameter '{key}' of {function} is not closed with {CLOSE_PARAM}.")
+
+
+def _raw_value(value: str) -> str:
+    """LEAF.md: one leading and one trailing newline are not part of the value."""
     if value.startswith("\n"):
         value = value[1:]
     if value.endswith("\n"):
         value = value[:-1]
-    return key, value, close + len(CLOSE_PARAM)
+    return value
+
+
+def _starts_line(text: str, value_start: int, tag: int) -> bool:
+    """Whether the tag at `tag` opens a line of the value (only blanks before it on its line)."""
+    line_start = text.rfind("\n", value_start, tag) + 1 or value_start
+    return not text[line_start:tag].strip()
 
 
 def _read_json_call(inner: str) -> TextCall:
@@ -217,7 +256,7 @@ def _read_json_call(inner: str) -> TextCall:
     except ValueError as exc:
         return TextCall(name="", error=f"{ERROR_NAME}: the JSON in a <tool_call> block is invalid ({exc}).")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"].strip():
-        return TextCall(name="", error=f"{ERROR_NAME}: a JSON tool call needs a \"name\". {_FORM_HINT}")
+        return TextCall(name="", error=f"{ERROR_NAME}: a JSON tool call needs a \"name\". {FORM_HINT}")
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):
         with contextlib.suppress(ValueError):
