@@ -99,6 +99,10 @@ GROUP = f"root:x:0:\nfrogfix:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
 # `bash -l` reads /etc/profile; the host's would reset PATH and drop what the job set.
 PROFILE = "# FrogFix sandbox: a login shell keeps the environment the sandbox was started with.\numask 022\n"
 SHM_SIZE_BYTES = 64 * 1024**2
+# The cgroup's pids bound sits a little above RLIMIT_NPROC: the rlimit binds first inside (the
+# runner's fork-bomb reclaim counts against it), the cgroup also counts bwrap outside the namespace
+# and is the wall that holds if the rlimit does not.
+PIDS_HEADROOM = 8
 MAX_REPLY_BYTES = 512 * 1024**2
 STDERR_TAIL_BYTES = 16 * 1024
 _EOF = object()
@@ -149,7 +153,7 @@ class LocalSandbox(RunnerClient):
         self.workspace_size_bytes = workspace_size_bytes
         self.cgroup_limits = cgroups.CgroupLimits(
             memory_bytes=self.limits.memory_bytes + workspace_size_bytes + tmp_size_bytes + SHM_SIZE_BYTES,
-            max_processes=self.limits.max_processes,
+            max_processes=self.limits.max_processes + PIDS_HEADROOM,
             cpus=cpus,
         )
         self._use_cgroups = use_cgroups

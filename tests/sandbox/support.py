@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import shlex
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +42,31 @@ def init_repo(path: Path, files: dict[str, str | bytes]) -> str:
     git(path, "add", "-A")
     git(path, "commit", "-q", "-m", "base")
     return git(path, "rev-parse", "HEAD")
+
+
+def inside_tree(sandbox: LocalSandbox, path: str = ".") -> dict[str, bytes]:
+    """Every file under `path` as the sandbox sees it (its workspace is its own copy, not the host's)."""
+    script = (
+        "import base64, json, os, sys\n"
+        "out = {}\n"
+        "for folder, dirs, files in os.walk(sys.argv[1]):\n"
+        "    dirs[:] = [d for d in dirs if d != '.git']\n"
+        "    for name in files:\n"
+        "        p = os.path.join(folder, name)\n"
+        "        if os.path.isfile(p) and not os.path.islink(p):\n"
+        "            out[os.path.relpath(p, sys.argv[1])] = base64.b64encode(open(p, 'rb').read()).decode()\n"
+        "print(json.dumps(out))\n"
+    )
+    result = sandbox.run_command(f"python3 -c {shlex.quote(script)} {shlex.quote(path)}", 60)
+    assert result.exit_code == 0, result.log
+    return {name: base64.b64decode(data) for name, data in json.loads(result.log).items()}
+
+
+def inside_bytes(sandbox: LocalSandbox, path: str) -> bytes:
+    """One file's bytes as the sandbox sees it."""
+    result = sandbox.run_command(f"base64 -w0 {shlex.quote(path)}", 60)
+    assert result.exit_code == 0, result.log
+    return base64.b64decode(result.log)
 
 
 def bash(sandbox: LocalSandbox, command: str, **extra: Any) -> str:
@@ -85,6 +113,15 @@ class ToolHarness:
         else:
             target.write_bytes(content.encode())
         return target
+
+    def read_bytes(self, name: str) -> bytes:
+        """A workspace file as the tools left it (inside the sandbox: the host's copy never changes)."""
+        if self._sandbox is None:
+            return (self.root / name).read_bytes()
+        return inside_bytes(self._sandbox, name)
+
+    def read_text(self, name: str) -> str:
+        return self.read_bytes(name).decode()
 
     def call(self, name: str, **arguments: Any) -> str:
         if self._tools is not None:
