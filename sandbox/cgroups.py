@@ -34,6 +34,13 @@ from dataclasses import dataclass, field
 from sandbox.base import SandboxUnavailable
 
 CONTROLLERS = ("memory", "pids", "cpu")
+# What an operator does when a controller is missing (doctor's fix, the worker's start-up warning).
+DELEGATION_FIX = (
+    "run the worker as root, or delegate a cgroup subtree with the memory, pids and cpu controllers to "
+    "its user (systemd: Delegate=yes, and DelegateSubgroup=worker so the service's own cgroup can have "
+    "children; a container: a private, writable cgroup namespace); until then each sandbox has rlimits "
+    "only, which bound every process alone, not all of them together"
+)
 NAME_PREFIX = "frogfix-sandbox-"
 CPU_PERIOD_US = 100_000
 ENTER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cgroup_enter.py")

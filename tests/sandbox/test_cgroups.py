@@ -253,3 +253,28 @@ def test_a_checkout_larger_than_the_workspace_is_a_clear_error(
     with pytest.raises(SandboxError, match="No space left on device"):
         make_sandbox(workspace, workspace_size_bytes=4 * MiB)
     assert (workspace / "big.bin").stat().st_size == 6 * MiB  # the host's copy is untouched
+
+
+# ----------------------------------------------------------------------------- fallback
+
+
+def test_worker_start_warns_when_sandboxes_would_have_rlimits_only() -> None:
+    from structlog.testing import capture_logs
+
+    from worker.tasks import warn_about_cgroups
+
+    bare = cgroups.CgroupSupport(problems=("memory: no cgroup hierarchy carries it",))
+    with capture_logs() as logs:
+        assert warn_about_cgroups(bare) is True
+        assert warn_about_cgroups(cgroups.host_support()) is bool(cgroups.host_support().missing)
+    [warning] = [e for e in logs if e["log_level"] == "warning"][:1] or [None]
+    assert warning is not None and warning["event"] == "sandbox_cgroups_missing"
+    assert "no per-sandbox cgroup limits" in warning["detail"] and "rlimits only" in warning["fix"]
+
+
+def test_without_cgroups_the_sandbox_still_runs_on_its_rlimits(
+    workspace: Path, make_sandbox: Callable[..., LocalSandbox]
+) -> None:
+    sb = make_sandbox(workspace, use_cgroups=False)
+    assert sb._res.cgroup is None
+    assert bash(sb, "echo alive") == leaf_bash(0, "alive\n", "")
