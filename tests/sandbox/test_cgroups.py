@@ -8,6 +8,7 @@ host that does not let this process use it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -278,3 +279,43 @@ def test_without_cgroups_the_sandbox_still_runs_on_its_rlimits(
     sb = make_sandbox(workspace, use_cgroups=False)
     assert sb._res.cgroup is None
     assert bash(sb, "echo alive") == leaf_bash(0, "alive\n", "")
+
+
+UNPRIVILEGED_WORKER = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.insert(0, {repo!r})
+    from sandbox.base import SandboxSpec
+    from sandbox.local import LocalSandbox
+    sb = LocalSandbox(SandboxSpec(workspace={workspace!r}), workspace_size_bytes=16 << 20, tmp_size_bytes=16 << 20)
+    fill = "for i in 1 2 3 4; do head -c 7M /dev/zero > {{0}}/f$i || echo FAILED $i; done"
+    out = [sb.call_tool("Bash", {{"command": fill.format(d)}}) for d in (".", "/tmp")]
+    out.append(sb.call_tool("Bash", {{"command": "echo alive"}}))
+    print(json.dumps({{"uid": os.geteuid(), "out": out}}))
+    sb.close()
+    """
+)
+
+
+def test_storage_limits_hold_for_an_unprivileged_worker(ws_base: Path) -> None:
+    """The shipped worker is not root: bwrap's sized tmpfs works inside its user namespace."""
+    workspace = ws_base / f"unprivileged-{os.getpid()}"
+    workspace.mkdir()
+    drop: dict[str, object] = {}
+    if os.geteuid() == 0:
+        os.chown(workspace, 65534, 65534)
+        drop = {"user": 65534, "group": 65534, "extra_groups": []}
+    repo = str(Path(__file__).resolve().parents[2])
+    # The system python: the test's own may live under a folder only root can enter; sandbox/ is stdlib only.
+    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), sys.executable)
+    done = subprocess.run(
+        [python, "-c", UNPRIVILEGED_WORKER.format(repo=repo, workspace=str(workspace))],
+        capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin"}, **drop,  # type: ignore[call-overload]
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["uid"] != 0
+    for out in result["out"][:2]:
+        assert "No space left on device" in out and "FAILED 3" in out, out
+    assert result["out"][2] == leaf_bash(0, "alive\n", "")
+    assert list(workspace.iterdir()) == []
