@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     sandbox_workspace_size: str = "4Gi"
     sandbox_tmp_size: str = "1Gi"
     sandbox_runtime_class: str = ""  # e.g. gvisor or kata, where the cluster offers one
-    sandbox_start_timeout_seconds: float = 300.0
+    sandbox_start_timeout_seconds: float = 300.0  # both backends (local: copying the checkout in included)
     kubeconfig: str = ""  # empty: in-cluster service account, else ~/.kube/config
     kube_context: str = ""
     trigger_label: str = "frognano-fix"

@@ -76,6 +76,8 @@ def sandbox_options(settings: Settings) -> dict[str, Any]:
             "workspace_size_bytes": parse_quantity(settings.sandbox_workspace_size),
             "tmp_size_bytes": parse_quantity(settings.sandbox_tmp_size),
             "cpus": parse_cpus(settings.sandbox_cpu),
+            # The checkout is copied into the sandbox's tmpfs before the runner answers: a big one takes seconds.
+            "start_timeout_s": settings.sandbox_start_timeout_seconds,
         }
     s = settings
     options: dict[str, Any] = {

@@ -51,7 +51,12 @@ def test_local_backend_takes_the_same_sizes_and_cpus(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("FROGFIX_SANDBOX_TMP_SIZE", "256Mi")
     monkeypatch.setenv("FROGFIX_SANDBOX_CPU", "500m")
     options = sandbox_options(Settings())
-    assert options == {"workspace_size_bytes": 3 * 512 * 1024**2, "tmp_size_bytes": 256 * 1024**2, "cpus": 0.5}
+    assert options == {
+        "workspace_size_bytes": 3 * 512 * 1024**2,
+        "tmp_size_bytes": 256 * 1024**2,
+        "cpus": 0.5,
+        "start_timeout_s": 300.0,
+    }
     assert set(options) <= set(inspect.signature(LocalSandbox.__init__).parameters)
 
 
