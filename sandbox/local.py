@@ -8,6 +8,13 @@ Why it is built this way:
   system folders read-only; only the workspace (plus a small private /tmp and /dev/shm)
   writable; an environment built from nothing (bwrap itself is started with an empty
   environment, because the sandbox can read /proc/1/environ of bwrap's own init process).
+- Storage: the workspace and /tmp are tmpfs of fixed sizes (bwrap's `--size`, which works
+  unprivileged inside the user namespace), so a write past them fails with ENOSPC and nothing the
+  sandbox writes lands on the host's disk. The checkout is copied in at start from a read-only
+  bind of the host's workspace; the host needs nothing back, the runner takes the patch inside.
+- Cgroups (sandbox/cgroups.py), where the host allows: one per sandbox bounding the memory
+  (processes and tmpfs pages together), tasks and CPU of all its processes; bwrap is spawned
+  through an exec wrapper that joins it first, so no process of the sandbox is ever outside.
 - Limits: the runner sets RLIMIT_NPROC/AS/FSIZE/CPU/CORE on itself *inside* the sandbox's user
   namespace, where the kernel counts processes per namespace, so a fork bomb is stopped by the
   sandbox's own budget. RLIMIT_NPROC never binds a uid that maps to host root, so when FrogFix
