@@ -128,6 +128,45 @@ def test_pids_cgroup_counts_every_process_of_a_fork_bomb(sb: LocalSandbox) -> No
     assert bash(sb, "echo alive") == leaf_bash(0, "alive\n", "")
 
 
+FORK_TREE = textwrap.dedent(
+    """
+    import os, sys, time
+    # Every process forks two children that do the same: a tree, so the count is across processes.
+    for depth in range(8):
+        kids = 0
+        for _ in range(2):
+            try:
+                if os.fork() == 0:
+                    break
+                kids += 1
+            except OSError:
+                print("fork refused", flush=True)
+                break
+        else:
+            time.sleep(3)
+            os._exit(0)
+    time.sleep(3)
+    """
+)
+
+
+def test_pids_cgroup_alone_stops_a_fork_tree_across_processes() -> None:
+    """Without the runner's RLIMIT_NPROC: the cgroup made by `create` and joined by the wrapper is the wall."""
+    need("pids")
+    cgroup = cgroups.create(cgroups.CgroupLimits(512 * MiB, 24, 1.0), cgroups.host_support())
+    assert cgroup is not None
+    try:
+        drop = (65534, 65534) if os.geteuid() == 0 else None
+        argv = cgroup.enter_argv(["/usr/bin/python3", "-I", "-S", "-c", FORK_TREE], drop)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
+        assert "fork refused" in done.stdout, (done.stdout, done.stderr)  # 2**8 processes wanted, 24 allowed
+        events = (Path(str(cgroup.path_for("pids"))) / "pids.events").read_text()
+        assert int(re.search(r"max (\d+)", events).group(1)) > 0, events  # type: ignore[union-attr]
+    finally:
+        assert cgroup.kill_and_remove() == []
+    assert not any(os.path.exists(p) for _, p in cgroup.paths())
+
+
 # ---------------------------------------------------------------------------------- cpu
 
 
