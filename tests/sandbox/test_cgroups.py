@@ -246,7 +246,10 @@ KILLED_WORKER = textwrap.dedent(
 )
 
 
-def test_cgroups_of_a_killed_worker_are_reaped(workspace: Path, make_sandbox: Callable[..., LocalSandbox]) -> None:
+@pytest.mark.parametrize("reaper", ["next sandbox", "manage.py reap-sandboxes"])
+def test_cgroups_of_a_killed_worker_are_reaped(
+    reaper: str, workspace: Path, make_sandbox: Callable[..., LocalSandbox], tmp_path: Path
+) -> None:
     need("pids")
     repo = str(Path(__file__).resolve().parents[2])
     script = KILLED_WORKER.format(repo=repo, workspace=str(workspace))
@@ -260,7 +263,15 @@ def test_cgroups_of_a_killed_worker_are_reaped(workspace: Path, make_sandbox: Ca
         worker.kill()
         worker.wait()
     assert all(os.path.isdir(p) for p in paths)  # the worker died without closing: left behind
-    make_sandbox(workspace)  # the next sandbox on this host reaps them
+    if reaper == "next sandbox":
+        make_sandbox(workspace)
+    else:
+        env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "FROGFIX_SANDBOX": "local",
+               "FROGFIX_DATA_DIR": str(tmp_path / "data")}  # fmt: skip
+        done = subprocess.run([sys.executable, f"{repo}/manage.py", "reap-sandboxes"], capture_output=True,
+                              text=True, timeout=120, env=env, cwd=tmp_path)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert set(paths) <= set(done.stdout.split()), done.stdout
     assert not any(os.path.exists(p) for p in paths)
 
 
