@@ -148,7 +148,7 @@ def detect(mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/se
     placements: list[Placement] = []
     problems: list[str] = []
     v2 = next((m for m in mounts if m[0] == 2), None)
-    v2_controllers = set(_read(os.path.join(v2[1], "cgroup.controllers")).split()) if v2 else set()
+    v2_controllers = set(_read_quiet(os.path.join(v2[1], "cgroup.controllers")).split()) if v2 else set()
     for controller in CONTROLLERS:
         if controller in v2_controllers and v2 is not None:
             placement, problem = _place_v2(controller, v2, own.get("", ""))
@@ -204,6 +204,8 @@ def _folder(mount: Mount, path: str) -> str | None:
     _, point, root, _ = mount
     root = root.rstrip("/")
     if path != root and not path.startswith(root + "/"):
+        return None
+    if ".." in path.split("/"):  # outside this cgroup namespace: not ours to use
         return None
     return os.path.join(point, path[len(root) :].lstrip("/")).rstrip("/") or "/"
 
