@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,30 @@ def inside_bytes(sandbox: LocalSandbox, path: str) -> bytes:
     result = sandbox.run_command(f"base64 -w0 {shlex.quote(path)}", 60)
     assert result.exit_code == 0, result.log
     return base64.b64decode(result.log)
+
+
+def sandbox_host_pids(sandbox: LocalSandbox) -> set[int]:
+    """bwrap and every process below it, as host pids (read from the host, so no fork inside)."""
+    assert sandbox._res.proc is not None
+    found: set[int] = set()
+    frontier = [sandbox._res.proc.pid]
+    while frontier:
+        pid = frontier.pop()
+        found.add(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                frontier += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:  # the task ended meanwhile
+                continue
+    return found
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
 
 
 def bash(sandbox: LocalSandbox, command: str, **extra: Any) -> str:

@@ -25,7 +25,7 @@ from sandbox import cgroups
 from sandbox.base import SandboxError
 from sandbox.local import PIDS_HEADROOM, SHM_SIZE_BYTES, LocalSandbox
 from tests.sandbox.conftest import TEST_LIMITS
-from tests.sandbox.support import bash, leaf_bash
+from tests.sandbox.support import bash, leaf_bash, sandbox_host_pids
 
 pytestmark = pytest.mark.bwrap
 
@@ -50,19 +50,6 @@ def cgroup_paths(sb: LocalSandbox) -> list[str]:
     cgroup = sb._res.cgroup
     assert cgroup is not None, "the sandbox has no cgroup"
     return [path for _, path in cgroup.paths()]
-
-
-def sandbox_host_pids(sb: LocalSandbox) -> set[int]:
-    """bwrap and every process below it, as host pids."""
-    assert sb._res.proc is not None
-    found, frontier = set(), [sb._res.proc.pid]
-    while frontier:
-        pid = frontier.pop()
-        found.add(pid)
-        for task in Path(f"/proc/{pid}/task").glob("*"):
-            children = (task / "children").read_text().split() if (task / "children").exists() else []
-            frontier += [int(c) for c in children]
-    return found
 
 
 def used_bytes(path: Path) -> int:

@@ -21,7 +21,7 @@ import pytest
 
 from sandbox.local import LocalSandbox
 from tests.sandbox.conftest import TEST_LIMITS
-from tests.sandbox.support import bash, leaf_bash, skip_unless_root
+from tests.sandbox.support import bash, leaf_bash, sandbox_host_pids, skip_unless_root, wait_for
 
 pytestmark = pytest.mark.bwrap
 
@@ -207,7 +207,10 @@ def test_detached_fork_bomb_is_reclaimed(sb: LocalSandbox) -> None:
     if forked(sb) >= TEST_LIMITS.max_processes:
         pytest.fail("the process limit does not bind; refusing to run a real fork bomb")
     assert bash(sb, "(:(){ :|:& };:) >/dev/null 2>&1 &") == leaf_bash(0, "", "")
-    time.sleep(0.5)
+    # Until the bomb fills three quarters of the slots; in its own CPU cgroup it grows at the pace
+    # of one fair share of the host, not of as many shares as it has processes.
+    crowded = 3 * TEST_LIMITS.max_processes // 4
+    wait_for(lambda: len(sandbox_host_pids(sb)) >= crowded + 1, 30, "the fork bomb to fill the sandbox")
     started = time.monotonic()
     out = bash(sb, "echo alive $(ps -e | wc -l)")  # needs forks: the bomb must be gone
     match = re.fullmatch(r"Exit code: 0\nSTDOUT:\nalive (\d+)\n\nSTDERR:\n", out)
