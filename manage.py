@@ -266,12 +266,16 @@ def reap_sandboxes(
         float, typer.Option(help="also delete sandboxes older than this many seconds (at least the job time limit)")
     ] = -1,
 ) -> None:
-    """Delete Kubernetes sandbox pods and network policies left past their deadline."""
+    """Delete Kubernetes sandbox pods and network policies left past their deadline; locally, the
+    cgroups of sandboxes whose worker was killed (a live worker's are kept)."""
     from app.settings import get_settings
     from worker.tasks import reap_sandboxes as reap
 
     if get_settings().sandbox != "kubernetes":
-        typer.echo("FROGFIX_SANDBOX is not kubernetes: the local sandbox leaves nothing to reap")
+        from sandbox.cgroups import reap_stale
+
+        removed = reap_stale()
+        typer.echo("\n".join(removed) if removed else "nothing to reap")
         return
     limit = get_settings().job_timeout_seconds
     if 0 <= older_than < limit:

@@ -9,8 +9,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sandbox.quantity import parse_cpus, parse_quantity
 
 DEFAULT_DATA_DIR = Path.home() / ".frogfix"
 
@@ -65,13 +67,14 @@ class Settings(BaseSettings):
     # Kubernetes sandbox (FROGFIX_SANDBOX=kubernetes): one pod per attempt in this namespace.
     sandbox_namespace: str = "frogfix-sandboxes"
     sandbox_image: str = "frogfix-sandbox:latest"  # a repository's .frogfix.yml `image` wins
-    sandbox_cpu: str = "2"
+    sandbox_cpu: str = "2"  # both backends: CPUs for all of a sandbox's processes together (local: its cgroup)
     sandbox_memory: str = ""  # empty: the job's memory limit (4 GiB)
     sandbox_ephemeral_storage: str = "6Gi"
+    # Both backends: the workspace's and /tmp's size (local: tmpfs, whose pages also count as the sandbox's memory).
     sandbox_workspace_size: str = "4Gi"
     sandbox_tmp_size: str = "1Gi"
     sandbox_runtime_class: str = ""  # e.g. gvisor or kata, where the cluster offers one
-    sandbox_start_timeout_seconds: float = 300.0
+    sandbox_start_timeout_seconds: float = 300.0  # both backends (local: copying the checkout in included)
     kubeconfig: str = ""  # empty: in-cluster service account, else ~/.kube/config
     kube_context: str = ""
     trigger_label: str = "frognano-fix"
@@ -98,6 +101,19 @@ class Settings(BaseSettings):
     requeue_after_seconds: float = 300.0  # a job queued longer than this is sent again by the sweep
     sweep_interval_seconds: float = 30.0
     log_level: str = "INFO"
+
+    @field_validator("sandbox_workspace_size", "sandbox_tmp_size", "sandbox_ephemeral_storage")
+    @classmethod
+    def _byte_quantity(cls, value: str) -> str:
+        """Refused at load, with the syntax to use, instead of failing the first job."""
+        parse_quantity(value)
+        return value
+
+    @field_validator("sandbox_cpu")
+    @classmethod
+    def _cpu_quantity(cls, value: str) -> str:
+        parse_cpus(value)
+        return value
 
     def resolved_database_url(self) -> str:
         if self.database_url:

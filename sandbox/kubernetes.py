@@ -59,6 +59,7 @@ from sandbox.kubernetes_stream import (
     StreamChannel,
     describe_api_error,
 )
+from sandbox.quantity import format_quantity, parse_quantity
 from sandbox.runner_client import RunnerBroken, RunnerClient, read_runner_source
 
 log = logging.getLogger(__name__)
@@ -318,7 +319,7 @@ class KubernetesSandbox(RunnerClient):
         if not self.image or any(ch.isspace() for ch in self.image):
             raise ValueError(f"invalid sandbox image {self.image!r}")
         _check_storage(workspace_size, tmp_size, ephemeral_storage)
-        memory = memory or _quantity(spec.limits.memory_bytes)
+        memory = memory or format_quantity(spec.limits.memory_bytes)
         self.resources = {"cpu": cpu, "memory": memory, "ephemeral-storage": ephemeral_storage}
         self.env = pod_env(spec.env)
         self.name = sandbox_name(spec.labels)
@@ -836,12 +837,6 @@ def sandbox_name(labels: Mapping[str, str]) -> str:
     return f"{base}-{suffix}"
 
 
-_UNITS = {
-    "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "Ti": 1024**4, "Pi": 1024**5,
-    "k": 1000, "M": 1000**2, "G": 1000**3, "T": 1000**4, "P": 1000**5,
-}  # fmt: skip
-
-
 def _check_storage(workspace_size: str, tmp_size: str, ephemeral_storage: str) -> None:
     """The emptyDirs (workspace, /tmp, the runner's folder) must fit the pod's ephemeral storage."""
     needed = parse_quantity(workspace_size) + parse_quantity(tmp_size) + parse_quantity(RUNNER_DIR_SIZE)
@@ -850,21 +845,6 @@ def _check_storage(workspace_size: str, tmp_size: str, ephemeral_storage: str) -
             f"workspace_size {workspace_size} + tmp_size {tmp_size} + {RUNNER_DIR_SIZE} exceed "
             f"ephemeral_storage {ephemeral_storage}"
         )
-
-
-def parse_quantity(quantity: str) -> int:
-    """A Kubernetes byte quantity ("4Gi", "500M", "1.5Gi", "1048576") in bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?\s*", str(quantity))
-    if not match:
-        raise ValueError(f"not a byte quantity: {quantity!r}")
-    return int(float(match.group(1)) * _UNITS.get(match.group(2) or "", 1))
-
-
-def _quantity(size: int) -> str:
-    for unit in ("Gi", "Mi", "Ki"):
-        if size % _UNITS[unit] == 0:
-            return f"{size // _UNITS[unit]}{unit}"
-    return str(size)
 
 
 def _rfc3339(epoch: float) -> str:

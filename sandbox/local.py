@@ -8,6 +8,13 @@ Why it is built this way:
   system folders read-only; only the workspace (plus a small private /tmp and /dev/shm)
   writable; an environment built from nothing (bwrap itself is started with an empty
   environment, because the sandbox can read /proc/1/environ of bwrap's own init process).
+- Storage: the workspace and /tmp are tmpfs of fixed sizes (bwrap's `--size`, which works
+  unprivileged inside the user namespace), so a write past them fails with ENOSPC and nothing the
+  sandbox writes lands on the host's disk. The checkout is copied in at start from a read-only
+  bind of the host's workspace; the host needs nothing back, the runner takes the patch inside.
+- Cgroups (sandbox/cgroups.py), where the host allows: one per sandbox bounding the memory
+  (processes and tmpfs pages together), tasks and CPU of all its processes; bwrap is spawned
+  through an exec wrapper that joins it first, so no process of the sandbox is ever outside.
 - Limits: the runner sets RLIMIT_NPROC/AS/FSIZE/CPU/CORE on itself *inside* the sandbox's user
   namespace, where the kernel counts processes per namespace, so a fork bomb is stopped by the
   sandbox's own budget. RLIMIT_NPROC never binds a uid that maps to host root, so when FrogFix
@@ -46,6 +53,7 @@ import weakref
 from collections.abc import Iterable
 from typing import IO, Any
 
+from sandbox import cgroups
 from sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
 from sandbox.runner_client import (
     RunnerBroken,
@@ -62,6 +70,9 @@ DEFAULT_HOST_UID = 65534
 DEFAULT_HOST_GID = 65534
 MOUNT_POINT = "/workspace"
 RUNNER_IN_SANDBOX = "/frogfix/runner.py"
+SEED_IN_SANDBOX = "/frogfix/seed"  # the host workspace, read-only: copied into the sandbox's own at start
+# Copies the checkout into the size-limited workspace, then becomes the runner (same pid).
+SEED_SCRIPT = f'cp -a {SEED_IN_SANDBOX}/. "$0"/ && exec "$@"'
 HOME_IN_SANDBOX = "/tmp/home"
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -101,6 +112,10 @@ GROUP = f"root:x:0:\nfrogfix:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
 # `bash -l` reads /etc/profile; the host's would reset PATH and drop what the job set.
 PROFILE = "# FrogFix sandbox: a login shell keeps the environment the sandbox was started with.\numask 022\n"
 SHM_SIZE_BYTES = 64 * 1024**2
+# The cgroup's pids bound sits a little above RLIMIT_NPROC: the rlimit binds first inside (the
+# runner's fork-bomb reclaim counts against it), the cgroup also counts bwrap outside the namespace
+# and is the wall that holds if the rlimit does not.
+PIDS_HEADROOM = 8
 MAX_REPLY_BYTES = 512 * 1024**2
 STDERR_TAIL_BYTES = 16 * 1024
 _EOF = object()
@@ -123,6 +138,9 @@ class LocalSandbox(RunnerClient):
         host_uid: int | None = None,
         host_gid: int | None = None,
         tmp_size_bytes: int = 512 * 1024**2,
+        workspace_size_bytes: int = 4 * 1024**3,
+        cpus: float = 2.0,
+        use_cgroups: bool = True,
         mount_point: str = MOUNT_POINT,
         tool_timeout_s: float = 300.0,
         reply_grace_s: float = 30.0,
@@ -135,12 +153,23 @@ class LocalSandbox(RunnerClient):
         `ro_binds` adds read-only host paths (a path, or (host path, sandbox path)), e.g. a
         Python prefix the target's tests need. `python` is the interpreter that runs the runner
         (default: python3 under /usr). `host_uid`/`host_gid` only apply when running as root.
+        The workspace and /tmp are tmpfs of `workspace_size_bytes` and `tmp_size_bytes` (a write
+        past them fails with ENOSPC); with `use_cgroups` (where the host allows, see sandbox/cgroups.py)
+        all processes together get `cpus` and memory_bytes + those sizes + /dev/shm (tmpfs pages
+        count as memory), and max_processes tasks.
         """
         super().__init__(
             spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
         )
         self.spec = spec
         self.mount_point = mount_point
+        self.workspace_size_bytes = workspace_size_bytes
+        self.cgroup_limits = cgroups.CgroupLimits(
+            memory_bytes=self.limits.memory_bytes + workspace_size_bytes + tmp_size_bytes + SHM_SIZE_BYTES,
+            max_processes=self.limits.max_processes + PIDS_HEADROOM,
+            cpus=cpus,
+        )
+        self._use_cgroups = use_cgroups
         self._expired = False
         self._replies: queue.Queue[object] = queue.Queue()
         self._stderr = StderrTail(STDERR_TAIL_BYTES)
@@ -207,9 +236,7 @@ class LocalSandbox(RunnerClient):
             )
             fds += [passwd, group, profile, runner, info_w]
             argv = self._bwrap_argv(env, binds, (passwd, group, profile, runner), tmp_size_bytes, info_w)
-            drop: dict[str, Any] = {}
-            if self.host_ids is not None:
-                drop = {"user": self.host_ids[0], "group": self.host_ids[1], "extra_groups": []}
+            argv, drop = self._in_cgroup(argv)
             self._res.proc = proc = _spawn(
                 argv,
                 stdin=subprocess.PIPE,
@@ -244,6 +271,17 @@ class LocalSandbox(RunnerClient):
         except SandboxError as exc:
             raise SandboxUnavailable(f"the sandbox runner did not start: {exc}") from None
 
+    def _in_cgroup(self, argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+        """bwrap's argv behind the cgroup exec wrapper, which also drops to `host_ids` (see
+        sandbox/cgroups.py); without cgroups, bwrap itself with Popen's options to drop."""
+        cgroup = cgroups.create(self.cgroup_limits, cgroups.host_support()) if self._use_cgroups else None
+        self._res.cgroup = cgroup
+        if cgroup is not None:
+            return cgroup.enter_argv(argv, self.host_ids), {}
+        if self.host_ids is None:
+            return argv, {}
+        return argv, {"user": self.host_ids[0], "group": self.host_ids[1], "extra_groups": []}
+
     def _bwrap_argv(
         self,
         env: dict[str, str],
@@ -277,10 +315,12 @@ class LocalSandbox(RunnerClient):
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         argv += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
-        argv += ["--bind", self.workspace, self.mount_point]
+        argv += ["--size", str(self.workspace_size_bytes), "--tmpfs", self.mount_point]
+        argv += ["--ro-bind", self.workspace, SEED_IN_SANDBOX]
         argv += ["--perms", "0644", "--ro-bind-data", str(runner), RUNNER_IN_SANDBOX]
         argv += ["--remount-ro", "/", "--chdir", self.mount_point, "--info-fd", str(info_fd)]
-        argv += ["--", self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", self.mount_point]
+        argv += ["--", "/bin/sh", "-c", SEED_SCRIPT, self.mount_point]
+        argv += [self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", self.mount_point]
         argv += ["--limits", json.dumps(self._rlimits()), "--reclaim"]
         argv += ["--default-timeout", repr(float(self.limits.default_tool_timeout))]
         return argv
@@ -367,6 +407,7 @@ class _Resources:
         self.pidfd: int | None = None
         self.threads: list[threading.Thread] = []
         self.timer: threading.Timer | None = None
+        self.cgroup: cgroups.SandboxCgroup | None = None
         self.workspace = ""
         self.owner: tuple[int, int] | None = None
         self.lock = threading.Lock()  # the wall-clock timer may kill while close() releases
@@ -392,6 +433,8 @@ def _kill_locked(res: _Resources) -> None:
     if proc is not None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
+    if res.cgroup is not None:  # catches anything the above missed, then the cgroup goes
+        res.cgroup.kill_and_remove()
 
 
 def _release(res: _Resources) -> None:

@@ -13,6 +13,7 @@ from app.jobs import records, transitions
 from app.logs import get_logger
 from app.queue import REPLAY_JOB, RUN_JOB, SWEEP, celery_app
 from app.sweep import sweep_once
+from sandbox.cgroups import CgroupSupport
 
 log = get_logger("frogfix.worker")
 # Celery's own per-task lines carry no job id; ours do (bound below), so keep Celery's quieter.
@@ -79,11 +80,34 @@ def _reap_forever(stop: threading.Event) -> None:
 
 @worker_ready.connect
 def _start_reaper(**_: object) -> None:
-    """With the Kubernetes backend, every worker also removes leftover sandboxes now and then."""
+    """With the Kubernetes backend, every worker also removes leftover sandboxes now and then.
+
+    With the local one, it says once what cgroups this host gives its sandboxes (a warning when
+    some are missing) and removes sandbox cgroups that a killed worker left behind.
+    """
     from app.settings import get_settings
 
     if get_settings().sandbox == "kubernetes":
         threading.Thread(target=_reap_forever, args=(threading.Event(),), name="frogfix-reaper", daemon=True).start()
+    else:
+        from sandbox import cgroups
+
+        support = cgroups.host_support()
+        warn_about_cgroups(support)
+        reaped = cgroups.reap_stale(support)
+        if reaped:
+            log.warning("reaped_sandbox_cgroups", removed=reaped)
+
+
+def warn_about_cgroups(support: CgroupSupport) -> bool:
+    """One warning at worker start when local sandboxes will lack a cgroup wall; True if it warned."""
+    from sandbox.cgroups import DELEGATION_FIX
+
+    if not support.missing:
+        log.info("sandbox_cgroups", detail=support.describe())
+        return False
+    log.warning("sandbox_cgroups_missing", detail=support.describe(), fix=DELEGATION_FIX)
+    return True
 
 
 @celery_app.task(name=SWEEP)

@@ -15,6 +15,7 @@ from app.forge.retry import RetryPolicy
 from app.settings import Settings
 from sandbox.base import Sandbox, SandboxLimits, SandboxSpec
 from sandbox.factory import open_sandbox
+from sandbox.quantity import parse_cpus, parse_quantity
 from worker.leaf.loop import LeafLimits
 from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
 
@@ -69,9 +70,15 @@ def sandbox_spec(
 
 
 def sandbox_options(settings: Settings) -> dict[str, Any]:
-    """The backend's own options from settings (the local backend needs none)."""
+    """The backend's own options from settings; the sizes and CPUs mean the same for both backends."""
     if settings.sandbox != "kubernetes":
-        return {}
+        return {
+            "workspace_size_bytes": parse_quantity(settings.sandbox_workspace_size),
+            "tmp_size_bytes": parse_quantity(settings.sandbox_tmp_size),
+            "cpus": parse_cpus(settings.sandbox_cpu),
+            # The checkout is copied into the sandbox's tmpfs before the runner answers: a big one takes seconds.
+            "start_timeout_s": settings.sandbox_start_timeout_seconds,
+        }
     s = settings
     options: dict[str, Any] = {
         "namespace": s.sandbox_namespace,

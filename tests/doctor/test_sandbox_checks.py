@@ -54,39 +54,54 @@ def test_local_without_bubblewrap_fails_with_install(frogfix_env: dict[str, Any]
     assert lines["sandbox.network"].outcome == "skip" and lines["sandbox.filesystem"].outcome == "skip"
 
 
-def _cgroup_v2(root: Path, controllers: str) -> Path:
+def _mountinfo(tmp_path: Path, mounts: list[tuple[str, str, str]], own: str) -> tuple[str, str]:
+    """A mountinfo (fstype, folder, super options per cgroup mount) and a /proc/self/cgroup for it."""
+    lines = [f"{30 + i} 1 0:{40 + i} / {folder} rw - {fstype} cgroup {opts}" for i, (fstype, folder, opts) in
+             enumerate(mounts)]
+    lines.append("20 1 8:1 / / rw - ext4 /dev/vda rw")
+    (tmp_path / "mountinfo").write_text("\n".join(lines) + "\n")
+    (tmp_path / "self-cgroup").write_text(own)
+    return str(tmp_path / "mountinfo"), str(tmp_path / "self-cgroup")
+
+
+def test_cgroup_line_on_this_host_says_what_each_sandbox_gets() -> None:
+    from sandbox.cgroups import host_support
+
+    line = cgroup_line()
+    support = host_support()
+    assert line.outcome == ("pass" if not support.missing else "fail")
+    for placement in support.placements:
+        assert f"{placement.controller} (v{placement.version} under {placement.parent})" in line.detail
+
+
+def test_no_cgroup_hierarchy_is_a_warning_that_names_the_fallback(tmp_path: Path) -> None:
+    line = cgroup_line(*_mountinfo(tmp_path, [], "0::/\n"))
+    assert (line.outcome, line.severity) == ("fail", "warning")
+    assert "missing memory, pids, cpu" in line.detail and "no cgroup hierarchy carries it" in line.detail
+    assert "Delegate=yes" in line.fix and "rlimits only" in line.fix
+
+
+def test_cgroup_v2_with_controllers_not_enabled_for_children_is_a_warning(tmp_path: Path) -> None:
+    root = tmp_path / "cg"
     own = root / "system.slice" / "frogfix.service"
     own.mkdir(parents=True)
     (root / "cgroup.controllers").write_text("cpu memory pids\n")
-    (own / "cgroup.controllers").write_text(controllers)
     (own / "cgroup.subtree_control").write_text("")
-    proc = root.parent / "self-cgroup"
-    proc.write_text("0::/system.slice/frogfix.service\n")
-    return proc
-
-
-def test_cgroup_v2_delegated_passes(tmp_path: Path) -> None:
-    proc = _cgroup_v2(tmp_path / "cg", "memory pids\n")
-    line = cgroup_line(tmp_path / "cg", proc)
-    assert line.outcome == "pass" and "cgroup v2" in line.detail
-
-
-def test_cgroup_v2_without_pids_is_a_warning(tmp_path: Path) -> None:
-    proc = _cgroup_v2(tmp_path / "cg", "memory\n")
-    line = cgroup_line(tmp_path / "cg", proc)
+    line = cgroup_line(*_mountinfo(tmp_path, [("cgroup2", str(root), "rw")], "0::/system.slice/frogfix.service\n"))
     assert (line.outcome, line.severity) == ("fail", "warning")
-    assert "pids not enabled" in line.detail and "Delegate=yes" in line.fix
+    assert "memory: not enabled for the children of" in line.detail, line.detail
+    assert not list(root.rglob("frogfix-sandbox-*"))
 
 
-def test_cgroup_v1_missing_controller(tmp_path: Path) -> None:
+def test_cgroup_v1_folder_that_is_not_a_cgroup_is_a_warning(tmp_path: Path) -> None:
     root = tmp_path / "cg"
     (root / "memory" / "frogfix").mkdir(parents=True)
-    proc = tmp_path / "self-cgroup"
-    proc.write_text("5:memory:/frogfix\n6:pids:/frogfix\n")
-    line = cgroup_line(root, proc)
-    assert (line.outcome, line.severity) == ("fail", "warning") and "v1: pids" in line.detail
     (root / "pids" / "frogfix").mkdir(parents=True)
-    assert cgroup_line(root, proc).outcome == "pass"
+    mounts = [("cgroup", str(root / "memory"), "rw,memory"), ("cgroup", str(root / "pids"), "rw,pids")]
+    line = cgroup_line(*_mountinfo(tmp_path, mounts, "5:memory:/frogfix\n6:pids:/frogfix\n"))
+    assert (line.outcome, line.severity) == ("fail", "warning")
+    assert "memory.limit_in_bytes is not writable" in line.detail and "cpu: no cgroup hierarchy" in line.detail
+    assert not list(root.rglob("frogfix-sandbox-*"))  # the probe cgroups are gone
 
 
 def test_deny_all_shape() -> None:

@@ -205,9 +205,10 @@ def test_fix_refuses_what_the_pipeline_refuses(tmp_path: Path) -> None:
 FLAKY_TEST = '''
 def test_passes_only_on_the_first_patched_run():
     """Flaky on purpose and deterministically: each verification run has its own workspace folder, which the
-    sandbox's mount table names; the second patched run's folder ends in `run-2`."""
+    sandbox's mount table names (bound read-only as the seed of its workspace); the second patched run's
+    folder ends in `run-2`."""
     with open("/proc/self/mountinfo") as mounts:
-        assert "run-2 /workspace " not in mounts.read()
+        assert "run-2 /frogfix/seed " not in mounts.read()
 '''
 
 

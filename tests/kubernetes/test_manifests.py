@@ -20,9 +20,9 @@ from sandbox.kubernetes import (
     DEFAULT_NAMESPACE,
     KubernetesSandbox,
     network_policy_manifest,
-    parse_quantity,
     pod_manifest,
 )
+from sandbox.quantity import parse_quantity
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.kubernetes.conftest import MakeSandbox
 

@@ -547,11 +547,12 @@ def test_git_remote_unreachable_fails_the_job_and_says_so(system: System) -> Non
 
 @pytest.fixture
 def small_disk(system: System) -> Iterator[Path]:
-    """The workspace folder on a 24 MiB tmpfs, so a job can really fill it."""
+    """The workspace folder on a 24 MiB tmpfs, and the sandbox's own workspace (a tmpfs of
+    FROGFIX_SANDBOX_WORKSPACE_SIZE, where the agent's writes go) as small, so a job can really fill it."""
     mount = Path(tempfile.mkdtemp(prefix="frogfix-small-disk-"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0711", "tmpfs", str(mount)], check=True)
     try:
-        configure(system.world.env["monkeypatch"], workspace_dir=str(mount))
+        configure(system.world.env["monkeypatch"], workspace_dir=str(mount), sandbox_workspace_size="24Mi")
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import shlex
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,55 @@ def init_repo(path: Path, files: dict[str, str | bytes]) -> str:
     git(path, "add", "-A")
     git(path, "commit", "-q", "-m", "base")
     return git(path, "rev-parse", "HEAD")
+
+
+def inside_tree(sandbox: LocalSandbox, path: str = ".") -> dict[str, bytes]:
+    """Every file under `path` as the sandbox sees it (its workspace is its own copy, not the host's)."""
+    script = (
+        "import base64, json, os, sys\n"
+        "out = {}\n"
+        "for folder, dirs, files in os.walk(sys.argv[1]):\n"
+        "    dirs[:] = [d for d in dirs if d != '.git']\n"
+        "    for name in files:\n"
+        "        p = os.path.join(folder, name)\n"
+        "        if os.path.isfile(p) and not os.path.islink(p):\n"
+        "            out[os.path.relpath(p, sys.argv[1])] = base64.b64encode(open(p, 'rb').read()).decode()\n"
+        "print(json.dumps(out))\n"
+    )
+    result = sandbox.run_command(f"python3 -c {shlex.quote(script)} {shlex.quote(path)}", 60)
+    assert result.exit_code == 0, result.log
+    return {name: base64.b64decode(data) for name, data in json.loads(result.log).items()}
+
+
+def inside_bytes(sandbox: LocalSandbox, path: str) -> bytes:
+    """One file's bytes as the sandbox sees it."""
+    result = sandbox.run_command(f"base64 -w0 {shlex.quote(path)}", 60)
+    assert result.exit_code == 0, result.log
+    return base64.b64decode(result.log)
+
+
+def sandbox_host_pids(sandbox: LocalSandbox) -> set[int]:
+    """bwrap and every process below it, as host pids (read from the host, so no fork inside)."""
+    assert sandbox._res.proc is not None
+    found: set[int] = set()
+    frontier = [sandbox._res.proc.pid]
+    while frontier:
+        pid = frontier.pop()
+        found.add(pid)
+        for task in Path(f"/proc/{pid}/task").glob("*"):
+            try:
+                frontier += [int(child) for child in (task / "children").read_text().split()]
+            except OSError:  # the task ended meanwhile
+                continue
+    return found
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
 
 
 def bash(sandbox: LocalSandbox, command: str, **extra: Any) -> str:
@@ -85,6 +138,15 @@ class ToolHarness:
         else:
             target.write_bytes(content.encode())
         return target
+
+    def read_bytes(self, name: str) -> bytes:
+        """A workspace file as the tools left it (inside the sandbox: the host's copy never changes)."""
+        if self._sandbox is None:
+            return (self.root / name).read_bytes()
+        return inside_bytes(self._sandbox, name)
+
+    def read_text(self, name: str) -> str:
+        return self.read_bytes(name).decode()
 
     def call(self, name: str, **arguments: Any) -> str:
         if self._tools is not None:

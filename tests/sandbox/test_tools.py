@@ -93,9 +93,9 @@ def test_write_creates_parents_and_counts_characters(tools: ToolHarness) -> None
     assert tools.call("Write", file_path="pkg/sub/new.py", content="print('hi')\n") == (
         "Wrote pkg/sub/new.py (12 bytes)."
     )
-    assert (tools.root / "pkg/sub/new.py").read_text() == "print('hi')\n"
+    assert tools.read_text("pkg/sub/new.py") == "print('hi')\n"
     assert tools.call("Write", file_path="u.txt", content="héllo ✓") == "Wrote u.txt (7 bytes)."
-    assert (tools.root / "u.txt").read_bytes() == "héllo ✓".encode()
+    assert tools.read_bytes("u.txt") == "héllo ✓".encode()
     assert tools.call("Write", file_path=tools.abs("abs.txt"), content="x") == "Wrote abs.txt (1 bytes)."
     assert tools.call("Write", file_path="empty.txt", content="") == "Wrote empty.txt (0 bytes)."
 
@@ -117,17 +117,17 @@ def test_edit_replaces_once(tools: ToolHarness) -> None:
     tools.put("src/calc.py", CALC)
     out = tools.call("Edit", file_path="src/calc.py", old_string="return a - b", new_string="return a + b")
     assert out == "Edited src/calc.py (1 replacement)."
-    assert (tools.root / "src/calc.py").read_text() == "def add(a, b):\n    return a + b\n"
+    assert tools.read_text("src/calc.py") == "def add(a, b):\n    return a + b\n"
 
 
 def test_edit_multiple_matches(tools: ToolHarness) -> None:
     tools.put("m.txt", "x = 1\nx = 1\nx = 1\n")
     out = tools.call("Edit", file_path="m.txt", old_string="x = 1", new_string="x = 2")
     assert out == "ValueError: old_string matched 3 times; set replace_all=true or use a more specific old_string"
-    assert (tools.root / "m.txt").read_text() == "x = 1\nx = 1\nx = 1\n"
+    assert tools.read_text("m.txt") == "x = 1\nx = 1\nx = 1\n"
     out = tools.call("Edit", file_path="m.txt", old_string="x = 1", new_string="x = 2", replace_all="true")
     assert out == "Edited m.txt (3 replacements)."
-    assert (tools.root / "m.txt").read_text() == "x = 2\nx = 2\nx = 2\n"
+    assert tools.read_text("m.txt") == "x = 2\nx = 2\nx = 2\n"
     out = tools.call("Edit", file_path="m.txt", old_string="x = 2\nx = 2\nx = 2", new_string="y", replace_all=True)
     assert out == "Edited m.txt (1 replacement)."
 
@@ -142,7 +142,7 @@ def test_edit_errors_are_text(tools: ToolHarness) -> None:
     assert tools.call("Edit", file_path="gone.py", old_string="a", new_string="b") == (
         "FileNotFoundError: [Errno 2] No such file or directory: 'gone.py'"
     )
-    assert (tools.root / "src/calc.py").read_text() == CALC
+    assert tools.read_text("src/calc.py") == CALC
 
 
 def test_edit_keeps_crlf_and_undecodable_bytes(tools: ToolHarness) -> None:
@@ -151,11 +151,11 @@ def test_edit_keeps_crlf_and_undecodable_bytes(tools: ToolHarness) -> None:
     assert tools.call("Edit", file_path="crlf.txt", old_string="a\nb", new_string="x\ny") == (
         "Edited crlf.txt (1 replacement)."
     )
-    assert (tools.root / "crlf.txt").read_bytes() == b"x\r\ny\r\nc\r\n"
+    assert tools.read_bytes("crlf.txt") == b"x\r\ny\r\nc\r\n"
     assert tools.call("Edit", file_path="latin.py", old_string="x = 2", new_string="x = 3") == (
         "Edited latin.py (1 replacement)."
     )
-    assert (tools.root / "latin.py").read_bytes() == b"# caf\xe9\nx = 3\n"
+    assert tools.read_bytes("latin.py") == b"# caf\xe9\nx = 3\n"
 
 
 # ------------------------------------------------------------------------------------- Glob

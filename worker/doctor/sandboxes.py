@@ -2,15 +2,14 @@
 
 Local: bubblewrap is installed; inside a started sandbox a connection to a listener the check
 opens on the host's 127.0.0.1 fails, and writing outside the workspace fails while writing inside
-works; cgroup memory and pids controllers are writable (a warning: the sandbox's own limits are
-rlimits, cgroups would add a hard memory bound). Kubernetes: the namespace exists, the worker's
+works; each sandbox can get its own memory, pids and CPU cgroup (a warning when not: the sandbox
+then has per-process rlimits only). Kubernetes: the namespace exists, the worker's
 RBAC allows pods, pods/exec and networkpolicies (SelfSubjectAccessReview), and a deny-all
 NetworkPolicy is in place.
 """
 
 from __future__ import annotations
 
-import os
 import select
 import shutil
 import socket
@@ -112,43 +111,15 @@ def _filesystem_line(log: str, wrote: list[str]) -> CheckResult:
     return passed("sandbox.filesystem", "only the workspace is writable (host paths, /etc and /usr refused)")
 
 
-CGROUP_FIX = (
-    "delegate a cgroup subtree with the memory and pids controllers to the worker's user "
-    "(systemd: Delegate=yes in its unit; a container: a private, writable cgroup namespace); "
-    "until then the sandbox bounds memory and processes with rlimits only"
-)
+def cgroup_line(mountinfo: str = "/proc/self/mountinfo", proc_cgroup: str = "/proc/self/cgroup") -> CheckResult:
+    """Whether this process can give each local sandbox its own memory, pids and CPU cgroup
+    (sandbox/cgroups.py decides, by making and removing a probe cgroup where it would)."""
+    from sandbox.cgroups import DELEGATION_FIX, detect
 
-
-def cgroup_line(root: Path = Path("/sys/fs/cgroup"), proc_cgroup: Path = Path("/proc/self/cgroup")) -> CheckResult:
-    """Whether cgroup v2 (or v1) memory and pids controllers are writable for this process."""
-    name = "sandbox.cgroups"
-    try:
-        entries = [line.split(":", 2) for line in proc_cgroup.read_text().splitlines() if line.count(":") >= 2]
-    except OSError as exc:
-        return failed(name, f"cannot read {proc_cgroup}: {exc}", CGROUP_FIX, severity="warning")
-    if (root / "cgroup.controllers").is_file():
-        own = root / next((path for hid, _, path in entries if hid == "0"), "/").lstrip("/")
-        try:
-            controllers = set((own / "cgroup.controllers").read_text().split())
-        except OSError:
-            controllers = set()
-        missing = sorted({"memory", "pids"} - controllers)
-        writable = os.access(own, os.W_OK) and os.access(own / "cgroup.subtree_control", os.W_OK)
-        if not missing and writable:
-            return passed(name, f"cgroup v2: memory and pids controllers available and {own} writable")
-        problems = ([f"controllers {', '.join(missing)} not enabled"] if missing else []) + (
-            [] if writable else [f"{own} not writable"]
-        )
-        return failed(name, f"cgroup v2: {'; '.join(problems)}", CGROUP_FIX, severity="warning")
-    unusable = []
-    for controller in ("memory", "pids"):
-        path = next((p for _, names, p in entries if controller in names.split(",")), None)
-        folder = root / controller / (path or "/").lstrip("/")
-        if path is None or not folder.is_dir() or not os.access(folder, os.W_OK):
-            unusable.append(controller)
-    if not unusable:
-        return passed(name, "cgroup v1: memory and pids controllers writable")
-    return failed(name, f"cgroup v1: {', '.join(unusable)} not writable", CGROUP_FIX, severity="warning")
+    support = detect(mountinfo, proc_cgroup)
+    if not support.missing:
+        return passed("sandbox.cgroups", support.describe())
+    return failed("sandbox.cgroups", support.describe(), DELEGATION_FIX, severity="warning")
 
 
 # ----------------------------------------------------------------------------- kubernetes
