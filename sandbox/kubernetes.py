@@ -86,9 +86,13 @@ SECCOMP = {"type": "RuntimeDefault"}
 FORBIDDEN_ENV_PREFIXES = ("FROGFIX_", "GITLAB_", "GITEA_", "FORGEJO_")
 
 # The pod's main process: an init that reaps orphans (exec'd processes re-parent to it) and
-# exits on SIGTERM. Any image with python3 can run it; nothing is baked into the image.
+# exits on SIGTERM. Any image with python3 can run it; nothing is baked into the image. It makes
+# itself non-dumpable first (prctl PR_SET_DUMPABLE 0, as the runner does), so no command in the
+# pod, which runs under the same uid, can open, read or ptrace pid 1 either.
 INIT = (
-    "import os, signal\n"
+    "import ctypes, os, signal\n"
+    "if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:\n"
+    "    raise SystemExit('frogfix init: cannot make itself non-dumpable')\n"
     "wanted = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}\n"
     "signal.pthread_sigmask(signal.SIG_BLOCK, wanted)\n"
     "while signal.sigwait(wanted) == signal.SIGCHLD:\n"

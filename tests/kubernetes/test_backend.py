@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from sandbox import PatchTooLarge, SandboxError, SandboxSpec, SandboxUnavailable, open_sandbox
 from sandbox.base import SandboxLimits
-from sandbox.kubernetes import DEFAULT_IMAGE, LABEL_SANDBOX, KubernetesSandbox
+from sandbox.kubernetes import DEFAULT_IMAGE, INIT, LABEL_SANDBOX, KubernetesSandbox
 from tests.doubles.kubernetes_api import V4, KubernetesApiDouble
 from tests.kubernetes.conftest import NAMESPACE, TEST_LIMITS, MakeSandbox, sandbox_options
 from tests.sandbox import forged_replies
@@ -438,3 +439,21 @@ def test_wall_clock_limit(kube: KubernetesApiDouble, make_k8s: MakeSandbox, work
     with pytest.raises(SandboxError, match=r"wall-clock limit of 1\.5s"):
         sb.call_tool("Bash", {"command": "sleep 30"})
     assert time.monotonic() - began < 10
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="starting the init as another uid needs root; CI runs as root")
+def test_the_pods_init_is_not_dumpable_either() -> None:
+    """Pid 1 of a sandbox pod runs with the commands' uid: non-dumpable, its /proc entries belong
+    to root, so a command cannot open its descriptors, read its memory or ptrace it."""
+    # the system python3, as a sandbox image has it (the venv may sit under a folder only root can enter)
+    init = subprocess.Popen(["/usr/bin/python3", "-I", "-S", "-B", "-c", INIT], user=65534, group=65534)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and Path(f"/proc/{init.pid}/status").read_text().count("python") == 0:
+            time.sleep(0.05)  # until it has exec'd python
+        time.sleep(0.5)  # and run its first line
+        assert init.poll() is None, "the init exited"
+        assert os.stat(f"/proc/{init.pid}/fd").st_uid == 0  # a dumpable process's /proc is its own uid's
+    finally:
+        init.terminate()
+        init.wait(timeout=10)
