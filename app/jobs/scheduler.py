@@ -60,6 +60,7 @@ class Budget:
 
     reason: str | None
     free: int | None  # None: no limit on jobs at once
+    running: int  # the project's jobs running now (the fair order reads it too)
 
 
 def _serialize(session: Session) -> None:
@@ -122,7 +123,7 @@ def budgets(session: Session, settings: Settings, projects: list[Project], now: 
                 "(FROGFIX_PROJECT_TOKENS_PER_DAY, FROGFIX_PROJECT_LIMITS); it starts after 00:00 UTC "
                 "or when the limit is raised"
             )
-        result[p] = Budget(reason, max(0, max_running - n) if max_running else None)
+        result[p] = Budget(reason, max(0, max_running - n) if max_running else None, n)
     return result
 
 
@@ -159,13 +160,14 @@ def _record_holds(session: Session, held: dict[Project, str]) -> None:
         session.execute(update(Job).where(*mine, Job.hold_reason != reason).values(hold_reason=reason))
 
 
-def _fairest(session: Session, open_: dict[Project, int], preferred: int | None) -> Claimed:
+def _fairest(
+    session: Session, open_: dict[Project, int], state: dict[Project, Budget], preferred: int | None
+) -> Claimed:
     """The fewest running, then the least recently served project; its ticket's job, else its oldest."""
-    running = _running(session, {path for _, path in open_})
     last = _last_claims(session, list(open_))
 
     def rank(p: Project) -> tuple[int, datetime]:
-        return running.get(p, 0), last.get(p, _NEVER)
+        return state[p].running, last.get(p, _NEVER)
 
     best = min(open_, key=lambda p: (*rank(p), open_[p]))
     if preferred is not None:
@@ -190,7 +192,7 @@ def claim_next(session: Session, settings: Settings, now: datetime, preferred: i
     open_ = {p: oldest for p, oldest in waiting.items() if state[p].reason is None}
     if not open_:
         return None
-    choice = _fairest(session, open_, preferred)
+    choice = _fairest(session, open_, state, preferred)
     return choice if claim_job(session, choice.job_id) else None
 
 
