@@ -294,6 +294,15 @@ def test_a_stale_job_requeued_by_the_sweep_frees_its_slot_and_counts_its_runs(fr
     assert claim(dead) == held and job(held).run == 1
 
 
+def test_a_project_of_the_same_path_on_the_other_forge_has_a_budget_of_its_own(frogfix_env: dict[str, Any]) -> None:
+    configure(frogfix_env["monkeypatch"], project_max_running="1")
+    gitlab, gitlab_2 = queue("acme/app", 1), queue("acme/app", 2)
+    gitea = queue("acme/app", 1, forge="gitea")  # anyone who may create a Gitea repository can pick this path
+    assert claim(gitlab) == gitlab
+    assert claim(gitlab_2) == gitea  # the GitLab project is at its limit; the Gitea one is not
+    assert job(gitlab_2).hold_reason is not None and job(gitea).status == "running"
+
+
 def test_the_job_page_and_manage_show_say_why_a_job_waits(frogfix_env: dict[str, Any], client: Any) -> None:
     import os
     import subprocess
