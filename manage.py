@@ -491,6 +491,8 @@ def _print_job(d: dict[str, Any]) -> None:
         field("agent", "has not run")
     if d.get("error"):
         field("error", d["error"])
+    if d.get("hold_reason") and d["status"] == _statuses.JobStatus.queued:
+        field("waiting", d["hold_reason"])
     for flag in d.get("flags") or []:
         field("flag", flag)
     field("created", _when(d.get("created_at")))

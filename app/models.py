@@ -73,6 +73,8 @@ class Job(Base):
         Index("ix_jobs_status_created", "status", "created_at"),
         Index("ix_jobs_created", "created_at"),
         Index("ix_jobs_project", "project"),
+        # The scheduler's round-robin reads each waiting project's latest claim (migration 0006).
+        Index("ix_jobs_project_started", "forge", "project", "started_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -93,6 +95,8 @@ class Job(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     delivery_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
+    # Why a queued job waits although workers are free: its project is over a budget (app/jobs/scheduler.py).
+    hold_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     enqueue_count: Mapped[int] = mapped_column(Integer, default=0)
     steps: Mapped[int] = mapped_column(Integer, default=0)
     exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
@@ -144,6 +148,7 @@ class Job(Base):
             "mr_url": self.mr_url,
             "error": self.error,
             "cancel_requested": self.cancel_requested,
+            "hold_reason": self.hold_reason,
             "steps": self.steps,
             "exit_reason": self.exit_reason,
             "flags": self.flags or [],
@@ -160,7 +165,11 @@ class JobAttempt(Base):
     """One independent try at a job: its own sandbox, trajectory, patch and test evidence."""
 
     __tablename__ = "job_attempts"
-    __table_args__ = (UniqueConstraint("job_id", "run", "number", name="uq_attempts_job_run_number"),)
+    __table_args__ = (
+        UniqueConstraint("job_id", "run", "number", name="uq_attempts_job_run_number"),
+        # The token budget sums the attempts started today (migration 0006).
+        Index("ix_attempts_started", "started_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))

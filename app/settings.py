@@ -9,12 +9,21 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox.quantity import parse_cpus, parse_quantity
 
 DEFAULT_DATA_DIR = Path.home() / ".frogfix"
+
+
+class ProjectLimits(BaseModel):
+    """One project's budget; a field left out takes the default for all projects. 0 means no limit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_running: int | None = Field(default=None, ge=0)  # jobs of the project running at once
+    tokens_per_day: int | None = Field(default=None, ge=0)  # prompt + completion tokens per UTC day
 
 
 class Settings(BaseSettings):
@@ -99,6 +108,12 @@ class Settings(BaseSettings):
     max_job_runs: int = 3  # a job whose worker died this many times is failed, not re-run
     max_webhook_bytes: int = Field(default=1024 * 1024)
     requeue_after_seconds: float = 300.0  # a job queued longer than this is sent again by the sweep
+    # Budgets per project (app/jobs/scheduler.py); 0: no limit. A job over budget waits, queued, with the reason.
+    project_max_running: int = Field(default=0, ge=0)
+    project_tokens_per_day: int = Field(default=0, ge=0)
+    # Overrides, JSON: {"group/proj": {"max_running": 1, "tokens_per_day": 5000000}, "acme/*": {...}}.
+    # An exact path wins over a glob pattern; patterns are tried in the order written.
+    project_limits: dict[str, ProjectLimits] = Field(default_factory=dict)
     sweep_interval_seconds: float = 30.0
     log_level: str = "INFO"
 
@@ -114,6 +129,19 @@ class Settings(BaseSettings):
     def _cpu_quantity(cls, value: str) -> str:
         parse_cpus(value)
         return value
+
+    def limits_for(self, project: str) -> ProjectLimits:
+        """The project's budget: its override (exact path, else the first matching pattern) over the defaults."""
+        import fnmatch
+
+        override = self.project_limits.get(project)
+        if override is None:
+            matches = (v for k, v in self.project_limits.items() if fnmatch.fnmatchcase(project, k))
+            override = next(matches, ProjectLimits())
+        return ProjectLimits(
+            max_running=self.project_max_running if override.max_running is None else override.max_running,
+            tokens_per_day=self.project_tokens_per_day if override.tokens_per_day is None else override.tokens_per_day,
+        )
 
     def resolved_database_url(self) -> str:
         if self.database_url:

@@ -1,4 +1,5 @@
-"""The requeue sweep: send again every job left queued too long (never sent, or its message lost)."""
+"""The requeue sweep: send again every job left queued too long (never sent, or its message lost),
+and let go of jobs held for their project's budget once it allows them (app/jobs/scheduler.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ from datetime import timedelta
 
 from app.db import session_scope
 from app.jobs.requeue import send_and_stamp
+from app.jobs.scheduler import release_held
 from app.jobs.transitions import jobs_due_for_enqueue, recover_stale_jobs
 from app.logs import get_logger
+from app.models import utcnow
 from app.settings import get_settings
 
 log = get_logger("frogfix.sweep")
@@ -22,6 +25,10 @@ def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int
         recovered = recover_stale_jobs(session, timedelta(seconds=s.stale_job_seconds), s.max_job_runs)
     for job_id, outcome in recovered:
         log.warning("stale_job", job_id=job_id, outcome=outcome)
+    with session_scope() as session:  # a new UTC day, a raised limit, a slot a dead worker's job held
+        released = release_held(session, s, utcnow())
+    if released:
+        log.info("released_held_jobs", jobs=released[:50], count=len(released))
     with session_scope() as session:
         due = jobs_due_for_enqueue(session, age, limit)
     sent = 0

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from datetime import datetime
 
 import structlog
 from celery.signals import worker_ready
 
 from app.db import session_scope
-from app.jobs import records, transitions
+from app.jobs import records, scheduler
+from app.jobs.requeue import send_and_stamp
 from app.logs import get_logger
+from app.models import utcnow
 from app.queue import REPLAY_JOB, RUN_JOB, SWEEP, celery_app
+from app.settings import get_settings
 from app.sweep import sweep_once
 from sandbox.cgroups import CgroupSupport
 
@@ -21,20 +26,46 @@ for _name in ("celery.worker.strategy", "celery.app.trace"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 
-def run_job(job_id: int) -> str:
-    """Claim the job (guarded, so a redelivered task does nothing) and hand it to the pipeline."""
+def run_job(job_id: int, *, clock: Callable[[], datetime] = utcnow) -> str:
+    """Spend the ticket `job_id` on the fairest queued job its project's budget allows, and run it.
+
+    That is the ticket's own job unless another project is owed the slot (app/jobs/scheduler.py).
+    A redelivered ticket, or one whose job another ticket ran, runs the next fair job or nothing;
+    every claim is guarded, so no job runs twice in one run number.
+    """
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         with session_scope() as session:
-            if not transitions.claim_job(session, job_id):
-                log.info("job_not_claimed", reason="not queued (already claimed, cancelled or unknown)")
-                return "not_claimed"
-            records.add_event(session, job_id, "claimed", "a worker claimed the job")
-        log.info("job_claimed")
+            claimed = scheduler.claim_next(session, get_settings(), clock(), preferred=job_id)
+            if claimed is not None:
+                ticket = None if claimed.job_id == job_id else {"ticket": job_id}
+                records.add_event(session, claimed.job_id, "claimed", "a worker claimed the job", ticket)
+        if claimed is None:
+            log.info("job_not_claimed", reason="nothing queued that its project's budget lets start")
+            return "not_claimed"
+    with structlog.contextvars.bound_contextvars(job_id=claimed.job_id):
+        log.info("job_claimed", ticket=job_id)
         from celery.exceptions import SoftTimeLimitExceeded
 
         from worker import pipeline
 
-        return pipeline.run(job_id, time_limit_errors=(SoftTimeLimitExceeded,))
+        try:
+            return pipeline.run(claimed.job_id, time_limit_errors=(SoftTimeLimitExceeded,))
+        finally:
+            release_after_run(claimed, clock)
+
+
+def release_after_run(claimed: scheduler.Claimed, clock: Callable[[], datetime] = utcnow) -> list[int]:
+    """A job ended: its project's held jobs that may start now get their tickets (the sweep does it otherwise)."""
+    try:
+        with session_scope() as session:
+            released = scheduler.release_held(session, get_settings(), clock(), (claimed.forge, claimed.project))
+    except Exception as exc:  # the database away: the sweep releases them later
+        log.warning("release_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        return []
+    for held in released:
+        if not send_and_stamp(held):
+            break  # the broker is down: the sweep sends the rest (their stamps are cleared)
+    return released
 
 
 @celery_app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)

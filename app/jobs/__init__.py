@@ -5,6 +5,8 @@
   and the enqueue stamps.
 - intake.py: webhook deliveries recorded once, and the job each one starts, cancels or notes.
 - read_model.py: the dashboard's job list and overview (read-only).
+- scheduler.py: the fair queue and per-project budgets: which queued job a free worker claims,
+  why a job waits (`hold_reason`), and releasing held jobs when the budget allows.
 - requeue.py: queue a job again and send its task after the commit (owns its transactions).
 
 Callers import from the module that owns a name; this package re-exports nothing.

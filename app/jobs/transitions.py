@@ -47,7 +47,9 @@ def request_cancel(session: Session, job: Job, why: str) -> None:
         cancelled = update(Job).where(Job.id == job.id, Job.status == JobStatus.queued.value)
         if _changed(
             session,
-            cancelled.values(status=JobStatus.cancelled.value, finished_at=now, updated_at=now, error=why[:2000]),
+            cancelled.values(
+                status=JobStatus.cancelled.value, finished_at=now, updated_at=now, error=why[:2000], hold_reason=None
+            ),
         ):
             add_event(session, job.id, "cancelled", why)
             return
@@ -67,6 +69,7 @@ def claim_job(session: Session, job_id: int) -> bool:
     """queued -> running, guarded: of two deliveries of the same task, only one wins. Starts a new run.
 
     Stamps the run's queue wait: from when the job last entered the queue to this claim.
+    Workers claim through app/jobs/scheduler.py (`claim_next`), which picks the job and calls this.
     """
     now = utcnow()
     since = queued_since(session, job_id)
@@ -76,7 +79,7 @@ def claim_job(session: Session, job_id: int) -> bool:
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued.value)
         .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now,
-                queue_wait_seconds=wait),
+                queue_wait_seconds=wait, hold_reason=None),
     )
 
 
@@ -182,11 +185,19 @@ def _requeue(session: Session, job_id: int) -> None:
 
 
 def jobs_due_for_enqueue(session: Session, older_than: timedelta, limit: int = 500) -> list[int]:
-    """Queued jobs never sent, or sent long ago without being claimed (a lost message)."""
+    """Queued jobs never sent, or sent long ago without being claimed (a lost message).
+
+    Jobs held for their project's budget are not due: sending them again would only spend a
+    ticket; the scheduler's `release_held` makes them due when the budget allows.
+    """
     cutoff = utcnow() - older_than
     rows = session.execute(
         select(Job.id)
-        .where(Job.status == JobStatus.queued.value, or_(Job.last_enqueued_at.is_(None), Job.last_enqueued_at < cutoff))
+        .where(
+            Job.status == JobStatus.queued.value,
+            Job.hold_reason.is_(None),
+            or_(Job.last_enqueued_at.is_(None), Job.last_enqueued_at < cutoff),
+        )
         .order_by(Job.id)
         .limit(limit)
     )
