@@ -272,7 +272,9 @@ def test_a_stored_path_that_escapes_the_data_folder_is_refused(
 
 
 def test_the_diff_shows_file_names_git_quotes(signed_in: Any, data_dir: Path, tmp_path: Path) -> None:
-    """Git C-quotes names with non-ASCII bytes, tabs or quotes; the page shows the real names and lines."""
+    """Git C-quotes names with non-ASCII bytes, tabs or quotes; the page reads them back and shows them
+    as on the MR: real non-ASCII letters, and a tab or a quote escaped on one line."""
+    from app.patches import shown_path
     from tests.doubles.git_http import git, make_worktree
 
     names = ["src/tést file.py", "tab\there.py", 'say "hi".py']
@@ -288,7 +290,10 @@ def test_the_diff_shows_file_names_git_quotes(signed_in: Any, data_dir: Path, tm
         s.query(JobAttempt).filter_by(job_id=job_id).one().patch = patch
     page = html.unescape(signed_in.get(f"/jobs/{job_id}").text)
     shown = re.findall(r'<span class="path">(.*?)</span> <span class="muted small">(\w+)</span>', page, re.S)
-    assert shown == [(name, "modified") for name in sorted(names)]
+    # as a reviewer must see them: as is, or C-quoted on one line when a name holds a tab, a quote
+    # or a backslash, so two names never look the same (app.patches.shown_path, as on the MR)
+    assert shown == [(shown_path(name), "modified") for name in sorted(names)]
+    assert ("src/tést file.py", "modified") in shown and ('"tab\\there.py"', "modified") in shown
     for i in range(len(names)):
         assert re.search(rf'class="d-add">.*?new line {i}</td>', page)
     assert page.count('class="d-del">') == 3 and page.count('class="d-ctx">') == 3
