@@ -155,6 +155,8 @@ class ReplayReport:
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # live: the review rules' reasons, as the pipeline gives them
     verified: bool | None = None  # live: the patch passed every verification run
+    outcome: str | None = None  # the attempt's AttemptOutcome (unreviewed for a plain replay)
+    usage: dict[str, Any] | None = None  # the attempt's usage figures (tokens, cached, model seconds)
 
     @property
     def attempt_label(self) -> str:
@@ -197,6 +199,8 @@ class ReplayReport:
             "notes": self.notes,
             "refused": self.refused,
             "verified": self.verified,
+            "outcome": self.outcome,
+            "usage": self.usage,
         }
 
 
@@ -610,14 +614,16 @@ def _replay_model(rec: Recording, settings: Settings, live: bool, model: ModelCl
     return replaying, replaying, replace(limits, max_steps=max(rec.n_steps, rec.replies, 1) + extra)
 
 
-def _spec(rec: Recording, settings: Settings, mode: str, limits: LeafLimits) -> AttemptSpec:
+def _spec(
+    rec: Recording, settings: Settings, mode: str, limits: LeafLimits, fields: dict[str, Any] | None = None
+) -> AttemptSpec:
     """The recorded system prompt and task, run again under the recorded (or, live, the current) model.
 
     A plain replay sends the recorded task as it is, guidance included; a live run reads the
     guidance from the base commit again, as the pipeline does, in place of the recorded one.
     """
     messages = rec.messages
-    live = mode == "live"
+    live = mode != "replay"
     task = str(messages[1].get("content") or "")
     return AttemptSpec(
         job_id=rec.job_id,
@@ -629,8 +635,10 @@ def _spec(rec: Recording, settings: Settings, mode: str, limits: LeafLimits) -> 
         trajectory=trajectory.replay_path(rec.path, mode),
         model_label=settings.model_name if live else f"replay of {rec.data.get('model')}",
         sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
-        trajectory_fields={"mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number},
-        labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": "replay"},
+        trajectory_fields={
+            "mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number, **(fields or {}),
+        },
+        labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": mode if live else "replay"},
         read_guidance=live,
     )
 
@@ -644,11 +652,16 @@ def _run(
     *,
     live: bool,
     model: ModelClient | None,
+    mode: str | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> ReplayReport:
-    """The recorded attempt again through the shared attempt runner; live, with the pipeline's review and tests."""
+    """The recorded attempt again through the shared attempt runner; live, with the pipeline's review and tests.
+
+    `mode` names a live run's trajectory (`live`, or `eval` for `manage.py eval`); `fields` go into it.
+    """
     checker = None if live else Checker(rec.messages, redactor.redact, stop_at_end=rec.exit_reason not in NATURAL_EXITS)
     chosen, replaying, limits = _replay_model(rec, settings, live, model, checker)
-    spec = _spec(rec, settings, "live" if live else "replay", limits)
+    spec = _spec(rec, settings, (mode or "live") if live else "replay", limits, fields)
     root = settings.resolved_workspace_dir() / f"replay-{_safe_label(rec.job_id)}-{secrets.token_hex(4)}"
     root.mkdir(parents=True, exist_ok=True)
     runner = AttemptRunner(settings, redactor.redact, source, root, ReplayObserver(checker, progress, rec.replies))
@@ -671,9 +684,19 @@ def _run(
     return _replay_verdict(report, rec, result, checker, replaying)
 
 
+def run_live_attempt(
+    rec: Recording, source: RepoSource, settings: Settings, redactor: SecretRedactor, progress: Progress,
+    *, model: ModelClient, mode: str, fields: dict[str, Any],
+) -> ReplayReport:
+    """One live, never-published attempt at a recorded task (one `eval` attempt), verified like the pipeline."""
+    return _run(rec, source, settings, redactor, progress, live=True, model=model, mode=mode, fields=fields)
+
+
 def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: Path) -> ReplayReport:
     leaf = result.leaf
     return ReplayReport(
+        outcome=str(result.outcome),
+        usage=result.usage.to_dict(),
         job_id=rec.job_id,
         mode="replay" if result.outcome == AttemptOutcome.unreviewed else "live",
         status="",
