@@ -345,3 +345,78 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
     evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency, should_stop)
     return evaluation_id, evaluator.run(), evaluator.errors
+
+
+# -- the command --------------------------------------------------------------------------------
+
+EXIT_OK, EXIT_GATE, EXIT_ERROR, EXIT_INCOMPLETE = 0, 1, 2, 3
+SCRIPTED_MODELS = ("demo",)
+
+
+def scripted_models(name: str) -> ModelFactory:
+    """`--scripted-model demo`: the demo's recorded replies for every attempt (no model server)."""
+    if name != "demo":
+        raise EvalError(f"no scripted model {name[:40]!r}; known: {', '.join(SCRIPTED_MODELS)}")
+    from worker.demo import demo_model
+
+    return lambda _key, _attempt: demo_model()
+
+
+def write_outputs(report: dict[str, Any], out: Path) -> list[Path]:
+    """`--out DIR`: report.md and report.json, written atomically."""
+    import json
+
+    from app.evaluation_report import to_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (("report.md", to_markdown(report)), ("report.json", json.dumps(report, indent=2))):
+        trajectory.write_atomic(out / name, text.encode("utf-8"), fsync=False)
+        written.append(out / name)
+    return written
+
+
+@dataclass
+class CommandOptions:
+    """`manage.py eval`'s switches beyond what the evaluation itself records."""
+
+    as_json: bool = False
+    out: Path | None = None
+    fail_below: float | None = None
+    fail_if_lost: int | None = None
+    resume: int | None = None
+    scripted: str | None = None
+
+
+def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Progress,
+                     should_stop: Callable[[], bool] | None = None) -> tuple[int, str]:
+    """Run (or resume) and report: (exit code, what to print on stdout).
+
+    Exit 0: finished and every gate passed; 1: a gate failed (`--fail-below`, `--fail-if-lost`);
+    2: it could not run; 3: it stopped before every attempt finished (resume it with `--resume ID`).
+    """
+    import json
+
+    from app.evaluation_report import to_markdown
+
+    if command.fail_below is not None and not 0.0 <= command.fail_below <= 1.0:
+        raise EvalError("--fail-below takes a rate between 0 and 1")
+    models = scripted_models(command.scripted) if command.scripted else None
+    evaluation_id, status, errors = evaluate(
+        options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
+    )
+    report = load_report(evaluation_id)
+    for path in write_outputs(report, command.out) if command.out else []:
+        progress(f"wrote {path}")
+    failures = gate_failures(report, command.fail_below, command.fail_if_lost)
+    report["gate_failures"] = failures
+    report["errors"] = errors
+    text = json.dumps(report, ensure_ascii=False) if command.as_json else to_markdown(report)
+    for reason in failures:
+        progress(f"gate failed: {reason}")
+    if failures:
+        return EXIT_GATE, text
+    if status != "finished":
+        progress(f"evaluation {evaluation_id} is {status}; run again with --resume {evaluation_id}")
+        return EXIT_INCOMPLETE, text
+    return EXIT_OK, text
