@@ -34,7 +34,7 @@ from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
-from app.statuses import FixStatus, JobStatus
+from app.statuses import INFRA_EXITS, FixStatus, JobStatus
 from worker import repos
 from worker.attempt import AttemptOutcome
 from worker.leaf.model import ModelClient
@@ -276,6 +276,12 @@ class Evaluator:
             return
         finally:
             self.gate.release()
+        if report.outcome == AttemptOutcome.no_patch and report.exit_reason in INFRA_EXITS:
+            # The model server or the sandbox failed, not the candidate: no result, so a resume tries it again.
+            self.errors.append(f"task {key}, attempt {attempt}: {report.exit_reason}: {report.error or report.message}")
+            self.progress(f"task {key}, attempt {attempt} failed on infrastructure (left for a resume): "
+                          f"{report.exit_reason}")
+            return
         values = _result_values(key, attempt, report, time.monotonic() - started, self.settings.data_dir)
         with session_scope() as session:
             ev_records.record_result(session, self.evaluation_id, values)
@@ -389,7 +395,8 @@ class CommandOptions:
 
 
 def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Progress,
-                     should_stop: Callable[[], bool] | None = None) -> tuple[int, str]:
+                     should_stop: Callable[[], bool] | None = None,
+                     models: ModelFactory | None = None) -> tuple[int, str]:
     """Run (or resume) and report: (exit code, what to print on stdout).
 
     Exit 0: finished and every gate passed; 1: a gate failed (`--fail-below`, `--fail-if-lost`);
@@ -401,7 +408,10 @@ def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Pr
 
     if command.fail_below is not None and not 0.0 <= command.fail_below <= 1.0:
         raise EvalError("--fail-below takes a rate between 0 and 1")
-    models = scripted_models(command.scripted) if command.scripted else None
+    if command.fail_if_lost is not None and command.fail_if_lost < 1:
+        raise EvalError("--fail-if-lost takes a count of 1 or more (1: fail when any task is lost)")
+    if command.scripted:
+        models = scripted_models(command.scripted)
     evaluation_id, status, errors = evaluate(
         options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
     )
