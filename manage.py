@@ -790,6 +790,10 @@ def replay(
         bool, typer.Option("--publish", help="With --live: queue a new run that updates the job's MR.")
     ] = False,
     repo: Annotated[Path | None, typer.Option(help="Local jobs: where the checkout lives now, if it moved.")] = None,
+    trajectory: Annotated[
+        str | None,
+        typer.Option(help="Replay this live or eval attempt's trajectory (as the eval report lists it) instead."),
+    ] = None,
     who: Annotated[str | None, typer.Option(hidden=True)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
@@ -819,6 +823,7 @@ def replay(
                 progress=progress,
                 who=who or _who(),
                 repo_dir=repo,
+                recording=trajectory,
             )
         except ReplayError as exc:
             _fail("replay", str(exc), 2)

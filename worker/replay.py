@@ -290,6 +290,33 @@ def _select_attempt(
     return chosen[-1]
 
 
+def recording_from_file(job_id: int | str, stored: str, settings: Settings) -> Recording:
+    """A live or `eval` attempt's own trajectory (under trajectories/replays/) as the recording to replay.
+
+    The job's recording says where its repository is; the file says what the attempt did. The file
+    must be in the data folder and belong to the job.
+    """
+    job_rec = find_recording(job_id, None, settings)
+    try:
+        path = trajectory.resolve(settings.data_dir, stored)
+    except trajectory.TrajectoryError as exc:
+        raise ReplayError(str(exc)) from exc
+    if not path.is_file():
+        raise ReplayError(f"no trajectory {stored[:200]!r} in the data folder")
+    data = _load_trajectory(path)
+    if str(data.get("job_id")) != str(job_id):
+        raise ReplayError(f"{path.name} is not a trajectory of job {job_id}")
+    base = data.get("base_commit")
+    if not isinstance(base, str) or not base:
+        raise ReplayError(f"{path} records no base commit")
+    patch = data.get("output_patch")
+    # What the job's recording says about its issue and checkout (a demo's sample is made again from it).
+    known: dict[str, Any] = {k: job_rec.data[k] for k in ("issue", "repository") if k in job_rec.data}
+    return replace(
+        job_rec, path=path, data={**known, **data}, base_commit=base, patch=patch if isinstance(patch, str) else None
+    )
+
+
 def find_recording(job_id: int | str, attempt: int | str | None, settings: Settings) -> Recording:
     """The trajectory to replay: a forge job's chosen attempt, or a local job's one file."""
     if isinstance(job_id, str):
@@ -864,8 +891,12 @@ def replay_job(
     repo_dir: Path | None = None,
     model: ModelClient | None = None,
     settings: Settings | None = None,
+    recording: str | None = None,
 ) -> ReplayReport:
     """Replay a job's attempt (see the module docstring).
+
+    `recording` replays a live or `manage.py eval` attempt's own trajectory file (a path under the
+    data folder, as the eval report lists it) instead of one of the job's attempts.
 
     Raises `records.UnknownJob` for an unknown id, `ReplayError` when the replay cannot run and
     `transitions.InvalidTransition` when `live and publish` cannot queue the job. `model` replaces the
@@ -883,7 +914,7 @@ def replay_job(
 
     redactor = SecretRedactor(s.secret_values())
     try:
-        rec = find_recording(key, attempt, s)
+        rec = recording_from_file(key, recording, s) if recording else find_recording(key, attempt, s)
     except ReplayError as exc:  # the job exists but has nothing to replay: say so on its timeline too
         _note(key, "replay_failed", f"replay could not run: {exc}")
         raise

@@ -61,6 +61,13 @@ def test_a_killed_eval_resumes_from_its_finished_attempts(local_env: dict[str, A
     assert len(after) == 3 and set(before) <= set(after)  # the finished attempts were kept, not run again
     assert f"{3 - len(before)} attempts to run" in done.stderr
 
+    # Each eval attempt is a replayable trajectory: `manage.py replay TASK --trajectory PATH` reproduces it.
+    task, stored = report["tasks"][0]["task"], report["tasks"][0]["attempts"][-1]["trajectory"]
+    replayed = manage("replay", task, "--trajectory", stored, "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["status"] == "reproduced"
+    assert manage("replay", task, "--trajectory", "../../etc/passwd").returncode == 2
+
     # Nothing left to run: the same report; a gate that fails exits 1; bad options exit 2.
     md = manage(*command)
     assert md.returncode == 0 and "| solve rate (Wilson 95%) | 1.00" in md.stdout
