@@ -29,7 +29,6 @@ from typing import Any
 
 from app import trajectory
 from app.db import session_scope
-from app.evaluation_report import build_report
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
 from app.logs import SecretRedactor, get_logger
@@ -305,19 +304,7 @@ class Evaluator:
 def load_report(evaluation_id: int) -> dict[str, Any]:
     """The report of an evaluation as it stands (finished or not), from its rows."""
     with session_scope() as session:
-        row = ev_records.get_evaluation(session, evaluation_id)
-        evaluation = {
-            "id": row.id, "model": row.model, "base_url": row.base_url, "selector": row.selector,
-            "status": row.status, "attempts": row.attempts, "tasks": list(row.tasks),
-        }
-        results = [
-            {c: getattr(r, c) for c in (
-                "task", "attempt", "solved", "outcome", "exit_reason", "steps", "prompt_tokens", "completion_tokens",
-                "cached_tokens", "model_seconds", "wall_seconds", "trajectory", "reason",
-            )}
-            for r in ev_records.evaluation_results(session, evaluation_id)
-        ]
-    return build_report(evaluation, results)
+        return ev_records.report_of(session, evaluation_id)
 
 
 def gate_failures(report: dict[str, Any], fail_below: float | None, fail_if_lost: int | None) -> list[str]:

@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
+from app.evaluation_report import build_report
 from app.models import Evaluation, EvaluationResult, Job, JobAttempt, utcnow
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus
 from app.trajectory import LOCAL_ID
@@ -229,3 +230,22 @@ def list_evaluations(session: Session, limit: int = 100) -> list[tuple[Evaluatio
         .limit(limit)
     )
     return [(ev, int(done or 0), int(solved or 0)) for ev, done, solved in rows]
+
+
+RESULT_FIELDS = (
+    "task", "attempt", "solved", "outcome", "exit_reason", "steps", "prompt_tokens", "completion_tokens",
+    "cached_tokens", "model_seconds", "wall_seconds", "trajectory", "reason",
+)
+
+
+def report_of(session: Session, evaluation_id: int) -> dict[str, Any]:
+    """The evaluation's report (app/evaluation_report.py) from its rows, as the CLI and the dashboard show it."""
+    row = get_evaluation(session, evaluation_id)
+    evaluation = {
+        "id": row.id, "model": row.model, "base_url": row.base_url, "selector": row.selector,
+        "status": row.status, "attempts": row.attempts, "tasks": list(row.tasks),
+    }
+    results = [{c: getattr(r, c) for c in RESULT_FIELDS} for r in evaluation_results(session, evaluation_id)]
+    report = build_report(evaluation, results)
+    report["created_at"] = row.created_at.isoformat() if row.created_at else None
+    return report
