@@ -54,3 +54,6 @@ class Candidate:
         self.calls.append((key, attempt))
         self.on_attempt(key, attempt)
         return demo_model() if (key, attempt) in self.solves else giving_up()
+
+
+from tests.pipeline.conftest import world  # noqa: E402, F401  (the forge world, for forge jobs to evaluate)
