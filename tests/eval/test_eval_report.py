@@ -105,3 +105,18 @@ def test_an_interrupted_evaluation_resumes_without_rerunning_finished_attempts(
     report = load_report(evaluation_id)
     assert report["attempts_finished"] == 4 and report["attempts_solved"] == 3
     assert report["gained"] == [b] and report["lost"] == []
+
+
+def test_a_model_server_failure_is_not_counted_as_unsolved(local_env: dict[str, Any], tmp_path: Path) -> None:
+    from worker.leaf.model import ReplayModel
+
+    task = recorded_job(tmp_path / "a", solved=True)
+    options = EvalOptions("candidate-down", "http://model.invalid/v1", attempts=1)
+    code, _ = run_eval_command(options, CommandOptions(), lambda _m: None, models=lambda _k, _a: ReplayModel([]))
+    assert code == EXIT_INCOMPLETE  # every call failed (llm_query_error): nothing recorded, left for a resume
+    with session_scope() as session:
+        (evaluation,) = [e for e, _, _ in ev_records.list_evaluations(session)]
+        assert evaluation.status == "stopped" and ev_records.finished_pairs(session, evaluation.id) == set()
+    evaluation_id, status, _ = evaluate(options, models=Candidate({(task, 1)}))
+    assert (evaluation_id, status) == (evaluation.id, "finished")
+    assert load_report(evaluation_id)["attempts_solved"] == 1
