@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, doctor, reap-sandboxes, and the
-job commands: jobs, show, cancel, retry, replay."""
+job commands: jobs, show, cancel, retry, replay; and eval."""
 
 from __future__ import annotations
 
@@ -792,6 +792,10 @@ def replay(
         bool, typer.Option("--publish", help="With --live: queue a new run that updates the job's MR.")
     ] = False,
     repo: Annotated[Path | None, typer.Option(help="Local jobs: where the checkout lives now, if it moved.")] = None,
+    trajectory: Annotated[
+        str | None,
+        typer.Option(help="Replay this live or eval attempt's trajectory (as the eval report lists it) instead."),
+    ] = None,
     who: Annotated[str | None, typer.Option(hidden=True)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
@@ -821,6 +825,7 @@ def replay(
                 progress=progress,
                 who=who or _who(),
                 repo_dir=repo,
+                recording=trajectory,
             )
         except ReplayError as exc:
             _fail("replay", str(exc), 2)
@@ -829,6 +834,68 @@ def replay(
     else:
         _print_replay(report)
     raise typer.Exit(report.exit_code)
+
+
+@cli.command("eval")
+def eval_command(
+    model: Annotated[str | None, typer.Option(help="The candidate model's name (default: FROGFIX_MODEL_NAME).")] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="Its OpenAI-compatible URL (default: FROGFIX_MODEL_BASE_URL).")
+    ] = None,
+    jobs: Annotated[
+        str, typer.Option("--jobs", help="Which past jobs: ids, project=PATH, status=S, since=DATE, until=DATE.")
+    ] = "",
+    attempts: Annotated[int, typer.Option(help="K: attempts per task (pass@1..K).")] = 1,
+    concurrency: Annotated[int, typer.Option(help="Attempts at once (each still waits for a free model slot).")] = 1,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+    out: Annotated[Path | None, typer.Option(help="Also write report.md and report.json into this folder.")] = None,
+    fail_below: Annotated[
+        float | None, typer.Option("--fail-below", help="Exit 1 when the solve rate is below this (0..1).")
+    ] = None,
+    fail_if_lost: Annotated[
+        int | None, typer.Option("--fail-if-lost", help="Exit 1 when this many tasks or more are lost.")
+    ] = None,
+    resume: Annotated[int | None, typer.Option(help="Resume evaluation ID (the same command again also does).")] = None,
+    scripted_model: Annotated[
+        str | None, typer.Option("--scripted-model", help="demo: the demo's recorded replies, no model server.")
+    ] = None,
+) -> None:
+    """Re-run past jobs' tasks on a candidate model, verified like the pipeline, never published.
+
+    Exit 0: finished, gates passed; 1: a gate failed; 2: it could not run; 3: stopped before the
+    end (run it again, or with --resume ID, to finish it).
+    """
+    from app.jobs.evaluations import UnknownEvaluation
+    from app.logs import configure_logging
+    from worker.evaluate import CommandOptions, EvalError, EvalOptions, run_eval_command
+
+    settings = _settings()
+    configure_logging("WARNING", settings.secret_values(), stream=sys.stderr)
+    stop = {"asked": False}
+
+    def ask_stop(signum: int, frame: object) -> None:
+        if stop["asked"]:
+            os._exit(128 + signum)
+        stop["asked"] = True
+        typer.echo("frogfix eval: stopping after the attempts now running (again to quit at once)", err=True)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, ask_stop)
+    options = EvalOptions(
+        model=model or (f"scripted:{scripted_model}" if scripted_model else settings.model_name),
+        base_url=base_url or ("" if scripted_model else settings.model_base_url),
+        selector=jobs, attempts=attempts, concurrency=concurrency, who=_who(),
+    )
+    command = CommandOptions(json_out, out, fail_below, fail_if_lost, resume, scripted_model)
+    with _job_errors("eval"):
+        try:
+            code, text = run_eval_command(
+                options, command, lambda m: typer.echo(f"[eval] {m}", err=True), lambda: stop["asked"]
+            )
+        except (EvalError, UnknownEvaluation) as exc:
+            _fail("eval", str(exc), 2)
+    typer.echo(text, nl=not text.endswith("\n"))
+    raise typer.Exit(code)
 
 
 if __name__ == "__main__":

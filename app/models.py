@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -32,6 +33,8 @@ __all__ = [
     "ACTIVE_STATUSES",
     "FINAL_STATUSES",
     "Base",
+    "Evaluation",
+    "EvaluationResult",
     "Job",
     "JobAttempt",
     "JobEvent",
@@ -251,6 +254,51 @@ class Operator(Base):
     password_hash: Mapped[str] = mapped_column(String(255))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_login_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class Evaluation(Base):
+    """One `manage.py eval` run: the candidate model, its frozen task list, and how far it got.
+
+    The task list is fixed when the evaluation starts, so a resumed run measures the same tasks.
+    """
+
+    __tablename__ = "evaluations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(255))
+    base_url: Mapped[str] = mapped_column(Text, default="")
+    selector: Mapped[str] = mapped_column(Text, default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=1)  # K: attempts per task
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running, finished, stopped
+    who: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # [{"key", "project", "title", "recorded_solved", "human"}], in the order they run.
+    tasks: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class EvaluationResult(Base):
+    """One finished attempt of one task in an evaluation; its presence is what `--resume` skips."""
+
+    __tablename__ = "evaluation_results"
+    __table_args__ = (UniqueConstraint("evaluation_id", "task", "attempt", name="uq_eval_results_task_attempt"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    evaluation_id: Mapped[int] = mapped_column(ForeignKey("evaluations.id", ondelete="CASCADE"))
+    task: Mapped[str] = mapped_column(String(160))  # the job's id: a number, or a local job's `local-...`
+    attempt: Mapped[int] = mapped_column(Integer)
+    solved: Mapped[bool] = mapped_column(Boolean, default=False)
+    outcome: Mapped[str] = mapped_column(String(32))  # an AttemptOutcome, or `error` when it could not run
+    exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    steps: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cached_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    model_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    wall_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    trajectory: Mapped[str | None] = mapped_column(Text, nullable=True)  # relative to the data folder
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
 def _iso(value: datetime | None) -> str | None:

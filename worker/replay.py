@@ -155,6 +155,8 @@ class ReplayReport:
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # live: the review rules' reasons, as the pipeline gives them
     verified: bool | None = None  # live: the patch passed every verification run
+    outcome: str | None = None  # the attempt's AttemptOutcome (unreviewed for a plain replay)
+    usage: dict[str, Any] | None = None  # the attempt's usage figures (tokens, cached, model seconds)
 
     @property
     def attempt_label(self) -> str:
@@ -197,6 +199,8 @@ class ReplayReport:
             "notes": self.notes,
             "refused": self.refused,
             "verified": self.verified,
+            "outcome": self.outcome,
+            "usage": self.usage,
         }
 
 
@@ -284,6 +288,33 @@ def _select_attempt(
         shown = ", ".join(f"{a.run}.{a.number}" for a in attempts) or "none"
         raise ReplayError(f"job {job_id} has no attempt {text} with a trajectory (attempts: {shown})")
     return chosen[-1]
+
+
+def recording_from_file(job_id: int | str, stored: str, settings: Settings) -> Recording:
+    """A live or `eval` attempt's own trajectory (under trajectories/replays/) as the recording to replay.
+
+    The job's recording says where its repository is; the file says what the attempt did. The file
+    must be in the data folder and belong to the job.
+    """
+    job_rec = find_recording(job_id, None, settings)
+    try:
+        path = trajectory.resolve(settings.data_dir, stored)
+    except trajectory.TrajectoryError as exc:
+        raise ReplayError(str(exc)) from exc
+    if not path.is_file():
+        raise ReplayError(f"no trajectory {stored[:200]!r} in the data folder")
+    data = _load_trajectory(path)
+    if str(data.get("job_id")) != str(job_id):
+        raise ReplayError(f"{path.name} is not a trajectory of job {job_id}")
+    base = data.get("base_commit")
+    if not isinstance(base, str) or not base:
+        raise ReplayError(f"{path} records no base commit")
+    patch = data.get("output_patch")
+    # What the job's recording says about its issue and checkout (a demo's sample is made again from it).
+    known: dict[str, Any] = {k: job_rec.data[k] for k in ("issue", "repository") if k in job_rec.data}
+    return replace(
+        job_rec, path=path, data={**known, **data}, base_commit=base, patch=patch if isinstance(patch, str) else None
+    )
 
 
 def find_recording(job_id: int | str, attempt: int | str | None, settings: Settings) -> Recording:
@@ -610,14 +641,16 @@ def _replay_model(rec: Recording, settings: Settings, live: bool, model: ModelCl
     return replaying, replaying, replace(limits, max_steps=max(rec.n_steps, rec.replies, 1) + extra)
 
 
-def _spec(rec: Recording, settings: Settings, mode: str, limits: LeafLimits) -> AttemptSpec:
+def _spec(
+    rec: Recording, settings: Settings, mode: str, limits: LeafLimits, fields: dict[str, Any] | None = None
+) -> AttemptSpec:
     """The recorded system prompt and task, run again under the recorded (or, live, the current) model.
 
     A plain replay sends the recorded task as it is, guidance included; a live run reads the
     guidance from the base commit again, as the pipeline does, in place of the recorded one.
     """
     messages = rec.messages
-    live = mode == "live"
+    live = mode != "replay"
     task = str(messages[1].get("content") or "")
     return AttemptSpec(
         job_id=rec.job_id,
@@ -629,8 +662,10 @@ def _spec(rec: Recording, settings: Settings, mode: str, limits: LeafLimits) -> 
         trajectory=trajectory.replay_path(rec.path, mode),
         model_label=settings.model_name if live else f"replay of {rec.data.get('model')}",
         sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
-        trajectory_fields={"mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number},
-        labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": "replay"},
+        trajectory_fields={
+            "mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number, **(fields or {}),
+        },
+        labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": mode if live else "replay"},
         read_guidance=live,
     )
 
@@ -644,11 +679,16 @@ def _run(
     *,
     live: bool,
     model: ModelClient | None,
+    mode: str | None = None,
+    fields: dict[str, Any] | None = None,
 ) -> ReplayReport:
-    """The recorded attempt again through the shared attempt runner; live, with the pipeline's review and tests."""
+    """The recorded attempt again through the shared attempt runner; live, with the pipeline's review and tests.
+
+    `mode` names a live run's trajectory (`live`, or `eval` for `manage.py eval`); `fields` go into it.
+    """
     checker = None if live else Checker(rec.messages, redactor.redact, stop_at_end=rec.exit_reason not in NATURAL_EXITS)
     chosen, replaying, limits = _replay_model(rec, settings, live, model, checker)
-    spec = _spec(rec, settings, "live" if live else "replay", limits)
+    spec = _spec(rec, settings, (mode or "live") if live else "replay", limits, fields)
     root = settings.resolved_workspace_dir() / f"replay-{_safe_label(rec.job_id)}-{secrets.token_hex(4)}"
     root.mkdir(parents=True, exist_ok=True)
     runner = AttemptRunner(settings, redactor.redact, source, root, ReplayObserver(checker, progress, rec.replies))
@@ -671,9 +711,19 @@ def _run(
     return _replay_verdict(report, rec, result, checker, replaying)
 
 
+def run_live_attempt(
+    rec: Recording, source: RepoSource, settings: Settings, redactor: SecretRedactor, progress: Progress,
+    *, model: ModelClient, mode: str, fields: dict[str, Any],
+) -> ReplayReport:
+    """One live, never-published attempt at a recorded task (one `eval` attempt), verified like the pipeline."""
+    return _run(rec, source, settings, redactor, progress, live=True, model=model, mode=mode, fields=fields)
+
+
 def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: Path) -> ReplayReport:
     leaf = result.leaf
     return ReplayReport(
+        outcome=str(result.outcome),
+        usage=result.usage.to_dict(),
         job_id=rec.job_id,
         mode="replay" if result.outcome == AttemptOutcome.unreviewed else "live",
         status="",
@@ -841,8 +891,12 @@ def replay_job(
     repo_dir: Path | None = None,
     model: ModelClient | None = None,
     settings: Settings | None = None,
+    recording: str | None = None,
 ) -> ReplayReport:
     """Replay a job's attempt (see the module docstring).
+
+    `recording` replays a live or `manage.py eval` attempt's own trajectory file (a path under the
+    data folder, as the eval report lists it) instead of one of the job's attempts.
 
     Raises `records.UnknownJob` for an unknown id, `ReplayError` when the replay cannot run and
     `transitions.InvalidTransition` when `live and publish` cannot queue the job. `model` replaces the
@@ -860,7 +914,7 @@ def replay_job(
 
     redactor = SecretRedactor(s.secret_values())
     try:
-        rec = find_recording(key, attempt, s)
+        rec = recording_from_file(key, recording, s) if recording else find_recording(key, attempt, s)
     except ReplayError as exc:  # the job exists but has nothing to replay: say so on its timeline too
         _note(key, "replay_failed", f"replay could not run: {exc}")
         raise

@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app import auth, statuses
 from app.db import session_scope
-from app.jobs import read_model, records
+from app.jobs import evaluations, read_model, records
 from app.jobs.requeue import requeue_and_send
 from app.jobs.transitions import InvalidTransition, cancel_job
 from app.logs import get_logger
@@ -31,7 +31,7 @@ from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, RETRYABLE_STATUSES, ST
 from app.trajectory import TrajectoryMissing
 from app.usage import UsageFigures
 from app.web import views
-from app.web.params import NO_NUL, AttemptId, JobId, Offset, ProjectFilter
+from app.web.params import NO_NUL, AttemptId, EvaluationId, JobId, Offset, ProjectFilter
 from app.web.security import clear_cookie_header, safe_next, session_cookie_header
 
 HERE = Path(__file__).resolve().parent
@@ -200,6 +200,29 @@ def usage_page(request: Request, days: UsageDays = 14, project: ProjectFilter = 
         "series": views.TOKEN_SERIES,
     }
     return _render(request, "usage.html", context)
+
+
+@router.get("/evaluations", response_class=HTMLResponse)
+def evaluations_page(request: Request) -> Response:
+    """Past `manage.py eval` runs, newest first."""
+    with session_scope() as session:
+        rows = [
+            ({"id": e.id, "model": e.model, "created_at": e.created_at, "status": e.status, "tasks": e.tasks,
+              "attempts": e.attempts, "selector": e.selector}, done, solved)
+            for e, done, solved in evaluations.list_evaluations(session)
+        ]
+    return _render(request, "evaluations.html", {"rows": rows})
+
+
+@router.get("/evaluations/{evaluation_id}", response_class=HTMLResponse)
+def evaluation_page(request: Request, evaluation_id: EvaluationId) -> Response:
+    """One evaluation's report: the overall figures beside the recorded run's, and a row per task."""
+    with session_scope() as session:
+        try:
+            report = evaluations.report_of(session, evaluation_id)
+        except evaluations.UnknownEvaluation as exc:
+            return _render(request, "not_found.html", {"message": str(exc)}, status=404)
+    return _render(request, "evaluation.html", {"r": report})
 
 
 def _cursor(value: str | None) -> tuple[datetime, int] | None:

@@ -10,6 +10,7 @@ MAX_DB_INT = 2**31 - 1  # PostgreSQL's integer; ids and offsets beyond it cannot
 NO_NUL = r"^[^\x00]*$"  # PostgreSQL refuses NUL in text
 
 JobId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="A job's id")]
+EvaluationId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="An evaluation's id")]
 AttemptId = Annotated[int, Path(ge=1, le=MAX_DB_INT, description="An attempt's id")]
 Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT)]
 ProjectFilter = Annotated[str | None, Query(max_length=255, pattern=NO_NUL)]

@@ -1,0 +1,238 @@
+"""An evaluation's report: the figures (solve rate, pass@k, gained and lost tasks, human agreement) and its
+Markdown form. The CLI, `--json` and the dashboard all read `build_report`, so they never disagree.
+
+Definitions (stated in the report too):
+- an attempt is *solved* when its patch was verified exactly as the pipeline verifies one;
+- solve rate = solved attempts / finished attempts, with a Wilson 95% interval;
+- pass@k per task is the unbiased estimator 1 - C(n-c, k) / C(n, k) (n finished attempts, c solved),
+  averaged over tasks, with a 95% percentile bootstrap interval over tasks (fixed seed, so reruns agree);
+- the candidate *solves a task* when at least one of its attempts is solved (pass@K's event);
+- the recorded run solved a task when the job ended `done` (a `fix` job: `fixed`);
+- gained: solved now, not by the recorded run; lost: solved by the recorded run, not now.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Z95 = 1.959963984540054
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 16
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """The Wilson score interval of a proportion; None for no trials."""
+    if n <= 0:
+        return None
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n attempts with c solved: 1 - C(n-c, k) / C(n, k)."""
+    if k <= 0 or n < k:
+        raise ValueError(f"pass@{k} needs at least {k} attempts, not {n}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def bootstrap_mean(values: Sequence[float], seed: int = BOOTSTRAP_SEED) -> tuple[float, float] | None:
+    """95% percentile bootstrap interval of the mean, resampling tasks with a fixed seed."""
+    if not values:
+        return None
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(BOOTSTRAP_SAMPLES))
+    return means[int(0.025 * (BOOTSTRAP_SAMPLES - 1))], means[math.ceil(0.975 * (BOOTSTRAP_SAMPLES - 1))]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A rate with its interval and how it was computed."""
+
+    value: float | None
+    interval: tuple[float, float] | None
+    method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        interval = [round(x, 4) for x in self.interval] if self.interval else None
+        return {"value": None if self.value is None else round(self.value, 4), "ci95": interval, "method": self.method}
+
+    def text(self) -> str:
+        if self.value is None:
+            return "n/a"
+        ci = f" [{self.interval[0]:.2f}, {self.interval[1]:.2f}]" if self.interval else ""
+        return f"{self.value:.2f}{ci}"
+
+
+def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int) -> dict[str, Any]:
+    n = len(results)
+    c = sum(1 for r in results if r["solved"])
+    prompt = sum(int(r["prompt_tokens"]) for r in results)
+    cached = sum(int(r["cached_tokens"]) for r in results)
+    return {
+        "task": task["key"],
+        "project": task.get("project", ""),
+        "title": task.get("title", ""),
+        "recorded_solved": bool(task.get("recorded_solved")),
+        "human": task.get("human", "unknown"),
+        "finished_attempts": n,
+        "complete": n >= k,
+        "solved_attempts": c,
+        "solved": c > 0,
+        "attempts": [
+            {
+                "attempt": r["attempt"],
+                "solved": bool(r["solved"]),
+                "outcome": r["outcome"],
+                "exit_reason": r["exit_reason"],
+                "steps": r["steps"],
+                "tokens": int(r["prompt_tokens"]) + int(r["completion_tokens"]),
+                "cached_share": round(int(r["cached_tokens"]) / int(r["prompt_tokens"]), 4)
+                if r["prompt_tokens"] else None,
+                "model_seconds": round(float(r["model_seconds"]), 3),
+                "wall_seconds": round(float(r["wall_seconds"]), 3),
+                "trajectory": r["trajectory"],
+                "reason": r["reason"],
+            }
+            for r in results
+        ],
+        "tokens": sum(int(r["prompt_tokens"]) + int(r["completion_tokens"]) for r in results),
+        "cached_share": round(cached / prompt, 4) if prompt else None,
+        "model_seconds": round(sum(float(r["model_seconds"]) for r in results), 3),
+        "wall_seconds": round(sum(float(r["wall_seconds"]) for r in results), 3),
+    }
+
+
+def _pass_figures(rows: list[dict[str, Any]], k_max: int) -> dict[str, Figure]:
+    figures: dict[str, Figure] = {}
+    for k in range(1, k_max + 1):
+        values = [
+            pass_at_k(r["finished_attempts"], r["solved_attempts"], k) for r in rows if r["finished_attempts"] >= k
+        ]
+        mean = sum(values) / len(values) if values else None
+        method = f"unbiased estimator, bootstrap 95% over {len(values)} tasks"
+        figures[f"pass@{k}"] = Figure(mean, bootstrap_mean(values), method)
+    return figures
+
+
+def _human(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    merged = [r for r in rows if r["human"] == "merged"]
+    closed = [r for r in rows if r["human"] == "closed"]
+    return {
+        "merged": len(merged),
+        "merged_solved": sum(1 for r in merged if r["solved"]),
+        "closed_unmerged": len(closed),
+        "closed_unmerged_solved": sum(1 for r in closed if r["solved"]),
+        "unknown": len(rows) - len(merged) - len(closed),
+    }
+
+
+def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The whole report as one JSON-ready dict, from the evaluation's row and its result rows."""
+    k = int(evaluation["attempts"])
+    by_task: dict[str, list[Mapping[str, Any]]] = {}
+    for r in sorted(results, key=lambda r: (r["task"], r["attempt"])):
+        by_task.setdefault(r["task"], []).append(r)
+    tasks = [t for t in evaluation["tasks"] if t["key"] in by_task]
+    rows = [_task_row(t, by_task[t["key"]], k) for t in tasks]
+    finished = sum(r["finished_attempts"] for r in rows)
+    solved = sum(r["solved_attempts"] for r in rows)
+    recorded = sum(1 for r in rows if r["recorded_solved"])
+    candidate_pass = _pass_figures(rows, k)
+    return {
+        "evaluation": evaluation["id"],
+        "model": evaluation["model"],
+        "base_url": evaluation.get("base_url", ""),
+        "selector": evaluation.get("selector", ""),
+        "status": evaluation.get("status", ""),
+        "attempts_per_task": k,
+        "tasks_total": len(evaluation["tasks"]),
+        "tasks_evaluated": len(rows),
+        "tasks_complete": sum(1 for r in rows if r["complete"]),
+        "attempts_finished": finished,
+        "attempts_solved": solved,
+        "candidate": {
+            "solve_rate": Figure(solved / finished if finished else None, wilson(solved, finished),
+                                 "solved attempts / attempts, Wilson 95%").to_dict(),
+            **{name: f.to_dict() for name, f in candidate_pass.items()},
+            "tasks_solved": sum(1 for r in rows if r["solved"]),
+        },
+        "recorded": {
+            "solve_rate": Figure(
+                recorded / len(rows) if rows else None, wilson(recorded, len(rows)),
+                "tasks the recorded run solved / tasks, Wilson 95% (one attempt each: pass@1)",
+            ).to_dict(),
+            "tasks_solved": recorded,
+        },
+        "gained": [r["task"] for r in rows if r["solved"] and not r["recorded_solved"]],
+        "lost": [r["task"] for r in rows if r["recorded_solved"] and not r["solved"]],
+        "human": _human(rows),
+        "tasks": rows,
+    }
+
+
+def _figure_text(data: Mapping[str, Any]) -> str:
+    ci = data.get("ci95")
+    return Figure(data.get("value"), tuple(ci) if ci else None, data.get("method", "")).text()
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
+def _cell(text: str) -> str:
+    """A table cell: a project path is the forge's text, so its pipes and line breaks are neutralised."""
+    return text.replace("|", "\\|").replace("\n", " ")[:120]
+
+
+def to_markdown(report: Mapping[str, Any]) -> str:
+    """The report for people: the overall figures, gained and lost tasks, then one row per task."""
+    k = report["attempts_per_task"]
+    cand, rec, human = report["candidate"], report["recorded"], report["human"]
+    lines = [
+        f"# Evaluation {report['evaluation']}: {report['model']}",
+        "",
+        f"{report['tasks_evaluated']} of {report['tasks_total']} tasks evaluated ({report['tasks_complete']} with all "
+        f"{k} attempts); {report['attempts_solved']} of {report['attempts_finished']} attempts solved. "
+        f"Status: {report['status']}. Selector: `{report['selector'] or '(default)'}`.",
+        "",
+        "| figure | candidate | recorded run |",
+        "|---|---|---|",
+        f"| solve rate (Wilson 95%) | {_figure_text(cand['solve_rate'])} | {_figure_text(rec['solve_rate'])} |",
+    ]
+    for i in range(1, k + 1):
+        recorded = _figure_text(rec["solve_rate"]) if i == 1 else "n/a"
+        lines.append(f"| pass@{i} (bootstrap 95%) | {_figure_text(cand[f'pass@{i}'])} | {recorded} |")
+    lines.append(f"| tasks solved | {cand['tasks_solved']} | {rec['tasks_solved']} |")
+    lines += [
+        "",
+        f"Gained ({len(report['gained'])}): {', '.join(report['gained']) or 'none'}  ",
+        f"Lost ({len(report['lost'])}): {', '.join(report['lost']) or 'none'}",
+        "",
+        f"Human verdicts: {human['merged_solved']} of {human['merged']} merged MRs solved; "
+        f"{human['closed_unmerged_solved']} of {human['closed_unmerged']} closed-unmerged MRs \"solved\"; "
+        f"{human['unknown']} tasks with no known verdict.",
+        "",
+        "| task | project | recorded | attempts (solved/exit/steps) | tokens | cached | model s | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["tasks"]:
+        attempts = " ".join(
+            f"{'✓' if a['solved'] else '✗'}{a['exit_reason'] or a['outcome']}/{a['steps']}" for a in row["attempts"]
+        )
+        lines.append(
+            f"| {_cell(row['task'])} | {_cell(row['project'])} "
+            f"| {'solved' if row['recorded_solved'] else 'not solved'} | {attempts} "
+            f"| {row['tokens']} | {_share(row['cached_share'])} "
+            f"| {row['model_seconds']:.1f} | {row['wall_seconds']:.1f} |"
+        )
+    return "\n".join(lines) + "\n"

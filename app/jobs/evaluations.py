@@ -1,0 +1,251 @@
+"""Evaluation records (`manage.py eval`): the task selector, the SQL over jobs it reads, and the writes.
+
+Callers own the transaction, as with app/jobs/records.py. An evaluation's task list is frozen in its
+row when it starts; each finished attempt is one `evaluation_results` row, so a resumed evaluation
+runs exactly the (task, attempt) pairs that have no row yet.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+from sqlalchemy import case, func, select
+from sqlalchemy.orm import Session
+
+from app.evaluation_report import build_report
+from app.models import Evaluation, EvaluationResult, Job, JobAttempt, utcnow
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus
+from app.trajectory import LOCAL_ID
+
+
+class SelectorError(ValueError):
+    """`--jobs` could not be read; the message says which part and what is accepted."""
+
+
+class UnknownEvaluation(LookupError):
+    """No evaluation has that id."""
+
+
+SELECTOR_HELP = (
+    "comma-separated: job ids (12, local-...), project=PATH, status=STATUS, since=YYYY-MM-DD, until=YYYY-MM-DD"
+)
+
+
+@dataclass(frozen=True)
+class TaskSelector:
+    """Which finished jobs an evaluation takes; empty parts select everything (see `parse_selector`)."""
+
+    ids: tuple[str, ...] = ()
+    projects: tuple[str, ...] = ()
+    statuses: tuple[str, ...] = ()
+    since: datetime | None = None
+    until: datetime | None = None  # exclusive: the day after the `until` date
+
+    def takes(self, key: str, project: str, status: str, when: datetime | None) -> bool:
+        """True when a job with these fields is selected (the same rule for forge and local jobs)."""
+        if self.ids and key not in self.ids:
+            return False
+        if self.projects and project not in self.projects:
+            return False
+        if self.statuses and status not in self.statuses:
+            return False
+        if when is not None and when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        if self.since is not None and (when is None or when < self.since):
+            return False
+        return not (self.until is not None and (when is None or when >= self.until))
+
+
+def _day(value: str, part: str) -> date:
+    try:
+        return date.fromisoformat(value)
+    except ValueError as exc:
+        raise SelectorError(f"{part!r}: the date must be YYYY-MM-DD") from exc
+
+
+def parse_selector(text: str | None) -> TaskSelector:
+    """`12, local-x, project=group/app, status=done, since=2026-11-01, until=2026-11-30`.
+
+    Local jobs' statuses are `fixed`, `no_fix` and `failed` (as `manage.py fix` reports them).
+    """
+    ids: list[str] = []
+    projects: list[str] = []
+    statuses: list[str] = []
+    since = until = None
+    allowed = {*FINAL_STATUSES, "fixed"}
+    for raw in re.split(r"[,\s]+", (text or "").strip()):
+        part = raw.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        if not sep:
+            if not (part.isdigit() or LOCAL_ID.fullmatch(part)):
+                raise SelectorError(f"{part[:80]!r} is not a job id; --jobs takes {SELECTOR_HELP}")
+            ids.append(str(int(part)) if part.isdigit() else part)
+        elif name == "project" and value:
+            projects.append(value)
+        elif name == "status" and value in allowed:
+            statuses.append(value)
+        elif name == "since":
+            since = datetime.combine(_day(value, part), time(), UTC)
+        elif name == "until":
+            until = datetime.combine(_day(value, part), time(), UTC) + timedelta(days=1)
+        else:
+            raise SelectorError(f"{part[:80]!r} is not understood; --jobs takes {SELECTOR_HELP} "
+                                f"(statuses: {', '.join(sorted(allowed))})")
+    return TaskSelector(tuple(ids), tuple(projects), tuple(statuses), since, until)
+
+
+@dataclass
+class JobCandidate:
+    """A finished forge job and the test evidence of its attempts (the caller checks the `before` run)."""
+
+    key: str
+    project: str
+    title: str
+    status: str
+    created_at: datetime
+    tests: list[dict[str, Any]] = field(default_factory=list)
+
+
+def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[JobCandidate]:
+    """Finished forge jobs that recorded at least one test run, oldest first, filtered by `selector`."""
+    statuses = selector.statuses or FINAL_STATUSES
+    query = (
+        select(Job.id, Job.project, Job.title, Job.status, Job.created_at, JobAttempt.tests)
+        .join(JobAttempt, JobAttempt.job_id == Job.id)
+        .where(Job.status.in_(statuses), JobAttempt.tests.is_not(None))
+        .order_by(Job.created_at, Job.id, JobAttempt.id)
+    )
+    if selector.projects:
+        query = query.where(Job.project.in_(selector.projects))
+    numeric = [int(i) for i in selector.ids if i.isdigit()]
+    if selector.ids:
+        query = query.where(Job.id.in_(numeric))
+    found: dict[int, JobCandidate] = {}
+    for job_id, project, title, status, created, tests in session.execute(query):
+        if not selector.takes(str(job_id), project, status, created):
+            continue
+        entry = found.setdefault(job_id, JobCandidate(str(job_id), project, title or "", status, created))
+        if isinstance(tests, dict):
+            entry.tests.append(tests)
+    return list(found.values())
+
+
+def production_load(session: Session) -> tuple[int, int]:
+    """(queued, busy) production jobs: busy ones hold a model slot (running, verifying, publishing)."""
+    rows = dict(
+        session.execute(
+            select(Job.status, func.count()).where(Job.status.in_(ACTIVE_STATUSES)).group_by(Job.status)
+        ).all()
+    )
+    queued = int(rows.get(JobStatus.queued.value, 0))
+    return queued, sum(int(n) for n in rows.values()) - queued
+
+
+# -- the evaluation rows ------------------------------------------------------------------------
+
+
+def create_evaluation(
+    session: Session, *, model: str, base_url: str, selector: str, attempts: int, tasks: list[dict[str, Any]],
+    who: str | None,
+) -> int:
+    row = Evaluation(
+        model=model, base_url=base_url, selector=selector, attempts=attempts, tasks=tasks, who=who, status="running"
+    )
+    session.add(row)
+    session.flush()
+    return row.id
+
+
+def get_evaluation(session: Session, evaluation_id: int) -> Evaluation:
+    row = session.get(Evaluation, evaluation_id)
+    if row is None:
+        raise UnknownEvaluation(f"no evaluation with id {evaluation_id}")
+    return row
+
+
+def find_unfinished(session: Session, *, model: str, base_url: str, selector: str, attempts: int) -> int | None:
+    """The newest evaluation of the same command that has not finished: running it again resumes it."""
+    return session.scalar(
+        select(Evaluation.id)
+        .where(
+            Evaluation.model == model,
+            Evaluation.base_url == base_url,
+            Evaluation.selector == selector,
+            Evaluation.attempts == attempts,
+            Evaluation.status != "finished",
+        )
+        .order_by(Evaluation.id.desc())
+        .limit(1)
+    )
+
+
+def set_evaluation_status(session: Session, evaluation_id: int, status: str) -> None:
+    row = get_evaluation(session, evaluation_id)
+    row.status = status
+    row.finished_at = utcnow() if status == "finished" else None
+
+
+def finished_pairs(session: Session, evaluation_id: int) -> set[tuple[str, int]]:
+    """The (task, attempt) pairs that already have a result: what a resumed run skips."""
+    rows = session.execute(
+        select(EvaluationResult.task, EvaluationResult.attempt).where(EvaluationResult.evaluation_id == evaluation_id)
+    )
+    return {(task, attempt) for task, attempt in rows}
+
+
+def record_result(session: Session, evaluation_id: int, values: dict[str, Any]) -> None:
+    session.add(EvaluationResult(evaluation_id=evaluation_id, **values))
+
+
+def evaluation_results(session: Session, evaluation_id: int) -> list[EvaluationResult]:
+    return list(
+        session.scalars(
+            select(EvaluationResult)
+            .where(EvaluationResult.evaluation_id == evaluation_id)
+            .order_by(EvaluationResult.task, EvaluationResult.attempt)
+        )
+    )
+
+
+def list_evaluations(session: Session, limit: int = 100) -> list[tuple[Evaluation, int, int]]:
+    """Newest first: each evaluation with its count of finished attempts and of solved ones."""
+    counts = (
+        select(
+            EvaluationResult.evaluation_id.label("eid"),
+            func.count().label("done"),
+            func.sum(case((EvaluationResult.solved, 1), else_=0)).label("solved"),
+        )
+        .group_by(EvaluationResult.evaluation_id)
+        .subquery()
+    )
+    rows = session.execute(
+        select(Evaluation, counts.c.done, counts.c.solved)
+        .outerjoin(counts, counts.c.eid == Evaluation.id)
+        .order_by(Evaluation.id.desc())
+        .limit(limit)
+    )
+    return [(ev, int(done or 0), int(solved or 0)) for ev, done, solved in rows]
+
+
+RESULT_FIELDS = (
+    "task", "attempt", "solved", "outcome", "exit_reason", "steps", "prompt_tokens", "completion_tokens",
+    "cached_tokens", "model_seconds", "wall_seconds", "trajectory", "reason",
+)
+
+
+def report_of(session: Session, evaluation_id: int) -> dict[str, Any]:
+    """The evaluation's report (app/evaluation_report.py) from its rows, as the CLI and the dashboard show it."""
+    row = get_evaluation(session, evaluation_id)
+    evaluation = {
+        "id": row.id, "model": row.model, "base_url": row.base_url, "selector": row.selector,
+        "status": row.status, "attempts": row.attempts, "tasks": list(row.tasks),
+    }
+    results = [{c: getattr(r, c) for c in RESULT_FIELDS} for r in evaluation_results(session, evaluation_id)]
+    report = build_report(evaluation, results)
+    report["created_at"] = row.created_at.isoformat() if row.created_at else None
+    return report

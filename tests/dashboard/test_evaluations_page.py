@@ -1,0 +1,44 @@
+"""The dashboard's evaluations page lists past `manage.py eval` runs and opens their tables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.db import session_scope
+from app.jobs import evaluations as ev_records
+
+HOSTILE = "<script>alert(1)</script>"
+
+
+def _result(task: str, attempt: int, solved: bool) -> dict[str, Any]:
+    return {
+        "task": task, "attempt": attempt, "solved": solved, "outcome": "verified" if solved else "no_patch",
+        "exit_reason": "agent", "steps": 4, "prompt_tokens": 1000, "completion_tokens": 100, "cached_tokens": 500,
+        "model_seconds": 2.0, "wall_seconds": 3.0, "trajectory": None, "reason": HOSTILE,
+    }
+
+
+def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any) -> None:
+    assert "No evaluation yet" in signed_in.get("/evaluations").text
+    tasks = [
+        {"key": "7", "project": f"acme/{HOSTILE}", "title": "t", "recorded_solved": True, "human": "unknown"},
+        {"key": "8", "project": "acme/calc", "title": "t", "recorded_solved": False, "human": "unknown"},
+    ]
+    with session_scope() as session:
+        eid = ev_records.create_evaluation(
+            session, model=f"cand{HOSTILE}", base_url="http://m/v1", selector="", attempts=2, tasks=tasks, who="t"
+        )
+        for values in (_result("7", 1, False), _result("7", 2, False), _result("8", 1, True), _result("8", 2, False)):
+            ev_records.record_result(session, eid, values)
+
+    listing = signed_in.get("/evaluations")
+    assert listing.status_code == 200 and f'href="/evaluations/{eid}"' in listing.text
+    assert "1 / 4" in listing.text and HOSTILE not in listing.text and "&lt;script&gt;" in listing.text
+
+    page = signed_in.get(f"/evaluations/{eid}")
+    assert page.status_code == 200 and HOSTILE not in page.text
+    assert 'data-testid="solve-rate">0.25 [' in page.text  # 1 of 4 attempts
+    assert 'data-testid="pass-2">0.50 [' in page.text  # task 8 solved once in two: pass@2 = 1; task 7: 0
+    assert "Lost (1): 7" in page.text and "Gained (1): 8" in page.text
+    assert signed_in.get("/evaluations/999").status_code == 404
+    assert signed_in.get("/evaluations/0").status_code in (404, 422)

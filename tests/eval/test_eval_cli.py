@@ -1,0 +1,78 @@
+"""`manage.py eval` as an operator runs it: over `manage.py demo`'s job, killed with SIGKILL, then resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.db import session_scope
+from app.jobs import evaluations as ev_records
+
+pytestmark = pytest.mark.bwrap
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manage(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), *args], env=dict(os.environ), cwd=ROOT, capture_output=True,
+        text=True, timeout=timeout,
+    )
+
+
+def _rows() -> list[tuple[int, str, int, str | None]]:
+    with session_scope() as session:
+        return [
+            (r.id, r.task, r.attempt, r.trajectory)
+            for e, _, _ in ev_records.list_evaluations(session)
+            for r in ev_records.evaluation_results(session, e.id)
+        ]
+
+
+def test_a_killed_eval_resumes_from_its_finished_attempts(local_env: dict[str, Any], tmp_path: Path) -> None:
+    assert manage("demo").returncode == 0
+    command = ["eval", "--scripted-model", "demo", "--attempts", "3"]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *command], env=dict(os.environ), cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not _rows() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-run: no handler, no cleanup
+    proc.wait(10)
+    before = _rows()
+    assert 1 <= len(before) < 3, before
+
+    done = manage(*command, "--json", "--fail-if-lost", "1", "--fail-below", "0.9")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["evaluation"] == 1 and report["status"] == "finished"
+    assert report["attempts_finished"] == 3 and report["attempts_solved"] == 3
+    assert report["lost"] == [] and report["gained"] == [] and report["gate_failures"] == []
+    after = _rows()
+    assert len(after) == 3 and set(before) <= set(after)  # the finished attempts were kept, not run again
+    assert f"{3 - len(before)} attempts to run" in done.stderr
+
+    # Each eval attempt is a replayable trajectory: `manage.py replay TASK --trajectory PATH` reproduces it.
+    task, stored = report["tasks"][0]["task"], report["tasks"][0]["attempts"][-1]["trajectory"]
+    replayed = manage("replay", task, "--trajectory", stored, "--json")
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["status"] == "reproduced"
+    assert manage("replay", task, "--trajectory", "../../etc/passwd").returncode == 2
+
+    # Nothing left to run: the same report; a gate that fails exits 1; bad options exit 2.
+    md = manage(*command)
+    assert md.returncode == 0 and "| solve rate (Wilson 95%) | 1.00" in md.stdout
+    assert manage("eval", "--resume", "1", "--fail-below", "1.0").returncode == 0
+    assert manage("eval", "--scripted-model", "demo", "--jobs", "project=nowhere").returncode == 2
+    bad = manage("eval", "--jobs", "drop table")
+    assert bad.returncode == 2 and "not a job id" in bad.stderr
+    assert manage("eval", "--resume", "99").returncode == 2

@@ -1,0 +1,122 @@
+"""`manage.py eval` over real recorded local jobs with a scripted candidate that solves a known subset."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app import trajectory
+from app.db import session_scope
+from app.jobs import evaluations as ev_records
+from tests.eval.conftest import Candidate, recorded_job
+from worker.evaluate import (
+    EXIT_GATE,
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    CommandOptions,
+    EvalError,
+    EvalOptions,
+    evaluate,
+    load_report,
+    run_eval_command,
+)
+
+pytestmark = pytest.mark.bwrap
+
+
+def _four_tasks(tmp_path: Path) -> dict[str, str]:
+    """Two tasks the recorded run solved (a, b) and two it did not (c, d)."""
+    return {name: recorded_job(tmp_path / name, solved=name in "ab") for name in "abcd"}
+
+
+def test_counts_pass_at_k_gained_and_lost_are_exact(local_env: dict[str, Any], tmp_path: Path) -> None:
+    t = _four_tasks(tmp_path)
+    # a: solved twice; b: never (lost); c: once of two (gained); d: never.
+    candidate = Candidate({(t["a"], 1), (t["a"], 2), (t["c"], 2)})
+    evaluation_id, status, errors = evaluate(
+        EvalOptions("candidate-1", "http://model.invalid/v1", attempts=2), models=candidate
+    )
+    assert (status, errors) == ("finished", [])
+    assert sorted(candidate.calls) == sorted((t[n], k) for n in "abcd" for k in (1, 2))
+
+    report = load_report(evaluation_id)
+    assert (report["attempts_finished"], report["attempts_solved"]) == (8, 3)
+    assert report["candidate"]["solve_rate"]["value"] == 0.375
+    assert report["candidate"]["pass@1"]["value"] == 0.375  # mean of 1, 0, 1/2, 0
+    assert report["candidate"]["pass@2"]["value"] == 0.5  # mean of 1, 0, 1, 0
+    assert report["candidate"]["tasks_solved"] == 2
+    assert report["recorded"]["solve_rate"]["value"] == 0.5 and report["recorded"]["tasks_solved"] == 2
+    assert report["gained"] == [t["c"]] and report["lost"] == [t["b"]]
+    lo, hi = report["candidate"]["solve_rate"]["ci95"]
+    assert lo < 0.375 < hi and "Wilson" in report["candidate"]["solve_rate"]["method"]
+    assert report["human"] == {"merged": 0, "merged_solved": 0, "closed_unmerged": 0,
+                               "closed_unmerged_solved": 0, "unknown": 4}
+
+    rows = {r["task"]: r for r in report["tasks"]}
+    solved = rows[t["a"]]["attempts"][0]
+    assert solved["exit_reason"] == "agent" and solved["steps"] == 4 and solved["tokens"] > 0
+    assert 0 < solved["cached_share"] < 1 and solved["wall_seconds"] > 0
+    assert rows[t["b"]]["attempts"][0]["outcome"] == "no_patch"
+    # Every attempt left a trajectory under the data folder, marked as this evaluation's.
+    for row in report["tasks"]:
+        for attempt in row["attempts"]:
+            doc = trajectory.read(trajectory.resolve(local_env["data_dir"], attempt["trajectory"]))
+            assert doc["mode"] == "eval" and doc["evaluation"] == evaluation_id
+            assert doc["eval_task"] == row["task"] and doc["eval_attempt"] == attempt["attempt"]
+
+    # The gates read the same report: exit 1 on a failed gate, 0 when every gate passes.
+    again = EvalOptions("candidate-1", "http://model.invalid/v1", attempts=2)
+    def gate(**kw: Any) -> int:
+        return run_eval_command(again, CommandOptions(resume=evaluation_id, **kw), lambda _m: None)[0]
+    assert gate(fail_below=0.4) == EXIT_GATE
+    assert gate(fail_below=0.375) == EXIT_OK
+    assert gate(fail_if_lost=1) == EXIT_GATE
+    assert gate(fail_if_lost=2) == EXIT_OK
+    code, text = run_eval_command(again, CommandOptions(resume=evaluation_id, as_json=True), lambda _m: None)
+    assert code == EXIT_OK and json.loads(text)["lost"] == [t["b"]]
+    with pytest.raises(EvalError):
+        gate(fail_if_lost=0)
+    assert candidate.calls.count((t["a"], 1)) == 1  # resuming a finished evaluation re-runs nothing
+
+
+def test_an_interrupted_evaluation_resumes_without_rerunning_finished_attempts(
+    local_env: dict[str, Any], tmp_path: Path
+) -> None:
+    a, b = recorded_job(tmp_path / "a", solved=True), recorded_job(tmp_path / "b", solved=False)
+    options = EvalOptions("candidate-2", "http://model.invalid/v1", attempts=2)
+    first = Candidate({(a, 1), (a, 2), (b, 1)})
+    stop = lambda: len(first.calls) >= 2  # noqa: E731  (the interruption: between the second and third attempt)
+    code, _ = run_eval_command(options, CommandOptions(), lambda _m: None, should_stop=stop, models=first)
+    assert code == EXIT_INCOMPLETE
+    with session_scope() as session:
+        (row,) = [e for e, _, _ in ev_records.list_evaluations(session)]
+        assert row.status == "stopped"
+        done = ev_records.finished_pairs(session, row.id)
+    assert done == set(first.calls) and len(done) == 2
+
+    # The same command again resumes that evaluation and runs only what is missing.
+    second = Candidate({(a, 1), (a, 2), (b, 1)})
+    evaluation_id, status, _ = evaluate(options, models=second)
+    assert evaluation_id == row.id and status == "finished"
+    assert sorted(second.calls) == sorted({(a, 1), (a, 2), (b, 1), (b, 2)} - done)
+    report = load_report(evaluation_id)
+    assert report["attempts_finished"] == 4 and report["attempts_solved"] == 3
+    assert report["gained"] == [b] and report["lost"] == []
+
+
+def test_a_model_server_failure_is_not_counted_as_unsolved(local_env: dict[str, Any], tmp_path: Path) -> None:
+    from worker.leaf.model import ReplayModel
+
+    task = recorded_job(tmp_path / "a", solved=True)
+    options = EvalOptions("candidate-down", "http://model.invalid/v1", attempts=1)
+    code, _ = run_eval_command(options, CommandOptions(), lambda _m: None, models=lambda _k, _a: ReplayModel([]))
+    assert code == EXIT_INCOMPLETE  # every call failed (llm_query_error): nothing recorded, left for a resume
+    with session_scope() as session:
+        (evaluation,) = [e for e, _, _ in ev_records.list_evaluations(session)]
+        assert evaluation.status == "stopped" and ev_records.finished_pairs(session, evaluation.id) == set()
+    evaluation_id, status, _ = evaluate(options, models=Candidate({(task, 1)}))
+    assert (evaluation_id, status) == (evaluation.id, "finished")
+    assert load_report(evaluation_id)["attempts_solved"] == 1

@@ -1,0 +1,419 @@
+"""`manage.py eval`: a candidate model on the team's own past tasks, verified like the pipeline, never published.
+
+A task is a finished job whose tests failed before its patch (a recorded `before` run with a
+non-zero exit and a test command): a forge job, or a local `fix`/`demo` job. Each attempt re-runs
+the recorded task live through replay's `run_live_attempt` (one attempt runner for everything): a
+fresh sandbox at the recorded base commit, the recorded task text with the guidance read again
+from the base commit, `.frogfix.yml` from the base commit, the current limits, the pipeline's
+review policy and verification. Nothing is pushed or posted.
+
+Restart-safe: the evaluation's row freezes its task list, and each attempt's result is committed as
+it finishes; resuming (`--resume ID`, or the same command again) runs only the pairs with no result.
+
+Production first: before each attempt the evaluation waits for a model slot (`SlotGate`): it takes
+one only when no production job is queued and the busy production jobs plus its own attempts leave
+one free. So once a production job is queued, no new evaluation attempt starts until a worker has
+claimed it: it waits at most for the attempts already running (one with `--concurrency 1`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from app import trajectory
+from app.db import session_scope
+from app.jobs import evaluations as ev_records
+from app.jobs.evaluations import TaskSelector, parse_selector
+from app.logs import SecretRedactor, get_logger
+from app.settings import Settings, get_settings
+from app.statuses import INFRA_EXITS, FixStatus, JobStatus
+from worker import repos
+from worker.attempt import AttemptOutcome
+from worker.leaf.model import ModelClient
+from worker.replay import ReplayError, RepoSource, find_recording, repo_source, run_live_attempt
+from worker.wiring import model_from
+
+log = get_logger("frogfix.eval")
+Progress = Callable[[str], None]
+ModelFactory = Callable[[str, int], ModelClient]  # (task, attempt) -> a fresh client for that attempt
+
+
+class EvalError(Exception):
+    """The evaluation cannot run (bad options, unknown id, no tasks); the message says why."""
+
+
+# -- which tasks --------------------------------------------------------------------------------
+
+
+def _failed_before(tests: Any) -> bool:
+    """A test command ran on the base commit and failed: the task can tell a fix from no fix."""
+    if not isinstance(tests, dict) or not tests.get("command"):
+        return False
+    before = tests.get("before")
+    code = before.get("exit_code") if isinstance(before, dict) else None
+    return isinstance(code, int) and code != 0
+
+
+def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, Any]]:
+    """Local (`fix`, `demo`) jobs: their one trajectory holds the verdict `fix` added to it."""
+    folder = settings.data_dir / trajectory.DIRECTORY
+    found = []
+    for path in sorted(folder.glob("local-*.json")) if folder.is_dir() else []:
+        key = path.stem
+        try:
+            data = trajectory.read(path)
+        except trajectory.TrajectoryError:
+            continue
+        fix = data.get("fix")
+        if not isinstance(fix, dict) or not _failed_before(fix.get("tests")):
+            continue
+        repository = str(data.get("repository") or "")
+        project = Path(repository).name
+        when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        status = str(fix.get("status") or "")
+        if not selector.takes(key, project, status, when):
+            continue
+        issue = data.get("issue")
+        title = str(issue.get("title") or "") if isinstance(issue, dict) else ""
+        found.append(
+            {"key": key, "project": project, "title": title, "recorded_solved": status == FixStatus.fixed,
+             "human": "unknown"}
+        )
+    return found
+
+
+def select_tasks(selector: TaskSelector, settings: Settings) -> list[dict[str, Any]]:
+    """The executable tasks `selector` picks: forge jobs oldest first, then local jobs.
+
+    No job record says whether a human merged or closed its MR, so `human` is `unknown` for all.
+    """
+    with session_scope() as session:
+        candidates = ev_records.finished_jobs_with_tests(session, selector)
+    tasks = [
+        {"key": c.key, "project": c.project, "title": c.title, "recorded_solved": c.status == JobStatus.done,
+         "human": "unknown"}
+        for c in candidates
+        if any(_failed_before(t) for t in c.tests)
+    ]
+    return tasks + _local_tasks(settings, selector)
+
+
+# -- production first ---------------------------------------------------------------------------
+
+
+class SlotGate:
+    """Model slots shared with production: an attempt takes one only when no production job waits."""
+
+    def __init__(self, slots: int, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None) -> None:
+        if slots < 1:
+            raise EvalError("there must be at least one model slot (FROGFIX_MODEL_SLOTS)")
+        self.slots, self.poll_seconds = slots, poll_seconds
+        self.stop = stop or (lambda: False)
+        self.in_flight = 0
+        self._lock = threading.Lock()
+
+    def try_acquire(self) -> bool:
+        """Take a slot now if production leaves one (none queued, busy + ours below the slot count)."""
+        with self._lock:
+            with session_scope() as session:
+                queued, busy = ev_records.production_load(session)
+            if queued == 0 and busy + self.in_flight < self.slots:
+                self.in_flight += 1
+                return True
+            return False
+
+    def acquire(self) -> bool:
+        """Wait for a slot; False when `stop` says to give up first."""
+        while not self.stop():
+            if self.try_acquire():
+                return True
+            time.sleep(self.poll_seconds)
+        return False
+
+    def release(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalOptions:
+    """What `manage.py eval` was asked; the same options again resume the same unfinished evaluation."""
+
+    model: str
+    base_url: str
+    selector: str = ""
+    attempts: int = 1
+    concurrency: int = 1
+    who: str = "manage.py"
+
+
+def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None, progress: Progress) -> int:
+    """The evaluation to run: `resume`, else an unfinished one of the same command, else a new one."""
+    if options.attempts < 1 or options.concurrency < 1:
+        raise EvalError("--attempts and --concurrency must be at least 1")
+    with session_scope() as session:
+        if resume is not None:
+            ev_records.get_evaluation(session, resume)
+            return resume
+        found = ev_records.find_unfinished(
+            session, model=options.model, base_url=options.base_url, selector=options.selector,
+            attempts=options.attempts,
+        )
+    if found is not None:
+        progress(f"resuming evaluation {found} (the same command did not finish)")
+        return found
+    try:
+        selector = parse_selector(options.selector)
+    except ev_records.SelectorError as exc:
+        raise EvalError(str(exc)) from exc
+    tasks = select_tasks(selector, settings)
+    if not tasks:
+        raise EvalError("no executable task: no finished job recorded tests that failed before its patch")
+    with session_scope() as session:
+        evaluation_id = ev_records.create_evaluation(
+            session, model=options.model, base_url=options.base_url, selector=options.selector,
+            attempts=options.attempts, tasks=tasks, who=options.who,
+        )
+    progress(f"evaluation {evaluation_id}: {len(tasks)} tasks x {options.attempts} attempts")
+    return evaluation_id
+
+
+class _Sources:
+    """Each task's recording and repository, prepared once and shared by its attempts."""
+
+    def __init__(self, settings: Settings, redactor: SecretRedactor, progress: Progress) -> None:
+        self.settings, self.redactor, self.progress = settings, redactor, progress
+        self._lock = threading.Lock()
+        self._found: dict[str, tuple[Any, RepoSource]] = {}
+
+    def get(self, key: str) -> tuple[Any, RepoSource]:
+        with self._lock:
+            if key not in self._found:
+                rec = find_recording(int(key) if key.isdigit() else key, None, self.settings)
+                self._found[key] = (rec, repo_source(rec, self.settings, self.redactor.redact, self.progress))
+            return self._found[key]
+
+    def cleanup(self) -> None:
+        for _rec, source in self._found.values():
+            source.cleanup()
+
+
+def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: Path) -> dict[str, Any]:
+    usage = report.usage or {}
+    stored = report.trajectory
+    if stored and Path(stored).is_relative_to(data_dir):
+        stored = str(Path(stored).relative_to(data_dir))
+    return {
+        "task": key,
+        "attempt": attempt,
+        "solved": report.outcome == AttemptOutcome.verified,
+        "outcome": report.outcome or "unknown",
+        "exit_reason": report.exit_reason,
+        "steps": report.steps_replayed,
+        "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+        "completion_tokens": int(usage.get("completion_tokens", 0)),
+        "cached_tokens": int(usage.get("cached_tokens", 0)),
+        "model_seconds": float(usage.get("model_seconds", 0.0)),
+        "wall_seconds": wall,
+        "trajectory": stored,
+        "reason": (report.message or "")[:2000],
+    }
+
+
+class Evaluator:
+    """Runs an evaluation's unfinished (task, attempt) pairs through the slot gate, committing each result."""
+
+    def __init__(self, evaluation_id: int, settings: Settings, models: ModelFactory, gate: SlotGate,
+                 progress: Progress, concurrency: int = 1, should_stop: Callable[[], bool] | None = None) -> None:
+        self.evaluation_id, self.settings, self.models, self.gate = evaluation_id, settings, models, gate
+        self.progress, self.concurrency = progress, concurrency
+        self.should_stop = should_stop or (lambda: False)
+        self.redactor = SecretRedactor(settings.secret_values())
+        self.errors: list[str] = []
+
+    def pending(self) -> list[tuple[str, int]]:
+        with session_scope() as session:
+            row = ev_records.get_evaluation(session, self.evaluation_id)
+            done = ev_records.finished_pairs(session, self.evaluation_id)
+            keys, k = [t["key"] for t in row.tasks], row.attempts
+        return [(key, n) for key in keys for n in range(1, k + 1) if (key, n) not in done]
+
+    def run(self) -> str:
+        """Every pending pair (or until `should_stop`); the evaluation's status afterwards."""
+        pending = self.pending()
+        self.progress(f"evaluation {self.evaluation_id}: {len(pending)} attempts to run")
+        sources = _Sources(self.settings, self.redactor, self.progress)
+        try:
+            with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="frogfix-eval") as pool:
+                list(pool.map(lambda pair: self._one(sources, *pair), pending))
+        finally:
+            sources.cleanup()
+        status = "finished" if not self.pending() else "stopped"
+        with session_scope() as session:
+            ev_records.set_evaluation_status(session, self.evaluation_id, status)
+        return status
+
+    def _one(self, sources: _Sources, key: str, attempt: int) -> None:
+        if self.should_stop() or not self.gate.acquire():
+            return
+        started = time.monotonic()
+        try:
+            report = self._attempt(sources, key, attempt)
+        except (ReplayError, repos.RepoError, ev_records.UnknownEvaluation, LookupError) as exc:
+            self.errors.append(f"task {key}, attempt {attempt}: {exc}")
+            self.progress(f"task {key}, attempt {attempt} could not run (left for a resume): {exc}")
+            return
+        finally:
+            self.gate.release()
+        if report.outcome == AttemptOutcome.no_patch and report.exit_reason in INFRA_EXITS:
+            # The model server or the sandbox failed, not the candidate: no result, so a resume tries it again.
+            self.errors.append(f"task {key}, attempt {attempt}: {report.exit_reason}: {report.error or report.message}")
+            self.progress(f"task {key}, attempt {attempt} failed on infrastructure (left for a resume): "
+                          f"{report.exit_reason}")
+            return
+        values = _result_values(key, attempt, report, time.monotonic() - started, self.settings.data_dir)
+        with session_scope() as session:
+            ev_records.record_result(session, self.evaluation_id, values)
+        verdict = "solved" if values["solved"] else f"not solved ({values['outcome']})"
+        self.progress(f"task {key}, attempt {attempt}: {verdict}, {values['steps']} steps")
+
+    def _attempt(self, sources: _Sources, key: str, attempt: int) -> Any:
+        rec, source = sources.get(key)
+        model = self.models(key, attempt)
+        try:
+            return run_live_attempt(
+                rec, source, self.settings, self.redactor, lambda _m: None, model=model, mode="eval",
+                fields={"evaluation": self.evaluation_id, "eval_task": key, "eval_attempt": attempt},
+            )
+        finally:
+            close = getattr(model, "close", None)
+            if callable(close):
+                close()
+
+
+def load_report(evaluation_id: int) -> dict[str, Any]:
+    """The report of an evaluation as it stands (finished or not), from its rows."""
+    with session_scope() as session:
+        return ev_records.report_of(session, evaluation_id)
+
+
+def gate_failures(report: dict[str, Any], fail_below: float | None, fail_if_lost: int | None) -> list[str]:
+    """Why a rollout gate says no: the solve rate under `fail_below`, or `fail_if_lost` or more tasks lost."""
+    reasons = []
+    rate = report["candidate"]["solve_rate"]["value"]
+    if fail_below is not None and (rate is None or rate < fail_below):
+        reasons.append(f"solve rate {rate if rate is not None else 'n/a'} is below {fail_below}")
+    if fail_if_lost is not None and len(report["lost"]) >= fail_if_lost:
+        reasons.append(f"{len(report['lost'])} task(s) lost (limit: fewer than {fail_if_lost})")
+    return reasons
+
+
+def candidate_models(settings: Settings) -> ModelFactory:
+    """A fresh client per attempt for the candidate named in `settings` (model name and base URL)."""
+    return lambda _key, _attempt: model_from(settings)
+
+
+def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFactory | None = None,
+             progress: Progress | None = None, settings: Settings | None = None,
+             should_stop: Callable[[], bool] | None = None, poll_seconds: float = 1.0) -> tuple[int, str, list[str]]:
+    """Start or resume an evaluation and run it: (its id, its status, attempts that could not run)."""
+    base = settings or get_settings()
+    if resume is not None:  # a resumed evaluation keeps its own model, server and K
+        with session_scope() as session:
+            row = ev_records.get_evaluation(session, resume)
+            options = EvalOptions(row.model, row.base_url, row.selector, row.attempts, options.concurrency, options.who)
+    s = base.model_copy(update={"model_name": options.model, "model_base_url": options.base_url})
+    say: Progress = progress or (lambda _m: None)
+    evaluation_id = start_or_resume(options, s, resume, say)
+    gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
+    evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency, should_stop)
+    return evaluation_id, evaluator.run(), evaluator.errors
+
+
+# -- the command --------------------------------------------------------------------------------
+
+EXIT_OK, EXIT_GATE, EXIT_ERROR, EXIT_INCOMPLETE = 0, 1, 2, 3
+SCRIPTED_MODELS = ("demo",)
+
+
+def scripted_models(name: str) -> ModelFactory:
+    """`--scripted-model demo`: the demo's recorded replies for every attempt (no model server)."""
+    if name != "demo":
+        raise EvalError(f"no scripted model {name[:40]!r}; known: {', '.join(SCRIPTED_MODELS)}")
+    from worker.demo import demo_model
+
+    return lambda _key, _attempt: demo_model()
+
+
+def write_outputs(report: dict[str, Any], out: Path) -> list[Path]:
+    """`--out DIR`: report.md and report.json, written atomically."""
+    import json
+
+    from app.evaluation_report import to_markdown
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in (("report.md", to_markdown(report)), ("report.json", json.dumps(report, indent=2))):
+        trajectory.write_atomic(out / name, text.encode("utf-8"), fsync=False)
+        written.append(out / name)
+    return written
+
+
+@dataclass
+class CommandOptions:
+    """`manage.py eval`'s switches beyond what the evaluation itself records."""
+
+    as_json: bool = False
+    out: Path | None = None
+    fail_below: float | None = None
+    fail_if_lost: int | None = None
+    resume: int | None = None
+    scripted: str | None = None
+
+
+def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Progress,
+                     should_stop: Callable[[], bool] | None = None,
+                     models: ModelFactory | None = None) -> tuple[int, str]:
+    """Run (or resume) and report: (exit code, what to print on stdout).
+
+    Exit 0: finished and every gate passed; 1: a gate failed (`--fail-below`, `--fail-if-lost`);
+    2: it could not run; 3: it stopped before every attempt finished (resume it with `--resume ID`).
+    """
+    import json
+
+    from app.evaluation_report import to_markdown
+
+    if command.fail_below is not None and not 0.0 <= command.fail_below <= 1.0:
+        raise EvalError("--fail-below takes a rate between 0 and 1")
+    if command.fail_if_lost is not None and command.fail_if_lost < 1:
+        raise EvalError("--fail-if-lost takes a count of 1 or more (1: fail when any task is lost)")
+    if command.scripted:
+        models = scripted_models(command.scripted)
+    evaluation_id, status, errors = evaluate(
+        options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
+    )
+    report = load_report(evaluation_id)
+    for path in write_outputs(report, command.out) if command.out else []:
+        progress(f"wrote {path}")
+    failures = gate_failures(report, command.fail_below, command.fail_if_lost)
+    report["gate_failures"] = failures
+    report["errors"] = errors
+    text = json.dumps(report, ensure_ascii=False) if command.as_json else to_markdown(report)
+    for reason in failures:
+        progress(f"gate failed: {reason}")
+    if failures:
+        return EXIT_GATE, text
+    if status != "finished":
+        progress(f"evaluation {evaluation_id} is {status}; run again with --resume {evaluation_id}")
+        return EXIT_INCOMPLETE, text
+    return EXIT_OK, text
