@@ -48,6 +48,16 @@ def need(*controllers: str) -> None:
         pytest.skip(why)
 
 
+def test_ci_fails_where_a_cgroup_test_would_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FROGFIX_TEST_REQUIRE_CGROUPS=1 (exported by .ci/run) turns need()'s skip into a failure naming what is missing."""
+    monkeypatch.setenv(REQUIRE_CGROUPS, "1")
+    with pytest.raises(pytest.fail.Exception, match="no no-such-controller cgroup"):
+        need("no-such-controller")
+    monkeypatch.delenv(REQUIRE_CGROUPS)
+    with pytest.raises(pytest.skip.Exception, match="no no-such-controller cgroup"):
+        need("no-such-controller")
+
+
 def cgroup_file(sb: LocalSandbox, controller: str, v1_name: str, v2_name: str) -> str:
     cgroup = sb._res.cgroup
     assert cgroup is not None, "the sandbox has no cgroup"
