@@ -58,8 +58,8 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from sandbox import cgroups
-from sandbox.quantity import SHM_SIZE_BYTES
 from sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
+from sandbox.quantity import SHM_SIZE_BYTES
 from sandbox.runner_client import (
     RunnerBroken,
     RunnerClient,

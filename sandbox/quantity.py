@@ -51,7 +51,10 @@ def parse_cpus(quantity: str | float) -> float:
 
 
 def check_local_memory(
-    memory_bytes: int, workspace_bytes: int, tmp_bytes: int, names: tuple[str, str, str] = ("memory", "workspace", "tmp")
+    memory_bytes: int,
+    workspace_bytes: int,
+    tmp_bytes: int,
+    names: tuple[str, str, str] = ("memory", "workspace", "tmp"),
 ) -> None:
     """The local sandbox's memory is one total for its processes and its in-RAM files (workspace,
     /tmp, /dev/shm are tmpfs, charged to its memory cgroup); ValueError, naming `names` (memory,

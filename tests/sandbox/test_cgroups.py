@@ -49,7 +49,7 @@ def need(*controllers: str) -> None:
 
 
 def test_ci_fails_where_a_cgroup_test_would_skip(monkeypatch: pytest.MonkeyPatch) -> None:
-    """FROGFIX_TEST_REQUIRE_CGROUPS=1 (exported by .ci/run) turns need()'s skip into a failure naming what is missing."""
+    """FROGFIX_TEST_REQUIRE_CGROUPS=1 (exported by .ci/run) turns need()'s skip into a failure naming the gap."""
     monkeypatch.setenv(REQUIRE_CGROUPS, "1")
     with pytest.raises(pytest.fail.Exception, match="no no-such-controller cgroup"):
         need("no-such-controller")
