@@ -9,10 +9,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from sandbox.quantity import parse_cpus, parse_quantity
+# The one import from sandbox/ (README, Architecture): its stdlib-only size syntax and rule, so a bad size is
+# refused when settings load instead of failing the first job.
+from sandbox.quantity import DEFAULT_MEMORY_BYTES, check_local_memory, parse_cpus, parse_quantity
 
 DEFAULT_DATA_DIR = Path.home() / ".frogfix"
 
@@ -81,11 +83,14 @@ class Settings(BaseSettings):
     sandbox_namespace: str = "frogfix-sandboxes"
     sandbox_image: str = "frogfix-sandbox:latest"  # a repository's .frogfix.yml `image` wins
     sandbox_cpu: str = "2"  # both backends: CPUs for all of a sandbox's processes together (local: its cgroup)
-    sandbox_memory: str = ""  # empty: the job's memory limit (4 GiB)
+    # Both backends: the sandbox's memory (empty: the job's memory limit, 4 GiB). Local: the one total of its
+    # processes and its in-RAM workspace, /tmp and /dev/shm together (its cgroup); a pod: its memory limit.
+    sandbox_memory: str = ""
     sandbox_ephemeral_storage: str = "6Gi"
-    # Both backends: the workspace's and /tmp's size (local: tmpfs, whose pages also count as the sandbox's memory).
-    sandbox_workspace_size: str = "4Gi"
-    sandbox_tmp_size: str = "1Gi"
+    # Both backends: the workspace's and /tmp's size. Local: tmpfs inside FROGFIX_SANDBOX_MEMORY, refused at
+    # load unless both + 64Mi /dev/shm + 512Mi for processes fit in it.
+    sandbox_workspace_size: str = "2Gi"
+    sandbox_tmp_size: str = "512Mi"
     sandbox_runtime_class: str = ""  # e.g. gvisor or kata, where the cluster offers one
     sandbox_start_timeout_seconds: float = 300.0  # both backends (local: copying the checkout in included)
     kubeconfig: str = ""  # empty: in-cluster service account, else ~/.kube/config
@@ -127,6 +132,29 @@ class Settings(BaseSettings):
         """Refused at load, with the syntax to use, instead of failing the first job."""
         parse_quantity(value)
         return value
+
+    @field_validator("sandbox_memory")
+    @classmethod
+    def _memory_quantity(cls, value: str) -> str:
+        if value:
+            parse_quantity(value)
+        return value
+
+    @model_validator(mode="after")
+    def _local_files_fit_in_memory(self) -> Settings:
+        """A local sandbox's tmpfs live in its memory: over-sized, a full disk would OOM-kill it, not ENOSPC."""
+        if self.sandbox == "local":
+            check_local_memory(
+                self.sandbox_memory_bytes(),
+                parse_quantity(self.sandbox_workspace_size),
+                parse_quantity(self.sandbox_tmp_size),
+                ("FROGFIX_SANDBOX_MEMORY", "FROGFIX_SANDBOX_WORKSPACE_SIZE", "FROGFIX_SANDBOX_TMP_SIZE"),
+            )
+        return self
+
+    def sandbox_memory_bytes(self) -> int:
+        """FROGFIX_SANDBOX_MEMORY in bytes; empty is the job's default memory limit."""
+        return parse_quantity(self.sandbox_memory) if self.sandbox_memory else DEFAULT_MEMORY_BYTES
 
     @field_validator("sandbox_cpu")
     @classmethod

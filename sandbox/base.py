@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from sandbox.quantity import DEFAULT_MEMORY_BYTES
+
 
 class SandboxError(RuntimeError):
     """Infrastructure failure of the sandbox itself (not a tool's own error): the run must stop."""
@@ -36,7 +38,7 @@ class SandboxLimits:
 
     wall_seconds: float = 10_800.0
     max_processes: int = 256
-    memory_bytes: int = 4 * 1024**3
+    memory_bytes: int = DEFAULT_MEMORY_BYTES  # per process (RLIMIT_AS); locally also the whole sandbox's total
     file_size_bytes: int = 512 * 1024**2
     output_bytes: int = 30_000
     default_tool_timeout: float = 120.0

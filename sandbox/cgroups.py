@@ -38,8 +38,10 @@ CONTROLLERS = ("memory", "pids", "cpu")
 DELEGATION_FIX = (
     "run the worker as root, or delegate a cgroup subtree with the memory, pids and cpu controllers to "
     "its user (systemd: Delegate=yes, and DelegateSubgroup=worker so the service's own cgroup can have "
-    "children; a container: a private, writable cgroup namespace); until then each sandbox has rlimits "
-    "only, which bound every process alone, not all of them together"
+    "children; a container on cgroup v2: a private, writable cgroup namespace, and the worker (or the "
+    "entrypoint) first moves itself into a leaf such as /worker, since v2 enables no controller for "
+    "children of a cgroup that holds processes itself); until then each sandbox has rlimits only, which "
+    "bound every process alone, not all of them together"
 )
 NAME_PREFIX = "frogfix-sandbox-"
 CPU_PERIOD_US = 100_000

@@ -278,8 +278,8 @@ class KubernetesSandbox(RunnerClient):
         cpu: str = "2",
         memory: str | None = None,
         ephemeral_storage: str = "6Gi",
-        workspace_size: str = "4Gi",
-        tmp_size: str = "1Gi",
+        workspace_size: str = "2Gi",  # the defaults of FROGFIX_SANDBOX_WORKSPACE_SIZE and _TMP_SIZE
+        tmp_size: str = "512Mi",
         image_pull_policy: str = "IfNotPresent",
         image_pull_secrets: Sequence[str] = (),
         service_account: str | None = None,

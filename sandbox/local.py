@@ -6,15 +6,19 @@ Why it is built this way:
 - Isolation comes from the kernel, not from the runner's checks: new user, pid, net, ipc, uts
   and cgroup namespaces; no network at all (`--unshare-net`: only a private loopback); the host
   system folders read-only; only the workspace (plus a small private /tmp and /dev/shm)
-  writable; an environment built from nothing (bwrap itself is started with an empty
-  environment, because the sandbox can read /proc/1/environ of bwrap's own init process).
+  writable; an environment built from nothing (bwrap is started with PATH only and `--clearenv`
+  drops that too, so nothing of the worker's environment, its FROGFIX_* secrets included, reaches
+  the runner or what it starts: they see only the `--setenv` values the job allows).
 - Storage: the workspace and /tmp are tmpfs of fixed sizes (bwrap's `--size`, which works
   unprivileged inside the user namespace), so a write past them fails with ENOSPC and nothing the
   sandbox writes lands on the host's disk. The checkout is copied in at start from a read-only
   bind of the host's workspace; the host needs nothing back, the runner takes the patch inside.
-- Cgroups (sandbox/cgroups.py), where the host allows: one per sandbox bounding the memory
-  (processes and tmpfs pages together), tasks and CPU of all its processes; bwrap is spawned
-  through an exec wrapper that joins it first, so no process of the sandbox is ever outside.
+- Cgroups (sandbox/cgroups.py), where the host allows: one per sandbox bounding the memory, tasks
+  and CPU of all its processes; bwrap is spawned through an exec wrapper that joins it first, so
+  no process of the sandbox is ever outside. The memory bound is `limits.memory_bytes` itself
+  (FROGFIX_SANDBOX_MEMORY), one total for the processes *and* the tmpfs pages (workspace, /tmp,
+  /dev/shm are RAM charged to the cgroup); settings refuse sizes that leave processes less than
+  `quantity.PROCESS_FLOOR_BYTES` of it, so a full workspace is ENOSPC, not an OOM kill.
 - Limits: the runner sets RLIMIT_NPROC/AS/FSIZE/CPU/CORE on itself *inside* the sandbox's user
   namespace, where the kernel counts processes per namespace, so a fork bomb is stopped by the
   sandbox's own budget. RLIMIT_NPROC never binds a uid that maps to host root, so when FrogFix
@@ -55,6 +59,7 @@ from typing import IO, Any
 
 from sandbox import cgroups
 from sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
+from sandbox.quantity import SHM_SIZE_BYTES
 from sandbox.runner_client import (
     RunnerBroken,
     RunnerClient,
@@ -111,7 +116,6 @@ PASSWD = (
 GROUP = f"root:x:0:\nfrogfix:x:{SANDBOX_GID}:\nnogroup:x:65534:\n"
 # `bash -l` reads /etc/profile; the host's would reset PATH and drop what the job set.
 PROFILE = "# FrogFix sandbox: a login shell keeps the environment the sandbox was started with.\numask 022\n"
-SHM_SIZE_BYTES = 64 * 1024**2
 # The cgroup's pids bound sits a little above RLIMIT_NPROC: the rlimit binds first inside (the
 # runner's fork-bomb reclaim counts against it), the cgroup also counts bwrap outside the namespace
 # and is the wall that holds if the rlimit does not.
@@ -138,7 +142,7 @@ class LocalSandbox(RunnerClient):
         host_uid: int | None = None,
         host_gid: int | None = None,
         tmp_size_bytes: int = 512 * 1024**2,
-        workspace_size_bytes: int = 4 * 1024**3,
+        workspace_size_bytes: int = 2 * 1024**3,
         cpus: float = 2.0,
         use_cgroups: bool = True,
         mount_point: str = MOUNT_POINT,
@@ -155,8 +159,8 @@ class LocalSandbox(RunnerClient):
         (default: python3 under /usr). `host_uid`/`host_gid` only apply when running as root.
         The workspace and /tmp are tmpfs of `workspace_size_bytes` and `tmp_size_bytes` (a write
         past them fails with ENOSPC); with `use_cgroups` (where the host allows, see sandbox/cgroups.py)
-        all processes together get `cpus` and memory_bytes + those sizes + /dev/shm (tmpfs pages
-        count as memory), and max_processes tasks.
+        all processes together get `cpus`, max_processes tasks and `limits.memory_bytes` of memory,
+        which the tmpfs pages share (callers check the sizes fit: `quantity.check_local_memory`).
         """
         super().__init__(
             spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
@@ -165,7 +169,7 @@ class LocalSandbox(RunnerClient):
         self.mount_point = mount_point
         self.workspace_size_bytes = workspace_size_bytes
         self.cgroup_limits = cgroups.CgroupLimits(
-            memory_bytes=self.limits.memory_bytes + workspace_size_bytes + tmp_size_bytes + SHM_SIZE_BYTES,
+            memory_bytes=self.limits.memory_bytes,  # the one total: processes and in-RAM files together
             max_processes=self.limits.max_processes + PIDS_HEADROOM,
             cpus=cpus,
         )

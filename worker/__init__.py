@@ -8,6 +8,8 @@
   `localfix.py` (`manage.py fix`) and `replay.py` (`manage.py replay`) all run attempts through it
   and differ only in their observer and their workspace source (`workspaces.py`).
 - `wiring.py`: settings to seams: the model client, the sandbox and the forge client.
+- `embedded.py`: the worker `manage.py serve` starts beside the app (embedded broker), held by a
+  lifeline pipe so it stops itself however serve ends.
 - `doctor/`: `manage.py doctor`'s checks of the configuration, end to end (database, broker,
   forges, model server, sandbox, disk).
 - `repos.py` (mirrors, warm workspace pool, commits and pushes; the isolated git environment every
@@ -20,6 +22,6 @@
 
 Imports flow one way: worker/ uses app's core (settings, db, jobs, statuses, trajectory, patches,
 forge) and sandbox/; nothing in app/ or sandbox/ imports worker/. `worker/leaf` imports no
-database, queue or web code: only sandbox's protocol and app's standard-library document modules
-(`app.statuses`, `app.trajectory`).
+database, queue or web code: only sandbox's protocol and app's standard-library modules
+(`app.statuses`, `app.trajectory`, `app.usage`, `app.logs`).
 """

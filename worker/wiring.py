@@ -63,7 +63,8 @@ def sandbox_spec(
     return SandboxSpec(
         workspace=str(workspace),
         env=dict(SANDBOX_ENV),
-        limits=SandboxLimits(wall_seconds=settings.job_timeout_seconds),
+        # FROGFIX_SANDBOX_MEMORY: per process (RLIMIT_AS), and a local sandbox's whole total (its cgroup).
+        limits=SandboxLimits(wall_seconds=settings.job_timeout_seconds, memory_bytes=settings.sandbox_memory_bytes()),
         image=image,
         labels=labels or {},
     )

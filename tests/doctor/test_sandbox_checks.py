@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,11 +13,12 @@ from typing import Any
 import pytest
 
 from app.settings import get_settings
+from sandbox.runner_client import RUNNER_SCRIPT
 from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from worker.doctor.checks import DoctorOptions
-from worker.doctor.sandboxes import cgroup_line, check_kubernetes, check_local, is_deny_all
+from worker.doctor.sandboxes import cgroup_line, check_kubernetes, check_local, is_deny_all, start_failure_fix
 
 NS = "frogfix-sandboxes"
 DENY_ALL = {"metadata": {"name": "default-deny"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
@@ -178,3 +181,15 @@ def test_escape_evidence_fails_the_lines() -> None:
     assert _filesystem_line("INSIDE=ok\n", ["/etc/frogfix-doctor-probe"]).outcome == "fail"
     assert _filesystem_line("NET=closed\n", []).outcome == "fail"
     assert _filesystem_line("INSIDE=ok\n", []).outcome == "pass"
+
+
+def test_a_sandbox_python_without_ctypes_is_named_in_the_fix(tmp_path: Path) -> None:
+    """The runner refuses to serve without ctypes (python3-minimal images); doctor's fix must say that, from
+    the runner's own words, not blame the workspace folder or user namespaces."""
+    start = (f"import runpy, sys\nsys.modules['ctypes'] = None\nsys.argv[0] = {RUNNER_SCRIPT!r}\n"
+             f"runpy.run_path({RUNNER_SCRIPT!r}, run_name='__main__')\n")  # fmt: skip
+    argv = [sys.executable, "-I", "-S", "-B", "-c", start, "--root", str(tmp_path)]
+    done = subprocess.run(argv, input=b'{"id": 1, "op": "ping"}\n', capture_output=True, timeout=30, check=False)
+    assert done.returncode == 2
+    assert "ctypes included" in start_failure_fix(f"runner exited: {done.stderr.decode()}")
+    assert "searchable (o+x)" in start_failure_fix("bwrap: Can't find source path /x: Permission denied")

@@ -1,15 +1,18 @@
-"""FROGFIX_SANDBOX_* settings reach the backends' options: all of them for Kubernetes, the sizes and CPUs for local."""
+"""FROGFIX_SANDBOX_* settings reach the backends' options: all of them for Kubernetes; the sizes, CPUs and
+memory for local, whose sizes must fit in its memory."""
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 
 import pytest
 
 from app.settings import Settings
 from sandbox.kubernetes import KubernetesSandbox
 from sandbox.local import LocalSandbox
-from worker.wiring import sandbox_options
+from sandbox.quantity import PROCESS_FLOOR_BYTES, SHM_SIZE_BYTES, parse_quantity
+from worker.wiring import sandbox_options, sandbox_spec
 
 
 def test_kubernetes_settings_map_onto_backend_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,5 +66,50 @@ def test_local_backend_takes_the_same_sizes_and_cpus(monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize(("name", "value"), [("SANDBOX_WORKSPACE_SIZE", "4 gigs"), ("SANDBOX_CPU", "two")])
 def test_a_bad_quantity_is_refused_when_settings_load(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
     monkeypatch.setenv(f"FROGFIX_{name}", value)
+    with pytest.raises(ValueError, match="write it like"):
+        Settings()
+
+
+def test_sandbox_memory_reaches_the_local_sandbox_as_its_total(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """FROGFIX_SANDBOX_MEMORY used to reach pods only; empty is the job's 4 GiB."""
+    monkeypatch.setenv("FROGFIX_SANDBOX", "local")
+    assert sandbox_spec(tmp_path, Settings()).limits.memory_bytes == 4 * 1024**3
+    monkeypatch.setenv("FROGFIX_SANDBOX_MEMORY", "5Gi")
+    assert sandbox_spec(tmp_path, Settings()).limits.memory_bytes == 5 * 1024**3
+
+
+def test_the_default_sizes_fit_in_the_default_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    for backend in ("local", "kubernetes"):
+        monkeypatch.setenv("FROGFIX_SANDBOX", backend)
+        settings = Settings()
+        files = parse_quantity(settings.sandbox_workspace_size) + parse_quantity(settings.sandbox_tmp_size)
+        assert files + SHM_SIZE_BYTES + PROCESS_FLOOR_BYTES <= settings.sandbox_memory_bytes() == 4 * 1024**3
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"SANDBOX_WORKSPACE_SIZE": "4Gi", "SANDBOX_TMP_SIZE": "1Gi"}, "FROGFIX_SANDBOX_WORKSPACE_SIZE 4Gi"),
+        ({"SANDBOX_MEMORY": "2Gi"}, "FROGFIX_SANDBOX_MEMORY 2Gi"),
+        ({"SANDBOX_MEMORY": "1Gi", "SANDBOX_WORKSPACE_SIZE": "256Mi", "SANDBOX_TMP_SIZE": "256Mi"}, "for processes"),
+    ],
+)
+def test_local_sizes_that_do_not_fit_the_memory_are_refused_at_load(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], named: str
+) -> None:
+    """Tmpfs pages are the sandbox's memory: over-sized, a full workspace would OOM-kill the runner, not ENOSPC."""
+    monkeypatch.setenv("FROGFIX_SANDBOX", "local")
+    for key, value in env.items():
+        monkeypatch.setenv(f"FROGFIX_{key}", value)
+    with pytest.raises(ValueError, match="FROGFIX_SANDBOX_MEMORY") as refused:
+        Settings()
+    assert named in str(refused.value) and "FROGFIX_SANDBOX_TMP_SIZE" in str(refused.value)
+    monkeypatch.setenv("FROGFIX_SANDBOX", "kubernetes")  # a pod's emptyDirs are disk: _check_storage's rule
+    Settings()
+
+
+def test_a_bad_sandbox_memory_is_refused_when_settings_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FROGFIX_SANDBOX", "kubernetes")
+    monkeypatch.setenv("FROGFIX_SANDBOX_MEMORY", "4 gigs")
     with pytest.raises(ValueError, match="write it like"):
         Settings()

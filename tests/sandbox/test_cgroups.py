@@ -2,7 +2,8 @@
 
 Real bubblewrap, real processes, the host's real cgroups (v2, or v1 where the host still mounts
 the controller there). Tests that need a controller skip, with the reason doctor would give, on a
-host that does not let this process use it.
+host that does not let this process use it; with FROGFIX_TEST_REQUIRE_CGROUPS=1 (CI: .ci/run)
+they fail instead, so a CI runner without cgroup rights cannot pass them silently.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from sandbox import cgroups
 from sandbox.base import SandboxError
-from sandbox.local import PIDS_HEADROOM, SHM_SIZE_BYTES, LocalSandbox
+from sandbox.local import PIDS_HEADROOM, LocalSandbox
+from tests.nonroot import NonRoot
 from tests.sandbox.conftest import TEST_LIMITS
 from tests.sandbox.support import bash, leaf_bash, sandbox_host_pids
 
@@ -32,11 +34,28 @@ pytestmark = pytest.mark.bwrap
 MiB = 1024**2
 
 
+REQUIRE_CGROUPS = "FROGFIX_TEST_REQUIRE_CGROUPS"
+
+
 def need(*controllers: str) -> None:
+    """Skip where this process gets no such cgroup; fail instead where REQUIRE_CGROUPS=1 (CI)."""
     support = cgroups.host_support()
     missing = [c for c in controllers if c not in support.controllers]
     if missing:
-        pytest.skip(f"this host gives this process no {', '.join(missing)} cgroup: {support.describe()}")
+        why = f"this host gives this process no {', '.join(missing)} cgroup: {support.describe()}"
+        if os.environ.get(REQUIRE_CGROUPS) == "1":
+            pytest.fail(f"{REQUIRE_CGROUPS}=1 but {why}; fix: {cgroups.DELEGATION_FIX}", pytrace=False)
+        pytest.skip(why)
+
+
+def test_ci_fails_where_a_cgroup_test_would_skip(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FROGFIX_TEST_REQUIRE_CGROUPS=1 (exported by .ci/run) turns need()'s skip into a failure naming the gap."""
+    monkeypatch.setenv(REQUIRE_CGROUPS, "1")
+    with pytest.raises(pytest.fail.Exception, match="no no-such-controller cgroup"):
+        need("no-such-controller")
+    monkeypatch.delenv(REQUIRE_CGROUPS)
+    with pytest.raises(pytest.skip.Exception, match="no no-such-controller cgroup"):
+        need("no-such-controller")
 
 
 def cgroup_file(sb: LocalSandbox, controller: str, v1_name: str, v2_name: str) -> str:
@@ -81,7 +100,7 @@ def test_three_processes_together_stay_under_the_memory_cgroup(
     sizes = {"workspace_size_bytes": 16 * MiB, "tmp_size_bytes": 16 * MiB}
     (workspace / "hog.py").write_text(HOG)
     sb = make_sandbox(workspace, limits=limits, **sizes)
-    budget = 256 * MiB + 16 * MiB + 16 * MiB + SHM_SIZE_BYTES  # processes, and tmpfs pages count too
+    budget = 256 * MiB  # memory_bytes is the total: processes, and tmpfs pages count in it too
     assert int(cgroup_file(sb, "memory", "memory.limit_in_bytes", "memory.max")) == budget
     hog = 180 * MiB  # > half of memory_bytes; three of them are far over the whole budget
     out = bash(sb, f"for i in 1 2 3; do python3 hog.py {hog} $i & done; wait; echo done", timeout=60)
@@ -93,6 +112,61 @@ def test_three_processes_together_stay_under_the_memory_cgroup(
     assert peak <= budget, (peak, budget)
     assert bash(sb, "echo alive") == leaf_bash(0, "alive\n", "")
     assert bash(sb, f"python3 hog.py {hog} again").startswith("Exit code: 0\nSTDOUT:\nheld again\nkept again\n")
+
+
+DEFAULT_PROPORTIONS_SCALED = {  # the defaults (4Gi, 2Gi, 512Mi) at 3/8: the files leave processes the floor
+    "FROGFIX_SANDBOX": "local",
+    "FROGFIX_SANDBOX_MEMORY": "1536Mi",
+    "FROGFIX_SANDBOX_WORKSPACE_SIZE": "768Mi",
+    "FROGFIX_SANDBOX_TMP_SIZE": "192Mi",
+}
+
+
+@pytest.fixture
+def settings_sandbox(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[LocalSandbox]:
+    """A sandbox built the way a job's is (settings -> worker.wiring), from DEFAULT_PROPORTIONS_SCALED."""
+    from app.settings import Settings
+    from worker.wiring import open_job_sandbox
+
+    for key, value in DEFAULT_PROPORTIONS_SCALED.items():
+        monkeypatch.setenv(key, value)
+    sb = open_job_sandbox(workspace, Settings())
+    assert isinstance(sb, LocalSandbox)
+    try:
+        yield sb
+    finally:
+        sb.close()
+
+
+def test_sandbox_memory_is_the_total_of_its_processes(settings_sandbox: LocalSandbox) -> None:
+    """Finding 5 at the default proportions: three processes each holding 40% of FROGFIX_SANDBOX_MEMORY
+    (each within its RLIMIT_AS) are not all kept, and the sandbox still answers after."""
+    need("memory")
+    sb, memory = settings_sandbox, 1536 * MiB
+    assert int(cgroup_file(sb, "memory", "memory.limit_in_bytes", "memory.max")) == memory
+    bash(sb, f"cat > hog.py <<'EOF'\n{HOG}\nEOF")
+    hog = memory * 2 // 5
+    out = bash(sb, f"for i in 1 2 3; do python3 hog.py {hog} $i & done; wait; echo done", timeout=90)
+    kept = len(re.findall(r"^kept \d$", out, re.M))
+    assert "done" in out and kept < 3, out  # one was OOM-killed or could not allocate
+    assert "Killed" in out or "MemoryError" in out, out
+    assert int(cgroup_file(sb, "memory", "memory.max_usage_in_bytes", "memory.peak")) <= memory
+    assert bash(sb, "echo alive") == leaf_bash(0, "alive\n", "")
+
+
+def test_full_workspace_and_tmp_at_the_default_proportions_are_enospc_not_an_oom_kill(
+    settings_sandbox: LocalSandbox,
+) -> None:
+    """The tmpfs sizes fit in the memory with room for processes: filling both fails the writes, kills nothing."""
+    need("memory")
+    sb = settings_sandbox
+    fill = "head -c 400M /dev/zero > a && { head -c 400M /dev/zero > b || echo FULL ws; }"  # each under RLIMIT_FSIZE
+    fill += "; head -c 200M /dev/zero > /tmp/big || echo FULL tmp"
+    out = bash(sb, fill + "; python3 -c 'b = bytearray(256 << 20); b[::4096] = bytes(65536); print(\"held\", len(b))'",
+               timeout=90)  # fmt: skip
+    assert out.count("No space left on device") == 2 and "FULL ws" in out and "FULL tmp" in out, out
+    assert f"held {256 * MiB}" in out, out  # with both tmpfs full, processes still have their floor
+    assert bash(sb, "echo alive") == leaf_bash(0, "alive\n", "")
 
 
 # --------------------------------------------------------------------------------- pids
@@ -321,37 +395,28 @@ def test_without_cgroups_the_sandbox_still_runs_on_its_rlimits(
 UNPRIVILEGED_WORKER = textwrap.dedent(
     """
     import json, os, sys
-    sys.path.insert(0, {repo!r})
     from sandbox.base import SandboxSpec
     from sandbox.local import LocalSandbox
-    sb = LocalSandbox(SandboxSpec(workspace={workspace!r}), workspace_size_bytes=16 << 20, tmp_size_bytes=16 << 20)
-    fill = "for i in 1 2 3 4; do head -c 7M /dev/zero > {{0}}/f$i || echo FAILED $i; done"
-    out = [sb.call_tool("Bash", {{"command": fill.format(d)}}) for d in (".", "/tmp")]
-    out.append(sb.call_tool("Bash", {{"command": "echo alive"}}))
-    print(json.dumps({{"uid": os.geteuid(), "out": out}}))
+    sb = LocalSandbox(SandboxSpec(workspace=sys.argv[1]), workspace_size_bytes=16 << 20, tmp_size_bytes=16 << 20)
+    fill = "for i in 1 2 3 4; do head -c 7M /dev/zero > {0}/f$i || echo FAILED $i; done"
+    out = [sb.call_tool("Bash", {"command": fill.format(d)}) for d in (".", "/tmp")]
+    out.append(sb.call_tool("Bash", {"command": "echo alive"}))
+    print(json.dumps({"uid": os.geteuid(), "out": out}))
     sb.close()
     """
 )
 
 
-def test_storage_limits_hold_for_an_unprivileged_worker(ws_base: Path) -> None:
+def test_storage_limits_hold_for_an_unprivileged_worker(nonroot: NonRoot) -> None:
     """The shipped worker is not root: bwrap's sized tmpfs works inside its user namespace."""
-    workspace = ws_base / f"unprivileged-{os.getpid()}"
-    workspace.mkdir()
-    drop: dict[str, object] = {}
-    if os.geteuid() == 0:
-        os.chown(workspace, 65534, 65534)
-        drop = {"user": 65534, "group": 65534, "extra_groups": []}
-    repo = str(Path(__file__).resolve().parents[2])
-    # The system python: the test's own may live under a folder only root can enter; sandbox/ is stdlib only.
-    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), sys.executable)
-    done = subprocess.run(
-        [python, "-c", UNPRIVILEGED_WORKER.format(repo=repo, workspace=str(workspace))],
-        capture_output=True, text=True, timeout=120, cwd="/", env={"PATH": "/usr/bin:/bin"}, **drop,  # type: ignore[call-overload]
-    )  # fmt: skip
+    workspace, scripts = nonroot.folder("unprivileged-"), nonroot.folder("unprivileged-script-")
+    script = scripts / "worker.py"
+    script.write_text(UNPRIVILEGED_WORKER)
+    script.chmod(0o644)
+    done = nonroot.run_python(script, str(workspace), timeout=120)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["uid"] != 0
+    assert result["uid"] == nonroot.uid != 0
     for out in result["out"][:2]:
         assert "No space left on device" in out and "FAILED 3" in out, out
     assert result["out"][2] == leaf_bash(0, "alive\n", "")

@@ -79,12 +79,7 @@ def _isolation_lines(settings: Settings) -> list[CheckResult]:
                 box.close()
         except SandboxError as exc:
             why = "not checked: the sandbox did not start"
-            fix = (
-                "make FROGFIX_WORKSPACE_DIR and every folder above it searchable (o+x) by the sandbox's uid, "
-                "and let bwrap create user namespaces (kernel.unprivileged_userns_clone=1, or AppArmor's "
-                "bwrap profile)"
-            )
-            return [failed("sandbox.network", f"cannot start a sandbox: {exc}"[:400], fix),
+            return [failed("sandbox.network", f"cannot start a sandbox: {exc}"[:400], start_failure_fix(str(exc))),
                     skipped("sandbox.filesystem", why)]
         reached = bool(select.select([listener], [], [], 0)[0])
         wrote = [t for t in targets if f"WROTE={t}" in log or Path(t).exists()]
@@ -92,6 +87,20 @@ def _isolation_lines(settings: Settings) -> list[CheckResult]:
     finally:
         listener.close()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+# sandbox/runner.py's words when its python3 has no ctypes (it refuses to serve over a reachable channel).
+NO_CTYPES = "cannot make itself non-dumpable"
+
+
+def start_failure_fix(reason: str) -> str:
+    """What to change when the probe sandbox did not start, from the reason it gave."""
+    if NO_CTYPES in reason:
+        return ("give the sandbox a python3 with its standard library, ctypes included (Debian: the python3 "
+                "package; python3-minimal alone is not enough): the runner needs it to hide its channel")
+    return ("make FROGFIX_WORKSPACE_DIR and every folder above it searchable (o+x) by the sandbox's uid, "
+            "and let bwrap create user namespaces (kernel.unprivileged_userns_clone=1, or AppArmor's "
+            "bwrap profile)")
 
 
 def _network_line(log: str, reached: bool) -> CheckResult:
