@@ -215,7 +215,7 @@ def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
 
 def apply_patch(workspace: Path, patch: str) -> str | None:
     """Apply a patch to a checkout with the isolated git environment; returns git's complaint when it does not apply."""
-    done = repos._run(
+    done = repos.run_git(
         ["-C", str(workspace), "apply", "--binary", "--whitespace=nowarn", "-"],
         env=repos.git_environment(),
         what="git apply",

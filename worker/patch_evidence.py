@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.ci_config import CI_CONFIG_PATTERNS, MAX_CI_FILE_BYTES, ci_patterns
-from worker.repos import LOCAL_TIMEOUT, RepoError, _check_sha, _git_dir_args, _reading, _run, git_environment
+from worker.repos import LOCAL_TIMEOUT, RepoError, check_sha, git_dir_args, git_environment, reading_lock, run_git
 
 MAX_LINK_TARGET_BYTES = 4096  # PATH_MAX: a longer "symlink" is no symlink any system makes
 _REGENERATE = (
@@ -85,12 +85,12 @@ def take_evidence(source: Path, base: str, patch: str, scratch: Path, *, max_byt
     Raises PatchRefused when git cannot apply it (with git's reason) or when git's regeneration
     is larger than `max_bytes`, and RepoError when git itself fails. `scratch` is removed after.
     """
-    _check_sha(base)
+    check_sha(base)
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="evidence-", dir=scratch))
     try:
         repo = _private_repo(Path(source), work)
-        with _reading(Path(source)):
+        with reading_lock(Path(source)):
             return _evidence(repo, base, patch.encode("utf-8", "surrogateescape"), max_bytes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -99,15 +99,15 @@ def take_evidence(source: Path, base: str, patch: str, scratch: Path, *, max_byt
 def _private_repo(source: Path, work: Path) -> _Git:
     """A bare repository of our own whose object store borrows the source's (read only) as alternates."""
     env = git_environment()
-    common = _run(
-        [*_git_dir_args(source), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+    common = run_git(
+        [*git_dir_args(source), "rev-parse", "--path-format=absolute", "--git-common-dir"],
         env=env, what="finding the repository", timeout=LOCAL_TIMEOUT,
     ).stdout.decode("utf-8", "surrogateescape").rstrip("\n")  # fmt: skip
     objects = Path(common) / "objects"
     if "\n" in str(objects) or not objects.is_dir():
         raise RepoError(f"the repository {source} has no usable object folder")
     private = work / "evidence.git"
-    _run(["init", "--quiet", "--bare", "--template=", str(private)], env=env, what="git init", timeout=LOCAL_TIMEOUT)
+    run_git(["init", "--quiet", "--bare", "--template=", str(private)], env=env, what="git init", timeout=LOCAL_TIMEOUT)
     (private / "objects" / "info").mkdir(parents=True, exist_ok=True)
     (private / "objects" / "info" / "alternates").write_text(f"{objects}\n", encoding="utf-8")
     env.update(GIT_INDEX_FILE=str(work / "evidence.index"), GIT_LITERAL_PATHSPECS="1")
@@ -122,14 +122,14 @@ class _Git:
     env: dict[str, str]
 
     def __call__(self, *args: str, what: str, stdin: bytes | None = None, check: bool = True) -> bytes:
-        done = _run(
+        done = run_git(
             [f"--git-dir={self.repo}", *args], env=self.env, what=what, timeout=LOCAL_TIMEOUT, stdin=stdin, check=check
         )
         return done.stdout
 
     def applies(self, patch: bytes) -> str | None:
         """None once git has applied `patch` to the index; else git's complaint."""
-        done = _run(
+        done = run_git(
             [f"--git-dir={self.repo}", "apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
             env=self.env, what="git apply", timeout=LOCAL_TIMEOUT, stdin=patch, check=False,
         )  # fmt: skip
