@@ -239,14 +239,16 @@ def run_git(
     secrets: Iterable[str] = (),
     check: bool = True,
     network: bool = False,
+    max_memory: int | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """One git command, killed with its whole process group when it runs past `timeout`.
 
     A failure raises RepoError; with `network`, RepoTransient when git's message says the
-    network or the server was at fault. A timeout is always RepoTransient.
+    network or the server was at fault. A timeout is always RepoTransient. `max_memory` bounds
+    git's address space (see `git_argv`).
     """
     proc = subprocess.Popen(
-        ["git", *args],
+        git_argv(args, max_memory),
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -267,6 +269,33 @@ def run_git(
             raise _classify(what, err.decode("utf-8", "replace"), secrets)
         raise RepoError(f"{what} failed: {_summary(err.decode('utf-8', 'replace'), secrets)}")
     return done
+
+
+def git_argv(args: list[str], max_memory: int | None = None) -> list[str]:
+    """`git ARGS`, under `prlimit --as=MAX_MEMORY` when a bound is asked for.
+
+    Why: git reading hostile input (a patch's binary literal inflates ~1000-fold) runs in the
+    worker, outside every sandbox wall; with the bound git fails with "out of memory" instead of
+    taking the host's. prlimit (util-linux) sets the limit and execs git, so no `preexec_fn` runs
+    in this threaded process and git keeps the pid we wait on. Without prlimit, git runs unbounded
+    and a warning says so once.
+    """
+    if max_memory is None:
+        return ["git", *args]
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        _warn_once("prlimit (util-linux) is missing: git's memory in the worker is not bounded")
+        return ["git", *args]
+    return [prlimit, f"--as={int(max_memory)}", "--", "git", *args]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("git_unbounded", detail=message)
 
 
 def git_dir_args(repo: Path) -> list[str]:

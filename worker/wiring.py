@@ -57,13 +57,18 @@ def leaf_limits_from(settings: Settings, max_seconds: float | None = None) -> Le
     )
 
 
+def sandbox_limits(settings: Settings) -> SandboxLimits:
+    """The job sandbox's resource bounds; the evidence's git reads its per-file and memory limits too."""
+    return SandboxLimits(wall_seconds=settings.job_timeout_seconds)
+
+
 def sandbox_spec(
     workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
 ) -> SandboxSpec:
     return SandboxSpec(
         workspace=str(workspace),
         env=dict(SANDBOX_ENV),
-        limits=SandboxLimits(wall_seconds=settings.job_timeout_seconds),
+        limits=sandbox_limits(settings),
         image=image,
         labels=labels or {},
     )

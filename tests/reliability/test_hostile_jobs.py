@@ -32,7 +32,7 @@ from tests.doubles.git_http import git
 from tests.doubles.openai_server import Reply, ScriptItem, assistant, tool_call
 from tests.pipeline import conftest as pipeline_conftest
 from tests.pipeline.conftest import GITEA_TOKEN, GITLAB_TOKEN, MODEL_KEY, PROJECT, TRIGGER, World
-from worker.patch_evidence import take_evidence
+from worker.patch_evidence import EvidenceLimits, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons
 from worker.tasks import run_job
 
@@ -425,7 +425,7 @@ def test_binary_junk_in_a_patch_is_refused_naming_the_file(client: Any, world: W
     assert "adds binary file junk.bin" in last_comment(world) and world.git_gitlab.pushes == []
     # FROGFIX_ALLOW_BINARY_PATCHES=true lets the same patch through to verification.
     base, patch = job.base_commit or "", attempt.patch or ""
-    changes = take_evidence(world.bare("gitlab"), base, patch, world.tmp / "s", max_bytes=2**20)
+    changes = take_evidence(world.bare("gitlab"), base, patch, world.tmp / "s", limits=EvidenceLimits())
     assert refusal_reasons(changes, RepoConfig(), allow_binary=True) == []
 
 

@@ -8,9 +8,15 @@ with the worker's own environment and global config (a filter driver saw the for
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
 import stat
 import subprocess
+import sys
+import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,7 @@ import pytest
 
 from tests.doubles.git_http import git, git_env, make_worktree
 from worker.ci_config import CiUnreadable, local_includes
-from worker.patch_evidence import PatchEvidence, PatchRefused, take_evidence
+from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons, review_flags
 
 CR_TARGET = "d\r/../../../../etc/passwd"
@@ -38,7 +44,7 @@ def sandbox_diff(repo: Path) -> str:
 
 
 def evidence(repo: Path, patch: str) -> PatchEvidence:
-    return take_evidence(repo, head(repo), patch, repo.parent / "scratch", max_bytes=1024 * 1024)
+    return take_evidence(repo, head(repo), patch, repo.parent / "scratch", limits=EvidenceLimits())
 
 
 @pytest.fixture
@@ -126,7 +132,90 @@ def test_a_patch_git_cannot_apply_is_refused_with_gits_reason(repo: Path) -> Non
 def test_a_patch_whose_regeneration_is_too_large_is_refused(repo: Path) -> None:
     (repo / "big.txt").write_text("line\n" * 1000)
     with pytest.raises(PatchRefused, match=r"larger than 2048 bytes"):
-        take_evidence(repo, head(repo), sandbox_diff(repo), repo.parent / "s", max_bytes=2048)
+        take_evidence(repo, head(repo), sandbox_diff(repo), repo.parent / "s", limits=EvidenceLimits(2048))
+
+
+def inflating_patch(path: str, size: int) -> str:
+    """A `GIT binary patch` literal adding `size` bytes of `a\\n` lines: text that deflates ~1000-fold,
+    so a patch of a few hundred KB, well under every text bound, is hundreds of MiB in git."""
+    chunk, left = b"a\n" * (1 << 19), size
+    digest, packer, packed = hashlib.sha1(b"blob %d\0" % size), zlib.compressobj(9), []
+    while left:
+        piece = chunk[: min(left, len(chunk))]
+        digest.update(piece)
+        packed.append(packer.compress(piece))
+        left -= len(piece)
+    data = b"".join([*packed, packer.flush()])
+    lines = []
+    for at in range(0, len(data), 52):  # git's base85 lines: a length letter, then 4 bytes per 5 characters
+        part = data[at : at + 52]
+        letter = chr(ord("A") + len(part) - 1) if len(part) <= 26 else chr(ord("a") + len(part) - 27)
+        lines.append(letter + base64.b85encode(part, pad=True).decode())
+    body = "\n".join(lines)
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex {'0' * 40}..{digest.hexdigest()}\n"
+        f"GIT binary patch\nliteral {size}\n{body}\n\nliteral 0\nHcmV?d00001\n\n"
+    )
+
+
+PEAK_OF_GITS = """
+import json, resource, sys
+from pathlib import Path
+from worker.patch_evidence import EvidenceLimits, PatchRefused, take_evidence
+repo, base, patch, scratch, limits = sys.argv[1:]
+try:
+    take_evidence(Path(repo), base, Path(patch).read_text(), Path(scratch), limits=EvidenceLimits(*json.loads(limits)))
+    refused = None
+except PatchRefused as exc:
+    refused = str(exc)
+print(json.dumps({"refused": refused, "peak_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+"""
+
+
+def evidence_in_child(repo: Path, patch: str, limits: EvidenceLimits) -> tuple[str | None, int, float]:
+    """take_evidence in a fresh process: its outcome, the peak RSS of the git processes it ran (KiB), seconds."""
+    (repo.parent / "hostile.patch").write_text(patch)
+    fields = [limits.max_patch_bytes, limits.max_file_bytes, limits.max_memory_bytes]
+    args = [str(repo), head(repo), str(repo.parent / "hostile.patch"), str(repo.parent / "s"), json.dumps(fields)]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_OF_GITS, *args], cwd=Path(__file__).parents[2], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    return out["refused"], out["peak_kib"], time.monotonic() - started
+
+
+MIB = 1024 * 1024
+
+
+def test_a_small_patch_that_git_inflates_to_a_huge_file_is_refused_before_any_diff(repo: Path) -> None:
+    """Review of issue 12, B2: ~170 KB of patch became 128 MiB in git, and git's own diff and numstat
+    of it took ~3 GiB each in the worker, with no sandbox wall around them."""
+    patch = inflating_patch("big.txt", 128 * MIB)
+    assert len(patch) < 300_000  # far under FROGFIX_MAX_PATCH_BYTES
+    refused, peak_kib, _ = evidence_in_child(repo, patch, EvidenceLimits())
+    assert refused is not None
+    assert f"grows the files by {128 * MIB} bytes once git inflates it" in refused
+    assert peak_kib < 400 * 1024  # git apply holds the file once (~130 MiB); no diff ever ran over it
+
+
+def test_a_file_larger_than_the_sandbox_could_write_is_refused(repo: Path) -> None:
+    limits = EvidenceLimits(max_file_bytes=2 * MIB)
+    with pytest.raises(PatchRefused, match=r"git would store big\.txt as 3145728 bytes, more than the sandbox's limit"):
+        take_evidence(repo, head(repo), inflating_patch("big.txt", 3 * MIB), repo.parent / "s", limits=limits)
+
+
+def test_every_git_call_of_the_evidence_runs_under_the_memory_bound(repo: Path) -> None:
+    """Defence in depth: git itself cannot take more than the bound, whatever slips past the size checks."""
+    limits = EvidenceLimits(max_memory_bytes=96 * MIB)
+    refused, peak_kib, _ = evidence_in_child(repo, inflating_patch("big.txt", 128 * MIB), limits)
+    assert refused is not None and refused.startswith("git cannot apply the patch to the base commit")
+    assert "memory" in refused.lower()
+    assert peak_kib < 96 * 1024
+    # A normal patch still goes through under that bound.
+    (repo / "calc.py").write_text("x = 2\n")
+    assert evidence_in_child(repo, sandbox_diff(repo), limits)[0] is None
 
 
 def test_nothing_is_written_into_the_users_checkout(repo: Path) -> None:
