@@ -12,6 +12,7 @@ import base64
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from tests.doubles.git_http import git, git_env, make_worktree
 from worker.ci_config import CiUnreadable, local_includes
 from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons, review_flags
+from worker.repos import git_argv
 
 CR_TARGET = "d\r/../../../../etc/passwd"
 
@@ -216,6 +218,20 @@ def test_every_git_call_of_the_evidence_runs_under_the_memory_bound(repo: Path) 
     # A normal patch still goes through under that bound.
     (repo / "calc.py").write_text("x = 2\n")
     assert evidence_in_child(repo, sandbox_diff(repo), limits)[0] is None
+
+
+def test_without_prlimit_the_evidence_is_still_taken_unbounded(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker image without util-linux loses only the memory bound (a warning says so), not the job."""
+    only_git = tmp_path / "bin"
+    only_git.mkdir()
+    os.symlink(str(shutil.which("git")), only_git / "git")
+    monkeypatch.setenv("PATH", str(only_git))
+    assert git_argv(["status"], 64 * MIB) == ["git", "status"]
+    assert evidence(repo, SECOND_SECTION).paths == [".frogfix.yml", "calc.py"]
+    monkeypatch.undo()
+    assert git_argv(["status"], 64 * MIB)[1:] == [f"--as={64 * MIB}", "--", "git", "status"]
 
 
 def test_nothing_is_written_into_the_users_checkout(repo: Path) -> None:
