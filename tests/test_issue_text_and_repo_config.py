@@ -75,7 +75,7 @@ def test_review_flags_for_tests_ci_and_protected_paths(tmp_path: Path) -> None:
     changes = PatchEvidence("0" * 40, "1" * 40, "", tuple(ChangedFile(p) for p in paths))
     config = load_repo_config(_repo(tmp_path, {".frogfix.yml": "protected_paths: [db/**]\n"}))
     assert review_flags(changes, config) == [
-        "changes test or CI file tests/test_calc.py",
+        "changes test file or test-runner configuration tests/test_calc.py",
         "changes CI configuration .gitlab-ci.yml",
         "changes protected path db/schema.sql",
     ]

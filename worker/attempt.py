@@ -31,10 +31,10 @@ from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import RepoGuidance, add_guidance
 from worker.leaf.trajectory import TrajectoryWriter
-from worker.patch_evidence import PatchEvidence, PatchRefused, take_evidence
+from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.report import TestEvidence
-from worker.wiring import open_job_sandbox
+from worker.wiring import open_job_sandbox, sandbox_limits
 from worker.workspaces import WorkspaceSource
 
 LOG_LIMIT = 60_000
@@ -100,16 +100,17 @@ class ReviewPolicy:
     refuse_flagged: bool
     verify_runs: int
     allow_ci: bool = False  # CI configuration changes are refused unless FROGFIX_ALLOW_CI_CHANGES
-    max_patch_bytes: int = 1024 * 1024
+    evidence: EvidenceLimits = field(default_factory=EvidenceLimits)  # what git may make of the patch
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ReviewPolicy:
+        sandbox = sandbox_limits(settings)  # the job's sandbox: git may store no file it could not write
         return cls(
             settings.allow_binary_patches,
             settings.refuse_protected_changes,
             settings.verify_runs,
             allow_ci=settings.allow_ci_changes,
-            max_patch_bytes=settings.max_patch_bytes,
+            evidence=EvidenceLimits(settings.max_patch_bytes, sandbox.file_size_bytes, sandbox.memory_bytes),
         )
 
 
@@ -215,7 +216,7 @@ def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
 
 def apply_patch(workspace: Path, patch: str) -> str | None:
     """Apply a patch to a checkout with the isolated git environment; returns git's complaint when it does not apply."""
-    done = repos._run(
+    done = repos.run_git(
         ["-C", str(workspace), "apply", "--binary", "--whitespace=nowarn", "-"],
         env=repos.git_environment(),
         what="git apply",
@@ -413,7 +414,7 @@ class AttemptRunner:
             return _ended(result, AttemptOutcome.no_patch, reason)
         try:
             changes = take_evidence(
-                self.source.repository(), base, patch, self.root / f"evidence-{n}", max_bytes=review.max_patch_bytes
+                self.source.repository(), base, patch, self.root / f"evidence-{n}", limits=review.evidence
             )
         except PatchRefused as exc:  # nothing git regenerated, so nothing stored: the trajectory keeps the text
             result.patch = ""

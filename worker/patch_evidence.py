@@ -11,6 +11,13 @@ checkout or the mirror). From the tree git wrote it takes, in git's own `-z` out
 changed path, its modes, its size, git's binary verdict and a symlink's stored target; the review
 rules, the diffstat and the MR's file table read that. The patch that is then stored, tested,
 pushed and shown is the one git regenerates from the tree.
+
+The patch text is bounded, but what git inflates it to is not (a `GIT binary patch` literal of
+compressible text grows ~1000-fold, and git's diff of the result needs ~20 times that in memory),
+and this git runs in the worker, beside the database, with no sandbox wall. So before any diff,
+the new blobs' sizes are read (`diff-tree --raw`, `cat-file --batch-check`, which read no content)
+and refused when one is larger than the sandbox could have written or they grow absurdly; and
+every git call here runs under the sandbox's own memory bound (`EvidenceLimits`).
 """
 
 from __future__ import annotations
@@ -19,11 +26,22 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from worker.ci_config import CI_CONFIG_PATTERNS, MAX_CI_FILE_BYTES, ci_patterns
-from worker.repos import LOCAL_TIMEOUT, RepoError, _check_sha, _git_dir_args, _reading, _run, git_environment
+from app.patches import shown_path
+from sandbox.base import SandboxLimits
+from worker.ci_config import MAX_CI_FILE_BYTES, CiPaths, CiUnreadable, ci_paths
+from worker.repos import (
+    LOCAL_TIMEOUT,
+    RepoError,
+    check_sha,
+    git_argv,
+    git_dir_args,
+    git_environment,
+    reading_lock,
+    run_git,
+)
 
 MAX_LINK_TARGET_BYTES = 4096  # PATH_MAX: a longer "symlink" is no symlink any system makes
 _REGENERATE = (
@@ -31,6 +49,22 @@ _REGENERATE = (
     "--src-prefix=a/", "--dst-prefix=b/",
 )  # fmt: skip
 _STATUS = {"A": "added", "D": "deleted", "M": "modified", "T": "type changed"}
+# A text change grows the files by at most its own size (every added byte is in it); deflate and
+# binary deltas do better, but nothing a person would review grows more than this many times.
+MAX_INFLATION = 64
+MIN_GROWTH_BOUND = 1024 * 1024  # below this, growth is never called absurd (small binary files)
+# git maps pack files in windows of up to 1 GiB; smaller ones fit under the memory bound.
+_MAP_CONFIG = (("core.packedGitWindowSize", "32m"), ("core.packedGitLimit", "256m"))
+_DEFAULT_SANDBOX = SandboxLimits()
+
+
+@dataclass(frozen=True)
+class EvidenceLimits:
+    """What git may make of a patch in the worker: the job's own bounds, so nothing here is looser."""
+
+    max_patch_bytes: int = 1024 * 1024  # git's regeneration (FROGFIX_MAX_PATCH_BYTES)
+    max_file_bytes: int = _DEFAULT_SANDBOX.file_size_bytes  # the sandbox's per-file limit: no file it wrote is larger
+    max_memory_bytes: int = _DEFAULT_SANDBOX.memory_bytes  # address space of each git call (prlimit --as)
 
 
 class PatchRefused(Exception):
@@ -68,7 +102,7 @@ class PatchEvidence:
     tree: str
     patch: str
     files: tuple[ChangedFile, ...]
-    ci_paths: tuple[str, ...] = CI_CONFIG_PATTERNS  # fixed CI files plus local includes at base and after
+    ci: CiPaths = field(default_factory=CiPaths)  # fixed CI files, local includes at base and after
 
     @property
     def paths(self) -> list[str]:
@@ -79,59 +113,63 @@ class PatchEvidence:
         return [(f.path, f.added, f.removed) for f in self.files]
 
 
-def take_evidence(source: Path, base: str, patch: str, scratch: Path, *, max_bytes: int) -> PatchEvidence:
+def take_evidence(source: Path, base: str, patch: str, scratch: Path, *, limits: EvidenceLimits) -> PatchEvidence:
     """Apply `patch` to `base` of `source` (a mirror or a checkout) with git, privately; see the module.
 
-    Raises PatchRefused when git cannot apply it (with git's reason) or when git's regeneration
-    is larger than `max_bytes`, and RepoError when git itself fails. `scratch` is removed after.
+    Raises PatchRefused when git cannot apply it (with git's reason), when what it stores is over
+    `limits`, or when git's regeneration is larger than `limits.max_patch_bytes`; RepoError when
+    git itself fails. `scratch` is removed after.
     """
-    _check_sha(base)
+    check_sha(base)
     scratch.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="evidence-", dir=scratch))
     try:
-        repo = _private_repo(Path(source), work)
-        with _reading(Path(source)):
-            return _evidence(repo, base, patch.encode("utf-8", "surrogateescape"), max_bytes)
+        repo = _private_repo(Path(source), work, limits.max_memory_bytes)
+        with reading_lock(Path(source)):
+            return _evidence(repo, base, patch.encode("utf-8", "surrogateescape"), limits)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _private_repo(source: Path, work: Path) -> _Git:
+def _private_repo(source: Path, work: Path, max_memory: int) -> _Git:
     """A bare repository of our own whose object store borrows the source's (read only) as alternates."""
-    env = git_environment()
-    common = _run(
-        [*_git_dir_args(source), "rev-parse", "--path-format=absolute", "--git-common-dir"],
+    env = git_environment(_MAP_CONFIG)
+    common = run_git(
+        [*git_dir_args(source), "rev-parse", "--path-format=absolute", "--git-common-dir"],
         env=env, what="finding the repository", timeout=LOCAL_TIMEOUT,
     ).stdout.decode("utf-8", "surrogateescape").rstrip("\n")  # fmt: skip
     objects = Path(common) / "objects"
     if "\n" in str(objects) or not objects.is_dir():
         raise RepoError(f"the repository {source} has no usable object folder")
     private = work / "evidence.git"
-    _run(["init", "--quiet", "--bare", "--template=", str(private)], env=env, what="git init", timeout=LOCAL_TIMEOUT)
+    run_git(["init", "--quiet", "--bare", "--template=", str(private)], env=env, what="git init", timeout=LOCAL_TIMEOUT)
     (private / "objects" / "info").mkdir(parents=True, exist_ok=True)
     (private / "objects" / "info" / "alternates").write_text(f"{objects}\n", encoding="utf-8")
     env.update(GIT_INDEX_FILE=str(work / "evidence.index"), GIT_LITERAL_PATHSPECS="1")
-    return _Git(private, env)
+    return _Git(private, env, max_memory)
 
 
 @dataclass(frozen=True)
 class _Git:
-    """Git calls against the private repository, each with the isolated environment and its private index."""
+    """Git calls against the private repository: the isolated environment, its private index, the memory bound."""
 
     repo: Path
     env: dict[str, str]
+    max_memory: int
 
     def __call__(self, *args: str, what: str, stdin: bytes | None = None, check: bool = True) -> bytes:
-        done = _run(
-            [f"--git-dir={self.repo}", *args], env=self.env, what=what, timeout=LOCAL_TIMEOUT, stdin=stdin, check=check
-        )
+        done = run_git(
+            [f"--git-dir={self.repo}", *args],
+            env=self.env, what=what, timeout=LOCAL_TIMEOUT, stdin=stdin, check=check, max_memory=self.max_memory,
+        )  # fmt: skip
         return done.stdout
 
     def applies(self, patch: bytes) -> str | None:
         """None once git has applied `patch` to the index; else git's complaint."""
-        done = _run(
+        done = run_git(
             [f"--git-dir={self.repo}", "apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
             env=self.env, what="git apply", timeout=LOCAL_TIMEOUT, stdin=patch, check=False,
+            max_memory=self.max_memory,
         )  # fmt: skip
         if done.returncode == 0:
             return None
@@ -141,7 +179,7 @@ class _Git:
         """`git <args>`'s output, or None as soon as it passes `limit` bytes (git is stopped there)."""
         with tempfile.TemporaryFile() as errors:
             proc = subprocess.Popen(
-                ["git", f"--git-dir={self.repo}", *args],
+                git_argv([f"--git-dir={self.repo}", *args], self.max_memory),
                 env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
             )  # fmt: skip
             assert proc.stdout is not None
@@ -158,23 +196,93 @@ class _Git:
             return data
 
 
-def _evidence(git: _Git, base: str, patch: bytes, max_bytes: int) -> PatchEvidence:
+def _evidence(git: _Git, base: str, patch: bytes, limits: EvidenceLimits) -> PatchEvidence:
     git("read-tree", base, what="git read-tree")
     problem = git.applies(patch)
     if problem is not None:
         raise PatchRefused(f"git cannot apply the patch to the base commit: {problem}")
     tree = git("write-tree", what="git write-tree").decode().strip()
+    changes = _raw_changes(git, base, tree)
+    sizes = _blob_sizes(git, changes)
+    _refuse_inflated(changes, sizes, len(patch), limits)
+    max_bytes = limits.max_patch_bytes
     regenerated = git.bounded((*_REGENERATE, base, tree), max_bytes)
     if regenerated is None:
         raise PatchRefused(f"the patch as git stores it is larger than {max_bytes} bytes (FROGFIX_MAX_PATCH_BYTES)")
-    files = _changed_files(git, base, tree)
-    ci = tuple(dict.fromkeys([*ci_patterns(_reader(git, base)), *ci_patterns(_reader(git, tree))]))
+    files = _changed_files(git, base, tree, changes, sizes)
+    ci = ci_paths(_reader(git, base), "base") + ci_paths(_reader(git, tree), "patched")
     return PatchEvidence(base, tree, regenerated.decode("utf-8", "surrogateescape"), files, ci)
 
 
-def _changed_files(git: _Git, base: str, tree: str) -> tuple[ChangedFile, ...]:
-    """Each changed path from `diff-tree -z --raw` and `--numstat`, with sizes and link targets from the blobs."""
+@dataclass(frozen=True)
+class _Raw:
+    """One record of `diff-tree -r -z --raw`: git's own account of a changed path, no content read."""
+
+    old_mode: str
+    new_mode: str
+    old_blob: str
+    new_blob: str
+    status: str
+    path: bytes
+
+
+def _raw_changes(git: _Git, base: str, tree: str) -> list[_Raw]:
     raw = git("diff-tree", "-r", "-z", "--raw", "--no-renames", base, tree, what="git diff-tree").split(b"\0")
+    changes = []
+    for meta, path in zip(raw[0::2], raw[1::2], strict=False):
+        if meta.startswith(b":"):
+            old_mode, new_mode, old_blob, new_blob, status = meta[1:].decode().split(" ")
+            changes.append(_Raw(old_mode, new_mode, old_blob, new_blob, status, path))
+    return changes
+
+
+def _is_blob(mode: str) -> bool:
+    return mode not in ("000000", "160000")  # no file on that side, or a submodule's commit
+
+
+def _blob_sizes(git: _Git, changes: list[_Raw]) -> dict[str, int]:
+    """Both sides' blob sizes from `cat-file --batch-check`, which reads each object's header, not its content."""
+    blobs = sorted(
+        {c.old_blob for c in changes if _is_blob(c.old_mode)} | {c.new_blob for c in changes if _is_blob(c.new_mode)}
+    )
+    if not blobs:
+        return {}
+    batch = "--batch-check=%(objectname) %(objectsize)"
+    out = git("cat-file", batch, what="git cat-file", stdin="\n".join(blobs).encode() + b"\n")
+    sizes = {}
+    for line in out.decode().splitlines():
+        name, _, size = line.partition(" ")
+        if not size.isdigit():
+            raise RepoError(f"git cat-file cannot size {name[:80]!r}: {size[:80]!r}")
+        sizes[name] = int(size)
+    return sizes
+
+
+def _refuse_inflated(changes: list[_Raw], sizes: dict[str, int], patch_bytes: int, limits: EvidenceLimits) -> None:
+    """PatchRefused when a file git stored is larger than the sandbox could write, or the files grow
+    absurdly for the patch's size: decided from object headers, before any diff reads content."""
+    growth = 0
+    for change in changes:
+        new_size = sizes.get(change.new_blob, 0) if _is_blob(change.new_mode) else 0
+        if new_size > limits.max_file_bytes:
+            shown = shown_path(change.path.decode("utf-8", "surrogateescape"))
+            raise PatchRefused(
+                f"git would store {shown} as {new_size} bytes, more than the sandbox's limit of"
+                f" {limits.max_file_bytes} bytes per file: the sandbox cannot have written it"
+            )
+        growth += max(0, new_size - (sizes.get(change.old_blob, 0) if _is_blob(change.old_mode) else 0))
+    bound = max(MIN_GROWTH_BOUND, MAX_INFLATION * patch_bytes)
+    if growth > bound:
+        raise PatchRefused(
+            f"the patch ({patch_bytes} bytes) grows the files by {growth} bytes once git inflates it,"
+            f" more than {MAX_INFLATION} times its size: refused before git diffs it"
+        )
+
+
+def _changed_files(
+    git: _Git, base: str, tree: str, changes: list[_Raw], sizes: dict[str, int]
+) -> tuple[ChangedFile, ...]:
+    """Each changed path from `diff-tree --raw` and `--numstat`, with sizes and link targets from the blobs."""
     numstat = git("diff-tree", "-r", "-z", "--numstat", "--no-renames", base, tree, what="git diff-tree")
     counts = {}
     for record in numstat.split(b"\0"):
@@ -183,24 +291,20 @@ def _changed_files(git: _Git, base: str, tree: str) -> tuple[ChangedFile, ...]:
         if path:
             counts[path] = (added, removed)
     files = []
-    for meta, path in zip(raw[0::2], raw[1::2], strict=False):
-        if not meta.startswith(b":"):
-            continue
-        old_mode, new_mode, _, new_blob, status = meta[1:].decode().split(" ")
-        added, removed = counts.get(path, (b"0", b"0"))
+    for change in changes:
+        added, removed = counts.get(change.path, (b"0", b"0"))
         binary = added == b"-"
-        deleted = status == "D"
         files.append(
             ChangedFile(
-                path=path.decode("utf-8", "surrogateescape"),
-                status=_STATUS.get(status[:1], "modified"),
-                old_mode=old_mode,
-                new_mode=new_mode,
+                path=change.path.decode("utf-8", "surrogateescape"),
+                status=_STATUS.get(change.status[:1], "modified"),
+                old_mode=change.old_mode,
+                new_mode=change.new_mode,
                 added=0 if binary else int(added),
                 removed=0 if binary else int(removed),
                 binary=binary,
-                size=0 if deleted or new_mode == "160000" else _size(git, new_blob),
-                link_target=_link_target(git, new_blob) if new_mode == "120000" else None,
+                size=sizes.get(change.new_blob, 0) if _is_blob(change.new_mode) else 0,
+                link_target=_link_target(git, change.new_blob) if change.new_mode == "120000" else None,
             )
         )
     return tuple(files)
@@ -218,16 +322,18 @@ def _link_target(git: _Git, blob: str) -> str:
 
 
 def _reader(git: _Git, treeish: str) -> Callable[[str], bytes | None]:
-    """Reads a regular file of `treeish` (bounded), for the CI file's local includes."""
+    """Reads a regular file of `treeish` (bounded), for the CI file's local includes; see `ci_paths`."""
 
     def read(path: str) -> bytes | None:
         listed = git("ls-tree", "-z", "--full-tree", treeish, "--", path, what="git ls-tree")
         meta, _, name = listed.rstrip(b"\0").partition(b"\t")
         parts = meta.split(b" ")
-        if name != path.encode("utf-8", "surrogateescape") or len(parts) != 3 or parts[0] not in (b"100644", b"100755"):
+        if name != path.encode("utf-8", "surrogateescape") or len(parts) != 3:
             return None
+        if parts[0] not in (b"100644", b"100755"):
+            raise CiUnreadable("not a regular file")
         if _size(git, parts[2].decode()) > MAX_CI_FILE_BYTES:
-            return None
+            raise CiUnreadable(f"larger than {MAX_CI_FILE_BYTES} bytes")
         return git("cat-file", "blob", parts[2].decode(), what="git cat-file")
 
     return read

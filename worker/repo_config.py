@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from app.patches import shown_path
+from worker.ci_config import ANY_YAML_FILE
 from worker.leaf.prompts import GuidanceFile, RepoGuidance
 from worker.patch_evidence import ChangedFile, PatchEvidence
 from worker.repos import git_environment
@@ -172,7 +174,11 @@ _MIN_SHOWN_CHARS = 200  # below this much room left, a file is named rather than
 def _git(workspace: Path, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(
         ["git", "-C", str(workspace), *args],
-        input=stdin, capture_output=True, env=git_environment(), timeout=120, check=False,
+        input=stdin,
+        capture_output=True,
+        env=git_environment(),
+        timeout=120,
+        check=False,
     )
 
 
@@ -288,15 +294,25 @@ def review_flags(changes: PatchEvidence, config: RepoConfig) -> list[str]:
     """
     flags = []
     for path in changes.paths:
+        shown = shown_path(path)
         if matches(path, config.protected_paths):
-            flags.append(f"changes protected path {path}")
+            flags.append(f"changes protected path {shown}")
         elif posixpath.basename(path) == AGENTS_FILE:
-            flags.append(f"changes agent instructions {path}")
-        elif matches(path, changes.ci_paths):
-            flags.append(f"changes CI configuration {path}")
+            flags.append(f"changes agent instructions {shown}")
+        elif _ci_note(changes, path) is not None:
+            flags.append(f"changes CI configuration {shown}")
         elif matches(path, ALWAYS_FLAGGED):
-            flags.append(f"changes test or CI file {path}")
+            flags.append(f"changes test file or test-runner configuration {shown}")
     return flags
+
+
+def _ci_note(changes: PatchEvidence, path: str) -> str | None:
+    """None when `path` is no CI configuration; "" when it is; else why it counts (a CI file is unreadable)."""
+    if matches(path, changes.ci.patterns):
+        return ""
+    if changes.ci.unread and matches(path, ANY_YAML_FILE):
+        return f"; {changes.ci.unread}, so every YAML file the patch changes counts as CI configuration"
+    return None
 
 
 def _escapes(link: str, target: str) -> bool:
@@ -322,12 +338,13 @@ def refusal_reasons(
     """
     reasons: list[str] = []
     for path in changes.paths:
+        ci_note = None if allow_ci else _ci_note(changes, path)
         if matches(path, config.protected_paths):
-            reasons.append(f"changes protected path {path}")
+            reasons.append(f"changes protected path {shown_path(path)}")
         elif path == CONFIG_FILE:
             reasons.append(f"changes FrogFix's own configuration {CONFIG_FILE} (only people may change it)")
-        elif not allow_ci and matches(path, changes.ci_paths):
-            reasons.append(f"changes CI configuration {path} (FROGFIX_ALLOW_CI_CHANGES is off)")
+        elif ci_note is not None:
+            reasons.append(f"changes CI configuration {shown_path(path)} (FROGFIX_ALLOW_CI_CHANGES is off{ci_note})")
     for file in changes.files:
         reason = _content_reason(file, allow_binary)
         if reason:
@@ -338,10 +355,11 @@ def refusal_reasons(
 def _content_reason(file: ChangedFile, allow_binary: bool) -> str | None:
     if file.status == "deleted":
         return None  # removing a file is reviewable, whatever it was
+    shown = shown_path(file.path)
     if file.symlink and _escapes(file.path, file.link_target or ""):
-        return f"adds symlink {file.path} pointing outside the repository ({(file.link_target or '')[:200]!r})"
+        return f"adds symlink {shown} pointing outside the repository ({(file.link_target or '')[:200]!r})"
     if file.submodule:
-        return f"adds submodule {file.path} (its code is not in the diff)"
+        return f"adds submodule {shown} (its code is not in the diff)"
     if file.binary and not allow_binary:
-        return f"{'adds' if file.status == 'added' else 'changes'} binary file {file.path}"
+        return f"{'adds' if file.status == 'added' else 'changes'} binary file {shown}"
     return None

@@ -228,7 +228,7 @@ def _classify(what: str, stderr: str, secrets: Iterable[str]) -> RepoError:
     return RepoError(message)
 
 
-def _run(
+def run_git(
     args: list[str],
     *,
     env: Mapping[str, str],
@@ -239,14 +239,16 @@ def _run(
     secrets: Iterable[str] = (),
     check: bool = True,
     network: bool = False,
+    max_memory: int | None = None,
 ) -> subprocess.CompletedProcess[bytes]:
     """One git command, killed with its whole process group when it runs past `timeout`.
 
     A failure raises RepoError; with `network`, RepoTransient when git's message says the
-    network or the server was at fault. A timeout is always RepoTransient.
+    network or the server was at fault. A timeout is always RepoTransient. `max_memory` bounds
+    git's address space (see `git_argv`).
     """
     proc = subprocess.Popen(
-        ["git", *args],
+        git_argv(args, max_memory),
         cwd=cwd,
         env=dict(env),
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
@@ -269,7 +271,34 @@ def _run(
     return done
 
 
-def _git_dir_args(repo: Path) -> list[str]:
+def git_argv(args: list[str], max_memory: int | None = None) -> list[str]:
+    """`git ARGS`, under `prlimit --as=MAX_MEMORY` when a bound is asked for.
+
+    Why: git reading hostile input (a patch's binary literal inflates ~1000-fold) runs in the
+    worker, outside every sandbox wall; with the bound git fails with "out of memory" instead of
+    taking the host's. prlimit (util-linux) sets the limit and execs git, so no `preexec_fn` runs
+    in this threaded process and git keeps the pid we wait on. Without prlimit, git runs unbounded
+    and a warning says so once.
+    """
+    if max_memory is None:
+        return ["git", *args]
+    prlimit = shutil.which("prlimit")
+    if prlimit is None:
+        _warn_once("prlimit (util-linux) is missing: git's memory in the worker is not bounded")
+        return ["git", *args]
+    return [prlimit, f"--as={int(max_memory)}", "--", "git", *args]
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("git_unbounded", detail=message)
+
+
+def git_dir_args(repo: Path) -> list[str]:
     """Address a repository (bare or not) explicitly, so no parent folder's repo is ever used."""
     git_dir = repo / ".git" if (repo / ".git").exists() else repo
     return [f"--git-dir={git_dir}"]
@@ -308,7 +337,7 @@ def _check_url(url: str) -> str:
     return url
 
 
-def _check_sha(commit: str) -> str:
+def check_sha(commit: str) -> str:
     if not _SHA.fullmatch(commit):
         raise RepoError(f"not a full commit id: {commit[:80]!r}")
     return commit
@@ -321,7 +350,7 @@ def check_branch(branch: str) -> str:
     rest = branch[len(BRANCH_PREFIX) :]
     if not rest or any(ch.isspace() or ord(ch) < 32 or ch in "~^:?*[\\" for ch in branch) or ".." in branch:
         raise RepoError(f"refusing to push to {branch!r}: not a valid branch name")
-    done = _run(
+    done = run_git(
         ["check-ref-format", f"refs/heads/{branch}"],
         env=git_environment(),
         what="check-ref-format",
@@ -369,7 +398,7 @@ def _flock(path: Path, *, exclusive: bool, wait: float = LOCK_WAIT) -> Iterator[
 
 
 @contextlib.contextmanager
-def _reading(mirror: Path) -> Iterator[None]:
+def reading_lock(mirror: Path) -> Iterator[None]:
     """A shared lock on one of our mirrors (no-op for any other repository)."""
     lock = _lock_path(mirror)
     if mirror.name.endswith(".git") and lock.exists():
@@ -415,8 +444,8 @@ class RepoCache:
         return git_auth_env(auth_header, url=clone_url, base_env=env) if auth_header else env
 
     def _fetch(self, path: Path, clone_url: str, auth_header: str | None) -> None:
-        _run(
-            [*_git_dir_args(path), "fetch", *_FETCH_FLAGS, "--prune", "--", clone_url, HEADS_REFSPEC],
+        run_git(
+            [*git_dir_args(path), "fetch", *_FETCH_FLAGS, "--prune", "--", clone_url, HEADS_REFSPEC],
             env=self._network_env(clone_url, auth_header),
             what="git fetch",
             timeout=self.timeout,
@@ -426,7 +455,7 @@ class RepoCache:
 
     def _set_head(self, path: Path, clone_url: str, auth_header: str | None) -> None:
         """Point the mirror's HEAD at the remote's default branch (one ls-remote)."""
-        done = _run(
+        done = run_git(
             ["ls-remote", "--symref", "--", clone_url, "HEAD"],
             env=self._network_env(clone_url, auth_header),
             what="git ls-remote",
@@ -437,8 +466,8 @@ class RepoCache:
         )
         match = re.search(rb"^ref: (refs/heads/\S+)\tHEAD$", done.stdout, re.M)
         if match is not None:
-            _run(
-                [*_git_dir_args(path), "symbolic-ref", "HEAD", match.group(1).decode()],
+            run_git(
+                [*git_dir_args(path), "symbolic-ref", "HEAD", match.group(1).decode()],
                 env=git_environment(),
                 what="git symbolic-ref",
                 timeout=LOCAL_TIMEOUT,
@@ -451,7 +480,7 @@ class RepoCache:
             if leftover.exists():
                 remove_workspace(leftover)
         env = git_environment()
-        _run(
+        run_git(
             ["init", "--quiet", "--bare", "--template=", str(staging)], env=env, what="git init", timeout=LOCAL_TIMEOUT
         )
         try:
@@ -469,8 +498,8 @@ class RepoCache:
     def _update(self, path: Path, clone_url: str, auth_header: str | None) -> None:
         _clear_stale_locks(path)
         self._fetch(path, clone_url, auth_header)
-        head = _run(
-            [*_git_dir_args(path), "rev-parse", "--verify", "--quiet", "HEAD"],
+        head = run_git(
+            [*git_dir_args(path), "rev-parse", "--verify", "--quiet", "HEAD"],
             env=git_environment(),
             what="git rev-parse",
             timeout=LOCAL_TIMEOUT,
@@ -496,9 +525,9 @@ def resolve(mirror: Path, ref: str) -> str:
     """The full commit id `ref` (a branch, `HEAD`, `refs/heads/x` or a sha) names in `mirror`."""
     if not ref or ref.startswith("-") or any(ch.isspace() or ord(ch) < 32 for ch in ref):
         raise RepoError(f"not a valid ref: {ref[:80]!r}")
-    with _reading(mirror):
-        done = _run(
-            [*_git_dir_args(mirror), "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
+    with reading_lock(mirror):
+        done = run_git(
+            [*git_dir_args(mirror), "rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}"],
             env=git_environment(),
             what="git rev-parse",
             timeout=LOCAL_TIMEOUT,
@@ -511,7 +540,7 @@ def resolve(mirror: Path, ref: str) -> str:
 
 def has_uncommitted_changes(checkout: Path) -> bool:
     """Whether a user's checkout differs from its HEAD (for a note only): isolated, and writes nothing there."""
-    done = _run(
+    done = run_git(
         ["--no-optional-locks", "-C", str(checkout), "status", "--porcelain", "-z"],
         env=git_environment(),
         what="git status",
@@ -534,7 +563,7 @@ def make_workspace(mirror: Path, dest: Path, commit: str, *, timeout: float = LO
     the history, and nothing is shared with the mirror. No remote, no FETCH_HEAD, no token;
     `user.name FrogFix` in its own config. On failure `dest` is removed.
     """
-    _check_sha(commit)
+    check_sha(commit)
     dest = Path(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise RepoError(f"workspace folder {dest} exists and is not empty")
@@ -543,13 +572,13 @@ def make_workspace(mirror: Path, dest: Path, commit: str, *, timeout: float = LO
     workers = str(max(1, min(8, os.cpu_count() or 1)))
     env = git_environment([("core.fsync", "none"), ("checkout.workers", workers)])
     try:
-        _run(["init", "--quiet", "--template=", str(dest)], env=env, what="git init", timeout=timeout)
+        run_git(["init", "--quiet", "--template=", str(dest)], env=env, what="git init", timeout=timeout)
         with (dest / ".git" / "config").open("a", encoding="utf-8") as config:
             config.write(_WORKSPACE_CONFIG)
         source = Path(mirror).resolve().as_uri()
-        with _reading(Path(mirror)):
-            present = _run(
-                [*_git_dir_args(Path(mirror)), "cat-file", "-e", f"{commit}^{{commit}}"],
+        with reading_lock(Path(mirror)):
+            present = run_git(
+                [*git_dir_args(Path(mirror)), "cat-file", "-e", f"{commit}^{{commit}}"],
                 env=env,
                 what="git cat-file",
                 timeout=timeout,
@@ -557,13 +586,13 @@ def make_workspace(mirror: Path, dest: Path, commit: str, *, timeout: float = LO
             )
             if present.returncode != 0:
                 raise RepoError(f"commit {commit[:12]} is not in the mirror {Path(mirror).name}")
-            _run(
+            run_git(
                 ["-C", str(dest), "fetch", *_FETCH_FLAGS, "--depth=1", "--no-auto-maintenance", "--", source, commit],
                 env=env,
                 what="preparing the workspace (fetch from the mirror)",
                 timeout=timeout,
             )
-        _run(
+        run_git(
             ["-C", str(dest), "checkout", "--quiet", "--detach", commit, "--"],
             env=env,
             what="preparing the workspace (checkout)",
@@ -703,7 +732,7 @@ class WorkspacePool:
         taken by others meanwhile, or `dest` on another file system): then nothing changed.
         Raises RepoError when `dest` is in the way.
         """
-        _check_sha(commit)
+        check_sha(commit)
         dest = Path(dest)
         if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
             raise RepoError(f"workspace folder {dest} exists and is not empty")
@@ -763,7 +792,7 @@ class WorkspacePool:
         complete. Leftovers of a filler that died are removed first. Raises what make_workspace
         raises (e.g. RepoError when `commit` is not in the mirror).
         """
-        _check_sha(commit)
+        check_sha(commit)
         _check_in_mirror(Path(mirror), commit, timeout=self.timeout)  # before anything is discarded
         folder = self.folder_for(mirror)
         self._make_folders(folder)
@@ -854,7 +883,7 @@ class WorkspacePool:
         done. Across processes, `fill`'s lock keeps the pool at `size`. A failed fill is logged,
         never raised.
         """
-        _check_sha(commit)
+        check_sha(commit)
         if self.size == 0:
             return
         folder = self.folder_for(mirror)
@@ -903,9 +932,9 @@ class WorkspacePool:
 
 
 def _check_in_mirror(mirror: Path, commit: str, *, timeout: float) -> None:
-    with _reading(mirror):
-        present = _run(
-            [*_git_dir_args(mirror), "cat-file", "-e", f"{commit}^{{commit}}"],
+    with reading_lock(mirror):
+        present = run_git(
+            [*git_dir_args(mirror), "cat-file", "-e", f"{commit}^{{commit}}"],
             env=git_environment(),
             what="git cat-file",
             timeout=timeout,
@@ -960,7 +989,7 @@ def commit_patch(
     written straight into `mirror`, so `push_branch(mirror, ...)` can push it; it is
     unreferenced there until the next fetch brings our pushed branch back.
     """
-    _check_sha(base)
+    check_sha(base)
     author = _check_person(author, "author")
     committer = _check_person(committer or author, "committer")
     data = patch.encode("utf-8", "surrogateescape") if isinstance(patch, str) else bytes(patch)
@@ -977,25 +1006,27 @@ def commit_patch(
         GIT_COMMITTER_NAME=committer[0],
         GIT_COMMITTER_EMAIL=committer[1],
     )
-    repo = _git_dir_args(Path(mirror))
+    repo = git_dir_args(Path(mirror))
     try:
-        with _reading(Path(mirror)):
-            _run([*repo, "read-tree", base], env=env, what="git read-tree", timeout=timeout)
-            base_tree = _run([*repo, "rev-parse", f"{base}^{{tree}}"], env=env, what="git rev-parse", timeout=timeout)
-            _run(
+        with reading_lock(Path(mirror)):
+            run_git([*repo, "read-tree", base], env=env, what="git read-tree", timeout=timeout)
+            base_tree = run_git(
+                [*repo, "rev-parse", f"{base}^{{tree}}"], env=env, what="git rev-parse", timeout=timeout
+            )
+            run_git(
                 [*repo, "apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
                 env=env,
                 what="applying the patch",
                 timeout=timeout,
                 stdin=data,
             )
-            tree = _run([*repo, "write-tree"], env=env, what="git write-tree", timeout=timeout).stdout.strip()
+            tree = run_git([*repo, "write-tree"], env=env, what="git write-tree", timeout=timeout).stdout.strip()
             if tree == base_tree.stdout.strip():
                 raise RepoError("the patch changes nothing")
             if expect_tree is not None and tree.decode() != expect_tree:
                 raise RepoError(f"the patch made tree {tree.decode()[:12]}, not the reviewed {expect_tree[:12]}")
             text = message.strip() + "\n"
-            done = _run(
+            done = run_git(
                 [*repo, "commit-tree", tree.decode(), "-p", base, "-F", "-"],
                 env=env,
                 what="git commit-tree",
@@ -1033,19 +1064,19 @@ def push_branch(
     All validation happens before any network call.
     """
     check_branch(branch)
-    _check_sha(commit)
+    check_sha(commit)
     _check_url(clone_url)
     for option in push_options:
         if not PUSH_OPTION.fullmatch(option):
             raise RepoError(f"invalid push option {option!r}")
     options = [arg for option in push_options for arg in ("-o", option)]
     if expect_old not in (None, ""):
-        _check_sha(str(expect_old))
+        check_sha(str(expect_old))
     ref = f"refs/heads/{branch}"
     source = Path(source_repo)
-    repo = _git_dir_args(source)
-    with _reading(source):
-        exists = _run(
+    repo = git_dir_args(source)
+    with reading_lock(source):
+        exists = run_git(
             [*repo, "cat-file", "-e", f"{commit}^{{commit}}"],
             env=git_environment(),
             what="git cat-file",
@@ -1062,7 +1093,7 @@ def push_branch(
         env = git_environment()
         if auth_header:
             env = git_auth_env(auth_header, url=clone_url, base_env=env)
-        done = _run([*repo, *args], env=env, what="git push", timeout=timeout, check=False)
+        done = run_git([*repo, *args], env=env, what="git push", timeout=timeout, check=False)
     if done.returncode != 0:
         output = done.stdout.decode("utf-8", "replace") + "\n" + done.stderr.decode("utf-8", "replace")
         secrets = _secret_forms(auth_header)

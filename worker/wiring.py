@@ -57,14 +57,20 @@ def leaf_limits_from(settings: Settings, max_seconds: float | None = None) -> Le
     )
 
 
+def sandbox_limits(settings: Settings) -> SandboxLimits:
+    """The job sandbox's resource bounds; the evidence's git reads its per-file and memory limits too.
+
+    FROGFIX_SANDBOX_MEMORY is per process (RLIMIT_AS) and a local sandbox's whole total (its cgroup)."""
+    return SandboxLimits(wall_seconds=settings.job_timeout_seconds, memory_bytes=settings.sandbox_memory_bytes())
+
+
 def sandbox_spec(
     workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
 ) -> SandboxSpec:
     return SandboxSpec(
         workspace=str(workspace),
         env=dict(SANDBOX_ENV),
-        # FROGFIX_SANDBOX_MEMORY: per process (RLIMIT_AS), and a local sandbox's whole total (its cgroup).
-        limits=SandboxLimits(wall_seconds=settings.job_timeout_seconds, memory_bytes=settings.sandbox_memory_bytes()),
+        limits=sandbox_limits(settings),
         image=image,
         labels=labels or {},
     )

@@ -32,7 +32,7 @@ from tests.doubles.git_http import git
 from tests.doubles.openai_server import Reply, ScriptItem, assistant, tool_call
 from tests.pipeline import conftest as pipeline_conftest
 from tests.pipeline.conftest import GITEA_TOKEN, GITLAB_TOKEN, MODEL_KEY, PROJECT, TRIGGER, World
-from worker.patch_evidence import take_evidence
+from worker.patch_evidence import EvidenceLimits, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons
 from worker.tasks import run_job
 
@@ -276,7 +276,7 @@ def test_deleting_the_failing_assertion_is_flagged_on_the_mr_and_the_job(client:
     assert run_job(job_id) == "done"  # flagged, not refused, unless FROGFIX_REFUSE_PROTECTED_CHANGES is set
 
     job, _, [attempt] = load(job_id)
-    flag = "changes test or CI file tests/test_calc.py"
+    flag = "changes test file or test-runner configuration tests/test_calc.py"
     assert job.flags == [flag] and attempt.flags == [flag]
     [mr] = world.gitlab.open_mrs(PROJECT)
     assert "**Review flags:**" in mr["description"] and f"- **{flag}**" in mr["description"]
@@ -312,7 +312,7 @@ def test_rewriting_frogfix_yml_cannot_change_the_verification(client: Any, world
     assert event(events, "agent_started").data["test_command"] == "python3 -m pytest -q"  # read from the base
     assert attempt.status == "rejected" and attempt.tests is None  # `true` never ran as the verification
     assert "changes FrogFix's own configuration .frogfix.yml" in (attempt.error or "")
-    assert attempt.flags == ["changes test or CI file .frogfix.yml"]
+    assert attempt.flags == ["changes test file or test-runner configuration .frogfix.yml"]
     assert ".frogfix.yml" in last_comment(world) and world.gitlab.open_mrs(PROJECT) == []
     assert world.git_gitlab.pushes == []
 
@@ -425,7 +425,7 @@ def test_binary_junk_in_a_patch_is_refused_naming_the_file(client: Any, world: W
     assert "adds binary file junk.bin" in last_comment(world) and world.git_gitlab.pushes == []
     # FROGFIX_ALLOW_BINARY_PATCHES=true lets the same patch through to verification.
     base, patch = job.base_commit or "", attempt.patch or ""
-    changes = take_evidence(world.bare("gitlab"), base, patch, world.tmp / "s", max_bytes=2**20)
+    changes = take_evidence(world.bare("gitlab"), base, patch, world.tmp / "s", limits=EvidenceLimits())
     assert refusal_reasons(changes, RepoConfig(), allow_binary=True) == []
 
 

