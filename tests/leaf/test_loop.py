@@ -575,3 +575,41 @@ def test_leaf_run_appends_to_the_history_it_was_given() -> None:
     assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "assistant"]
     assert (leaf.steps, leaf.records, leaf.final_answer) == (2, result.records, "done")
     assert all(record.history is history for record in result.records)
+
+
+@pytest.mark.parametrize("arguments", [
+    '{"command": "ls", "x": ' + "[" * 1000 + "]" * 1000 + "}",  # json.loads itself runs out of stack
+    '{"command": "ls", "timeout": NaN, "x": ' + "[" * 500 + "]" * 500 + "}",  # the strict rewrite did
+])
+def test_deeply_nested_arguments_get_an_answer_and_the_run_goes_on(
+    serve: Serve, client_for: ClientFor, arguments: str
+) -> None:
+    """RecursionError is no ValueError: it left run_leaf, and the attempt failed as an internal error."""
+    server = serve(assistant(None, tool_calls=[tool_call("Bash", arguments, "d1")]),
+                   assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"}, "g1")]),
+                   assistant("\n\nDone."))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert (result.exit_reason, result.final_answer, len(server.requests)) == ("agent", "Done.", 3)
+    assert [name for name, _ in sandbox.calls] == ["Glob"]  # the nested call was answered, not run
+    answer = tool_messages(result)[0]
+    assert answer["tool_call_id"] == "d1" and answer["content"].startswith(("JSONDecodeError: ", "ValueError: "))
+    assert result.messages[2]["tool_calls"][0]["function"]["arguments"] == "{}"
+    for body in server.requests[1:]:
+        for message in strict_json(body)["messages"]:
+            for call in message.get("tool_calls") or []:
+                assert isinstance(strict_json(call["function"]["arguments"].encode()), dict)
+
+
+def test_a_deeply_nested_json_text_call_gets_an_answer_and_the_run_goes_on(
+    serve: Serve, client_for: ClientFor
+) -> None:
+    """The text fallback's JSON form, 1000 deep: a format error answer, nothing run."""
+    depth = 1000
+    nested = '{"name": "Bash", "arguments": {"command": "ls", "x": ' + "[" * depth + "]" * depth + "}}"
+    server = serve(assistant(f"<tool_call>\n{nested}\n</tool_call>"), assistant("\n\nDone."))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert (result.exit_reason, result.final_answer, len(server.requests)) == ("agent", "Done.", 2)
+    assert sandbox.calls == []
+    assert tool_messages(result)[0]["content"].startswith((ERROR_NAME, "ValueError: "))

@@ -258,22 +258,23 @@ def _is_strict_object(raw: Any) -> bool:
         return False
     try:
         return isinstance(json.loads(raw, parse_constant=_reject_constant), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting deeper than the stack: not kept as returned
         return False
 
 
 def strict_arguments(raw: Any) -> str:
     """Arguments as strict JSON for an object: a non-finite number becomes its token as a string
-    (`"Infinity"`), so the history still says what was asked; what is no object becomes `{}`."""
+    (`"Infinity"`), so the history still says what was asked; what is no object, or is nested
+    deeper than Python's stack can walk, becomes `{}`."""
     value: Any = raw
-    if isinstance(raw, str | bytes):
-        try:
+    try:
+        if isinstance(raw, str | bytes):
             value = json.loads(raw)
-        except ValueError:
-            value = None
-    if not isinstance(value, Mapping):
-        return "{}"
-    return json.dumps(_finite(value), ensure_ascii=False)
+        if isinstance(value, Mapping):
+            return json.dumps(_finite(value), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        pass
+    return "{}"
 
 
 def _finite(value: Any) -> Any:
@@ -343,8 +344,12 @@ def plan_calls(message: Mapping[str, Any], step: int) -> tuple[list[_Planned], b
 
 
 def _non_finite_error(name: str, arguments: Mapping[str, Any]) -> str | None:
-    """The answer to a call whose arguments hold NaN or an infinity: it is not run."""
-    found = non_finite_argument(arguments)
+    """The answer to a call whose arguments hold NaN or an infinity, or nest deeper than the
+    stack can walk: it is not run."""
+    try:
+        found = non_finite_argument(arguments)
+    except RecursionError:
+        return f"ValueError: the arguments of this {name or 'tool'} call nest too deeply; send a flat JSON object."
     if found is None:
         return None
     return (
@@ -367,22 +372,19 @@ def _plan_native(call: Any, step: int, index: int) -> _Planned:
     raw = function.get("arguments")
     if raw is None or raw == "":
         return _Planned(call_id, name, {}, None, "native")
-    if isinstance(raw, Mapping):
-        error = _non_finite_error(name, raw)
-        return _Planned(call_id, name, None if error else dict(raw), error, "native")
     try:
         value = json.loads(raw) if isinstance(raw, str | bytes) else raw
-    except ValueError as exc:
+        if not isinstance(value, Mapping):
+            error = f"TypeError: tool arguments must be a JSON object, not {type(value).__name__}."
+            return _Planned(call_id, name, None, error, "native")
+        error = _non_finite_error(name, value)
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the stack
         error = (
-            f"JSONDecodeError: the arguments of this {name or 'tool'} call are not valid JSON ({exc}). "
-            "Send the arguments as one JSON object."
+            f"JSONDecodeError: the arguments of this {name or 'tool'} call are not valid JSON "
+            f"({str(exc)[:200]}). Send the arguments as one flat JSON object."
         )
         return _Planned(call_id, name, None, error, "native")
-    if not isinstance(value, dict):
-        error = f"TypeError: tool arguments must be a JSON object, not {type(value).__name__}."
-        return _Planned(call_id, name, None, error, "native")
-    error = _non_finite_error(name, value)
-    return _Planned(call_id, name, None if error else value, error, "native")
+    return _Planned(call_id, name, None if error else dict(value), error, "native")
 
 
 def _length_exit(reply: ModelReply, limits: LeafLimits) -> str:
