@@ -91,9 +91,29 @@ class Usage:
         return cls(prompt, completion, total, cached)
 
 
+# No reply of a model FrogFix serves comes near a billion tokens; a figure past it is a server's
+# bug, and summed into int columns it would break the attempt's final write.
+MAX_TOKENS_PER_CALL: Final = 10**9
+
+
 def _as_int(value: Any) -> int:
-    """A token count as reported; anything but a non-negative int (a bool, a string, -1) is 0."""
-    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count as reported; anything but an int in 0..MAX_TOKENS_PER_CALL (a bool, a
+    string, -1, 10**20) is 0, and the first absurdly large one is logged once per process."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 0
+    if value > MAX_TOKENS_PER_CALL:
+        _warn_once("model_usage_out_of_range", limit=MAX_TOKENS_PER_CALL, digits=len(str(value)))
+        return 0
+    return value
+
+
+def _warn_once(kind: str, **fields: Any) -> None:
+    """Log warning `kind` once per process, through the same registry as the per-server warnings."""
+    with _warned_lock:
+        if (kind, "") in _warned:
+            return
+        _warned.add((kind, ""))
+    log.warning(kind, **fields)
 
 
 def warn_without_cache_report(server: str, usage: Usage | None) -> None:
