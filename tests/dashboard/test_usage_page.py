@@ -200,3 +200,33 @@ def test_the_usage_page_needs_a_sign_in_and_escapes_project_names(client: Any, o
     sign_in(client)
     html = client.get("/usage").text
     assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_the_queue_wait_of_every_run_adds_up(signed_in: Any) -> None:
+    """Review round, retry, budget hold: the job keeps the latest run's wait and the total over its runs."""
+    from app.models import JobEvent
+
+    job_id = new_job(project="acme/calc", issue=12)
+
+    def claim_after(minutes: int, kind: str) -> None:
+        with session_scope() as session:
+            session.query(JobEvent).filter(JobEvent.job_id == job_id, JobEvent.kind == kind).update(
+                {"at": utcnow() - timedelta(minutes=minutes)})
+            session.query(Job).filter(Job.id == job_id).update({"created_at": utcnow() - timedelta(minutes=minutes)})
+        with session_scope() as session:
+            assert transitions.claim_job(session, job_id)
+
+    claim_after(10, "created")
+    with session_scope() as session:
+        transitions.set_status(session, job_id, JobStatus.failed)
+        transitions.retry_job(session, job_id, "ops")
+    claim_after(5, "retried")
+    with session_scope() as session:
+        job = records.get_job(session, job_id)
+        latest, total = job.queue_wait_seconds, job.queue_wait_total_seconds
+    assert latest is not None and 299 <= latest <= 360
+    assert total is not None and 899 <= total <= 1000
+    api = signed_in.get(f"/api/jobs/{job_id}").json()
+    assert (api["queue_wait_seconds"], api["queue_wait_total_seconds"]) == (round(latest, 3), round(total, 3))
+    html = signed_in.get(f"/jobs/{job_id}").text
+    assert "Queue wait, latest run" in html and re.search(r'id="fact-queue-wait-total">1[45] min', html)
