@@ -425,7 +425,7 @@ class UsageCounters:
 
     Tokens and seconds are summed over finished attempts by project and attempt outcome: an
     attempt's status never changes once it ends, so these only grow. Jobs are counted by project
-    and final status (a retried job leaves its old outcome's count until it ends again).
+    and final status, which /metrics exposes as a gauge: a retried job leaves its old outcome.
     """
 
     attempts: dict[tuple[str, str], UsageFigures]  # (project, attempt status) -> figures

@@ -112,8 +112,10 @@ def test_metrics_count_usage_by_project_and_outcome(client: Any) -> None:
     assert 'frogfix_model_seconds_total{outcome="verified",project="acme/calc"} 1800.0' in text
     assert 'frogfix_sandbox_seconds_total{outcome="verified",project="acme/web"} 1.0' in text
     assert 'frogfix_model_calls_total{outcome="no_fix",project="acme/calc"} 3.0' in text
-    assert 'frogfix_jobs_finished_total{outcome="done",project="acme/calc"} 1.0' in text
-    assert 'frogfix_jobs_finished_total{outcome="failed",project="acme/calc"} 1.0' in text
+    # Jobs leave a final status (a retry, a review round): a gauge, since a counter must never go down.
+    assert 'frogfix_jobs_finished{outcome="done",project="acme/calc"} 1.0' in text
+    assert 'frogfix_jobs_finished{outcome="failed",project="acme/calc"} 1.0' in text
+    assert "# TYPE frogfix_jobs_finished gauge" in text and "frogfix_jobs_finished_total" not in text
     assert 'frogfix_prompt_cached_ratio{project="acme/calc"} 0.6' in text
     assert 'frogfix_prompt_cached_ratio{project="acme/web"} 0.0' in text
     assert "# TYPE frogfix_tokens_total counter" in text and "# TYPE frogfix_prompt_cached_ratio gauge" in text
