@@ -151,3 +151,22 @@ def test_an_absurd_token_count_is_logged_once(monkeypatch: pytest.MonkeyPatch) -
     assert first is not None and (first.prompt_tokens, first.completion_tokens) == (0, 10**9)
     warnings = [entry for entry in logs if entry["event"] == "model_usage_out_of_range"]
     assert len(warnings) == 1 and warnings[0]["limit"] == 10**9 and warnings[0]["digits"] == 21
+
+
+def test_an_aborted_replys_tokens_count_as_a_call_without_a_step(serve: Serve, client_for: ClientFor) -> None:
+    """SGLang reports usage on an abort (prompt 1000, completion 31): the GPU spent them, the budget counts them."""
+    aborted = as_reply(sglang_case("abort_mid_call"))
+    last = sglang_case("cache_report_on")  # the answer: 5000 prompt, 4800 cached, 40 completion
+    # Sent again within the retry budget, then answered: the abort is a call of that step.
+    answered = run_leaf(client_for(serve(aborted, as_reply(last))), SandboxDouble(), "task", system_prompt="sys")
+    figures = answered.figures()
+    assert answered.exit_reason == "agent" and len(answered.records) == 1
+    assert (figures.prompt_tokens, figures.completion_tokens, figures.cached_tokens) == (6000, 71, 4800)
+    assert (figures.model_calls, figures.steps) == (2, 1)
+    # Aborted until the retries ran out: the run ends llm_query_error, and every abort's tokens still count.
+    failed = run_leaf(client_for(serve(aborted, aborted, aborted), max_retries=2), SandboxDouble(), "task",
+                      system_prompt="sys")
+    figures = failed.figures()
+    assert failed.exit_reason == "llm_query_error" and failed.records == []
+    assert (figures.prompt_tokens, figures.completion_tokens, figures.model_calls, figures.steps) == (3000, 93, 3, 0)
+    assert failed.usage.cached_unreported == 3

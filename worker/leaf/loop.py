@@ -519,6 +519,7 @@ class LeafRun:
             model_seconds = time.perf_counter() - model_started
             self.model_seconds += model_seconds
         if (reply.finish_reason or "").lower() == ABORT_FINISH_REASON:  # not appended: nobody said it
+            self._count_unanswered([reply.usage])
             raise _Exit(ExitReason.llm_query_error, "the model server aborted the request (finish_reason abort)")
         assistant = self._append_reply(reply)
         planned, from_text = plan_calls(reply.message, index)
@@ -541,19 +542,28 @@ class LeafRun:
     def query(self, remaining: float) -> ModelReply:
         """One model call with the whole history; its failures become exits."""
         try:
-            return self.model.complete(
+            reply = self.model.complete(
                 self.messages, self.tools, timeout=remaining,
                 max_completion_tokens=self.limits.max_completion_tokens,
             )
         except ContextOverflow as exc:
+            self._count_unanswered(exc.spent)
             raise _Exit(ExitReason.max_context_len, str(exc)) from exc
         except ModelQueryError as exc:
+            self._count_unanswered(exc.spent)
             # A call cut short by the run's own deadline is the time limit, not a model failure.
             timed_out = self.clock() - self.started >= self.limits.max_seconds
             raise _Exit(ExitReason.max_time if timed_out else ExitReason.llm_query_error, str(exc)) from exc
         except Exception as exc:  # a bug in a model client must still end the run cleanly
             log.exception("model client failed")
             raise _Exit(ExitReason.llm_query_error, f"{type(exc).__name__}: {exc}") from exc
+        self._count_unanswered(reply.aborted)
+        return reply
+
+    def _count_unanswered(self, spent: Sequence[Usage | None]) -> None:
+        """Replies the server aborted: calls without a step, whose reported tokens were still spent."""
+        for usage in spent:
+            self.totals.add(usage)
 
     def answer(self, reply: ModelReply, assistant: Mapping[str, Any], planned: Sequence[_Planned]) -> _Answers:
         """Answer a reply's calls in order, appending each answer to the history as it comes.
