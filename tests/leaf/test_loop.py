@@ -211,7 +211,8 @@ def test_an_abort_from_another_client_ends_the_run_unappended() -> None:
                          "abort")
     sandbox = SandboxDouble()
     result = run(ReplayModel([aborted]), sandbox)
-    assert (result.exit_reason, result.steps, result.records, sandbox.calls) == ("llm_query_error", 1, [], [])
+    assert (result.exit_reason, result.steps, result.records, sandbox.calls) == ("llm_query_error", 0, [], [])
+    assert result.model_calls_made == 1 and result.figures().model_calls == 1  # a call, no step
     assert len(result.messages) == 2
 
 
@@ -318,7 +319,8 @@ def test_server_that_never_answers_ends_with_llm_query_error(serve: Serve, clien
     assert result.exit_reason == "llm_query_error"
     assert result.error and "timed out" in result.error
     assert time.monotonic() - started < 2.0
-    assert result.steps == 1 and result.records == []
+    # "steps" are replies (trajectory, job page, fix --json agree); the call without one is still a call made.
+    assert (result.steps, result.model_calls_made, result.records) == (0, 1, [])
 
 
 def test_context_overflow_answer_ends_with_max_context_len(serve: Serve, client_for: ClientFor) -> None:
@@ -558,7 +560,7 @@ def test_zero_steps_allowed_is_max_turns() -> None:
 def test_model_failure_after_the_deadline_is_max_time_read_from_the_clock() -> None:
     ticks = iter([5.0, 10.0, 200.0, 250.0])  # start, the step's time check, the failure's check, the end
     result = run(ReplayModel([]), limits=LeafLimits(max_seconds=100.0), clock=lambda: next(ticks))
-    assert (result.exit_reason, result.steps, result.records) == ("max_time", 1, [])
+    assert (result.exit_reason, result.steps, result.model_calls_made, result.records) == ("max_time", 0, 1, [])
     assert result.error and result.elapsed_s == 245.0
     ticks = iter([5.0, 10.0, 50.0, 60.0])
     early = run(ReplayModel([]), limits=LeafLimits(max_seconds=100.0), clock=lambda: next(ticks))
@@ -573,7 +575,7 @@ def test_leaf_run_appends_to_the_history_it_was_given() -> None:
     result = leaf.run()
     assert result.messages is history and json.dumps(history[:2]) == sent
     assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "assistant"]
-    assert (leaf.steps, leaf.records, leaf.final_answer) == (2, result.records, "done")
+    assert (leaf.model_calls_made, leaf.records, leaf.final_answer) == (2, result.records, "done")
     assert all(record.history is history for record in result.records)
 
 

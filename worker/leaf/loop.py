@@ -179,7 +179,12 @@ class UsageTotals:
 
 @dataclass
 class LeafResult:
-    """How a run ended. The patch is taken by the caller from the sandbox (LEAF.md step 6)."""
+    """How a run ended. The patch is taken by the caller from the sandbox (LEAF.md step 6).
+
+    `steps` is the replies the run answered (one trajectory step, one usage step each): the one
+    meaning of "steps" on the job page, in trajectories and in `fix --json`. Model calls that got
+    no reply (failed, aborted) are in `model_calls_made`.
+    """
 
     exit_reason: str
     steps: int
@@ -191,13 +196,14 @@ class LeafResult:
     model_seconds: float
     tool_seconds: float
     records: list[StepRecord]
+    model_calls_made: int = 0
 
     def figures(self) -> UsageFigures:
         """The run's usage: one step per reply; model seconds include calls that failed."""
         u = self.usage
         return UsageFigures(
             prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens,
-            model_calls=u.calls, steps=len(self.records), model_seconds=self.model_seconds,
+            model_calls=u.calls, steps=self.steps, model_seconds=self.model_seconds,
             sandbox_seconds=self.tool_seconds,
         )
 
@@ -475,7 +481,7 @@ class LeafRun:
     model_seconds: float = field(default=0.0, init=False)
     tool_seconds: float = field(default=0.0, init=False)
     estimated: int = field(default=0, init=False)  # tokens, when the server reports none
-    steps: int = field(default=0, init=False)  # model calls made, including one that failed
+    model_calls_made: int = field(default=0, init=False)  # including one that failed or was aborted
     started: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
@@ -493,7 +499,8 @@ class LeafRun:
             reason, error = ending.reason, ending.error
         return LeafResult(
             exit_reason=reason,
-            steps=self.steps,
+            steps=len(self.records),
+            model_calls_made=self.model_calls_made,
             messages=self.messages,
             final_answer=self.final_answer,
             usage=self.totals,
@@ -511,7 +518,7 @@ class LeafRun:
         remaining = self.limits.max_seconds - (self.clock() - self.started)
         if remaining <= 0:
             raise _Exit(ExitReason.max_time)
-        self.steps += 1
+        self.model_calls_made += 1
         model_started = time.perf_counter()
         try:
             reply = self.query(remaining)
