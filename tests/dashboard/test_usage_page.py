@@ -12,7 +12,7 @@ import pytest
 
 from app.db import session_scope
 from app.jobs import read_model, records, transitions
-from app.models import Job, JobStatus, utcnow
+from app.models import Job, JobAttempt, JobStatus, utcnow
 from app.usage import UsageFigures
 from tests.conftest import configure
 from tests.dashboard.conftest import browser_sign_in, screenshot
@@ -32,6 +32,7 @@ def used_job(project: str, issue: int, status: str, usage: UsageFigures, *, days
         transitions.set_status(session, job_id, JobStatus(status))
         created = utcnow() - timedelta(days=days_ago)
         session.query(Job).filter(Job.id == job_id).update({"created_at": created})
+        session.query(JobAttempt).filter(JobAttempt.id == attempt_id).update({"started_at": created})
     return job_id
 
 
@@ -232,3 +233,20 @@ def test_the_queue_wait_of_every_run_adds_up(signed_in: Any) -> None:
     assert (api["queue_wait_seconds"], api["queue_wait_total_seconds"]) == (round(latest, 3), round(total, 3))
     html = signed_in.get(f"/jobs/{job_id}").text
     assert "Queue wait, latest run" in html and re.search(r'id="fact-queue-wait-total">1[45] min', html)
+
+
+def test_the_usage_page_counts_a_day_as_the_budget_does(signed_in: Any) -> None:
+    """An attempt counts on the UTC day it started (the budget's tokens_today), not on its job's creation day."""
+    from app.jobs.scheduler import tokens_today
+
+    job_id = used_job("acme/late", 1, "done", UsageFigures(7_000, 70, 0, 1, 1, 10.0, 1.0), days_ago=1)
+    with session_scope() as session:  # created yesterday, but it only ran today
+        session.query(JobAttempt).filter(JobAttempt.job_id == job_id).update({"started_at": utcnow()})
+        budget_today = tokens_today(session, [("gitlab", "acme/late")], utcnow())[("gitlab", "acme/late")]
+    today = utcnow().strftime("%Y-%m-%d")
+    html = signed_in.get("/usage").text
+    assert budget_today == 7_070
+    assert _row(html, "usage-days", "acme/late", today).startswith(f"{today} acme/late 1 done 1 7,000 ")
+    assert f'data-project="acme/late" data-day="{(utcnow() - timedelta(days=1)).strftime("%Y-%m-%d")}"' not in html
+    assert "the day a project&#39;s daily token budget counts them on" in html or \
+        "the day a project's daily token budget counts them on" in html
