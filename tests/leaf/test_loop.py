@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from sandbox.base import SandboxError
 from tests.doubles.openai_server import (
@@ -413,7 +414,11 @@ def test_on_step_failure_does_not_end_the_run(serve: Serve, client_for: ClientFo
         raise RuntimeError("database is gone")
 
     server = serve(assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"})]), assistant("done"))
-    assert run(client_for(server), on_step=broken).exit_reason == "agent"
+    with capture_logs() as logs:
+        assert run(client_for(server), on_step=broken).exit_reason == "agent"
+    # worker/leaf logs through structlog only (as model.py), with the step as a field
+    assert [(e["event"], e["step"], e["log_level"]) for e in logs if e["event"] == "leaf_on_step_failed"] == [
+        ("leaf_on_step_failed", 0, "warning"), ("leaf_on_step_failed", 1, "warning")]
 
 
 def test_history_message_keeps_only_what_the_template_reads() -> None:

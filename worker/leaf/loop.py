@@ -15,13 +15,13 @@ database, queue or web code. The worker persists each step through `on_step`.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from app.logs import get_logger
 from app.statuses import LEAF_EXITS, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
@@ -36,7 +36,7 @@ from worker.leaf.model import (
 from worker.leaf.textcalls import UNREAD_REPLY, extract_text_calls
 from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS, coerce_arguments
 
-log = logging.getLogger(__name__)
+log = get_logger("frogfix.leaf")  # structlog, as model.py: one logging style in worker/leaf
 
 EXIT_REASONS: Final = LEAF_EXITS  # their one home is app/statuses.py
 LENGTH_FINISH_REASONS: Final = frozenset({"length", "max_tokens", "max_new_tokens"})
@@ -411,7 +411,7 @@ def _asked(cancel: Callable[[], bool] | None) -> bool:
     try:
         return bool(cancel())
     except Exception:
-        log.warning("cancel check failed; carrying on", exc_info=True)
+        log.warning("leaf_cancel_check_failed", hint="carrying on", exc_info=True)
         return False
 
 
@@ -562,7 +562,7 @@ class LeafRun:
             timed_out = self.clock() - self.started >= self.limits.max_seconds
             raise _Exit(ExitReason.max_time if timed_out else ExitReason.llm_query_error, str(exc)) from exc
         except Exception as exc:  # a bug in a model client must still end the run cleanly
-            log.exception("model client failed")
+            log.exception("leaf_model_client_failed")
             raise _Exit(ExitReason.llm_query_error, f"{type(exc).__name__}: {exc}") from exc
         self._count_unanswered(reply.aborted)
         return reply
@@ -626,7 +626,7 @@ class LeafRun:
         except SandboxError as exc:
             raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # the sandbox broke in a way it did not foresee
-            log.exception("sandbox call_tool failed")
+            log.exception("leaf_sandbox_call_failed", tool=call.name)
             raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
         return output if isinstance(output, str) else str(output)
 
@@ -658,4 +658,4 @@ class LeafRun:
         try:
             self.on_step(record)
         except Exception:
-            log.warning("on_step callback failed at step %d", record.step, exc_info=True)
+            log.warning("leaf_on_step_failed", step=record.step, exc_info=True)
