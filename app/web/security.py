@@ -63,7 +63,9 @@ def bearer_problem(authorization: str | None, settings: Settings) -> str | None:
 def bearer_matches(authorization: str | None, expected: str) -> bool:
     """The header is `Bearer <expected>` (compared in constant time); never true for an empty token."""
     scheme, _, token = (authorization or "").partition(" ")
-    return bool(expected) and scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), expected.encode())
+    if not expected or scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode(), expected.encode())
 
 
 def safe_next(target: str | None) -> str:

@@ -288,7 +288,7 @@ def test_the_ingress_routes_what_the_app_serves_publicly_and_not_metrics(built: 
     served = {route.path.replace("{job_id}", "1").replace("{attempt_id}", "2")  # type: ignore[attr-defined]
               for module in (api, dashboard, health, webhooks) for route in module.router.routes}
     assert closed <= served and "/usage" in served
-    for path in sorted(served - closed) + ["/static/app.css"]:
+    for path in [*sorted(served - closed), "/static/app.css"]:
         assert _ingress_routes(built, path), f"the example Ingress does not route {path}"
     for path in ("/metrics", "/metrics/", "/healthz", "/readyz", "/openapi.json", "/docs"):
         assert not _ingress_routes(built, path), f"the example Ingress routes {path}"

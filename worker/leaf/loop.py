@@ -380,17 +380,17 @@ def _plan_native(call: Any, step: int, index: int) -> _Planned:
         return _Planned(call_id, name, {}, None, "native")
     try:
         value = json.loads(raw) if isinstance(raw, str | bytes) else raw
-        if not isinstance(value, Mapping):
-            error = f"TypeError: tool arguments must be a JSON object, not {type(value).__name__}."
-            return _Planned(call_id, name, None, error, "native")
-        error = _non_finite_error(name, value)
     except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the stack
         error = (
             f"JSONDecodeError: the arguments of this {name or 'tool'} call are not valid JSON "
             f"({str(exc)[:200]}). Send the arguments as one flat JSON object."
         )
         return _Planned(call_id, name, None, error, "native")
-    return _Planned(call_id, name, None if error else dict(value), error, "native")
+    if not isinstance(value, Mapping):
+        wrong = f"TypeError: tool arguments must be a JSON object, not {type(value).__name__}."
+        return _Planned(call_id, name, None, wrong, "native")
+    found = _non_finite_error(name, value)  # a RecursionError there is its own answer
+    return _Planned(call_id, name, None if found else dict(value), found, "native")
 
 
 def _length_exit(reply: ModelReply, limits: LeafLimits) -> str:
