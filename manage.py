@@ -528,13 +528,16 @@ def _print_job(d: dict[str, Any]) -> None:
 
 
 def _usage_lines(d: dict[str, Any]) -> list[str]:
-    """The job's usage table: one row per attempt, then the job's sums, then its queue wait."""
+    """The job's usage table: one row per attempt, then the job's sums, then its queue waits."""
     from app.usage import UsageFigures, usage_table
 
     rows = [(f"{a['run']}.{a['number']}", UsageFigures.from_dict(a.get("usage"))) for a in d["attempts"]]
     rows.append(("job", UsageFigures.from_dict(d.get("usage"))))
-    wait = d.get("queue_wait_seconds")
-    queued = f"  queue wait {wait:.1f} s before the latest claim" if isinstance(wait, int | float) else ""
+    wait, total = d.get("queue_wait_seconds"), d.get("queue_wait_total_seconds")
+    queued = (
+        f"  queue wait {wait:.1f} s before the latest claim, {total or 0.0:.1f} s over all runs"
+        if isinstance(wait, int | float) else ""
+    )
     return ["usage", *("  " + line for line in usage_table(rows).splitlines()), *([queued] if queued else [])]
 
 

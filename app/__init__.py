@@ -5,8 +5,11 @@ Inside:
   (Alembic, migrations/ at the top level), auth.py (dashboard operators and signed cookies).
 - statuses.py: the one list of job and attempt statuses, exit reasons and `fix` outcomes, their
   groups and the labels people read.
+- usage.py: `UsageFigures`, the one shape of what a run cost (tokens, calls, steps, model and
+  sandbox seconds), for trajectories, `fix --json`, the API, `show`, the pages and /metrics.
 - models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
-  webhook intake, the dashboard's read model, requeue-and-send).
+  webhook intake, the dashboard's read model, requeue-and-send, and scheduler.py: the fair queue
+  and per-project budgets).
 - queue.py: the Celery app and the task names (tasks are sent by name); sweep.py sends again
   jobs whose task was lost.
 - forge/: the Forge seam: webhook parsing (pure, no I/O) and the GitLab and Gitea API clients.
@@ -16,7 +19,8 @@ What may import what:
 - Nothing in app/ imports worker/ or sandbox/: the worker depends on app, never the reverse, and
   the web layer reaches the worker only through task names on the queue.
 - app/forge imports nothing else of ours, so the worker's pipeline can use it on its own.
-- statuses.py (and any other pure vocabulary module added beside it) imports only the standard
-  library, so worker/leaf, which must not import a database or web code, may use it.
+- statuses.py, trajectory.py and usage.py (and any other pure vocabulary module added beside
+  them) import only the standard library, so worker/leaf, which must not import a database or
+  web code, may use them; worker/leaf also logs through logs.py (structlog).
 - web/ uses the core; the core never imports web/.
 """

@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -105,14 +106,16 @@ class Job(Base):
     exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     # Usage (migration 0005): a job's figures are the sums over its attempts.
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    model_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    model_calls: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     model_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     sandbox_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    # Seconds from the enqueue to the worker's claim of the latest run; None until claimed.
+    # Seconds from the enqueue to the worker's claim of the latest run, and summed over every
+    # run (retries, review rounds, budget holds); None until first claimed.
     queue_wait_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    queue_wait_total_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -161,6 +164,9 @@ class Job(Base):
             "finished_at": _iso(self.finished_at),
             "usage": self.usage.to_dict(),
             "queue_wait_seconds": None if self.queue_wait_seconds is None else round(self.queue_wait_seconds, 3),
+            "queue_wait_total_seconds": (
+                None if self.queue_wait_total_seconds is None else round(self.queue_wait_total_seconds, 3)
+            ),
         }
 
 
@@ -188,10 +194,10 @@ class JobAttempt(Base):
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Usage (migration 0005): this attempt's own figures.
-    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    cached_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    model_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    model_calls: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     model_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     sandbox_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

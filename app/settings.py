@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     gitea_webhook_secret: SecretStr = SecretStr("")
 
     admin_token: SecretStr = SecretStr("")
+    # Bearer token Prometheus sends for GET /metrics (it names every project and its token use);
+    # empty: /metrics stays open, for setups that reach it only from inside (compose, the Service).
+    metrics_token: SecretStr = SecretStr("")
     # Dashboard sign-in. The key signs session cookies and CSRF tokens; empty: one is generated
     # once and kept in data_dir/secret_key (mode 0600). Set it when several replicas serve the dashboard.
     secret_key: SecretStr = SecretStr("")
@@ -208,6 +211,7 @@ class Settings(BaseSettings):
             self.gitea_token,
             self.gitea_webhook_secret,
             self.admin_token,
+            self.metrics_token,
             self.secret_key,
         ]
         return [

@@ -150,6 +150,28 @@ def test_metrics_count_deliveries_and_jobs(client: Any) -> None:
     assert 'frogfix_jobs{status="queued"} 2.0' in text and 'frogfix_jobs{status="done"} 0.0' in text
 
 
+def test_metrics_need_the_metrics_token_when_one_is_set(frogfix_env: dict[str, Any]) -> None:
+    """/metrics names every project and its token use: with FROGFIX_METRICS_TOKEN set, only its bearer reads it."""
+    from fastapi.testclient import TestClient
+
+    from app.web.main import create_app
+
+    metrics_token = "metrics-token-5b2e91"
+    configure(frogfix_env["monkeypatch"], metrics_token=metrics_token)
+    with TestClient(create_app(run_sweep=False), raise_server_exceptions=False) as c:
+        for headers in ({}, AUTH, {"Authorization": f"Basic {metrics_token}"},
+                        {"Authorization": f"Bearer {metrics_token}x"}, {"Authorization": "Bearer "}):
+            r = c.get("/metrics", headers=headers)
+            assert r.status_code == 401 and "frogfix_" not in r.text, headers
+            assert r.headers["www-authenticate"] == "Bearer"
+        r = c.get("/metrics", headers={"Authorization": f"Bearer {metrics_token}"})
+        assert r.status_code == 200 and "frogfix_jobs{" in r.text
+        assert c.get("/healthz").status_code == 200  # the probes stay open
+    from app.settings import get_settings
+
+    assert metrics_token in get_settings().secret_values()  # redacted from logs like the other tokens
+
+
 def test_openapi_schema_is_served(client: Any) -> None:
     assert client.get("/openapi.json").status_code == 401  # the schema and /docs need the token or a sign-in
     schema = client.get("/openapi.json", headers=AUTH).json()

@@ -175,7 +175,12 @@ def test_usage_columns_arrive_as_zero_and_leave_cleanly(where: str, tmp_path: Pa
             for table in ("jobs", "job_attempts"):
                 row = conn.execute(text(f"SELECT {', '.join(usage)}, steps FROM {table}")).one()
                 assert tuple(row) == (0, 0, 0, 0, 0, 0, 4)
-            assert conn.execute(text("SELECT queue_wait_seconds FROM jobs")).scalar_one() is None
+            waits = conn.execute(text("SELECT queue_wait_seconds, queue_wait_total_seconds FROM jobs")).one()
+            assert tuple(waits) == (None, None)
+            # Counts are BIGINT: int4 refused a sum past 2**31 and the attempt's final write with it.
+            big = 3_000_000_000
+            conn.execute(text("UPDATE jobs SET prompt_tokens = :n, cached_tokens = :n"), {"n": big})
+            assert tuple(conn.execute(text("SELECT prompt_tokens, cached_tokens FROM jobs")).one()) == (big, big)
             # New rows get the defaults from the database itself.
             conn.execute(
                 text(
@@ -189,7 +194,7 @@ def test_usage_columns_arrive_as_zero_and_leave_cleanly(where: str, tmp_path: Pa
         with engine.connect() as conn:
             for table in ("jobs", "job_attempts"):
                 columns = {c["name"] for c in inspect(conn).get_columns(table)}
-                assert not columns & {*usage, "queue_wait_seconds"} and "steps" in columns
+                assert not columns & {*usage, "queue_wait_seconds", "queue_wait_total_seconds"} and "steps" in columns
             assert conn.execute(text("SELECT steps FROM job_attempts")).scalar_one() == 4
     finally:
         engine.dispose()

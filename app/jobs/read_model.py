@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Row, Select, and_, func, or_, select
+from sqlalchemy import Row, Select, and_, distinct, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions
@@ -342,7 +342,7 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class UsageRow:
-    """One project's jobs created on one UTC day: how many, how they ended, and what they used."""
+    """One project's attempts started on one UTC day: their jobs, how those ended, and what they used."""
 
     day: str  # YYYY-MM-DD
     project: str
@@ -378,36 +378,41 @@ class UsageReport:
         return sorted(totals.values(), key=lambda r: (-r.usage.prompt_tokens, r.project))
 
 
-def _created_day(session: Session) -> Any:
-    """A job's creation day in UTC as YYYY-MM-DD, in the session's SQL dialect."""
+def _utc_day(session: Session, column: Any) -> Any:
+    """A timestamp column's UTC day as YYYY-MM-DD, in the session's SQL dialect."""
     if session.get_bind().dialect.name == "postgresql":
-        return func.to_char(func.timezone("UTC", Job.created_at), "YYYY-MM-DD")
-    return func.date(Job.created_at)
+        return func.to_char(func.timezone("UTC", column), "YYYY-MM-DD")
+    return func.date(column)
+
+
+def _created_day(session: Session) -> Any:
+    """A job's creation day in UTC (the jobs-per-day chart counts jobs by it)."""
+    return _utc_day(session, Job.created_at)
 
 
 def usage_report(
     session: Session, now: datetime | None = None, days: int = 14, project: str | None = None
 ) -> UsageReport:
-    """Tokens, cached share, model time, jobs and outcomes per project and per day of creation (UTC).
+    """Tokens, cached share, model time, jobs and outcomes per project and per day (UTC).
 
-    A job's figures are the sums over its attempts (every run), counted on the day it was created,
-    as the jobs-per-day chart counts it.
+    An attempt's figures count on the UTC day it started, the day the per-project token budget
+    (app/jobs/scheduler.py `tokens_today`) counts them on, so "today" here is the budget's today.
+    A day's jobs are those with an attempt started that day, by their status now.
     """
     now = now or utcnow()
     since = (now - timedelta(days=days - 1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    day = _created_day(session).label("day")
-    where = [Job.created_at >= since] + ([Job.project == project] if project else [])
+    day = _utc_day(session, JobAttempt.started_at).label("day")
+    where = [JobAttempt.started_at >= since] + ([Job.project == project] if project else [])
     query = (
-        select(
-            day, Job.project, Job.status, func.count(),
-            *(func.coalesce(func.sum(getattr(Job, name)), 0) for name in USAGE_COLUMNS),
-        )
+        select(day, Job.project, Job.status, func.count(distinct(Job.id)).label("jobs"), *_attempt_sums())
+        .join(Job, Job.id == JobAttempt.job_id)
         .where(*where)
         .group_by("day", Job.project, Job.status)
     )
     cells: dict[tuple[str, str], tuple[int, dict[str, int], UsageFigures]] = {}
-    for d, proj, status, n, *sums in session.execute(query):
-        figures = UsageFigures(**{name: value for name, value in zip(USAGE_COLUMNS, sums, strict=True)})
+    for found in session.execute(query):
+        d, proj, status, n = found.day, found.project, found.status, found.jobs
+        figures = UsageFigures.of(found)  # PostgreSQL sums BIGINT as numeric: `of` makes ints of them
         jobs, outcomes, usage = cells.get((str(d), proj), (0, {}, UsageFigures()))
         cells[(str(d), proj)] = (jobs + int(n), {**outcomes, status: int(n)}, usage + figures)
     rows = [UsageRow(d, p, jobs, outcomes, usage) for (d, p), (jobs, outcomes, usage) in cells.items()]
@@ -425,7 +430,7 @@ class UsageCounters:
 
     Tokens and seconds are summed over finished attempts by project and attempt outcome: an
     attempt's status never changes once it ends, so these only grow. Jobs are counted by project
-    and final status (a retried job leaves its old outcome's count until it ends again).
+    and final status, which /metrics exposes as a gauge: a retried job leaves its old outcome.
     """
 
     attempts: dict[tuple[str, str], UsageFigures]  # (project, attempt status) -> figures
@@ -439,19 +444,20 @@ class UsageCounters:
         return {p: u.cached_share for p, u in per_project.items() if u.cached_share is not None}
 
 
+def _attempt_sums() -> list[Any]:
+    """Each usage column of `job_attempts` (and `steps`) summed, labelled by its name for UsageFigures.of."""
+    return [func.coalesce(func.sum(getattr(JobAttempt, name)), 0).label(name) for name in (*USAGE_COLUMNS, "steps")]
+
+
 def usage_counters(session: Session) -> UsageCounters:
     """The sums behind /metrics' usage counters (two grouped scans, no per-job work)."""
-    sums = (func.coalesce(func.sum(getattr(JobAttempt, name)), 0) for name in USAGE_COLUMNS)
     attempt_rows = session.execute(
-        select(Job.project, JobAttempt.status, *sums)
+        select(Job.project, JobAttempt.status.label("outcome"), *_attempt_sums())
         .join(Job, Job.id == JobAttempt.job_id)
         .where(JobAttempt.status != AttemptStatus.running.value)
         .group_by(Job.project, JobAttempt.status)
     )
-    attempts = {
-        (project, status): UsageFigures(**dict(zip(USAGE_COLUMNS, values, strict=True)))
-        for project, status, *values in attempt_rows
-    }
+    attempts = {(found.project, found.outcome): UsageFigures.of(found) for found in attempt_rows}
     job_rows = session.execute(
         select(Job.project, Job.status, func.count())
         .where(Job.status.in_(FINAL_STATUSES))

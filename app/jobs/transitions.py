@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, cast
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -68,7 +68,8 @@ def request_cancel(session: Session, job: Job, why: str) -> None:
 def claim_job(session: Session, job_id: int) -> bool:
     """queued -> running, guarded: of two deliveries of the same task, only one wins. Starts a new run.
 
-    Stamps the run's queue wait: from when the job last entered the queue to this claim.
+    Stamps the run's queue wait (from when the job last entered the queue to this claim) as the
+    latest run's, and adds it to the job's total over all its runs (retries, review rounds, holds).
     Workers claim through app/jobs/scheduler.py (`claim_next`), which picks the job and calls this.
     """
     now = utcnow()
@@ -79,7 +80,8 @@ def claim_job(session: Session, job_id: int) -> bool:
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued.value)
         .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now,
-                queue_wait_seconds=wait, hold_reason=None),
+                queue_wait_seconds=wait, hold_reason=None,
+                queue_wait_total_seconds=func.coalesce(Job.queue_wait_total_seconds, 0.0) + (wait or 0.0)),
     )
 
 

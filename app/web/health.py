@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Header, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -17,6 +17,7 @@ from app.jobs.records import count_deliveries, count_jobs_by_status, oldest_queu
 from app.queue import broker_folder, celery_app
 from app.settings import get_settings
 from app.statuses import JobStatus
+from app.web.security import bearer_matches
 
 router = APIRouter(tags=["health"])
 
@@ -98,7 +99,9 @@ def usage_metrics(counters: UsageCounters) -> Iterator[Metric]:
         labels=labels,
     )
     calls = CounterMetricFamily("frogfix_model_calls", "Model replies of finished attempts", labels=labels)
-    jobs = CounterMetricFamily("frogfix_jobs_finished", "Jobs by project and final status", labels=labels)
+    # A gauge: a retry or a review round takes a job out of its final status, and a counter never goes down.
+    jobs = GaugeMetricFamily("frogfix_jobs_finished", "Jobs now in a final status, by project and status",
+                             labels=labels)
     share = GaugeMetricFamily(
         "frogfix_prompt_cached_ratio", "Share of prompt tokens served from the prefix cache, by project",
         labels=["project"],
@@ -121,6 +124,11 @@ registry = CollectorRegistry()
 registry.register(DatabaseCollector())
 
 
-@router.get("/metrics", summary="Prometheus metrics")
-def metrics() -> Response:
+@router.get("/metrics", summary="Prometheus metrics (with FROGFIX_METRICS_TOKEN set: its bearer token only)")
+def metrics(authorization: str | None = Header(default=None)) -> Response:
+    """The metrics name every project and its token use, so a configured token guards them."""
+    expected = get_settings().metrics_token.get_secret_value()
+    if expected and not bearer_matches(authorization, expected):
+        return Response("missing or wrong bearer token\n", status_code=401, media_type="text/plain",
+                        headers={"WWW-Authenticate": "Bearer"})
     return Response(generate_latest(registry), media_type="text/plain; version=0.0.4; charset=utf-8")

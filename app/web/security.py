@@ -33,6 +33,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+# /metrics checks FROGFIX_METRICS_TOKEN itself (app/web/health.py): Prometheus has no session.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/favicon.ico"})
 OPEN_PREFIXES = ("/webhooks/", "/static/")
 SIGN_IN_PATHS = frozenset({"/login"})
@@ -56,10 +57,15 @@ def bearer_problem(authorization: str | None, settings: Settings) -> str | None:
     expected = settings.admin_token.get_secret_value()
     if not expected:
         return "the API is closed: FROGFIX_ADMIN_TOKEN is not set"
+    return None if bearer_matches(authorization, expected) else "missing or wrong bearer token"
+
+
+def bearer_matches(authorization: str | None, expected: str) -> bool:
+    """The header is `Bearer <expected>` (compared in constant time); never true for an empty token."""
     scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected.encode()):
-        return "missing or wrong bearer token"
-    return None
+    if not expected or scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode(), expected.encode())
 
 
 def safe_next(target: str | None) -> str:

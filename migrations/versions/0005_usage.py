@@ -1,5 +1,9 @@
 """usage accounting: tokens, model calls, model and sandbox seconds per job and attempt; queue wait per job
 
+The counts are BIGINT: a job's sums over many rounds (and a server's odd figure, before
+worker/leaf/model.py clamped them) can pass int4's 2**31. The queue wait is kept twice: the
+latest run's, and the total over all of the job's runs (a retry, a review round, a budget hold).
+
 Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-01
@@ -22,17 +26,19 @@ def upgrade() -> None:
     for table in ("jobs", "job_attempts"):
         with op.batch_alter_table(table) as batch:
             for name in _COUNTS:
-                batch.add_column(sa.Column(name, sa.Integer(), nullable=False, server_default="0"))
+                batch.add_column(sa.Column(name, sa.BigInteger(), nullable=False, server_default="0"))
             for name in _SECONDS:
                 batch.add_column(sa.Column(name, sa.Float(), nullable=False, server_default="0"))
             if table == "jobs":
                 batch.add_column(sa.Column("queue_wait_seconds", sa.Float(), nullable=True))
+                batch.add_column(sa.Column("queue_wait_total_seconds", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
     for table in ("job_attempts", "jobs"):
         with op.batch_alter_table(table) as batch:
             if table == "jobs":
+                batch.drop_column("queue_wait_total_seconds")
                 batch.drop_column("queue_wait_seconds")
             for name in reversed(_SECONDS):
                 batch.drop_column(name)

@@ -12,7 +12,7 @@ import pytest
 
 from app.db import session_scope
 from app.jobs import read_model, records, transitions
-from app.models import Job, JobStatus, utcnow
+from app.models import Job, JobAttempt, JobStatus, utcnow
 from app.usage import UsageFigures
 from tests.conftest import configure
 from tests.dashboard.conftest import browser_sign_in, screenshot
@@ -32,6 +32,7 @@ def used_job(project: str, issue: int, status: str, usage: UsageFigures, *, days
         transitions.set_status(session, job_id, JobStatus(status))
         created = utcnow() - timedelta(days=days_ago)
         session.query(Job).filter(Job.id == job_id).update({"created_at": created})
+        session.query(JobAttempt).filter(JobAttempt.id == attempt_id).update({"started_at": created})
     return job_id
 
 
@@ -112,8 +113,10 @@ def test_metrics_count_usage_by_project_and_outcome(client: Any) -> None:
     assert 'frogfix_model_seconds_total{outcome="verified",project="acme/calc"} 1800.0' in text
     assert 'frogfix_sandbox_seconds_total{outcome="verified",project="acme/web"} 1.0' in text
     assert 'frogfix_model_calls_total{outcome="no_fix",project="acme/calc"} 3.0' in text
-    assert 'frogfix_jobs_finished_total{outcome="done",project="acme/calc"} 1.0' in text
-    assert 'frogfix_jobs_finished_total{outcome="failed",project="acme/calc"} 1.0' in text
+    # Jobs leave a final status (a retry, a review round): a gauge, since a counter must never go down.
+    assert 'frogfix_jobs_finished{outcome="done",project="acme/calc"} 1.0' in text
+    assert 'frogfix_jobs_finished{outcome="failed",project="acme/calc"} 1.0' in text
+    assert "# TYPE frogfix_jobs_finished gauge" in text and "frogfix_jobs_finished_total" not in text
     assert 'frogfix_prompt_cached_ratio{project="acme/calc"} 0.6' in text
     assert 'frogfix_prompt_cached_ratio{project="acme/web"} 0.0' in text
     assert "# TYPE frogfix_tokens_total counter" in text and "# TYPE frogfix_prompt_cached_ratio gauge" in text
@@ -200,3 +203,50 @@ def test_the_usage_page_needs_a_sign_in_and_escapes_project_names(client: Any, o
     sign_in(client)
     html = client.get("/usage").text
     assert "<img src=x" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+
+
+def test_the_queue_wait_of_every_run_adds_up(signed_in: Any) -> None:
+    """Review round, retry, budget hold: the job keeps the latest run's wait and the total over its runs."""
+    from app.models import JobEvent
+
+    job_id = new_job(project="acme/calc", issue=12)
+
+    def claim_after(minutes: int, kind: str) -> None:
+        with session_scope() as session:
+            session.query(JobEvent).filter(JobEvent.job_id == job_id, JobEvent.kind == kind).update(
+                {"at": utcnow() - timedelta(minutes=minutes)})
+            session.query(Job).filter(Job.id == job_id).update({"created_at": utcnow() - timedelta(minutes=minutes)})
+        with session_scope() as session:
+            assert transitions.claim_job(session, job_id)
+
+    claim_after(10, "created")
+    with session_scope() as session:
+        transitions.set_status(session, job_id, JobStatus.failed)
+        transitions.retry_job(session, job_id, "ops")
+    claim_after(5, "retried")
+    with session_scope() as session:
+        job = records.get_job(session, job_id)
+        latest, total = job.queue_wait_seconds, job.queue_wait_total_seconds
+    assert latest is not None and 299 <= latest <= 360
+    assert total is not None and 899 <= total <= 1000
+    api = signed_in.get(f"/api/jobs/{job_id}").json()
+    assert (api["queue_wait_seconds"], api["queue_wait_total_seconds"]) == (round(latest, 3), round(total, 3))
+    html = signed_in.get(f"/jobs/{job_id}").text
+    assert "Queue wait, latest run" in html and re.search(r'id="fact-queue-wait-total">1[45] min', html)
+
+
+def test_the_usage_page_counts_a_day_as_the_budget_does(signed_in: Any) -> None:
+    """An attempt counts on the UTC day it started (the budget's tokens_today), not on its job's creation day."""
+    from app.jobs.scheduler import tokens_today
+
+    job_id = used_job("acme/late", 1, "done", UsageFigures(7_000, 70, 0, 1, 1, 10.0, 1.0), days_ago=1)
+    with session_scope() as session:  # created yesterday, but it only ran today
+        session.query(JobAttempt).filter(JobAttempt.job_id == job_id).update({"started_at": utcnow()})
+        budget_today = tokens_today(session, [("gitlab", "acme/late")], utcnow())[("gitlab", "acme/late")]
+    today = utcnow().strftime("%Y-%m-%d")
+    html = signed_in.get("/usage").text
+    assert budget_today == 7_070
+    assert _row(html, "usage-days", "acme/late", today).startswith(f"{today} acme/late 1 done 1 7,000 ")
+    assert f'data-project="acme/late" data-day="{(utcnow() - timedelta(days=1)).strftime("%Y-%m-%d")}"' not in html
+    assert "the day a project&#39;s daily token budget counts them on" in html or \
+        "the day a project's daily token budget counts them on" in html

@@ -65,3 +65,20 @@ def test_demo_prints_its_usage_table(tmp_path: Path) -> None:
     head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["prompt", "cached", "share"])
     row = lines[head + 1].split()
     assert row[0] == "usage" and row[1:4] == ["9390", "6733", "72%"] and row[5:7] == ["4", "4"]
+
+
+@pytest.mark.bwrap
+def test_steps_mean_replies_in_fix_json_its_usage_and_the_trajectory(tmp_path: Path) -> None:
+    """A call that got no reply (refused here) is a model call made, never a step: all three readers agree."""
+    from tests.doubles.openai_server import Status, assistant, sglang_error, tool_call
+
+    repo = make_sample_repo(tmp_path)
+    script = [assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*.py"})]),
+              Status(400, sglang_error(400, "bad request", "BadRequest"))]
+    with ScriptedOpenAIServer(script) as server:
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json")
+    out = json.loads(proc.stdout)
+    saved = json.loads(Path(out["trajectory"]).read_text())
+    assert out["exit_reason"] == "llm_query_error"
+    assert (out["steps"], out["usage"]["steps"], saved["n_steps"], len(saved["steps"])) == (1, 1, 1, 1)
+    assert out["usage"]["calls"] == 1

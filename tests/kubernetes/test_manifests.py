@@ -263,3 +263,32 @@ def test_the_images_are_described() -> None:
     sandbox = (DEPLOY / "sandbox" / "Dockerfile").read_text()
     assert "USER 10001" in frogfix
     assert "FROM python:3.12" in sandbox and "git" in sandbox and "pytest" in sandbox and "USER 1000" in sandbox
+
+
+def _ingress_routes(built: list[dict[str, Any]], path: str) -> bool:
+    """Whether the Ingress sends `path` to the API Service (Kubernetes' Exact and Prefix rules)."""
+    for doc in built:
+        if doc["kind"] != "Ingress":
+            continue
+        for rule in doc["spec"]["rules"]:
+            for route in rule["http"]["paths"]:
+                want = route["path"]
+                if route["pathType"] == "Exact" and path == want:
+                    return True
+                if route["pathType"] == "Prefix" and (path == want or path.startswith(want.rstrip("/") + "/")):
+                    return True
+    return False
+
+
+def test_the_ingress_routes_what_the_app_serves_publicly_and_not_metrics(built: list[dict[str, Any]]) -> None:
+    """/metrics names every project and its token use: Prometheus scrapes the Service in-cluster instead."""
+    from app.web import api, dashboard, health, webhooks
+
+    closed = {"/metrics", "/healthz", "/readyz"}
+    served = {route.path.replace("{job_id}", "1").replace("{attempt_id}", "2")  # type: ignore[attr-defined]
+              for module in (api, dashboard, health, webhooks) for route in module.router.routes}
+    assert closed <= served and "/usage" in served
+    for path in [*sorted(served - closed), "/static/app.css"]:
+        assert _ingress_routes(built, path), f"the example Ingress does not route {path}"
+    for path in ("/metrics", "/metrics/", "/healthz", "/readyz", "/openapi.json", "/docs"):
+        assert not _ingress_routes(built, path), f"the example Ingress routes {path}"

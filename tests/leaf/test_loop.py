@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from sandbox.base import SandboxError
 from tests.doubles.openai_server import (
@@ -211,7 +212,8 @@ def test_an_abort_from_another_client_ends_the_run_unappended() -> None:
                          "abort")
     sandbox = SandboxDouble()
     result = run(ReplayModel([aborted]), sandbox)
-    assert (result.exit_reason, result.steps, result.records, sandbox.calls) == ("llm_query_error", 1, [], [])
+    assert (result.exit_reason, result.steps, result.records, sandbox.calls) == ("llm_query_error", 0, [], [])
+    assert result.model_calls_made == 1 and result.figures().model_calls == 1  # a call, no step
     assert len(result.messages) == 2
 
 
@@ -318,7 +320,8 @@ def test_server_that_never_answers_ends_with_llm_query_error(serve: Serve, clien
     assert result.exit_reason == "llm_query_error"
     assert result.error and "timed out" in result.error
     assert time.monotonic() - started < 2.0
-    assert result.steps == 1 and result.records == []
+    # "steps" are replies (trajectory, job page, fix --json agree); the call without one is still a call made.
+    assert (result.steps, result.model_calls_made, result.records) == (0, 1, [])
 
 
 def test_context_overflow_answer_ends_with_max_context_len(serve: Serve, client_for: ClientFor) -> None:
@@ -411,7 +414,11 @@ def test_on_step_failure_does_not_end_the_run(serve: Serve, client_for: ClientFo
         raise RuntimeError("database is gone")
 
     server = serve(assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"})]), assistant("done"))
-    assert run(client_for(server), on_step=broken).exit_reason == "agent"
+    with capture_logs() as logs:
+        assert run(client_for(server), on_step=broken).exit_reason == "agent"
+    # worker/leaf logs through structlog only (as model.py), with the step as a field
+    assert [(e["event"], e["step"], e["log_level"]) for e in logs if e["event"] == "leaf_on_step_failed"] == [
+        ("leaf_on_step_failed", 0, "warning"), ("leaf_on_step_failed", 1, "warning")]
 
 
 def test_history_message_keeps_only_what_the_template_reads() -> None:
@@ -558,7 +565,7 @@ def test_zero_steps_allowed_is_max_turns() -> None:
 def test_model_failure_after_the_deadline_is_max_time_read_from_the_clock() -> None:
     ticks = iter([5.0, 10.0, 200.0, 250.0])  # start, the step's time check, the failure's check, the end
     result = run(ReplayModel([]), limits=LeafLimits(max_seconds=100.0), clock=lambda: next(ticks))
-    assert (result.exit_reason, result.steps, result.records) == ("max_time", 1, [])
+    assert (result.exit_reason, result.steps, result.model_calls_made, result.records) == ("max_time", 0, 1, [])
     assert result.error and result.elapsed_s == 245.0
     ticks = iter([5.0, 10.0, 50.0, 60.0])
     early = run(ReplayModel([]), limits=LeafLimits(max_seconds=100.0), clock=lambda: next(ticks))
@@ -573,5 +580,43 @@ def test_leaf_run_appends_to_the_history_it_was_given() -> None:
     result = leaf.run()
     assert result.messages is history and json.dumps(history[:2]) == sent
     assert [m["role"] for m in history] == ["system", "user", "assistant", "tool", "assistant"]
-    assert (leaf.steps, leaf.records, leaf.final_answer) == (2, result.records, "done")
+    assert (leaf.model_calls_made, leaf.records, leaf.final_answer) == (2, result.records, "done")
     assert all(record.history is history for record in result.records)
+
+
+@pytest.mark.parametrize("arguments", [
+    '{"command": "ls", "x": ' + "[" * 1000 + "]" * 1000 + "}",  # json.loads itself runs out of stack
+    '{"command": "ls", "timeout": NaN, "x": ' + "[" * 500 + "]" * 500 + "}",  # the strict rewrite did
+])
+def test_deeply_nested_arguments_get_an_answer_and_the_run_goes_on(
+    serve: Serve, client_for: ClientFor, arguments: str
+) -> None:
+    """RecursionError is no ValueError: it left run_leaf, and the attempt failed as an internal error."""
+    server = serve(assistant(None, tool_calls=[tool_call("Bash", arguments, "d1")]),
+                   assistant(None, tool_calls=[tool_call("Glob", {"pattern": "*"}, "g1")]),
+                   assistant("\n\nDone."))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert (result.exit_reason, result.final_answer, len(server.requests)) == ("agent", "Done.", 3)
+    assert [name for name, _ in sandbox.calls] == ["Glob"]  # the nested call was answered, not run
+    answer = tool_messages(result)[0]
+    assert answer["tool_call_id"] == "d1" and answer["content"].startswith(("JSONDecodeError: ", "ValueError: "))
+    assert result.messages[2]["tool_calls"][0]["function"]["arguments"] == "{}"
+    for body in server.requests[1:]:
+        for message in strict_json(body)["messages"]:
+            for call in message.get("tool_calls") or []:
+                assert isinstance(strict_json(call["function"]["arguments"].encode()), dict)
+
+
+def test_a_deeply_nested_json_text_call_gets_an_answer_and_the_run_goes_on(
+    serve: Serve, client_for: ClientFor
+) -> None:
+    """The text fallback's JSON form, 1000 deep: a format error answer, nothing run."""
+    depth = 1000
+    nested = '{"name": "Bash", "arguments": {"command": "ls", "x": ' + "[" * depth + "]" * depth + "}}"
+    server = serve(assistant(f"<tool_call>\n{nested}\n</tool_call>"), assistant("\n\nDone."))
+    sandbox = SandboxDouble()
+    result = run(client_for(server), sandbox)
+    assert (result.exit_reason, result.final_answer, len(server.requests)) == ("agent", "Done.", 2)
+    assert sandbox.calls == []
+    assert tool_messages(result)[0]["content"].startswith((ERROR_NAME, "ValueError: "))

@@ -127,7 +127,7 @@ def test_the_warning_never_shows_credentials_from_the_url(serve: Serve) -> None:
     assert "127.0.0.1" in text and "CANARY" not in text and "user:" not in text
 
 
-@pytest.mark.parametrize("odd", [True, "5000", -1.5, -1, None, [1], {"x": 1}])
+@pytest.mark.parametrize("odd", [True, "5000", -1.5, -1, None, [1], {"x": 1}, 2**31, 10**20])
 def test_odd_usage_figures_from_a_server_count_as_zero(odd: Any) -> None:
     """A server that sends bools, strings, floats, negatives or objects as token counts cannot poison the sums."""
     from worker.leaf.model import Usage
@@ -137,3 +137,36 @@ def test_odd_usage_figures_from_a_server_count_as_zero(odd: Any) -> None:
     )
     assert usage is not None and usage.prompt_tokens == 0 and usage.completion_tokens == 7
     assert usage.cached_tokens == 0
+
+
+def test_an_absurd_token_count_is_logged_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10**20 summed into the usage columns broke the attempt's final write; now it counts as 0, said once."""
+    from worker import leaf
+    from worker.leaf.model import Usage
+
+    monkeypatch.setattr(leaf.model, "_warned", set())
+    with capture_logs() as logs:
+        first = Usage.from_dict({"prompt_tokens": 10**20, "completion_tokens": 10**9})
+        Usage.from_dict({"prompt_tokens": 7, "completion_tokens": 2**40})
+    assert first is not None and (first.prompt_tokens, first.completion_tokens) == (0, 10**9)
+    warnings = [entry for entry in logs if entry["event"] == "model_usage_out_of_range"]
+    assert len(warnings) == 1 and warnings[0]["limit"] == 10**9 and warnings[0]["digits"] == 21
+
+
+def test_an_aborted_replys_tokens_count_as_a_call_without_a_step(serve: Serve, client_for: ClientFor) -> None:
+    """SGLang reports usage on an abort (prompt 1000, completion 31): the GPU spent them, the budget counts them."""
+    aborted = as_reply(sglang_case("abort_mid_call"))
+    last = sglang_case("cache_report_on")  # the answer: 5000 prompt, 4800 cached, 40 completion
+    # Sent again within the retry budget, then answered: the abort is a call of that step.
+    answered = run_leaf(client_for(serve(aborted, as_reply(last))), SandboxDouble(), "task", system_prompt="sys")
+    figures = answered.figures()
+    assert answered.exit_reason == "agent" and len(answered.records) == 1
+    assert (figures.prompt_tokens, figures.completion_tokens, figures.cached_tokens) == (6000, 71, 4800)
+    assert (figures.model_calls, figures.steps) == (2, 1)
+    # Aborted until the retries ran out: the run ends llm_query_error, and every abort's tokens still count.
+    failed = run_leaf(client_for(serve(aborted, aborted, aborted), max_retries=2), SandboxDouble(), "task",
+                      system_prompt="sys")
+    figures = failed.figures()
+    assert failed.exit_reason == "llm_query_error" and failed.records == []
+    assert (figures.prompt_tokens, figures.completion_tokens, figures.model_calls, figures.steps) == (3000, 93, 3, 0)
+    assert failed.usage.cached_unreported == 3

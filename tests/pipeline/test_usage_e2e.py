@@ -90,3 +90,30 @@ def test_usage_is_summed_per_attempt_and_per_job(client: Any, world: World) -> N
                                         capture_output=True, text=True, timeout=120).stdout)
     assert as_json["usage"] == total.to_dict()
     assert [a["usage"]["calls"] for a in as_json["attempts"]] == [2, 4]
+
+
+def test_each_steps_usage_is_written_while_the_job_runs(client: Any, world: World) -> None:
+    """Budgets read running attempts' tokens: the per-step write must land before the attempt ends."""
+    from app.jobs.scheduler import tokens_today
+    from app.models import utcnow
+    from tests.conftest import configure
+    from tests.pipeline.conftest import PROJECT
+
+    configure(world.env["monkeypatch"], attempts="1", verify_runs="1")
+    script = with_usage(fixing_script(), prompt=1000, cached_step=900, completion=20)
+    seen: list[tuple[Any, ...]] = []
+
+    def respond(index: int, body: bytes) -> Any:
+        if index == 1:  # the model is asked for its second reply: step 0 is done, the attempt runs on
+            with session_scope() as s:
+                job = records.get_job(s, job_id)
+                attempt = records.job_attempts(s, job_id)[-1]
+                seen.append((job.status, attempt.status, attempt.prompt_tokens, attempt.cached_tokens,
+                             attempt.completion_tokens, attempt.model_calls, job.prompt_tokens,
+                             tokens_today(s, [("gitlab", PROJECT)], utcnow())))
+        return script[index]
+
+    world.model._responder = respond
+    job_id = _gitlab_job(client, world)
+    assert run_job(job_id) == "done"
+    assert seen == [("running", "running", 1000, 0, 20, 1, 1000, {("gitlab", PROJECT): 1020})]

@@ -15,13 +15,13 @@ database, queue or web code. The worker persists each step through `on_step`.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from app.logs import get_logger
 from app.statuses import LEAF_EXITS, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
@@ -36,7 +36,7 @@ from worker.leaf.model import (
 from worker.leaf.textcalls import UNREAD_REPLY, extract_text_calls
 from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS, coerce_arguments
 
-log = logging.getLogger(__name__)
+log = get_logger("frogfix.leaf")  # structlog, as model.py: one logging style in worker/leaf
 
 EXIT_REASONS: Final = LEAF_EXITS  # their one home is app/statuses.py
 LENGTH_FINISH_REASONS: Final = frozenset({"length", "max_tokens", "max_new_tokens"})
@@ -179,7 +179,12 @@ class UsageTotals:
 
 @dataclass
 class LeafResult:
-    """How a run ended. The patch is taken by the caller from the sandbox (LEAF.md step 6)."""
+    """How a run ended. The patch is taken by the caller from the sandbox (LEAF.md step 6).
+
+    `steps` is the replies the run answered (one trajectory step, one usage step each): the one
+    meaning of "steps" on the job page, in trajectories and in `fix --json`. Model calls that got
+    no reply (failed, aborted) are in `model_calls_made`.
+    """
 
     exit_reason: str
     steps: int
@@ -191,13 +196,14 @@ class LeafResult:
     model_seconds: float
     tool_seconds: float
     records: list[StepRecord]
+    model_calls_made: int = 0
 
     def figures(self) -> UsageFigures:
         """The run's usage: one step per reply; model seconds include calls that failed."""
         u = self.usage
         return UsageFigures(
             prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens, cached_tokens=u.cached_tokens,
-            model_calls=u.calls, steps=len(self.records), model_seconds=self.model_seconds,
+            model_calls=u.calls, steps=self.steps, model_seconds=self.model_seconds,
             sandbox_seconds=self.tool_seconds,
         )
 
@@ -258,22 +264,23 @@ def _is_strict_object(raw: Any) -> bool:
         return False
     try:
         return isinstance(json.loads(raw, parse_constant=_reject_constant), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # nesting deeper than the stack: not kept as returned
         return False
 
 
 def strict_arguments(raw: Any) -> str:
     """Arguments as strict JSON for an object: a non-finite number becomes its token as a string
-    (`"Infinity"`), so the history still says what was asked; what is no object becomes `{}`."""
+    (`"Infinity"`), so the history still says what was asked; what is no object, or is nested
+    deeper than Python's stack can walk, becomes `{}`."""
     value: Any = raw
-    if isinstance(raw, str | bytes):
-        try:
+    try:
+        if isinstance(raw, str | bytes):
             value = json.loads(raw)
-        except ValueError:
-            value = None
-    if not isinstance(value, Mapping):
-        return "{}"
-    return json.dumps(_finite(value), ensure_ascii=False)
+        if isinstance(value, Mapping):
+            return json.dumps(_finite(value), ensure_ascii=False)
+    except (ValueError, RecursionError):
+        pass
+    return "{}"
 
 
 def _finite(value: Any) -> Any:
@@ -343,8 +350,12 @@ def plan_calls(message: Mapping[str, Any], step: int) -> tuple[list[_Planned], b
 
 
 def _non_finite_error(name: str, arguments: Mapping[str, Any]) -> str | None:
-    """The answer to a call whose arguments hold NaN or an infinity: it is not run."""
-    found = non_finite_argument(arguments)
+    """The answer to a call whose arguments hold NaN or an infinity, or nest deeper than the
+    stack can walk: it is not run."""
+    try:
+        found = non_finite_argument(arguments)
+    except RecursionError:
+        return f"ValueError: the arguments of this {name or 'tool'} call nest too deeply; send a flat JSON object."
     if found is None:
         return None
     return (
@@ -367,22 +378,19 @@ def _plan_native(call: Any, step: int, index: int) -> _Planned:
     raw = function.get("arguments")
     if raw is None or raw == "":
         return _Planned(call_id, name, {}, None, "native")
-    if isinstance(raw, Mapping):
-        error = _non_finite_error(name, raw)
-        return _Planned(call_id, name, None if error else dict(raw), error, "native")
     try:
         value = json.loads(raw) if isinstance(raw, str | bytes) else raw
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the stack
         error = (
-            f"JSONDecodeError: the arguments of this {name or 'tool'} call are not valid JSON ({exc}). "
-            "Send the arguments as one JSON object."
+            f"JSONDecodeError: the arguments of this {name or 'tool'} call are not valid JSON "
+            f"({str(exc)[:200]}). Send the arguments as one flat JSON object."
         )
         return _Planned(call_id, name, None, error, "native")
-    if not isinstance(value, dict):
-        error = f"TypeError: tool arguments must be a JSON object, not {type(value).__name__}."
-        return _Planned(call_id, name, None, error, "native")
-    error = _non_finite_error(name, value)
-    return _Planned(call_id, name, None if error else value, error, "native")
+    if not isinstance(value, Mapping):
+        wrong = f"TypeError: tool arguments must be a JSON object, not {type(value).__name__}."
+        return _Planned(call_id, name, None, wrong, "native")
+    found = _non_finite_error(name, value)  # a RecursionError there is its own answer
+    return _Planned(call_id, name, None if found else dict(value), found, "native")
 
 
 def _length_exit(reply: ModelReply, limits: LeafLimits) -> str:
@@ -403,7 +411,7 @@ def _asked(cancel: Callable[[], bool] | None) -> bool:
     try:
         return bool(cancel())
     except Exception:
-        log.warning("cancel check failed; carrying on", exc_info=True)
+        log.warning("leaf_cancel_check_failed", hint="carrying on", exc_info=True)
         return False
 
 
@@ -473,7 +481,7 @@ class LeafRun:
     model_seconds: float = field(default=0.0, init=False)
     tool_seconds: float = field(default=0.0, init=False)
     estimated: int = field(default=0, init=False)  # tokens, when the server reports none
-    steps: int = field(default=0, init=False)  # model calls made, including one that failed
+    model_calls_made: int = field(default=0, init=False)  # including one that failed or was aborted
     started: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
@@ -491,7 +499,8 @@ class LeafRun:
             reason, error = ending.reason, ending.error
         return LeafResult(
             exit_reason=reason,
-            steps=self.steps,
+            steps=len(self.records),
+            model_calls_made=self.model_calls_made,
             messages=self.messages,
             final_answer=self.final_answer,
             usage=self.totals,
@@ -509,7 +518,7 @@ class LeafRun:
         remaining = self.limits.max_seconds - (self.clock() - self.started)
         if remaining <= 0:
             raise _Exit(ExitReason.max_time)
-        self.steps += 1
+        self.model_calls_made += 1
         model_started = time.perf_counter()
         try:
             reply = self.query(remaining)
@@ -517,6 +526,7 @@ class LeafRun:
             model_seconds = time.perf_counter() - model_started
             self.model_seconds += model_seconds
         if (reply.finish_reason or "").lower() == ABORT_FINISH_REASON:  # not appended: nobody said it
+            self._count_unanswered([reply.usage])
             raise _Exit(ExitReason.llm_query_error, "the model server aborted the request (finish_reason abort)")
         assistant = self._append_reply(reply)
         planned, from_text = plan_calls(reply.message, index)
@@ -539,19 +549,28 @@ class LeafRun:
     def query(self, remaining: float) -> ModelReply:
         """One model call with the whole history; its failures become exits."""
         try:
-            return self.model.complete(
+            reply = self.model.complete(
                 self.messages, self.tools, timeout=remaining,
                 max_completion_tokens=self.limits.max_completion_tokens,
             )
         except ContextOverflow as exc:
+            self._count_unanswered(exc.spent)
             raise _Exit(ExitReason.max_context_len, str(exc)) from exc
         except ModelQueryError as exc:
+            self._count_unanswered(exc.spent)
             # A call cut short by the run's own deadline is the time limit, not a model failure.
             timed_out = self.clock() - self.started >= self.limits.max_seconds
             raise _Exit(ExitReason.max_time if timed_out else ExitReason.llm_query_error, str(exc)) from exc
         except Exception as exc:  # a bug in a model client must still end the run cleanly
-            log.exception("model client failed")
+            log.exception("leaf_model_client_failed")
             raise _Exit(ExitReason.llm_query_error, f"{type(exc).__name__}: {exc}") from exc
+        self._count_unanswered(reply.aborted)
+        return reply
+
+    def _count_unanswered(self, spent: Sequence[Usage | None]) -> None:
+        """Replies the server aborted: calls without a step, whose reported tokens were still spent."""
+        for usage in spent:
+            self.totals.add(usage)
 
     def answer(self, reply: ModelReply, assistant: Mapping[str, Any], planned: Sequence[_Planned]) -> _Answers:
         """Answer a reply's calls in order, appending each answer to the history as it comes.
@@ -607,7 +626,7 @@ class LeafRun:
         except SandboxError as exc:
             raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # the sandbox broke in a way it did not foresee
-            log.exception("sandbox call_tool failed")
+            log.exception("leaf_sandbox_call_failed", tool=call.name)
             raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
         return output if isinstance(output, str) else str(output)
 
@@ -639,4 +658,4 @@ class LeafRun:
         try:
             self.on_step(record)
         except Exception:
-            log.warning("on_step callback failed at step %d", record.step, exc_info=True)
+            log.warning("leaf_on_step_failed", step=record.step, exc_info=True)

@@ -16,7 +16,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -56,7 +56,13 @@ def server_label(base_url: str) -> str:
 
 
 class ModelError(Exception):
-    """Base of the two ways a model call can end a run."""
+    """Base of the two ways a model call can end a run.
+
+    `spent` holds the usage of replies the server aborted on the way (SGLang reports it): the
+    GPU did that work, so totals and budgets count each as a call without a step.
+    """
+
+    spent: tuple[Usage, ...] = ()
 
 
 class ModelQueryError(ModelError):
@@ -65,6 +71,14 @@ class ModelQueryError(ModelError):
 
 class ContextOverflow(ModelError):
     """The server refused the prompt as longer than its context: exit `max_context_len`."""
+
+
+class AbortedReply(ModelQueryError):
+    """A 200 with finish_reason `abort`: no answer, but the tokens it reports were spent."""
+
+    def __init__(self, message: str, usage: Usage | None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 @dataclass(frozen=True)
@@ -91,9 +105,29 @@ class Usage:
         return cls(prompt, completion, total, cached)
 
 
+# No reply of a model FrogFix serves comes near a billion tokens; a figure past it is a server's
+# bug, and summed into int columns it would break the attempt's final write.
+MAX_TOKENS_PER_CALL: Final = 10**9
+
+
 def _as_int(value: Any) -> int:
-    """A token count as reported; anything but a non-negative int (a bool, a string, -1) is 0."""
-    return max(0, value) if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A token count as reported; anything but an int in 0..MAX_TOKENS_PER_CALL (a bool, a
+    string, -1, 10**20) is 0, and the first absurdly large one is logged once per process."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        return 0
+    if value > MAX_TOKENS_PER_CALL:
+        _warn_once("model_usage_out_of_range", limit=MAX_TOKENS_PER_CALL, digits=len(str(value)))
+        return 0
+    return value
+
+
+def _warn_once(kind: str, **fields: Any) -> None:
+    """Log warning `kind` once per process, through the same registry as the per-server warnings."""
+    with _warned_lock:
+        if (kind, "") in _warned:
+            return
+        _warned.add((kind, ""))
+    log.warning(kind, **fields)
 
 
 def warn_without_cache_report(server: str, usage: Usage | None) -> None:
@@ -123,6 +157,7 @@ class ModelReply:
     response_id: str | None = None
     elapsed_s: float = 0.0
     attempts: int = 1
+    aborted: tuple[Usage, ...] = ()  # the usage of replies aborted before this one (sent again)
 
 
 class ModelClient(Protocol):
@@ -317,12 +352,23 @@ class OpenAIChatModel:
         """One completion, with our bounded retries; raises ModelQueryError or ContextOverflow.
 
         A 200 whose finish reason is `abort` (SGLang's answer to an aborted request) is no
-        answer: the same body is sent again, within the same retry budget and deadline.
+        answer: the same body is sent again, within the same retry budget and deadline. The
+        aborted replies' usage rides on the reply (`aborted`) or on the error (`spent`).
         """
         try:
             body = self.encode_request(messages, tools, max_completion_tokens)
         except ValueError as exc:  # a NaN somewhere in the history: SGLang would refuse it
             raise ModelQueryError(f"the history cannot be sent as strict JSON: {exc}") from exc
+        aborted: list[Usage] = []
+        try:
+            reply = self._send(body, timeout, aborted)
+        except ModelError as exc:
+            exc.spent = tuple(aborted)
+            raise
+        return replace(reply, aborted=tuple(aborted)) if aborted else reply
+
+    def _send(self, body: bytes, timeout: float | None, aborted: list[Usage]) -> ModelReply:
+        """`complete`'s retry loop; each aborted reply's usage is added to `aborted`."""
         started = time.monotonic()
         deadline = started + timeout if timeout is not None else None
         attempt = 0
@@ -366,6 +412,8 @@ class OpenAIChatModel:
                     reply = self._reply(data, started, attempt)
                 except ModelQueryError as exc:  # a 200 without a usable message or aborted: the same
                     error, failure = str(exc), exc
+                    if isinstance(exc, AbortedReply) and exc.usage is not None:
+                        aborted.append(exc.usage)
                 else:
                     self._note_text_calls(reply)
                     return reply
@@ -402,9 +450,9 @@ class OpenAIChatModel:
         if not choices or not isinstance(choices[0], dict) or not isinstance(choices[0].get("message"), dict):
             raise ModelQueryError(f"model answered without a message: {json.dumps(data)[:300]}")
         choice = choices[0]
-        if choice.get("finish_reason") == ABORT_FINISH_REASON:
-            raise ModelQueryError("the model server aborted the request (finish_reason abort)")
         usage = Usage.from_dict(data.get("usage"))
+        if choice.get("finish_reason") == ABORT_FINISH_REASON:
+            raise AbortedReply("the model server aborted the request (finish_reason abort)", usage)
         warn_without_cache_report(self.server, usage)
         return ModelReply(
             message=choice["message"],

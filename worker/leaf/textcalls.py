@@ -253,13 +253,13 @@ def _read_json_call(inner: str) -> TextCall:
     """The Hermes JSON form (`{"name": ..., "arguments": {...}}`), which Qwen models also write."""
     try:
         data = json.loads(inner)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the stack
         return TextCall(name="", error=f"{ERROR_NAME}: the JSON in a <tool_call> block is invalid ({exc}).")
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"].strip():
         return TextCall(name="", error=f"{ERROR_NAME}: a JSON tool call needs a \"name\". {FORM_HINT}")
     arguments = data.get("arguments", data.get("parameters", {}))
     if isinstance(arguments, str):
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):
             arguments = json.loads(arguments)
     if not isinstance(arguments, dict):
         return TextCall(name=data["name"], error=f"{ERROR_NAME}: tool arguments must be a JSON object.")

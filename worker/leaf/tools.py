@@ -129,7 +129,7 @@ def coerce_value(kind: str | None, raw: str) -> Any:
     if kind in ("object", "array"):
         try:
             return json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return raw
     return raw
 
