@@ -108,6 +108,8 @@ class JobCandidate:
     title: str
     status: str
     created_at: datetime
+    forge: str = ""
+    mr_url: str | None = None  # the MR the job opened, whose fate (merged, closed) eval reads from the forge
     tests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -115,7 +117,7 @@ def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[J
     """Finished forge jobs that recorded at least one test run, oldest first, filtered by `selector`."""
     statuses = selector.statuses or FINAL_STATUSES
     query = (
-        select(Job.id, Job.project, Job.title, Job.status, Job.created_at, JobAttempt.tests)
+        select(Job.id, Job.project, Job.title, Job.status, Job.created_at, Job.forge, Job.mr_url, JobAttempt.tests)
         .join(JobAttempt, JobAttempt.job_id == Job.id)
         .where(Job.status.in_(statuses), JobAttempt.tests.is_not(None))
         .order_by(Job.created_at, Job.id, JobAttempt.id)
@@ -126,10 +128,12 @@ def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[J
     if selector.ids:
         query = query.where(Job.id.in_(numeric))
     found: dict[int, JobCandidate] = {}
-    for job_id, project, title, status, created, tests in session.execute(query):
+    for job_id, project, title, status, created, forge, mr_url, tests in session.execute(query):
         if not selector.takes(str(job_id), project, status, created):
             continue
-        entry = found.setdefault(job_id, JobCandidate(str(job_id), project, title or "", status, created))
+        entry = found.setdefault(
+            job_id, JobCandidate(str(job_id), project, title or "", status, created, forge, mr_url)
+        )
         if isinstance(tests, dict):
             entry.tests.append(tests)
     return list(found.values())

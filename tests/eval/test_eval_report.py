@@ -53,7 +53,7 @@ def test_counts_pass_at_k_gained_and_lost_are_exact(local_env: dict[str, Any], t
     lo, hi = report["candidate"]["solve_rate"]["ci95"]
     assert lo < 0.375 < hi and "Wilson" in report["candidate"]["solve_rate"]["method"]
     assert report["human"] == {"merged": 0, "merged_solved": 0, "closed_unmerged": 0,
-                               "closed_unmerged_solved": 0, "unknown": 4}
+                               "closed_unmerged_solved": 0, "open": 0, "unknown": 4}
 
     rows = {r["task"]: r for r in report["tasks"]}
     solved = rows[t["a"]]["attempts"][0]
