@@ -18,6 +18,7 @@ claimed it: it waits at most for the attempts already running (one with `--concu
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -396,10 +397,21 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     s = base.model_copy(update={"model_name": options.model, "model_base_url": options.base_url, "model_api_key": key})
     say: Progress = progress or (lambda _m: None)
     evaluation_id = start_or_resume(options, s, resume, say)
-    gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
-    evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency, should_stop)
-    evaluator.redactor = SecretRedactor([*base.secret_values(), *s.secret_values()])  # production's and the candidate's
-    return evaluation_id, evaluator.run(), evaluator.errors
+    runner = ev_records.Runner.of(os.getpid())
+    try:
+        with session_scope() as session:
+            ev_records.claim(session, evaluation_id, runner, s.stale_job_seconds)
+    except ev_records.EvaluationBusy as exc:
+        raise EvalError(str(exc)) from None
+    try:
+        gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
+        evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency,
+                              should_stop)
+        evaluator.redactor = SecretRedactor([*base.secret_values(), *s.secret_values()])  # production's and ours
+        return evaluation_id, evaluator.run(), evaluator.errors
+    finally:
+        with session_scope() as session:
+            ev_records.release(session, evaluation_id, runner)
 
 
 # -- the command --------------------------------------------------------------------------------

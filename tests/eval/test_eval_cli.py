@@ -76,3 +76,31 @@ def test_a_killed_eval_resumes_from_its_finished_attempts(local_env: dict[str, A
     bad = manage("eval", "--jobs", "drop table")
     assert bad.returncode == 2 and "not a job id" in bad.stderr
     assert manage("eval", "--resume", "99").returncode == 2
+
+
+def test_a_second_run_of_a_running_evaluation_exits_2_and_names_the_process(local_env: dict[str, Any]) -> None:
+    """The claim on the evaluation row: a live holder refuses a second run; a dead or reused pid is taken over."""
+    assert manage("demo").returncode == 0
+    assert manage("eval", "--scripted-model", "demo").returncode == 0  # evaluation 1, finished, released
+    with session_scope() as session:
+        row = ev_records.get_evaluation(session, 1)
+        assert (row.runner_pid, row.runner_host, row.heartbeat_at) == (None, None, None)
+    holder = subprocess.Popen(["sleep", "120"])  # stands in for a live `manage.py eval` on this host
+    try:
+        with session_scope() as session:
+            ev_records.claim(session, 1, ev_records.Runner.of(holder.pid), 600)
+        second = manage("eval", "--resume", "1")
+        assert second.returncode == 2, second.stderr
+        assert f"evaluation 1 is running in process {holder.pid}" in second.stderr
+        assert "Traceback" not in second.stderr and "IntegrityError" not in second.stderr
+        with session_scope() as session:  # the refused run left the holder's claim alone
+            assert ev_records.get_evaluation(session, 1).runner_pid == holder.pid
+            # A claim whose pid now belongs to another process (a different start time) is stale.
+            ev_records.claim(session, 1, ev_records.Runner(ev_records.Runner.of(holder.pid).host, holder.pid, "1"), 600)
+        assert manage("eval", "--resume", "1").returncode == 0
+    finally:
+        holder.kill()
+        holder.wait(10)
+    with session_scope() as session:
+        ev_records.claim(session, 1, ev_records.Runner.of(holder.pid), 600)  # now a dead process's claim
+    assert manage("eval", "--resume", "1").returncode == 0
