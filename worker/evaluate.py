@@ -430,14 +430,17 @@ def scripted_models(name: str) -> ModelFactory:
 
 
 def write_outputs(report: dict[str, Any], out: Path) -> list[Path]:
-    """`--out DIR`: report.md and report.json, written atomically."""
+    """`--out DIR`: report.md, report.json and report.html (the dashboard's renderer), written atomically."""
     import json
 
     from app.evaluation_report import to_markdown
+    from app.web.dashboard import evaluation_report_html
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in (("report.md", to_markdown(report)), ("report.json", json.dumps(report, indent=2))):
+    outputs = (("report.md", to_markdown(report)), ("report.json", json.dumps(report, indent=2)),
+               ("report.html", evaluation_report_html(report)))
+    for name, text in outputs:
         trajectory.write_atomic(out / name, text.encode("utf-8"), fsync=False)
         written.append(out / name)
     return written
