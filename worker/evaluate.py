@@ -138,7 +138,8 @@ class HumanVerdicts:
 
 
 def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress | None = None) -> list[dict[str, Any]]:
-    """The executable tasks `selector` picks: forge jobs oldest first (with their MR's human verdict), then local jobs."""
+    """The executable tasks `selector` picks: forge jobs oldest first (each with its MR's human verdict),
+    then local jobs."""
     with session_scope() as session:
         candidates = ev_records.finished_jobs_with_tests(session, selector)
     verdicts = HumanVerdicts(settings, progress or (lambda _m: None))

@@ -316,7 +316,8 @@ class GiteaDouble(JsonApiDouble):
         when = gitea_time()
         pull.update(state="closed", closed_at=when, updated_at=when)
         if state == "merged":
-            pull.update(merged=True, merged_at=when, merged_by=copy.deepcopy(self.bot), merge_commit_sha=f"{number:040x}")
+            merger = copy.deepcopy(self.bot)
+            pull.update(merged=True, merged_at=when, merged_by=merger, merge_commit_sha=f"{number:040x}")
         elif state != "closed":
             raise ValueError(f"the double sets a pull merged or closed, not {state!r}")
         self.issues[(repo, number)]["pull_request"].update(merged=pull["merged"], merged_at=pull["merged_at"])
