@@ -352,6 +352,33 @@ class Evaluator:
                 close()
 
 
+class Heartbeat:
+    """Beats the evaluation's claim while it runs, so another host sees a live run even in a long attempt."""
+
+    def __init__(self, evaluation_id: int, runner: ev_records.Runner, stale_seconds: float) -> None:
+        self.evaluation_id, self.runner = evaluation_id, runner
+        self.interval = max(1.0, stale_seconds / 4)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="frogfix-eval-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                with session_scope() as session:
+                    if not ev_records.beat(session, self.evaluation_id, self.runner):
+                        return
+            except Exception as exc:  # a database blip must not end the evaluation; the next beat tries again
+                log.warning("eval heartbeat failed: %s", type(exc).__name__)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+
+
 def load_report(evaluation_id: int) -> dict[str, Any]:
     """The report of an evaluation as it stands (finished or not), from its rows."""
     with session_scope() as session:
@@ -409,7 +436,9 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
         evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency,
                               should_stop)
         evaluator.redactor = SecretRedactor([*base.secret_values(), *s.secret_values()])  # production's and ours
-        return evaluation_id, evaluator.run(), evaluator.errors
+        with Heartbeat(evaluation_id, runner, s.stale_job_seconds):
+            status = evaluator.run()
+        return evaluation_id, status, evaluator.errors
     finally:
         with session_scope() as session:
             ev_records.release(session, evaluation_id, runner)

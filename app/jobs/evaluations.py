@@ -247,6 +247,15 @@ def claim(session: Session, evaluation_id: int, runner: Runner, stale_seconds: f
     row.heartbeat_at = utcnow()
 
 
+def beat(session: Session, evaluation_id: int, runner: Runner) -> bool:
+    """Refresh `runner`'s heartbeat; False when it no longer holds the claim (another process took it over)."""
+    row = session.get(Evaluation, evaluation_id)
+    if row is None or (row.runner_host, row.runner_pid) != (runner.host, runner.pid):
+        return False
+    row.heartbeat_at = utcnow()
+    return True
+
+
 def release(session: Session, evaluation_id: int, runner: Runner) -> None:
     """Give up `runner`'s claim (only its own: a process that lost it to a take-over leaves the new one's)."""
     row = session.get(Evaluation, evaluation_id)
