@@ -845,6 +845,14 @@ def eval_command(
     base_url: Annotated[
         str | None, typer.Option("--base-url", help="Its OpenAI-compatible URL (default: FROGFIX_MODEL_BASE_URL).")
     ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            help="The candidate server's key (default: FROGFIX_EVAL_API_KEY, or none; prefer the env var, a "
+            "flag shows in `ps`). FROGFIX_MODEL_API_KEY is sent only when --base-url is the production URL.",
+        ),
+    ] = None,
     jobs: Annotated[
         str, typer.Option("--jobs", help="Which past jobs: ids, project=PATH, status=S, since=DATE, until=DATE.")
     ] = "",
@@ -887,7 +895,7 @@ def eval_command(
     options = EvalOptions(
         model=model or (f"scripted:{scripted_model}" if scripted_model else settings.model_name),
         base_url=base_url or ("" if scripted_model else settings.model_base_url),
-        selector=jobs, attempts=attempts, concurrency=concurrency, who=_who(),
+        selector=jobs, attempts=attempts, concurrency=concurrency, who=_who(), api_key=api_key,
     )
     command = CommandOptions(json_out, out, fail_below, fail_if_lost, resume, scripted_model)
     with _job_errors("eval"):

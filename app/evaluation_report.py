@@ -125,14 +125,17 @@ def _pass_figures(rows: list[dict[str, Any]], k_max: int) -> dict[str, Figure]:
 
 
 def _human(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Agreement with what humans did with the recorded MRs (read from the forge when the evaluation began)."""
     merged = [r for r in rows if r["human"] == "merged"]
     closed = [r for r in rows if r["human"] == "closed"]
+    still_open = sum(1 for r in rows if r["human"] == "open")
     return {
         "merged": len(merged),
         "merged_solved": sum(1 for r in merged if r["solved"]),
         "closed_unmerged": len(closed),
         "closed_unmerged_solved": sum(1 for r in closed if r["solved"]),
-        "unknown": len(rows) - len(merged) - len(closed),
+        "open": still_open,
+        "unknown": len(rows) - len(merged) - len(closed) - still_open,
     }
 
 
@@ -220,7 +223,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         "",
         f"Human verdicts: {human['merged_solved']} of {human['merged']} merged MRs solved; "
         f"{human['closed_unmerged_solved']} of {human['closed_unmerged']} closed-unmerged MRs \"solved\"; "
-        f"{human['unknown']} tasks with no known verdict.",
+        f"{human['open']} MRs still open; {human['unknown']} tasks with no known verdict.",
         "",
         "| task | project | recorded | attempts (solved/exit/steps) | tokens | cached | model s | wall s |",
         "|---|---|---|---|---|---|---|---|",

@@ -281,6 +281,11 @@ class Evaluation(Base):
     tasks: Mapped[list[Any]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # The process running it now (app/jobs/evaluations.py `claim`); all NULL when no process holds it.
+    runner_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    runner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    runner_started: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the pid's start time
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class EvaluationResult(Base):

@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     model_base_url: str = "http://127.0.0.1:30000/v1"
     model_name: str = "FrogNano-4B-2609"
     model_api_key: SecretStr = SecretStr("EMPTY")
+    # The key `manage.py eval` sends to a candidate server other than the production one (model_base_url):
+    # the production key never goes to another server.
+    eval_api_key: SecretStr = SecretStr("EMPTY")
     model_temperature: float = 0.6
     model_top_p: float = 0.95
     model_top_k: int = 20
@@ -205,6 +208,7 @@ class Settings(BaseSettings):
         """Every configured secret, so logs and forge posts can redact them."""
         values = [
             self.model_api_key,
+            self.eval_api_key,
             self.gitlab_token,
             self.gitlab_webhook_secret,
             self.gitlab_signing_token,

@@ -18,6 +18,7 @@ claimed it: it waits at most for the attempts already running (one with `--concu
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -27,8 +28,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import SecretStr
+
 from app import trajectory
 from app.db import session_scope
+from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
 from app.logs import SecretRedactor, get_logger
@@ -38,7 +42,7 @@ from worker import repos
 from worker.attempt import AttemptOutcome
 from worker.leaf.model import ModelClient
 from worker.replay import ReplayError, RepoSource, find_recording, repo_source, run_live_attempt
-from worker.wiring import model_from
+from worker.wiring import make_forge, model_from
 
 log = get_logger("frogfix.eval")
 Progress = Callable[[str], None]
@@ -89,19 +93,65 @@ def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, A
     return found
 
 
-def select_tasks(selector: TaskSelector, settings: Settings) -> list[dict[str, Any]]:
-    """The executable tasks `selector` picks: forge jobs oldest first, then local jobs.
+class HumanVerdicts:
+    """What a human did with each forge job's MR, read from the forge once, when the evaluation starts.
 
-    No job record says whether a human merged or closed its MR, so `human` is `unknown` for all.
+    The verdict is frozen in the evaluation's task list, so a resume never asks again. A forge that
+    fails (down, token refused) gives `unknown` for that MR and for the rest of its MRs, so an
+    outage costs one failed read, never the evaluation.
     """
+
+    def __init__(self, settings: Settings, progress: Progress) -> None:
+        self.settings, self.progress = settings, progress
+        self.redactor = SecretRedactor(settings.secret_values())
+        self._forges: dict[str, Forge | None] = {}
+
+    def _forge(self, kind: str) -> Forge | None:
+        if kind not in self._forges:
+            try:
+                self._forges[kind] = make_forge(kind, self.settings, self.redactor.redact)
+            except ForgeError as exc:
+                self.progress(f"human verdicts from {kind[:20]} are unknown: {exc}")
+                self._forges[kind] = None
+        return self._forges[kind]
+
+    def of(self, candidate: ev_records.JobCandidate) -> str:
+        """`merged`, `closed` (unmerged), `open`, or `unknown` (no MR, or the forge did not answer)."""
+        number = mr_number_from_url(candidate.mr_url)
+        forge = self._forge(candidate.forge) if number is not None else None
+        if forge is None or number is None:
+            return "unknown"
+        try:
+            return forge.mr_verdict(candidate.project, number)
+        except ForgeNotFound:
+            return "unknown"  # the MR (or the project) is gone: this one only
+        except ForgeError as exc:
+            self.progress(f"human verdicts from {candidate.forge} are unknown: {exc}")
+            self._forges[candidate.forge] = None
+            forge.close()
+            return "unknown"
+
+    def close(self) -> None:
+        for forge in self._forges.values():
+            if forge is not None:
+                forge.close()
+
+
+def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress | None = None) -> list[dict[str, Any]]:
+    """The executable tasks `selector` picks: forge jobs oldest first (each with its MR's human verdict),
+    then local jobs."""
     with session_scope() as session:
         candidates = ev_records.finished_jobs_with_tests(session, selector)
-    tasks = [
-        {"key": c.key, "project": c.project, "title": c.title, "recorded_solved": c.status == JobStatus.done,
-         "human": "unknown"}
-        for c in candidates
-        if any(_failed_before(t) for t in c.tests)
-    ]
+    verdicts = HumanVerdicts(settings, progress or (lambda _m: None))
+    try:
+        tasks = [
+            {"key": c.key, "project": c.project, "title": c.title, "recorded_solved": c.status == JobStatus.done,
+             "human": verdicts.of(c)}
+            for c in candidates
+            if any(_failed_before(t) for t in c.tests)
+        ]
+    finally:
+        verdicts.close()
     return tasks + _local_tasks(settings, selector)
 
 
@@ -155,6 +205,7 @@ class EvalOptions:
     attempts: int = 1
     concurrency: int = 1
     who: str = "manage.py"
+    api_key: str | None = None  # `--api-key`; never stored (see `candidate_api_key`)
 
 
 def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None, progress: Progress) -> int:
@@ -176,7 +227,7 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
         selector = parse_selector(options.selector)
     except ev_records.SelectorError as exc:
         raise EvalError(str(exc)) from exc
-    tasks = select_tasks(selector, settings)
+    tasks = select_tasks(selector, settings, progress)
     if not tasks:
         raise EvalError("no executable task: no finished job recorded tests that failed before its patch")
     with session_scope() as session:
@@ -301,6 +352,33 @@ class Evaluator:
                 close()
 
 
+class Heartbeat:
+    """Beats the evaluation's claim while it runs, so another host sees a live run even in a long attempt."""
+
+    def __init__(self, evaluation_id: int, runner: ev_records.Runner, stale_seconds: float) -> None:
+        self.evaluation_id, self.runner = evaluation_id, runner
+        self.interval = max(1.0, stale_seconds / 4)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="frogfix-eval-heartbeat", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.interval):
+            try:
+                with session_scope() as session:
+                    if not ev_records.beat(session, self.evaluation_id, self.runner):
+                        return
+            except Exception as exc:  # a database blip must not end the evaluation; the next beat tries again
+                log.warning("eval heartbeat failed: %s", type(exc).__name__)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+
+
 def load_report(evaluation_id: int) -> dict[str, Any]:
     """The report of an evaluation as it stands (finished or not), from its rows."""
     with session_scope() as session:
@@ -318,6 +396,16 @@ def gate_failures(report: dict[str, Any], fail_below: float | None, fail_if_lost
     return reasons
 
 
+def candidate_api_key(base_url: str, explicit: str | None, settings: Settings) -> SecretStr:
+    """The key for the candidate server: `--api-key`, else the production key only for the production URL,
+    else FROGFIX_EVAL_API_KEY (default none). A candidate elsewhere never receives FROGFIX_MODEL_API_KEY."""
+    if explicit is not None:
+        return SecretStr(explicit)
+    if base_url.rstrip("/") == settings.model_base_url.rstrip("/"):
+        return settings.model_api_key
+    return settings.eval_api_key
+
+
 def candidate_models(settings: Settings) -> ModelFactory:
     """A fresh client per attempt for the candidate named in `settings` (model name and base URL)."""
     return lambda _key, _attempt: model_from(settings)
@@ -331,13 +419,29 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     if resume is not None:  # a resumed evaluation keeps its own model, server and K
         with session_scope() as session:
             row = ev_records.get_evaluation(session, resume)
-            options = EvalOptions(row.model, row.base_url, row.selector, row.attempts, options.concurrency, options.who)
-    s = base.model_copy(update={"model_name": options.model, "model_base_url": options.base_url})
+            options = EvalOptions(row.model, row.base_url, row.selector, row.attempts, options.concurrency,
+                                  options.who, options.api_key)
+    key = candidate_api_key(options.base_url, options.api_key or None, base)
+    s = base.model_copy(update={"model_name": options.model, "model_base_url": options.base_url, "model_api_key": key})
     say: Progress = progress or (lambda _m: None)
     evaluation_id = start_or_resume(options, s, resume, say)
-    gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
-    evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency, should_stop)
-    return evaluation_id, evaluator.run(), evaluator.errors
+    runner = ev_records.Runner.of(os.getpid())
+    try:
+        with session_scope() as session:
+            ev_records.claim(session, evaluation_id, runner, s.stale_job_seconds)
+    except ev_records.EvaluationBusy as exc:
+        raise EvalError(str(exc)) from None
+    try:
+        gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
+        evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency,
+                              should_stop)
+        evaluator.redactor = SecretRedactor([*base.secret_values(), *s.secret_values()])  # production's and ours
+        with Heartbeat(evaluation_id, runner, s.stale_job_seconds):
+            status = evaluator.run()
+        return evaluation_id, status, evaluator.errors
+    finally:
+        with session_scope() as session:
+            ev_records.release(session, evaluation_id, runner)
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -356,14 +460,17 @@ def scripted_models(name: str) -> ModelFactory:
 
 
 def write_outputs(report: dict[str, Any], out: Path) -> list[Path]:
-    """`--out DIR`: report.md and report.json, written atomically."""
+    """`--out DIR`: report.md, report.json and report.html (the dashboard's renderer), written atomically."""
     import json
 
     from app.evaluation_report import to_markdown
+    from app.web.dashboard import evaluation_report_html
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in (("report.md", to_markdown(report)), ("report.json", json.dumps(report, indent=2))):
+    outputs = (("report.md", to_markdown(report)), ("report.json", json.dumps(report, indent=2)),
+               ("report.html", evaluation_report_html(report)))
+    for name, text in outputs:
         trajectory.write_atomic(out / name, text.encode("utf-8"), fsync=False)
         written.append(out / name)
     return written

@@ -132,6 +132,21 @@ class MergeRequest:
     state: str
 
 
+# What a human did with an MR, as `Forge.mr_verdict` reads it now: `merged`; `closed` (closed without
+# merging); `open` (still undecided, GitLab's `opened` or `locked`).
+MrVerdict = Literal["merged", "closed", "open"]
+
+# The MR's number at the end of the web URL we stored for a job: GitLab `/-/merge_requests/N`,
+# Gitea and Forgejo `/pulls/N`.
+_MR_URL_NUMBER = re.compile(r"/(?:-/)?(?:merge_requests|pulls)/([1-9][0-9]{0,9})/?$")
+
+
+def mr_number_from_url(url: str | None) -> int | None:
+    """The MR's number in a job's stored `mr_url` (the forge's own web_url), or None when it has none."""
+    found = _MR_URL_NUMBER.search(url or "")
+    return int(found.group(1)) if found else None
+
+
 # ---------------------------------------------------------------------------------------------
 # The protocol
 # ---------------------------------------------------------------------------------------------
@@ -161,6 +176,10 @@ class Forge(Protocol):
     def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest: ...
 
     def comment(self, project: str, number: int, body: str) -> None: ...
+
+    def mr_verdict(self, project: str, number: int) -> MrVerdict:
+        """Whether a human merged MR `number`, closed it unmerged, or has not decided (read now, never cached)."""
+        ...
 
     def git_auth_header(self) -> str: ...
 

@@ -29,6 +29,7 @@ from app.forge.api import (
     ForgeTransient,
     Issue,
     MergeRequest,
+    MrVerdict,
     OutboundText,
     ProjectInfo,
     Redactor,
@@ -402,6 +403,14 @@ class GiteaForge:
             self._request("POST", path, what, json={"body": self._text.body(marker + body)})
 
         self._retry.call(what, post_once(post, posted))
+
+    def mr_verdict(self, project: str, number: int) -> MrVerdict:
+        """Gitea's and Forgejo's pull: `merged` true is merged; else `state` closed is closed unmerged."""
+        what = f"read pull request #{number} of {project}"
+        data = self._object("GET", f"{self._repo_path(project)}/pulls/{int(number)}", what)
+        if data.get("merged") is True:
+            return "merged"
+        return "closed" if data.get("state") == "closed" else "open"
 
     def git_auth_header(self) -> str:
         """HTTP Basic with the token as user name and `x-oauth-basic` as password.

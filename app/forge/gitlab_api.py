@@ -24,6 +24,7 @@ from app.forge.api import (
     ForgeTransient,
     Issue,
     MergeRequest,
+    MrVerdict,
     OutboundText,
     ProjectInfo,
     Redactor,
@@ -261,6 +262,15 @@ class GitLabForge:
             return any(marker in str(n.attributes.get("body") or "") for n in newest)
 
         self._call(f"comment on #{number} in {project}", post_once(lambda: notes.create(payload, **_ONCE), posted))
+
+    def mr_verdict(self, project: str, number: int) -> MrVerdict:
+        """GitLab's MR `state`: `merged`, `closed` (unmerged), else open (`opened`, `locked`)."""
+        data = self._call(
+            f"read !{number} of {project}",
+            lambda: self._project(project).mergerequests.get(int(number), **_ONCE).attributes,
+        )
+        state = data.get("state")
+        return "merged" if state == "merged" else "closed" if state == "closed" else "open"
 
     def git_auth_header(self) -> str:
         """HTTP Basic with user `oauth2` and the token as password: GitLab accepts this for git over HTTP."""

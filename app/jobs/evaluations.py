@@ -8,8 +8,10 @@ runs exactly the (task, attempt) pairs that have no row yet.
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import case, func, select
@@ -27,6 +29,43 @@ class SelectorError(ValueError):
 
 class UnknownEvaluation(LookupError):
     """No evaluation has that id."""
+
+
+class EvaluationBusy(Exception):
+    """Another live process is running that evaluation; the message names it."""
+
+
+@dataclass(frozen=True)
+class Runner:
+    """A process that runs an evaluation: host, pid and the pid's start time (a reused pid is another process)."""
+
+    host: str
+    pid: int
+    started: str
+
+    @classmethod
+    def of(cls, pid: int) -> Runner:
+        return cls(socket.gethostname()[:255], pid, process_start(pid) or "")
+
+    def alive(self, heartbeat: datetime | None, stale_seconds: float) -> bool:
+        """On this host: the pid still runs and started when it did. Elsewhere: its heartbeat is recent."""
+        if self.host == socket.gethostname()[:255]:
+            return bool(self.started) and process_start(self.pid) == self.started
+        if heartbeat is None:
+            return False
+        if heartbeat.tzinfo is None:
+            heartbeat = heartbeat.replace(tzinfo=UTC)
+        return (utcnow() - heartbeat).total_seconds() < stale_seconds
+
+
+def process_start(pid: int) -> str | None:
+    """The start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces and parentheses
+    return fields[19] if len(fields) > 19 else None
 
 
 SELECTOR_HELP = (
@@ -108,6 +147,8 @@ class JobCandidate:
     title: str
     status: str
     created_at: datetime
+    forge: str = ""
+    mr_url: str | None = None  # the MR the job opened, whose fate (merged, closed) eval reads from the forge
     tests: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -115,7 +156,7 @@ def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[J
     """Finished forge jobs that recorded at least one test run, oldest first, filtered by `selector`."""
     statuses = selector.statuses or FINAL_STATUSES
     query = (
-        select(Job.id, Job.project, Job.title, Job.status, Job.created_at, JobAttempt.tests)
+        select(Job.id, Job.project, Job.title, Job.status, Job.created_at, Job.forge, Job.mr_url, JobAttempt.tests)
         .join(JobAttempt, JobAttempt.job_id == Job.id)
         .where(Job.status.in_(statuses), JobAttempt.tests.is_not(None))
         .order_by(Job.created_at, Job.id, JobAttempt.id)
@@ -126,10 +167,12 @@ def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[J
     if selector.ids:
         query = query.where(Job.id.in_(numeric))
     found: dict[int, JobCandidate] = {}
-    for job_id, project, title, status, created, tests in session.execute(query):
+    for job_id, project, title, status, created, forge, mr_url, tests in session.execute(query):
         if not selector.takes(str(job_id), project, status, created):
             continue
-        entry = found.setdefault(job_id, JobCandidate(str(job_id), project, title or "", status, created))
+        entry = found.setdefault(
+            job_id, JobCandidate(str(job_id), project, title or "", status, created, forge, mr_url)
+        )
         if isinstance(tests, dict):
             entry.tests.append(tests)
     return list(found.values())
@@ -184,6 +227,42 @@ def find_unfinished(session: Session, *, model: str, base_url: str, selector: st
     )
 
 
+def claim(session: Session, evaluation_id: int, runner: Runner, stale_seconds: float) -> None:
+    """Make `runner` the evaluation's one process, or raise EvaluationBusy naming the live one that has it.
+
+    The row is locked (SELECT ... FOR UPDATE) so two processes cannot both take it; a claim whose
+    process is gone (killed, crashed) is taken over, so a killed run can always be resumed.
+    """
+    row = session.scalars(select(Evaluation).where(Evaluation.id == evaluation_id).with_for_update()).first()
+    if row is None:
+        raise UnknownEvaluation(f"no evaluation with id {evaluation_id}")
+    if row.runner_pid is not None and (row.runner_host, row.runner_pid) != (runner.host, runner.pid):
+        holder = Runner(row.runner_host or "", row.runner_pid, row.runner_started or "")
+        if holder.alive(row.heartbeat_at, stale_seconds):
+            raise EvaluationBusy(
+                f"evaluation {evaluation_id} is running in process {holder.pid} on {holder.host}; "
+                "wait for it, or stop it (Ctrl-C / SIGTERM) and run this again to resume"
+            )
+    row.runner_host, row.runner_pid, row.runner_started = runner.host, runner.pid, runner.started
+    row.heartbeat_at = utcnow()
+
+
+def beat(session: Session, evaluation_id: int, runner: Runner) -> bool:
+    """Refresh `runner`'s heartbeat; False when it no longer holds the claim (another process took it over)."""
+    row = session.get(Evaluation, evaluation_id)
+    if row is None or (row.runner_host, row.runner_pid) != (runner.host, runner.pid):
+        return False
+    row.heartbeat_at = utcnow()
+    return True
+
+
+def release(session: Session, evaluation_id: int, runner: Runner) -> None:
+    """Give up `runner`'s claim (only its own: a process that lost it to a take-over leaves the new one's)."""
+    row = session.get(Evaluation, evaluation_id)
+    if row is not None and (row.runner_host, row.runner_pid) == (runner.host, runner.pid):
+        row.runner_host = row.runner_pid = row.runner_started = row.heartbeat_at = None
+
+
 def set_evaluation_status(session: Session, evaluation_id: int, status: str) -> None:
     row = get_evaluation(session, evaluation_id)
     row.status = status
@@ -199,7 +278,11 @@ def finished_pairs(session: Session, evaluation_id: int) -> set[tuple[str, int]]
 
 
 def record_result(session: Session, evaluation_id: int, values: dict[str, Any]) -> None:
+    """One finished attempt; it also beats the evaluation's heartbeat (a sign of life seen from other hosts)."""
     session.add(EvaluationResult(evaluation_id=evaluation_id, **values))
+    row = session.get(Evaluation, evaluation_id)
+    if row is not None:
+        row.heartbeat_at = utcnow()
 
 
 def evaluation_results(session: Session, evaluation_id: int) -> list[EvaluationResult]:

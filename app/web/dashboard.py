@@ -202,6 +202,11 @@ def usage_page(request: Request, days: UsageDays = 14, project: ProjectFilter = 
     return _render(request, "usage.html", context)
 
 
+def evaluation_report_html(report: dict[str, Any]) -> str:
+    """`manage.py eval --out`'s report.html: the evaluation page's own report template, as one standalone file."""
+    return templates.env.get_template("evaluation_file.html").render(r=report)
+
+
 @router.get("/evaluations", response_class=HTMLResponse)
 def evaluations_page(request: Request) -> Response:
     """Past `manage.py eval` runs, newest first."""

@@ -27,6 +27,11 @@ def upgrade() -> None:
         sa.Column("tasks", sa.JSON(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+        # The process running it now (NULL when none): a second run is refused, a dead one's claim is taken over.
+        sa.Column("runner_host", sa.String(255), nullable=True),
+        sa.Column("runner_pid", sa.Integer(), nullable=True),
+        sa.Column("runner_started", sa.String(32), nullable=True),
+        sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
     )
     op.create_table(
         "evaluation_results",

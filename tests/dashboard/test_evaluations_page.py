@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from app.db import session_scope
@@ -18,11 +19,11 @@ def _result(task: str, attempt: int, solved: bool) -> dict[str, Any]:
     }
 
 
-def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any) -> None:
+def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any, tmp_path: Path) -> None:
     assert "No evaluation yet" in signed_in.get("/evaluations").text
     tasks = [
-        {"key": "7", "project": f"acme/{HOSTILE}", "title": "t", "recorded_solved": True, "human": "unknown"},
-        {"key": "8", "project": "acme/calc", "title": "t", "recorded_solved": False, "human": "unknown"},
+        {"key": "7", "project": f"acme/{HOSTILE}", "title": "t", "recorded_solved": True, "human": "merged"},
+        {"key": "8", "project": "acme/calc", "title": "t", "recorded_solved": False, "human": "closed"},
     ]
     with session_scope() as session:
         eid = ev_records.create_evaluation(
@@ -42,3 +43,16 @@ def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any) ->
     assert "Lost (1): 7" in page.text and "Gained (1): 8" in page.text
     assert signed_in.get("/evaluations/999").status_code == 404
     assert signed_in.get("/evaluations/0").status_code in (404, 422)
+    human = 'Human verdicts: 0 of 1 merged MRs solved; 1 of 1 closed-unmerged MRs "solved"; 0 MRs still open'
+    assert human in page.text and 'href="/jobs/8"' in page.text
+
+    # `manage.py eval --out` writes the same report through the same template, as a standalone file.
+    from worker.evaluate import load_report, write_outputs
+
+    written = write_outputs(load_report(eid), tmp_path / "out")
+    assert [p.name for p in written] == ["report.md", "report.json", "report.html"]
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert 'data-testid="solve-rate">0.25 [' in html and 'data-testid="pass-2">0.50 [' in html
+    assert "Lost (1): 7" in html and human in html
+    assert HOSTILE not in html and "<script" not in html and "&lt;script&gt;" in html
+    assert 'href="/jobs/' not in html and "/static/" not in html  # a file: no links into the dashboard

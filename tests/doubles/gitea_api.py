@@ -305,6 +305,25 @@ class GiteaDouble(JsonApiDouble):
         """A pull request that already exists (e.g. from an earlier run)."""
         return self._create_pull(repo, head, base, title, "")
 
+    def set_pull_state(self, repo: str, number: int, state: str) -> dict[str, Any]:
+        """A human merged (`merged`) or closed (`closed`) a pull, as Gitea then reports it.
+
+        Closed unmerged is the real gitea/woodpecker/HookPullRequestClosed.json shape (state closed,
+        merged false, closed_at set); merged is state closed with merged true, merged_at, merged_by and
+        merge_commit_sha. The issue view's `pull_request.merged` follows.
+        """
+        pull = self.pulls[(repo, number)]
+        when = gitea_time()
+        pull.update(state="closed", closed_at=when, updated_at=when)
+        if state == "merged":
+            merger = copy.deepcopy(self.bot)
+            pull.update(merged=True, merged_at=when, merged_by=merger, merge_commit_sha=f"{number:040x}")
+        elif state != "closed":
+            raise ValueError(f"the double sets a pull merged or closed, not {state!r}")
+        self.issues[(repo, number)]["pull_request"].update(merged=pull["merged"], merged_at=pull["merged_at"])
+        self.issues[(repo, number)]["state"] = "closed"
+        return pull
+
     def open_pulls(self, repo: str) -> list[dict[str, Any]]:
         return [p for (r, _), p in sorted(self.pulls.items()) if r == repo and p["state"] == "open"]
 

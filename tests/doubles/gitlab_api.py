@@ -497,6 +497,26 @@ class GitLabDouble(JsonApiDouble):
         """An MR that already exists (opened by someone, e.g. an earlier run)."""
         return self._create_mr(self._project(project), source_branch, target_branch, title, "", self.bot)
 
+    def set_mr_state(self, project: str, iid: int, state: str, *, by: str | None = None) -> dict[str, Any]:
+        """A human merged (`merged`) or closed (`closed`) an MR, with the fields GitLab then reports.
+
+        The closed shape is the real closed MR in gitlab/atlantis/api_responses/get_merge_request_pull-request.json
+        (closed_by, closed_at, detailed_merge_status `not_open`); a merged one sets merged_by/merge_user,
+        merged_at and merge_commit_sha instead.
+        """
+        pid = self._project(project)["id"]
+        mr = next(m for m in self.mrs if m["project_id"] == pid and m["iid"] == iid)
+        user = copy.deepcopy(self.users[by] if by else self.bot)
+        when = now_iso()
+        mr.update(state=state, updated_at=when, detailed_merge_status="not_open")
+        if state == "merged":
+            mr.update(merged_by=user, merge_user=user, merged_at=when, merge_commit_sha=f"{iid:040x}")
+        elif state == "closed":
+            mr.update(closed_by=user, closed_at=when)
+        else:
+            raise ValueError(f"the double sets an MR merged or closed, not {state!r}")
+        return mr
+
     # -- lookups ---------------------------------------------------------------------------
 
     def _project(self, ref: str | int) -> dict[str, Any]:

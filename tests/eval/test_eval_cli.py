@@ -76,3 +76,58 @@ def test_a_killed_eval_resumes_from_its_finished_attempts(local_env: dict[str, A
     bad = manage("eval", "--jobs", "drop table")
     assert bad.returncode == 2 and "not a job id" in bad.stderr
     assert manage("eval", "--resume", "99").returncode == 2
+
+
+def test_a_second_run_of_a_running_evaluation_exits_2_and_names_the_process(local_env: dict[str, Any]) -> None:
+    """The claim on the evaluation row: a live holder refuses a second run; a dead or reused pid is taken over."""
+    assert manage("demo").returncode == 0
+    assert manage("eval", "--scripted-model", "demo").returncode == 0  # evaluation 1, finished, released
+    with session_scope() as session:
+        row = ev_records.get_evaluation(session, 1)
+        assert (row.runner_pid, row.runner_host, row.heartbeat_at) == (None, None, None)
+    holder = subprocess.Popen(["sleep", "120"])  # stands in for a live `manage.py eval` on this host
+    try:
+        with session_scope() as session:
+            ev_records.claim(session, 1, ev_records.Runner.of(holder.pid), 600)
+        second = manage("eval", "--resume", "1")
+        assert second.returncode == 2, second.stderr
+        assert f"evaluation 1 is running in process {holder.pid}" in second.stderr
+        assert "Traceback" not in second.stderr and "IntegrityError" not in second.stderr
+        with session_scope() as session:  # the refused run left the holder's claim alone
+            assert ev_records.get_evaluation(session, 1).runner_pid == holder.pid
+            # A claim whose pid now belongs to another process (a different start time) is stale.
+            ev_records.claim(session, 1, ev_records.Runner(ev_records.Runner.of(holder.pid).host, holder.pid, "1"), 600)
+        assert manage("eval", "--resume", "1").returncode == 0
+    finally:
+        holder.kill()
+        holder.wait(10)
+    with session_scope() as session:
+        ev_records.claim(session, 1, ev_records.Runner.of(holder.pid), 600)  # now a dead process's claim
+    assert manage("eval", "--resume", "1").returncode == 0
+
+
+def test_a_claim_from_another_host_lives_while_its_heartbeat_beats(frogfix_env: dict[str, Any]) -> None:
+    """A pid on another host cannot be checked: its claim holds while the run's Heartbeat keeps it fresh."""
+    from datetime import timedelta
+
+    from app.models import Evaluation, utcnow
+    from worker.evaluate import Heartbeat
+
+    with session_scope() as session:
+        eid = ev_records.create_evaluation(session, model="m", base_url="", selector="", attempts=1, tasks=[], who="t")
+    elsewhere = ev_records.Runner("other-host.example", 4242, "123")
+    here = ev_records.Runner.of(os.getpid())
+    with session_scope() as session:
+        ev_records.claim(session, eid, elsewhere, stale_seconds=4)
+    with Heartbeat(eid, elsewhere, stale_seconds=4):  # beats every second (stale / 4)
+        with session_scope() as session:  # make the last beat look old: the heartbeat must refresh it
+            session.get(Evaluation, eid).heartbeat_at = utcnow() - timedelta(seconds=60)  # type: ignore[union-attr]
+        time.sleep(2.5)
+        with session_scope() as session, pytest.raises(ev_records.EvaluationBusy, match="process 4242 on other-host"):
+            ev_records.claim(session, eid, here, stale_seconds=4)
+    time.sleep(4.5)  # that run died: no beat for longer than stale_seconds
+    with session_scope() as session:
+        ev_records.claim(session, eid, here, stale_seconds=4)
+    with session_scope() as session:
+        assert ev_records.get_evaluation(session, eid).runner_host == here.host
+        assert not ev_records.beat(session, eid, elsewhere)  # the old run's heartbeat stops once it lost the claim

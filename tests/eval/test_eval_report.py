@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def test_counts_pass_at_k_gained_and_lost_are_exact(local_env: dict[str, Any], t
     lo, hi = report["candidate"]["solve_rate"]["ci95"]
     assert lo < 0.375 < hi and "Wilson" in report["candidate"]["solve_rate"]["method"]
     assert report["human"] == {"merged": 0, "merged_solved": 0, "closed_unmerged": 0,
-                               "closed_unmerged_solved": 0, "unknown": 4}
+                               "closed_unmerged_solved": 0, "open": 0, "unknown": 4}
 
     rows = {r["task"]: r for r in report["tasks"]}
     solved = rows[t["a"]]["attempts"][0]
@@ -120,3 +121,63 @@ def test_a_model_server_failure_is_not_counted_as_unsolved(local_env: dict[str, 
     evaluation_id, status, _ = evaluate(options, models=Candidate({(task, 1)}))
     assert (evaluation_id, status) == (evaluation.id, "finished")
     assert load_report(evaluation_id)["attempts_solved"] == 1
+
+
+class Overlapping(Candidate):
+    """A candidate that counts its attempts in flight (from model creation to `close`); its first `width`
+    attempts wait for each other at a barrier, which breaks (failing them) unless they run at the same time."""
+
+    def __init__(self, solves: set[tuple[str, int]], width: int) -> None:
+        super().__init__(solves)
+        self.lock = threading.Lock()
+        self.in_flight = self.most = 0
+        self.barrier = threading.Barrier(width, timeout=60)
+
+    def __call__(self, key: str, attempt: int) -> Any:
+        model = super().__call__(key, attempt)
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            meet = len(self.calls) <= self.barrier.parties
+        if meet:
+            self.barrier.wait()
+
+        def close() -> None:
+            with self.lock:
+                self.in_flight -= 1
+
+        model.close = close
+        return model
+
+
+def _comparable(value: Any) -> Any:
+    """A report without what differs between two runs of the same attempts: ids, names, times, file names."""
+    if isinstance(value, dict):
+        volatile = {"evaluation", "model", "created_at", "wall_seconds", "trajectory"}
+        return {k: _comparable(v) for k, v in value.items() if k not in volatile}
+    if isinstance(value, list):
+        return [_comparable(v) for v in value]
+    return value
+
+
+def test_concurrent_attempts_run_at_once_within_the_slots_and_report_like_a_serial_run(
+    local_env: dict[str, Any], tmp_path: Path
+) -> None:
+    from tests.conftest import configure
+
+    a, b = recorded_job(tmp_path / "a", solved=True), recorded_job(tmp_path / "b", solved=False)
+    configure(local_env["monkeypatch"], model_slots="2")
+    solves = {(a, 1), (b, 2)}
+    wide = Overlapping(solves, width=2)
+    ev_wide, status, errors = evaluate(EvalOptions("wide", "", attempts=2, concurrency=3), models=wide,
+                                       poll_seconds=0.05)
+    assert (status, errors) == ("finished", [])
+    assert len(wide.calls) == 4 and not wide.barrier.broken
+    assert wide.most == 2  # two at once (the barrier met), never three: --concurrency 3, but 2 model slots
+
+    serial = Overlapping(solves, width=1)
+    ev_serial, status, errors = evaluate(EvalOptions("serial", "", attempts=2), models=serial)
+    assert (status, errors) == ("finished", []) and serial.most == 1
+    wide_report, serial_report = load_report(ev_wide), load_report(ev_serial)
+    assert wide_report["attempts_solved"] == 2 and wide_report["gained"] == [b] and wide_report["lost"] == []
+    assert _comparable(wide_report) == _comparable(serial_report)

@@ -378,3 +378,18 @@ def test_git_auth_header_uses_the_token_as_user(gitea_double: GiteaDouble, retry
     scheme, value = make(gitea_double, retry).git_auth_header().split(" ", 1)
     assert scheme == "Basic"
     assert base64.b64decode(value).decode() == f"{gitea_double.token}:x-oauth-basic"
+
+
+def test_mr_verdict_reads_merged_closed_and_open(gitea_double: GiteaDouble, retry: RetryPolicy) -> None:
+    """Eval's human verdicts: a pull's `merged` flag first (a merged pull is also `closed`), then its `state`."""
+    from app.forge.api import mr_number_from_url
+
+    forge = make(gitea_double, retry)
+    merged, closed, still_open = (gitea_double.add_pull(P, f"frogfix/issue-{i}") for i in (1, 2, 3))
+    gitea_double.set_pull_state(P, merged["number"], "merged")
+    gitea_double.set_pull_state(P, closed["number"], "closed")
+    numbers = [mr_number_from_url(p["html_url"]) for p in (merged, closed, still_open)]
+    assert numbers == [merged["number"], closed["number"], still_open["number"]]
+    assert [forge.mr_verdict(P, n) for n in numbers if n] == ["merged", "closed", "open"]
+    with pytest.raises(ForgeNotFound):
+        forge.mr_verdict(P, 99)

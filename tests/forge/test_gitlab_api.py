@@ -246,3 +246,19 @@ def test_git_auth_header_is_basic_oauth2(gitlab_double: GitLabDouble, retry: Ret
     scheme, value = header.split(" ", 1)
     assert scheme == "Basic"
     assert base64.b64decode(value).decode() == f"oauth2:{gitlab_double.token}"
+
+
+def test_mr_verdict_reads_merged_closed_and_open(gitlab_double: GitLabDouble, retry: RetryPolicy) -> None:
+    """Eval's human verdicts: GitLab's MR `state`, and the MR number taken from the web_url a job stores."""
+    from app.forge.api import mr_number_from_url
+
+    forge = make(gitlab_double, retry)
+    merged, closed, still_open = (gitlab_double.add_mr(P, f"frogfix/issue-{i}") for i in (1, 2, 3))
+    gitlab_double.set_mr_state(P, merged["iid"], "merged", by="maint")
+    gitlab_double.set_mr_state(P, closed["iid"], "closed", by="maint")
+    numbers = [mr_number_from_url(m["web_url"]) for m in (merged, closed, still_open)]
+    assert numbers == [merged["iid"], closed["iid"], still_open["iid"]]
+    assert [forge.mr_verdict(P, n) for n in numbers if n] == ["merged", "closed", "open"]
+    with pytest.raises(ForgeNotFound):
+        forge.mr_verdict(P, 99)
+    assert mr_number_from_url(None) is None and mr_number_from_url("https://x/-/issues/3") is None
