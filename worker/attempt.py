@@ -110,7 +110,7 @@ class ReviewPolicy:
             settings.refuse_protected_changes,
             settings.verify_runs,
             allow_ci=settings.allow_ci_changes,
-            evidence=EvidenceLimits(settings.max_patch_bytes, sandbox.file_size_bytes, sandbox.memory_bytes),
+            evidence=EvidenceLimits.for_job(settings.max_patch_bytes, sandbox),
         )
 
 

@@ -17,7 +17,7 @@ compressible text grows ~1000-fold, and git's diff of the result needs ~20 times
 and this git runs in the worker, beside the database, with no sandbox wall. So before any diff,
 the new blobs' sizes are read (`diff-tree --raw`, `cat-file --batch-check`, which read no content)
 and refused when one is larger than the sandbox could have written or they grow absurdly; and
-every git call here runs under the sandbox's own memory bound (`EvidenceLimits`).
+every git call here runs under a memory bound of its own (`EvidenceLimits`, `EVIDENCE_MEMORY_BYTES`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,11 @@ MIN_GROWTH_BOUND = 1024 * 1024  # below this, growth is never called absurd (sma
 # git maps pack files in windows of up to 1 GiB; smaller ones fit under the memory bound.
 _MAP_CONFIG = (("core.packedGitWindowSize", "32m"), ("core.packedGitLimit", "256m"))
 _DEFAULT_SANDBOX = SandboxLimits()
+# The evidence's own memory bound per git call (prlimit --as), never above the sandbox's memory. Why not
+# the sandbox's 4 GiB: this git runs in the worker, whose pod has 2 GiB and runs several jobs, so 4 GiB a
+# call is no wall there. A patch of at most FROGFIX_MAX_PATCH_BYTES whose growth is capped at 64x before
+# any diff (`_refuse_inflated`), with pack windows of 32m/256m, needs far less than this.
+EVIDENCE_MEMORY_BYTES = 1024**3
 
 
 @dataclass(frozen=True)
@@ -64,7 +69,14 @@ class EvidenceLimits:
 
     max_patch_bytes: int = 1024 * 1024  # git's regeneration (FROGFIX_MAX_PATCH_BYTES)
     max_file_bytes: int = _DEFAULT_SANDBOX.file_size_bytes  # the sandbox's per-file limit: no file it wrote is larger
-    max_memory_bytes: int = _DEFAULT_SANDBOX.memory_bytes  # address space of each git call (prlimit --as)
+    # address space of each git call (prlimit --as)
+    max_memory_bytes: int = min(_DEFAULT_SANDBOX.memory_bytes, EVIDENCE_MEMORY_BYTES)
+
+    @classmethod
+    def for_job(cls, max_patch_bytes: int, sandbox: SandboxLimits) -> EvidenceLimits:
+        """The job sandbox's per-file limit, and the smaller of its memory and EVIDENCE_MEMORY_BYTES."""
+        memory = min(sandbox.memory_bytes, EVIDENCE_MEMORY_BYTES)
+        return cls(max_patch_bytes, sandbox.file_size_bytes, memory)
 
 
 class PatchRefused(Exception):

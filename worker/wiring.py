@@ -58,7 +58,7 @@ def leaf_limits_from(settings: Settings, max_seconds: float | None = None) -> Le
 
 
 def sandbox_limits(settings: Settings) -> SandboxLimits:
-    """The job sandbox's resource bounds; the evidence's git reads its per-file and memory limits too.
+    """The job sandbox's resource bounds; the evidence's git reads its per-file limit, and its memory capped at 1 GiB.
 
     FROGFIX_SANDBOX_MEMORY is per process (RLIMIT_AS) and a local sandbox's whole total (its cgroup)."""
     return SandboxLimits(wall_seconds=settings.job_timeout_seconds, memory_bytes=settings.sandbox_memory_bytes())

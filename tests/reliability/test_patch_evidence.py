@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 
+from app.settings import Settings
 from tests.doubles.git_http import git, git_env, make_worktree
+from worker.attempt import ReviewPolicy
 from worker.ci_config import CiUnreadable, local_includes
-from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
+from worker.patch_evidence import EVIDENCE_MEMORY_BYTES, EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons, review_flags
 from worker.repos import git_argv
 
@@ -196,7 +198,9 @@ def test_a_small_patch_that_git_inflates_to_a_huge_file_is_refused_before_any_di
     of it took ~3 GiB each in the worker, with no sandbox wall around them."""
     patch = inflating_patch("big.txt", 128 * MIB)
     assert len(patch) < 300_000  # far under FROGFIX_MAX_PATCH_BYTES
-    refused, peak_kib, _ = evidence_in_child(repo, patch, EvidenceLimits())
+    shipped = ReviewPolicy.from_settings(Settings()).evidence  # the worker's own limits: git under 1 GiB
+    assert shipped.max_memory_bytes == EVIDENCE_MEMORY_BYTES == 1024 * MIB
+    refused, peak_kib, _ = evidence_in_child(repo, patch, shipped)
     assert refused is not None
     assert f"grows the files by {128 * MIB} bytes once git inflates it" in refused
     assert peak_kib < 400 * 1024  # git apply holds the file once (~130 MiB); no diff ever ran over it
@@ -218,6 +222,20 @@ def test_every_git_call_of_the_evidence_runs_under_the_memory_bound(repo: Path) 
     # A normal patch still goes through under that bound.
     (repo / "calc.py").write_text("x = 2\n")
     assert evidence_in_child(repo, sandbox_diff(repo), limits)[0] is None
+
+
+def test_the_evidences_memory_bound_is_the_smaller_of_the_sandboxs_and_1_gib(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Final review, S2: the sandbox's 4 GiB per git call is no wall in a 2 GiB worker pod that runs several jobs."""
+    monkeypatch.setenv("FROGFIX_SANDBOX", "kubernetes")  # no local sizes rule, so any memory loads
+    monkeypatch.delenv("FROGFIX_SANDBOX_MEMORY", raising=False)
+    assert ReviewPolicy.from_settings(Settings()).evidence.max_memory_bytes == 1024 * MIB  # sandbox: 4 GiB
+    monkeypatch.setenv("FROGFIX_SANDBOX_MEMORY", "768Mi")
+    assert ReviewPolicy.from_settings(Settings()).evidence.max_memory_bytes == 768 * MIB
+    monkeypatch.setenv("FROGFIX_SANDBOX_MEMORY", "16Gi")
+    policy = ReviewPolicy.from_settings(Settings())
+    assert policy.evidence.max_memory_bytes == 1024 * MIB
+    assert policy.evidence.max_file_bytes == EvidenceLimits().max_file_bytes  # the sandbox's per-file limit stays
+    assert EvidenceLimits().max_memory_bytes == 1024 * MIB
 
 
 def test_without_prlimit_the_evidence_is_still_taken_unbounded(
