@@ -28,6 +28,15 @@ class ProjectLimits(BaseModel):
     tokens_per_day: int | None = Field(default=None, ge=0)  # prompt + completion tokens per UTC day
 
 
+# An .env written for the old defaults (workspace 4Gi, tmp 1Gi) no longer loads: say what changed and what to set.
+LOCAL_MEMORY_UPGRADE = (
+    "The defaults of FROGFIX_SANDBOX_WORKSPACE_SIZE and FROGFIX_SANDBOX_TMP_SIZE went from 4Gi and 1Gi to 2Gi "
+    "and 512Mi, because the local sandbox's workspace and /tmp are RAM inside FROGFIX_SANDBOX_MEMORY; raise "
+    "FROGFIX_SANDBOX_MEMORY or lower the sizes (docs/OPERATING.md, Upgrade). This rule applies only to the "
+    "local backend: Kubernetes installs that want the old sizes set them explicitly"
+)
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FROGFIX_", env_file=".env", extra="ignore")
 
@@ -149,13 +158,17 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _local_files_fit_in_memory(self) -> Settings:
         """A local sandbox's tmpfs live in its memory: over-sized, a full disk would OOM-kill it, not ENOSPC."""
-        if self.sandbox == "local":
+        if self.sandbox != "local":
+            return self
+        try:
             check_local_memory(
                 self.sandbox_memory_bytes(),
                 parse_quantity(self.sandbox_workspace_size),
                 parse_quantity(self.sandbox_tmp_size),
                 ("FROGFIX_SANDBOX_MEMORY", "FROGFIX_SANDBOX_WORKSPACE_SIZE", "FROGFIX_SANDBOX_TMP_SIZE"),
             )
+        except ValueError as exc:
+            raise ValueError(f"{exc}. {LOCAL_MEMORY_UPGRADE}") from exc
         return self
 
     def sandbox_memory_bytes(self) -> int:

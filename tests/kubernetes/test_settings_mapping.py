@@ -113,3 +113,23 @@ def test_a_bad_sandbox_memory_is_refused_when_settings_load(monkeypatch: pytest.
     monkeypatch.setenv("FROGFIX_SANDBOX_MEMORY", "4 gigs")
     with pytest.raises(ValueError, match="write it like"):
         Settings()
+
+
+def test_an_env_with_the_old_workspace_size_is_refused_with_the_upgrade_note(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Final review, S3: a compose .env that set the old documented 4Gi now stops the api and the worker from
+    starting; the error says what changed, why, what to set, and that Kubernetes is not held to the rule."""
+    monkeypatch.setenv("FROGFIX_SANDBOX", "local")
+    monkeypatch.delenv("FROGFIX_SANDBOX_MEMORY", raising=False)
+    monkeypatch.setenv("FROGFIX_SANDBOX_WORKSPACE_SIZE", "4Gi")
+    with pytest.raises(ValueError) as refused:
+        Settings()
+    message = " ".join(str(refused.value).split())
+    assert "FROGFIX_SANDBOX_WORKSPACE_SIZE 4Gi" in message
+    assert "went from 4Gi and 1Gi to 2Gi and 512Mi" in message
+    assert "raise FROGFIX_SANDBOX_MEMORY or lower the sizes" in message
+    assert "applies only to the local backend: Kubernetes installs that want the old sizes set them explicitly" in (
+        message
+    )
+    monkeypatch.setenv("FROGFIX_SANDBOX_MEMORY", "6Gi")  # what the note says to do: the old sizes then load
+    monkeypatch.setenv("FROGFIX_SANDBOX_TMP_SIZE", "1Gi")
+    Settings()
