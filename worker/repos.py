@@ -282,11 +282,16 @@ def git_argv(args: list[str], max_memory: int | None = None) -> list[str]:
     """
     if max_memory is None:
         return ["git", *args]
-    prlimit = shutil.which("prlimit")
+    prlimit = prlimit_path()
     if prlimit is None:
         _warn_once("prlimit (util-linux) is missing: git's memory in the worker is not bounded")
         return ["git", *args]
     return [prlimit, f"--as={int(max_memory)}", "--", "git", *args]
+
+
+def prlimit_path() -> str | None:
+    """Where `git_argv` finds prlimit (None: git runs without its memory bound); doctor asks the same."""
+    return shutil.which("prlimit")
 
 
 _warned: set[str] = set()

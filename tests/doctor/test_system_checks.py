@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,8 +14,15 @@ from app.settings import Settings, get_settings
 from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
 from worker.doctor import exit_code, render_text, run_doctor
-from worker.doctor.checks import CheckResult, DoctorOptions, Group, failed, passed, skipped
-from worker.doctor.system import check_broker, check_database, check_disk, shown_url
+from worker.doctor.checks import CheckResult, DoctorOptions, Group, failed, passed, skipped, warned
+from worker.doctor.system import (
+    check_broker,
+    check_database,
+    check_disk,
+    check_evidence_bound,
+    check_metrics_token,
+    shown_url,
+)
 
 
 def test_database_at_head_passes(frogfix_env: dict[str, Any]) -> None:
@@ -133,6 +143,41 @@ def test_a_password_written_into_a_url_setting_is_never_shown(frogfix_env: dict[
     assert "http://frog:***@127.0.0.1:9/v1" in text and "redis://:***@127.0.0.1:9/0" in text
 
 
+def test_an_empty_metrics_token_is_a_warning_that_says_what_metrics_exposes(frogfix_env: dict[str, Any]) -> None:
+    """Final review, S1: on Docker Compose the api's published port serves /metrics to anyone without a token."""
+    [line] = check_metrics_token(get_settings(), DoctorOptions())
+    assert (line.name, line.outcome, line.severity) == ("metrics.token", "warn", "warning")
+    assert "FROGFIX_METRICS_TOKEN is empty" in line.detail and "names every project" in line.detail
+    assert "FROGFIX_METRICS_TOKEN" in line.fix and "openssl rand -hex 32" in line.fix and "Prometheus" in line.fix
+    text = render_text(run_doctor(get_settings(), groups=[Group("metrics", 5, check_metrics_token, "n/a")]))
+    assert text.splitlines()[0].startswith("WARN metrics.token: FROGFIX_METRICS_TOKEN is empty")
+    assert "; fix: set FROGFIX_METRICS_TOKEN" in text
+    assert text.splitlines()[-1] == "0 passed, 0 failed, 1 warned, 0 skipped"
+    assert exit_code([line]) == 0  # a warning, not a failure: doctor still gates deployments on real failures
+    configure(frogfix_env["monkeypatch"], metrics_token="scrape-token-value-123")
+    results = run_doctor(get_settings(), groups=[Group("metrics", 5, check_metrics_token, "n/a")])
+    assert [(r.name, r.outcome) for r in results] == [("metrics.token", "pass")]
+    assert "scrape-token-value-123" not in render_text(results)
+
+
+def test_a_missing_prlimit_is_a_warning_that_the_evidence_runs_unbounded(
+    frogfix_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """Review nit: without prlimit, the worker's git reading a hostile patch has no memory bound."""
+    [line] = check_evidence_bound(get_settings(), DoctorOptions())
+    assert (line.name, line.outcome) == ("evidence.prlimit", "pass"), line
+    assert f"--as={1024**3}" in line.detail  # the evidence's own bound (min of the sandbox's memory and 1 GiB)
+    only_git = tmp_path / "bin"
+    only_git.mkdir()
+    os.symlink(str(shutil.which("git")), only_git / "git")
+    frogfix_env["monkeypatch"].setenv("PATH", str(only_git))
+    [line] = check_evidence_bound(get_settings(), DoctorOptions())
+    assert (line.name, line.outcome, line.severity) == ("evidence.prlimit", "warn", "warning")
+    assert "prlimit is not on PATH" in line.detail and "without its memory bound" in line.detail
+    assert "util-linux" in line.fix
+    assert exit_code([line]) == 0
+
+
 def test_text_report_one_line_each_with_fix() -> None:
     results = [
         passed("a", "fine"),
@@ -147,4 +192,8 @@ def test_text_report_one_line_each_with_fix() -> None:
         "FAIL c (warning): meh; fix: do that",
         "SKIP d: not configured",
         "1 passed, 2 failed, 1 skipped",
+    ]
+    assert render_text([warned("e", "open", "close it")]).splitlines() == [
+        "WARN e: open; fix: close it",
+        "0 passed, 0 failed, 1 warned, 0 skipped",
     ]

@@ -255,7 +255,13 @@ def test_compose_gives_a_working_stack_with_healthchecks() -> None:
     for name in ("api", "worker"):
         assert services[name]["depends_on"]["postgres"] == {"condition": "service_healthy"}
         assert services[name]["depends_on"]["redis"] == {"condition": "service_healthy"}
-        assert not [k for k in services[name]["environment"] if "TOKEN" in k or "SECRET" in k]
+        secrets = {k: v for k, v in services[name]["environment"].items() if "TOKEN" in k or "SECRET" in k}
+        # A secret only passes through, from .env or the shell (`${NAME:-}`); its value is never in this file.
+        assert secrets == {"FROGFIX_METRICS_TOKEN": "${FROGFIX_METRICS_TOKEN:-}"}
+        assert services[name]["env_file"] == [{"path": ".env", "required": False}]
+    # The api's published port is the webhook port: /metrics must be closable there (final review S1).
+    env_example = (ROOT / "docs" / "OPERATING.md").read_text().split("### On Kubernetes")[0]
+    assert "FROGFIX_METRICS_TOKEN=<random" in env_example
 
 
 def test_the_images_are_described() -> None:

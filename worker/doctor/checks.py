@@ -12,14 +12,14 @@ from typing import Any, Literal
 
 from app.settings import Settings
 
-Outcome = Literal["pass", "fail", "skip"]
+Outcome = Literal["pass", "fail", "skip", "warn"]  # warn: worth fixing, but not a failure (exit code 0)
 Severity = Literal["error", "warning"]
 DEFAULT_MIN_FREE_BYTES = 2 * 1024**3
 
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One line of the report. `fix` says what to do when `outcome` is `fail` (empty otherwise)."""
+    """One line of the report. `fix` says what to do when `outcome` is `fail` or `warn` (empty otherwise)."""
 
     name: str
     outcome: Outcome
@@ -37,6 +37,11 @@ def passed(name: str, detail: str) -> CheckResult:
 
 def failed(name: str, detail: str, fix: str, severity: Severity = "error") -> CheckResult:
     return CheckResult(name, "fail", detail, fix, severity)
+
+
+def warned(name: str, detail: str, fix: str) -> CheckResult:
+    """A setting worth changing that FrogFix runs without (the operator's choice): shown, but doctor still exits 0."""
+    return CheckResult(name, "warn", detail, fix, "warning")
 
 
 def skipped(name: str, detail: str) -> CheckResult:
@@ -93,6 +98,8 @@ def default_groups(settings: Settings) -> list[Group]:
         Group("model", 120, model.check_model, "check that FROGFIX_MODEL_BASE_URL answers"),
         sandbox_group,
         Group("disk", 15, system.check_disk, "check that the data and workspace folders' file systems answer"),
+        Group("metrics", 5, system.check_metrics_token, "check FROGFIX_METRICS_TOKEN"),
+        Group("evidence", 15, system.check_evidence_bound, "check that `prlimit --version` answers"),
     ]
 
 
@@ -153,22 +160,23 @@ def _scrubbed(results: list[CheckResult], secrets: list[str]) -> list[CheckResul
 
 
 def exit_code(results: Sequence[CheckResult]) -> int:
-    """1 exactly when a check failed (a warning included); skipped checks do not count."""
+    """1 exactly when a check failed (a `fail` of severity warning included); `warn` and `skip` lines do not count."""
     return 1 if any(r.outcome == "fail" for r in results) else 0
 
 
-LABELS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}
+LABELS = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP", "warn": "WARN"}
 
 
 def render_text(results: Sequence[CheckResult]) -> str:
-    """One line a check (`FAIL name: detail; fix: ...`), then a one-line summary."""
+    """One line a check (`FAIL name: detail; fix: ...`), then a one-line summary (warned only when any)."""
     lines = []
     for r in results:
         level = " (warning)" if r.outcome == "fail" and r.severity == "warning" else ""
         line = f"{LABELS[r.outcome]} {r.name}{level}: {r.detail}"
-        if r.outcome == "fail" and r.fix:
+        if r.outcome in ("fail", "warn") and r.fix:
             line += f"; fix: {r.fix}"
         lines.append(line)
-    counts = {o: sum(1 for r in results if r.outcome == o) for o in ("pass", "fail", "skip")}
-    lines.append(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
+    counts = {o: sum(1 for r in results if r.outcome == o) for o in ("pass", "fail", "skip", "warn")}
+    warned_count = f", {counts['warn']} warned" if counts["warn"] else ""
+    lines.append(f"{counts['pass']} passed, {counts['fail']} failed{warned_count}, {counts['skip']} skipped")
     return "\n".join(lines)

@@ -1,14 +1,16 @@
-"""Doctor's checks of the host side: the database and its schema, the broker, free disk."""
+"""Doctor's checks of the host side: the database and its schema, the broker, free disk, whether /metrics
+needs a token, and prlimit (the patch evidence's memory bound)."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from app.settings import Settings
-from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed
+from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed, warned
 
 CONNECT_TIMEOUT_S = 5
 
@@ -132,4 +134,55 @@ def check_disk(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
     return [
         _free_line("disk.data", "data", settings.data_dir, options.min_free_bytes),
         _free_line("disk.workspace", "workspace", workspace, options.min_free_bytes),
+    ]
+
+
+METRICS_TOKEN_FIX = (
+    "set FROGFIX_METRICS_TOKEN to a random value (e.g. the output of `openssl rand -hex 32`) in .env or the "
+    "Secret, and give Prometheus the same bearer (docs/OPERATING.md, Day to day)"
+)
+
+
+def check_metrics_token(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    """A warning, not a failure: an empty token is fine where only Prometheus reaches the api (the example
+    Ingress does not route /metrics), but on Docker Compose the api's port is the public webhook port."""
+    if settings.metrics_token.get_secret_value():
+        return [passed("metrics.token", "GET /metrics needs FROGFIX_METRICS_TOKEN as its bearer")]
+    detail = (
+        "FROGFIX_METRICS_TOKEN is empty, so GET /metrics, which names every project that uses FrogFix and its "
+        "token use, is open to whoever reaches the api's port (with Docker Compose, the published FROGFIX_PORT)"
+    )
+    return [warned("metrics.token", detail, METRICS_TOKEN_FIX)]
+
+
+def check_evidence_bound(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    """The worker's git reads the sandbox's hostile patch under prlimit's memory bound; without prlimit it
+    still runs (a warning, once, in the worker's log), unbounded, which doctor says up front."""
+    from worker.attempt import ReviewPolicy
+    from worker.repos import git_argv, prlimit_path
+
+    if prlimit_path() is None:
+        return [
+            warned(
+                "evidence.prlimit",
+                "prlimit is not on PATH: the patch evidence's git then runs in the worker without its memory bound",
+                "install util-linux (it provides prlimit) on the worker's host or image, or put it on PATH",
+            )
+        ]
+    bound = ReviewPolicy.from_settings(settings).evidence.max_memory_bytes
+    argv = git_argv(["--version"], bound)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+    else:
+        if done.returncode == 0:
+            return [passed("evidence.prlimit", f"the patch evidence's git runs under {argv[0]} --as={bound}")]
+        reason = (done.stderr.strip() or f"exit {done.returncode}")[:300]
+    return [
+        failed(
+            "evidence.prlimit",
+            f"git under {argv[0]} --as={bound} does not start ({reason}): every patch evidence would fail",
+            "check that prlimit (util-linux) and git run for the worker's user",
+        )
     ]
