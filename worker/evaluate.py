@@ -35,6 +35,7 @@ from app.db import session_scope
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
+from app.jobs.scheduler import production_load
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
 from app.statuses import INFRA_EXITS, FixStatus, JobStatus
@@ -159,31 +160,42 @@ def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress 
 
 
 class SlotGate:
-    """Model slots shared with production: an attempt takes one only when no production job waits."""
+    """Model slots shared with production: an attempt takes one only when no runnable production job waits.
 
-    def __init__(self, slots: int, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None) -> None:
+    "Waiting" is the scheduler's answer (app/jobs/scheduler.py `production_load`): a job held by its
+    project's budget cannot start whatever eval does, so it does not stop the evaluation.
+    """
+
+    def __init__(self, slots: int, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None,
+                 progress: Progress | None = None) -> None:
         if slots < 1:
             raise EvalError("there must be at least one model slot (FROGFIX_MODEL_SLOTS)")
         self.slots, self.poll_seconds = slots, poll_seconds
         self.stop = stop or (lambda: False)
+        self.progress: Progress = progress or (lambda _m: None)
         self.in_flight = 0
+        self.queued = 0  # runnable production jobs queued at the last look
         self._lock = threading.Lock()
 
     def try_acquire(self) -> bool:
         """Take a slot now if production leaves one (none queued, busy + ours below the slot count)."""
         with self._lock:
             with session_scope() as session:
-                queued, busy = ev_records.production_load(session)
-            if queued == 0 and busy + self.in_flight < self.slots:
+                self.queued, busy = production_load(session)
+            if self.queued == 0 and busy + self.in_flight < self.slots:
                 self.in_flight += 1
                 return True
             return False
 
     def acquire(self) -> bool:
-        """Wait for a slot; False when `stop` says to give up first."""
+        """Wait for a slot, saying so once; False when `stop` says to give up first."""
+        said = False
         while not self.stop():
             if self.try_acquire():
                 return True
+            if not said:
+                self.progress(f"waiting for a model slot ({self.queued} production jobs queued)")
+                said = True
             time.sleep(self.poll_seconds)
         return False
 
@@ -432,7 +444,7 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     except ev_records.EvaluationBusy as exc:
         raise EvalError(str(exc)) from None
     try:
-        gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
+        gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop, progress=say)
         evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency,
                               should_stop)
         evaluator.redactor = SecretRedactor([*base.secret_values(), *s.secret_values()])  # production's and ours

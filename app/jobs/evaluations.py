@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.evaluation_report import build_report
 from app.models import Evaluation, EvaluationResult, Job, JobAttempt, utcnow
-from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus
+from app.statuses import FINAL_STATUSES, JobStatus
 from app.trajectory import LOCAL_ID
 
 
@@ -176,17 +176,6 @@ def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[J
         if isinstance(tests, dict):
             entry.tests.append(tests)
     return list(found.values())
-
-
-def production_load(session: Session) -> tuple[int, int]:
-    """(queued, busy) production jobs: busy ones hold a model slot (running, verifying, publishing)."""
-    rows = dict(
-        session.execute(
-            select(Job.status, func.count()).where(Job.status.in_(ACTIVE_STATUSES)).group_by(Job.status)
-        ).all()
-    )
-    queued = int(rows.get(JobStatus.queued.value, 0))
-    return queued, sum(int(n) for n in rows.values()) - queued
 
 
 # -- the evaluation rows ------------------------------------------------------------------------
