@@ -83,13 +83,15 @@ def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, A
         project = Path(repository).name
         when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
         status = str(fix.get("status") or "")
+        if not selector.statuses and status not in ev_records.LOCAL_VERDICT_STATUSES:
+            continue  # `failed`: no model verdict; only through `status=failed`
         if not selector.takes(key, project, status, when):
             continue
         issue = data.get("issue")
         title = str(issue.get("title") or "") if isinstance(issue, dict) else ""
         found.append(
             {"key": key, "project": project, "title": title, "recorded_solved": status == FixStatus.fixed,
-             "human": "unknown"}
+             "recorded_attempts": 1, "human": "unknown"}
         )
     return found
 
@@ -147,7 +149,7 @@ def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress 
     try:
         tasks = [
             {"key": c.key, "project": c.project, "title": c.title, "recorded_solved": c.status == JobStatus.done,
-             "human": verdicts.of(c)}
+             "recorded_attempts": max(1, c.attempts), "human": verdicts.of(c)}
             for c in candidates
             if any(_failed_before(t) for t in c.tests)
         ]

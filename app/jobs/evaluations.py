@@ -150,11 +150,19 @@ class JobCandidate:
     forge: str = ""
     mr_url: str | None = None  # the MR the job opened, whose fate (merged, closed) eval reads from the forge
     tests: list[dict[str, Any]] = field(default_factory=list)
+    attempts: int = 0  # attempts the recorded run made (FROGFIX_ATTEMPTS at most; the first verified one ends it)
+
+
+# The default selection: jobs whose recorded run is a model's verdict (its tests ran, it ended with or
+# without a fix). A failed (crash, forge or sandbox error), cancelled or rejected job has none, so a
+# candidate solving it would count as a gain it is not; those come only through `status=`.
+VERDICT_STATUSES: tuple[str, ...] = (JobStatus.done.value, JobStatus.no_fix.value)
+LOCAL_VERDICT_STATUSES: tuple[str, ...] = ("fixed", JobStatus.no_fix.value)
 
 
 def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[JobCandidate]:
     """Finished forge jobs that recorded at least one test run, oldest first, filtered by `selector`."""
-    statuses = selector.statuses or FINAL_STATUSES
+    statuses = selector.statuses or VERDICT_STATUSES
     query = (
         select(Job.id, Job.project, Job.title, Job.status, Job.created_at, Job.forge, Job.mr_url, JobAttempt.tests)
         .join(JobAttempt, JobAttempt.job_id == Job.id)
@@ -175,6 +183,11 @@ def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[J
         )
         if isinstance(tests, dict):
             entry.tests.append(tests)
+    counts = session.execute(
+        select(JobAttempt.job_id, func.count()).where(JobAttempt.job_id.in_(list(found))).group_by(JobAttempt.job_id)
+    )
+    for job_id, n in counts:
+        found[job_id].attempts = int(n)
     return list(found.values())
 
 
