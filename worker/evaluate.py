@@ -30,8 +30,11 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from sandbox.base import SandboxError
+
 from app import trajectory
 from app.db import session_scope
+from app.evaluation_report import UNRUNNABLE
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
@@ -295,16 +298,34 @@ def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: P
     }
 
 
+def _never_runs(exc: Exception) -> bool:
+    """The task itself is gone (project, commit, recording, a usable `.frogfix.yml`): retrying cannot help.
+    A sandbox that failed or a forge or git that did not answer is infrastructure: left for a resume."""
+    if isinstance(exc, ReplayError):
+        return not isinstance(exc.__cause__, SandboxError)
+    return isinstance(exc, ForgeNotFound | LookupError) and not isinstance(exc, ev_records.UnknownEvaluation)
+
+
+class ClaimLost(EvalError):
+    """Another process took this evaluation over (this one was paused past FROGFIX_STALE_JOB_SECONDS)."""
+
+
 class Evaluator:
     """Runs an evaluation's unfinished (task, attempt) pairs through the slot gate, committing each result."""
 
     def __init__(self, evaluation_id: int, settings: Settings, models: ModelFactory, gate: SlotGate,
-                 progress: Progress, concurrency: int = 1, should_stop: Callable[[], bool] | None = None) -> None:
+                 progress: Progress, concurrency: int = 1, should_stop: Callable[[], bool] | None = None,
+                 runner: ev_records.Runner | None = None) -> None:
         self.evaluation_id, self.settings, self.models, self.gate = evaluation_id, settings, models, gate
         self.progress, self.concurrency = progress, concurrency
-        self.should_stop = should_stop or (lambda: False)
+        self.asked_to_stop = should_stop or (lambda: False)
+        self.runner = runner or ev_records.Runner.of(os.getpid())
+        self.claim_lost = False  # set by the heartbeat or a refused result: stop, record nothing more
         self.redactor = SecretRedactor(settings.secret_values())
         self.errors: list[str] = []
+
+    def should_stop(self) -> bool:
+        return self.claim_lost or self.asked_to_stop()
 
     def pending(self) -> list[tuple[str, int]]:
         with session_scope() as session:
@@ -314,18 +335,28 @@ class Evaluator:
         return [(key, n) for key in keys for n in range(1, k + 1) if (key, n) not in done]
 
     def run(self) -> str:
-        """Every pending pair (or until `should_stop`); the evaluation's status afterwards."""
+        """Every pending pair (or until `should_stop`); the evaluation's status afterwards.
+
+        Whatever ends the run (an unexpected error included) leaves the status `stopped` unless every
+        pair finished; a run that lost its claim writes nothing (the new holder owns the row) and
+        raises ClaimLost.
+        """
         pending = self.pending()
         self.progress(f"evaluation {self.evaluation_id}: {len(pending)} attempts to run")
         sources = _Sources(self.settings, self.redactor, self.progress)
+        status = "stopped"
         try:
             with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="frogfix-eval") as pool:
                 list(pool.map(lambda pair: self._one(sources, *pair), pending))
+            status = "finished" if not self.pending() else "stopped"
         finally:
             sources.cleanup()
-        status = "finished" if not self.pending() else "stopped"
-        with session_scope() as session:
-            ev_records.set_evaluation_status(session, self.evaluation_id, status)
+            if not self.claim_lost:
+                with session_scope() as session:
+                    ev_records.set_evaluation_status(session, self.evaluation_id, status)
+        if self.claim_lost:
+            raise ClaimLost(f"evaluation {self.evaluation_id} was taken over by another process; this one "
+                            "stopped without recording more (see `manage.py eval --resume` on the other)")
         return status
 
     def _one(self, sources: _Sources, key: str, attempt: int) -> None:
@@ -334,9 +365,8 @@ class Evaluator:
         started = time.monotonic()
         try:
             report = self._attempt(sources, key, attempt)
-        except (ReplayError, repos.RepoError, ev_records.UnknownEvaluation, LookupError) as exc:
-            self.errors.append(f"task {key}, attempt {attempt}: {exc}")
-            self.progress(f"task {key}, attempt {attempt} could not run (left for a resume): {exc}")
+        except Exception as exc:  # noqa: BLE001  (one attempt's failure must not end the others unrecorded)
+            self._could_not_run(key, attempt, exc)
             return
         finally:
             self.gate.release()
@@ -347,10 +377,28 @@ class Evaluator:
                           f"{report.exit_reason}")
             return
         values = _result_values(key, attempt, report, time.monotonic() - started, self.settings.data_dir)
+        if self._record(values):
+            verdict = "solved" if values["solved"] else f"not solved ({values['outcome']})"
+            self.progress(f"task {key}, attempt {attempt}: {verdict}, {values['steps']} steps")
+
+    def _could_not_run(self, key: str, attempt: int, exc: Exception) -> None:
+        """A task that can never run is recorded `unrunnable` (out of every rate); anything else waits for a resume."""
+        reason = self.redactor.redact(f"{type(exc).__name__}: {exc}")[:2000]
+        if _never_runs(exc):
+            values = {"task": key, "attempt": attempt, "solved": False, "outcome": UNRUNNABLE, "reason": reason}
+            if self._record(values):
+                self.progress(f"task {key}, attempt {attempt} cannot run (recorded as unrunnable): {exc}")
+            return
+        self.errors.append(f"task {key}, attempt {attempt}: {reason}")
+        self.progress(f"task {key}, attempt {attempt} could not run (left for a resume): {reason}")
+
+    def _record(self, values: dict[str, Any]) -> bool:
+        """Commit one result while this process holds the claim; a lost claim stops the run instead."""
         with session_scope() as session:
-            ev_records.record_result(session, self.evaluation_id, values)
-        verdict = "solved" if values["solved"] else f"not solved ({values['outcome']})"
-        self.progress(f"task {key}, attempt {attempt}: {verdict}, {values['steps']} steps")
+            kept = ev_records.record_result(session, self.evaluation_id, values, self.runner)
+        if not kept:
+            self.claim_lost = True
+        return kept
 
     def _attempt(self, sources: _Sources, key: str, attempt: int) -> Any:
         rec, source = sources.get(key)
@@ -369,8 +417,9 @@ class Evaluator:
 class Heartbeat:
     """Beats the evaluation's claim while it runs, so another host sees a live run even in a long attempt."""
 
-    def __init__(self, evaluation_id: int, runner: ev_records.Runner, stale_seconds: float) -> None:
-        self.evaluation_id, self.runner = evaluation_id, runner
+    def __init__(self, evaluation_id: int, runner: ev_records.Runner, stale_seconds: float,
+                 on_lost: Callable[[], None] = lambda: None) -> None:
+        self.evaluation_id, self.runner, self.on_lost = evaluation_id, runner, on_lost
         self.interval = max(1.0, stale_seconds / 4)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="frogfix-eval-heartbeat", daemon=True)
@@ -380,6 +429,7 @@ class Heartbeat:
             try:
                 with session_scope() as session:
                     if not ev_records.beat(session, self.evaluation_id, self.runner):
+                        self.on_lost()  # taken over: the evaluator stops and records nothing more
                         return
             except Exception as exc:  # a database blip must not end the evaluation; the next beat tries again
                 log.warning("eval heartbeat failed: %s", type(exc).__name__)
@@ -448,9 +498,14 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     try:
         gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop, progress=say)
         evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency,
-                              should_stop)
+                              should_stop, runner)
+        gate.stop = evaluator.should_stop
         evaluator.redactor = SecretRedactor([*base.secret_values(), *s.secret_values()])  # production's and ours
-        with Heartbeat(evaluation_id, runner, s.stale_job_seconds):
+
+        def lost() -> None:
+            evaluator.claim_lost = True
+
+        with Heartbeat(evaluation_id, runner, s.stale_job_seconds, lost):
             status = evaluator.run()
         return evaluation_id, status, evaluator.errors
     finally:
@@ -500,6 +555,28 @@ class CommandOptions:
     fail_if_lost: int | None = None
     resume: int | None = None
     scripted: str | None = None
+    model: str | None = None  # `--model` / `--base-url` as typed: a resumed evaluation must not get others
+    base_url: str | None = None
+
+
+def resumed_models(command: CommandOptions, models: ModelFactory | None) -> ModelFactory | None:
+    """The candidate for `--resume N`: the evaluation's own. Another model, server or scripted model is refused,
+    so one evaluation's results always come from the model its row names."""
+    if command.resume is None:
+        return scripted_models(command.scripted) if command.scripted else models
+    with session_scope() as session:
+        row = ev_records.get_evaluation(session, command.resume)
+        model, base_url = row.model, row.base_url
+    scripted = model.removeprefix("scripted:") if model.startswith("scripted:") else None
+    if command.scripted and command.scripted != scripted:
+        raise EvalError(f"evaluation {command.resume} ran model {model[:80]!r}; --scripted-model "
+                        f"{command.scripted[:40]!r} would write scripted replies into it")
+    if command.model is not None and command.model != model:
+        raise EvalError(f"evaluation {command.resume} ran model {model[:80]!r}, not {command.model[:80]!r}; "
+                        "leave out --model to resume it, or start a new evaluation")
+    if command.base_url is not None and command.base_url != base_url:
+        raise EvalError(f"evaluation {command.resume} ran against {base_url[:200]!r}; leave out --base-url to resume it")
+    return scripted_models(scripted) if scripted else models
 
 
 def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Progress,
@@ -518,11 +595,17 @@ def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Pr
         raise EvalError("--fail-below takes a rate between 0 and 1")
     if command.fail_if_lost is not None and command.fail_if_lost < 1:
         raise EvalError("--fail-if-lost takes a count of 1 or more (1: fail when any task is lost)")
-    if command.scripted:
-        models = scripted_models(command.scripted)
-    evaluation_id, status, errors = evaluate(
-        options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
-    )
+    try:
+        models = resumed_models(command, models)
+    except ev_records.UnknownEvaluation as exc:
+        raise EvalError(str(exc)) from None
+    try:
+        evaluation_id, status, errors = evaluate(
+            options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
+        )
+    except ClaimLost as exc:
+        progress(str(exc))
+        return EXIT_INCOMPLETE, ""
     report = load_report(evaluation_id)
     for path in write_outputs(report, command.out) if command.out else []:
         progress(f"wrote {path}")

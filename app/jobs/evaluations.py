@@ -279,12 +279,15 @@ def finished_pairs(session: Session, evaluation_id: int) -> set[tuple[str, int]]
     return {(task, attempt) for task, attempt in rows}
 
 
-def record_result(session: Session, evaluation_id: int, values: dict[str, Any]) -> None:
-    """One finished attempt; it also beats the evaluation's heartbeat (a sign of life seen from other hosts)."""
+def record_result(session: Session, evaluation_id: int, values: dict[str, Any], runner: Runner) -> bool:
+    """One finished attempt, only while `runner` holds the claim (False, nothing written, when another
+    process took it over: its own run records that pair). It also beats the heartbeat."""
+    row = session.scalars(select(Evaluation).where(Evaluation.id == evaluation_id).with_for_update()).first()
+    if row is None or (row.runner_host, row.runner_pid) != (runner.host, runner.pid):
+        return False
     session.add(EvaluationResult(evaluation_id=evaluation_id, **values))
-    row = session.get(Evaluation, evaluation_id)
-    if row is not None:
-        row.heartbeat_at = utcnow()
+    row.heartbeat_at = utcnow()
+    return True
 
 
 def evaluation_results(session: Session, evaluation_id: int) -> list[EvaluationResult]:
