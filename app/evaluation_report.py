@@ -149,7 +149,9 @@ def _human(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _compare(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Gained, lost and not comparable tasks, each judged with the recorded run's attempt count n."""
-    gained, lost, other = [], [], []
+    gained: list[str] = []
+    lost: list[str] = []
+    other: list[str] = []
     for r in rows:
         n, first = r["recorded_attempts"], r["first_solved_attempt"]
         if r["recorded_solved"] and first is None:

@@ -30,8 +30,6 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from sandbox.base import SandboxError
-
 from app import trajectory
 from app.db import session_scope
 from app.evaluation_report import UNRUNNABLE
@@ -42,7 +40,7 @@ from app.jobs.scheduler import production_load
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
 from app.statuses import INFRA_EXITS, FixStatus, JobStatus
-from worker import repos
+from sandbox.base import SandboxError
 from worker.attempt import AttemptOutcome
 from worker.leaf.model import ModelClient
 from worker.replay import ReplayError, RepoSource, find_recording, repo_source, run_live_attempt
@@ -365,7 +363,7 @@ class Evaluator:
         started = time.monotonic()
         try:
             report = self._attempt(sources, key, attempt)
-        except Exception as exc:  # noqa: BLE001  (one attempt's failure must not end the others unrecorded)
+        except Exception as exc:  # one attempt's failure must not end the others unrecorded
             self._could_not_run(key, attempt, exc)
             return
         finally:
@@ -575,7 +573,8 @@ def resumed_models(command: CommandOptions, models: ModelFactory | None) -> Mode
         raise EvalError(f"evaluation {command.resume} ran model {model[:80]!r}, not {command.model[:80]!r}; "
                         "leave out --model to resume it, or start a new evaluation")
     if command.base_url is not None and command.base_url != base_url:
-        raise EvalError(f"evaluation {command.resume} ran against {base_url[:200]!r}; leave out --base-url to resume it")
+        raise EvalError(f"evaluation {command.resume} ran against {base_url[:200]!r}; "
+                        "leave out --base-url to resume it")
     return scripted_models(scripted) if scripted else models
 
 
