@@ -11,8 +11,8 @@ Restart-safe: the evaluation's row freezes its task list, and each attempt's res
 it finishes; resuming (`--resume ID`, or the same command again) runs only the pairs with no result.
 
 Production first: before each attempt the evaluation waits for a model slot (`SlotGate`): it takes
-one only when no runnable production job is queued (the scheduler's `production_load`) and the busy production jobs plus its own attempts leave
-one free. So once a production job is queued, no new evaluation attempt starts until a worker has
+one only when no runnable production job is queued (the scheduler's `production_load`) and the
+busy production jobs plus its own attempts leave one free. So once a production job is queued, no new evaluation attempt starts until a worker has
 claimed it: it waits at most for the attempts already running (one with `--concurrency 1`).
 """
 
@@ -460,7 +460,8 @@ def gate_failures(report: dict[str, Any], fail_below: float | None, fail_if_lost
 
 def candidate_api_key(base_url: str, explicit: str | None, settings: Settings) -> SecretStr:
     """The key for the candidate server: `--api-key`, else the production key only for the production URL,
-    else FROGFIX_EVAL_API_KEY (default none: sends `EMPTY`). A candidate elsewhere never receives FROGFIX_MODEL_API_KEY."""
+    else FROGFIX_EVAL_API_KEY (default none: sends `EMPTY`). A candidate elsewhere never receives
+    FROGFIX_MODEL_API_KEY."""
     if explicit is not None:
         return SecretStr(explicit)
     if base_url.rstrip("/") == settings.model_base_url.rstrip("/"):
