@@ -12,8 +12,9 @@ it finishes; resuming (`--resume ID`, or the same command again) runs only the p
 
 Production first: before each attempt the evaluation waits for a model slot (`SlotGate`): it takes
 one only when no runnable production job is queued (the scheduler's `production_load`) and the
-busy production jobs plus its own attempts leave one free. So once a production job is queued, no new evaluation attempt starts until a worker has
-claimed it: it waits at most for the attempts already running (one with `--concurrency 1`).
+busy production jobs plus its own attempts leave one free. So once a production job is queued, no
+new evaluation attempt starts until a worker has claimed it: it waits at most for the attempts
+already running (one with `--concurrency 1`).
 """
 
 from __future__ import annotations
