@@ -40,7 +40,7 @@ from app.jobs.evaluations import TaskSelector, parse_selector
 from app.jobs.scheduler import production_load
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
-from app.statuses import INFRA_EXITS, FixStatus, JobStatus
+from app.statuses import INFRA_EXITS, LOCAL_VERDICT_STATUSES, FixStatus, JobStatus
 from sandbox.base import SandboxError
 from worker.attempt import AttemptOutcome
 from worker.leaf.model import ModelClient
@@ -85,7 +85,7 @@ def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, A
         project = Path(repository).name
         when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
         status = str(fix.get("status") or "")
-        if not selector.statuses and status not in ev_records.LOCAL_VERDICT_STATUSES:
+        if not selector.statuses and status not in LOCAL_VERDICT_STATUSES:
             continue  # `failed`: no model verdict; only through `status=failed`
         if not selector.takes(key, project, status, when):
             continue

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.evaluation_report import build_report
 from app.models import Evaluation, EvaluationResult, Job, JobAttempt, utcnow
-from app.statuses import FINAL_STATUSES, JobStatus
+from app.statuses import FINAL_STATUSES, VERDICT_STATUSES
 from app.trajectory import LOCAL_ID
 
 
@@ -153,16 +153,10 @@ class JobCandidate:
     attempts: int = 0  # attempts the recorded run made (FROGFIX_ATTEMPTS at most; the first verified one ends it)
 
 
-# The default selection: jobs whose recorded run is a model's verdict (its tests ran, it ended with or
-# without a fix). A failed (crash, forge or sandbox error), cancelled or rejected job has none, so a
-# candidate solving it would count as a gain it is not; those come only through `status=`.
-VERDICT_STATUSES: tuple[str, ...] = (JobStatus.done.value, JobStatus.no_fix.value)
-LOCAL_VERDICT_STATUSES: tuple[str, ...] = ("fixed", JobStatus.no_fix.value)
-
 
 def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[JobCandidate]:
     """Finished forge jobs that recorded at least one test run, oldest first, filtered by `selector`."""
-    statuses = selector.statuses or VERDICT_STATUSES
+    statuses = selector.statuses or VERDICT_STATUSES  # a failed/cancelled/rejected run is no verdict
     query = (
         select(Job.id, Job.project, Job.title, Job.status, Job.created_at, Job.forge, Job.mr_url, JobAttempt.tests)
         .join(JobAttempt, JobAttempt.job_id == Job.id)
