@@ -897,7 +897,7 @@ def eval_command(
         base_url=base_url or ("" if scripted_model else settings.model_base_url),
         selector=jobs, attempts=attempts, concurrency=concurrency, who=_who(), api_key=api_key,
     )
-    command = CommandOptions(json_out, out, fail_below, fail_if_lost, resume, scripted_model)
+    command = CommandOptions(json_out, out, fail_below, fail_if_lost, resume, scripted_model, model, base_url)
     with _job_errors("eval"):
         try:
             code, text = run_eval_command(

@@ -9,7 +9,9 @@ Inside:
   sandbox seconds), for trajectories, `fix --json`, the API, `show`, the pages and /metrics.
 - models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
   webhook intake, the dashboard's read model, requeue-and-send, and scheduler.py: the fair queue
-  and per-project budgets).
+  and per-project budgets; `production_load`, which eval gives way to), evaluations.py
+  (`manage.py eval`'s selector, its SQL and rows).
+- evaluation_report.py: the one computation of an evaluation's figures and its Markdown.
 - queue.py: the Celery app and the task names (tasks are sent by name); sweep.py sends again
   jobs whose task was lost.
 - forge/: the Forge seam: webhook parsing (pure, no I/O) and the GitLab and Gitea API clients.

@@ -7,8 +7,12 @@ Definitions (stated in the report too):
 - pass@k per task is the unbiased estimator 1 - C(n-c, k) / C(n, k) (n finished attempts, c solved),
   averaged over tasks, with a 95% percentile bootstrap interval over tasks (fixed seed, so reruns agree);
 - the candidate *solves a task* when at least one of its attempts is solved (pass@K's event);
-- the recorded run solved a task when the job ended `done` (a `fix` job: `fixed`);
-- gained: solved now, not by the recorded run; lost: solved by the recorded run, not now.
+- the recorded run solved a task when the job ended `done` (a `fix` job: `fixed`) after the n attempts it
+  made (the pipeline runs up to FROGFIX_ATTEMPTS and stops at the first verified one): pass@n, frozen per task;
+- like with like: gained = the candidate solved it within the recorded run's n attempts, the recorded run did
+  not; lost = the recorded run solved it, the candidate solved none of at least n attempts; a task that
+  differs with unequal budgets is listed as not comparable (so `--fail-if-lost` never blames a shorter budget);
+- an attempt that could never run (project or commit gone) is `unrunnable`: out of every rate, listed apart.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+UNRUNNABLE = "unrunnable"  # an attempt's outcome when its task can never run (recorded with the reason)
 Z95 = 1.959963984540054
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 16
@@ -76,6 +81,7 @@ class Figure:
 def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int) -> dict[str, Any]:
     n = len(results)
     c = sum(1 for r in results if r["solved"])
+    first = min((int(r["attempt"]) for r in results if r["solved"]), default=None)
     prompt = sum(int(r["prompt_tokens"]) for r in results)
     cached = sum(int(r["cached_tokens"]) for r in results)
     return {
@@ -83,6 +89,8 @@ def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int)
         "project": task.get("project", ""),
         "title": task.get("title", ""),
         "recorded_solved": bool(task.get("recorded_solved")),
+        "recorded_attempts": int(task.get("recorded_attempts") or 1),
+        "first_solved_attempt": first,
         "human": task.get("human", "unknown"),
         "finished_attempts": n,
         "complete": n >= k,
@@ -139,17 +147,45 @@ def _human(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _compare(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Gained, lost and not comparable tasks, each judged with the recorded run's attempt count n."""
+    gained: list[str] = []
+    lost: list[str] = []
+    other: list[str] = []
+    for r in rows:
+        n, first = r["recorded_attempts"], r["first_solved_attempt"]
+        if r["recorded_solved"] and first is None:
+            (lost if r["finished_attempts"] >= n else other).append(r["task"])
+        elif not r["recorded_solved"] and first is not None:
+            (gained if first <= n else other).append(r["task"])
+    return {"gained": gained, "lost": lost, "not_comparable": other}
+
+
+def _recorded_figure(rows: list[dict[str, Any]]) -> Figure:
+    recorded = sum(1 for r in rows if r["recorded_solved"])
+    counts = sorted({r["recorded_attempts"] for r in rows})
+    made = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") if counts else "0"
+    return Figure(
+        recorded / len(rows) if rows else None, wilson(recorded, len(rows)),
+        f"tasks the recorded run solved / tasks, Wilson 95%; the recorded job made {made} attempts per task "
+        "and was solved when any verified (pass@n, n = its attempts)",
+    )
+
+
 def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The whole report as one JSON-ready dict, from the evaluation's row and its result rows."""
     k = int(evaluation["attempts"])
     by_task: dict[str, list[Mapping[str, Any]]] = {}
+    unrunnable: dict[str, str] = {}
     for r in sorted(results, key=lambda r: (r["task"], r["attempt"])):
-        by_task.setdefault(r["task"], []).append(r)
+        if r["outcome"] == UNRUNNABLE:
+            unrunnable.setdefault(r["task"], r.get("reason") or "")
+        else:
+            by_task.setdefault(r["task"], []).append(r)
     tasks = [t for t in evaluation["tasks"] if t["key"] in by_task]
     rows = [_task_row(t, by_task[t["key"]], k) for t in tasks]
     finished = sum(r["finished_attempts"] for r in rows)
     solved = sum(r["solved_attempts"] for r in rows)
-    recorded = sum(1 for r in rows if r["recorded_solved"])
     candidate_pass = _pass_figures(rows, k)
     return {
         "evaluation": evaluation["id"],
@@ -170,14 +206,12 @@ def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, A
             "tasks_solved": sum(1 for r in rows if r["solved"]),
         },
         "recorded": {
-            "solve_rate": Figure(
-                recorded / len(rows) if rows else None, wilson(recorded, len(rows)),
-                "tasks the recorded run solved / tasks, Wilson 95% (one attempt each: pass@1)",
-            ).to_dict(),
-            "tasks_solved": recorded,
+            "solve_rate": _recorded_figure(rows).to_dict(),
+            "tasks_solved": sum(1 for r in rows if r["recorded_solved"]),
+            "attempts": sorted({r["recorded_attempts"] for r in rows}),
         },
-        "gained": [r["task"] for r in rows if r["solved"] and not r["recorded_solved"]],
-        "lost": [r["task"] for r in rows if r["recorded_solved"] and not r["solved"]],
+        **_compare(rows),
+        "unrunnable": [{"task": key, "reason": why} for key, why in unrunnable.items() if key not in by_task],
         "human": _human(rows),
         "tasks": rows,
     }
@@ -212,14 +246,23 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         "|---|---|---|",
         f"| solve rate (Wilson 95%) | {_figure_text(cand['solve_rate'])} | {_figure_text(rec['solve_rate'])} |",
     ]
+    counts = rec.get("attempts") or [1]  # the recorded run's attempt counts: its rate is pass@n only for one n
     for i in range(1, k + 1):
-        recorded = _figure_text(rec["solve_rate"]) if i == 1 else "n/a"
+        recorded = _figure_text(rec["solve_rate"]) if counts == [i] else "n/a"
         lines.append(f"| pass@{i} (bootstrap 95%) | {_figure_text(cand[f'pass@{i}'])} | {recorded} |")
     lines.append(f"| tasks solved | {cand['tasks_solved']} | {rec['tasks_solved']} |")
     lines += [
         "",
         f"Gained ({len(report['gained'])}): {', '.join(report['gained']) or 'none'}  ",
-        f"Lost ({len(report['lost'])}): {', '.join(report['lost']) or 'none'}",
+        f"Lost ({len(report['lost'])}): {', '.join(report['lost']) or 'none'}  ",
+        f"Not comparable ({len(report.get('not_comparable', []))}): "
+        f"{', '.join(report.get('not_comparable', [])) or 'none'}",
+        "",
+        f"Compared like with like: the recorded run made n attempts per task ({rec['solve_rate']['method']}); "
+        "gained = solved within n attempts, lost = none of at least n attempts solved.",
+        "",
+        *[f"Unrunnable (excluded from every rate): {_cell(u['task'])}: {_cell(u['reason'])}"
+          for u in report.get("unrunnable", [])],
         "",
         f"Human verdicts: {human['merged_solved']} of {human['merged']} merged MRs solved; "
         f"{human['closed_unmerged_solved']} of {human['closed_unmerged']} closed-unmerged MRs \"solved\"; "
@@ -234,7 +277,8 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         )
         lines.append(
             f"| {_cell(row['task'])} | {_cell(row['project'])} "
-            f"| {'solved' if row['recorded_solved'] else 'not solved'} | {attempts} "
+            f"| {'solved' if row['recorded_solved'] else 'not solved'} in {row['recorded_attempts']} "
+            f"| {attempts} "
             f"| {row['tokens']} | {_share(row['cached_share'])} "
             f"| {row['model_seconds']:.1f} | {row['wall_seconds']:.1f} |"
         )

@@ -74,6 +74,10 @@ FINAL_STATUSES: Final[tuple[str, ...]] = _values(
 )
 # A claimed job's statuses while the run that claimed it owns it.
 RUN_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.running, JobStatus.verifying, JobStatus.publishing)
+# Finished jobs whose recorded run is a model's verdict (its tests ran; with or without a fix): what
+# `manage.py eval` takes by default. failed / cancelled / rejected have none (crash, outage, operator).
+VERDICT_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.done, JobStatus.no_fix)
+LOCAL_VERDICT_STATUSES: Final[tuple[str, ...]] = _values(FixStatus.fixed, FixStatus.no_fix)
 # Finished jobs an operator may queue again as a new run.
 RETRYABLE_STATUSES: Final[tuple[str, ...]] = _values(
     JobStatus.failed, JobStatus.no_fix, JobStatus.cancelled, JobStatus.rejected

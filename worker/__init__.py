@@ -10,6 +10,8 @@
 - `wiring.py`: settings to seams: the model client, the sandbox and the forge client.
 - `embedded.py`: the worker `manage.py serve` starts beside the app (embedded broker), held by a
   lifeline pipe so it stops itself however serve ends.
+- `evaluate.py`: `manage.py eval`: a candidate model re-runs recorded tasks through `replay.py`'s
+  live attempt, sharing model slots with production (it goes last), never publishing.
 - `doctor/`: `manage.py doctor`'s checks of the configuration, end to end (database, broker,
   forges, model server, sandbox, disk).
 - `repos.py` (mirrors, warm workspace pool, commits and pushes; the isolated git environment every

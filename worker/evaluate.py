@@ -11,9 +11,10 @@ Restart-safe: the evaluation's row freezes its task list, and each attempt's res
 it finishes; resuming (`--resume ID`, or the same command again) runs only the pairs with no result.
 
 Production first: before each attempt the evaluation waits for a model slot (`SlotGate`): it takes
-one only when no production job is queued and the busy production jobs plus its own attempts leave
-one free. So once a production job is queued, no new evaluation attempt starts until a worker has
-claimed it: it waits at most for the attempts already running (one with `--concurrency 1`).
+one only when no runnable production job is queued (the scheduler's `production_load`) and the
+busy production jobs plus its own attempts leave one free. So once a production job is queued, no
+new evaluation attempt starts until a worker has claimed it: it waits at most for the attempts
+already running (one with `--concurrency 1`).
 """
 
 from __future__ import annotations
@@ -32,13 +33,15 @@ from pydantic import SecretStr
 
 from app import trajectory
 from app.db import session_scope
+from app.evaluation_report import UNRUNNABLE
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
+from app.jobs.scheduler import production_load
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
-from app.statuses import INFRA_EXITS, FixStatus, JobStatus
-from worker import repos
+from app.statuses import INFRA_EXITS, LOCAL_VERDICT_STATUSES, FixStatus, JobStatus
+from sandbox.base import SandboxError
 from worker.attempt import AttemptOutcome
 from worker.leaf.model import ModelClient
 from worker.replay import ReplayError, RepoSource, find_recording, repo_source, run_live_attempt
@@ -82,13 +85,15 @@ def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, A
         project = Path(repository).name
         when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
         status = str(fix.get("status") or "")
+        if not selector.statuses and status not in LOCAL_VERDICT_STATUSES:
+            continue  # `failed`: no model verdict; only through `status=failed`
         if not selector.takes(key, project, status, when):
             continue
         issue = data.get("issue")
         title = str(issue.get("title") or "") if isinstance(issue, dict) else ""
         found.append(
             {"key": key, "project": project, "title": title, "recorded_solved": status == FixStatus.fixed,
-             "human": "unknown"}
+             "recorded_attempts": 1, "human": "unknown"}
         )
     return found
 
@@ -146,7 +151,7 @@ def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress 
     try:
         tasks = [
             {"key": c.key, "project": c.project, "title": c.title, "recorded_solved": c.status == JobStatus.done,
-             "human": verdicts.of(c)}
+             "recorded_attempts": max(1, c.attempts), "human": verdicts.of(c)}
             for c in candidates
             if any(_failed_before(t) for t in c.tests)
         ]
@@ -159,31 +164,42 @@ def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress 
 
 
 class SlotGate:
-    """Model slots shared with production: an attempt takes one only when no production job waits."""
+    """Model slots shared with production: an attempt takes one only when no runnable production job waits.
 
-    def __init__(self, slots: int, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None) -> None:
+    "Waiting" is the scheduler's answer (app/jobs/scheduler.py `production_load`): a job held by its
+    project's budget cannot start whatever eval does, so it does not stop the evaluation.
+    """
+
+    def __init__(self, slots: int, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None,
+                 progress: Progress | None = None) -> None:
         if slots < 1:
             raise EvalError("there must be at least one model slot (FROGFIX_MODEL_SLOTS)")
         self.slots, self.poll_seconds = slots, poll_seconds
         self.stop = stop or (lambda: False)
+        self.progress: Progress = progress or (lambda _m: None)
         self.in_flight = 0
+        self.queued = 0  # runnable production jobs queued at the last look
         self._lock = threading.Lock()
 
     def try_acquire(self) -> bool:
         """Take a slot now if production leaves one (none queued, busy + ours below the slot count)."""
         with self._lock:
             with session_scope() as session:
-                queued, busy = ev_records.production_load(session)
-            if queued == 0 and busy + self.in_flight < self.slots:
+                self.queued, busy = production_load(session)
+            if self.queued == 0 and busy + self.in_flight < self.slots:
                 self.in_flight += 1
                 return True
             return False
 
     def acquire(self) -> bool:
-        """Wait for a slot; False when `stop` says to give up first."""
+        """Wait for a slot, saying so once; False when `stop` says to give up first."""
+        said = False
         while not self.stop():
             if self.try_acquire():
                 return True
+            if not said:
+                self.progress(f"waiting for a model slot ({self.queued} production jobs queued)")
+                said = True
             time.sleep(self.poll_seconds)
         return False
 
@@ -281,16 +297,34 @@ def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: P
     }
 
 
+def _never_runs(exc: Exception) -> bool:
+    """The task itself is gone (project, commit, recording, a usable `.frogfix.yml`): retrying cannot help.
+    A sandbox that failed or a forge or git that did not answer is infrastructure: left for a resume."""
+    if isinstance(exc, ReplayError):
+        return not isinstance(exc.__cause__, SandboxError)
+    return isinstance(exc, ForgeNotFound | LookupError) and not isinstance(exc, ev_records.UnknownEvaluation)
+
+
+class ClaimLost(EvalError):
+    """Another process took this evaluation over (this one was paused past FROGFIX_STALE_JOB_SECONDS)."""
+
+
 class Evaluator:
     """Runs an evaluation's unfinished (task, attempt) pairs through the slot gate, committing each result."""
 
     def __init__(self, evaluation_id: int, settings: Settings, models: ModelFactory, gate: SlotGate,
-                 progress: Progress, concurrency: int = 1, should_stop: Callable[[], bool] | None = None) -> None:
+                 progress: Progress, concurrency: int = 1, should_stop: Callable[[], bool] | None = None,
+                 runner: ev_records.Runner | None = None) -> None:
         self.evaluation_id, self.settings, self.models, self.gate = evaluation_id, settings, models, gate
         self.progress, self.concurrency = progress, concurrency
-        self.should_stop = should_stop or (lambda: False)
+        self.asked_to_stop = should_stop or (lambda: False)
+        self.runner = runner or ev_records.Runner.of(os.getpid())
+        self.claim_lost = False  # set by the heartbeat or a refused result: stop, record nothing more
         self.redactor = SecretRedactor(settings.secret_values())
         self.errors: list[str] = []
+
+    def should_stop(self) -> bool:
+        return self.claim_lost or self.asked_to_stop()
 
     def pending(self) -> list[tuple[str, int]]:
         with session_scope() as session:
@@ -300,18 +334,28 @@ class Evaluator:
         return [(key, n) for key in keys for n in range(1, k + 1) if (key, n) not in done]
 
     def run(self) -> str:
-        """Every pending pair (or until `should_stop`); the evaluation's status afterwards."""
+        """Every pending pair (or until `should_stop`); the evaluation's status afterwards.
+
+        Whatever ends the run (an unexpected error included) leaves the status `stopped` unless every
+        pair finished; a run that lost its claim writes nothing (the new holder owns the row) and
+        raises ClaimLost.
+        """
         pending = self.pending()
         self.progress(f"evaluation {self.evaluation_id}: {len(pending)} attempts to run")
         sources = _Sources(self.settings, self.redactor, self.progress)
+        status = "stopped"
         try:
             with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="frogfix-eval") as pool:
                 list(pool.map(lambda pair: self._one(sources, *pair), pending))
+            status = "finished" if not self.pending() else "stopped"
         finally:
             sources.cleanup()
-        status = "finished" if not self.pending() else "stopped"
-        with session_scope() as session:
-            ev_records.set_evaluation_status(session, self.evaluation_id, status)
+            if not self.claim_lost:
+                with session_scope() as session:
+                    ev_records.set_evaluation_status(session, self.evaluation_id, status)
+        if self.claim_lost:
+            raise ClaimLost(f"evaluation {self.evaluation_id} was taken over by another process; this one "
+                            "stopped without recording more (see `manage.py eval --resume` on the other)")
         return status
 
     def _one(self, sources: _Sources, key: str, attempt: int) -> None:
@@ -320,9 +364,8 @@ class Evaluator:
         started = time.monotonic()
         try:
             report = self._attempt(sources, key, attempt)
-        except (ReplayError, repos.RepoError, ev_records.UnknownEvaluation, LookupError) as exc:
-            self.errors.append(f"task {key}, attempt {attempt}: {exc}")
-            self.progress(f"task {key}, attempt {attempt} could not run (left for a resume): {exc}")
+        except Exception as exc:  # one attempt's failure must not end the others unrecorded
+            self._could_not_run(key, attempt, exc)
             return
         finally:
             self.gate.release()
@@ -333,10 +376,28 @@ class Evaluator:
                           f"{report.exit_reason}")
             return
         values = _result_values(key, attempt, report, time.monotonic() - started, self.settings.data_dir)
+        if self._record(values):
+            verdict = "solved" if values["solved"] else f"not solved ({values['outcome']})"
+            self.progress(f"task {key}, attempt {attempt}: {verdict}, {values['steps']} steps")
+
+    def _could_not_run(self, key: str, attempt: int, exc: Exception) -> None:
+        """A task that can never run is recorded `unrunnable` (out of every rate); anything else waits for a resume."""
+        reason = self.redactor.redact(f"{type(exc).__name__}: {exc}")[:2000]
+        if _never_runs(exc):
+            values = {"task": key, "attempt": attempt, "solved": False, "outcome": UNRUNNABLE, "reason": reason}
+            if self._record(values):
+                self.progress(f"task {key}, attempt {attempt} cannot run (recorded as unrunnable): {exc}")
+            return
+        self.errors.append(f"task {key}, attempt {attempt}: {reason}")
+        self.progress(f"task {key}, attempt {attempt} could not run (left for a resume): {reason}")
+
+    def _record(self, values: dict[str, Any]) -> bool:
+        """Commit one result while this process holds the claim; a lost claim stops the run instead."""
         with session_scope() as session:
-            ev_records.record_result(session, self.evaluation_id, values)
-        verdict = "solved" if values["solved"] else f"not solved ({values['outcome']})"
-        self.progress(f"task {key}, attempt {attempt}: {verdict}, {values['steps']} steps")
+            kept = ev_records.record_result(session, self.evaluation_id, values, self.runner)
+        if not kept:
+            self.claim_lost = True
+        return kept
 
     def _attempt(self, sources: _Sources, key: str, attempt: int) -> Any:
         rec, source = sources.get(key)
@@ -355,8 +416,9 @@ class Evaluator:
 class Heartbeat:
     """Beats the evaluation's claim while it runs, so another host sees a live run even in a long attempt."""
 
-    def __init__(self, evaluation_id: int, runner: ev_records.Runner, stale_seconds: float) -> None:
-        self.evaluation_id, self.runner = evaluation_id, runner
+    def __init__(self, evaluation_id: int, runner: ev_records.Runner, stale_seconds: float,
+                 on_lost: Callable[[], None] = lambda: None) -> None:
+        self.evaluation_id, self.runner, self.on_lost = evaluation_id, runner, on_lost
         self.interval = max(1.0, stale_seconds / 4)
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="frogfix-eval-heartbeat", daemon=True)
@@ -366,6 +428,7 @@ class Heartbeat:
             try:
                 with session_scope() as session:
                     if not ev_records.beat(session, self.evaluation_id, self.runner):
+                        self.on_lost()  # taken over: the evaluator stops and records nothing more
                         return
             except Exception as exc:  # a database blip must not end the evaluation; the next beat tries again
                 log.warning("eval heartbeat failed: %s", type(exc).__name__)
@@ -398,7 +461,8 @@ def gate_failures(report: dict[str, Any], fail_below: float | None, fail_if_lost
 
 def candidate_api_key(base_url: str, explicit: str | None, settings: Settings) -> SecretStr:
     """The key for the candidate server: `--api-key`, else the production key only for the production URL,
-    else FROGFIX_EVAL_API_KEY (default none). A candidate elsewhere never receives FROGFIX_MODEL_API_KEY."""
+    else FROGFIX_EVAL_API_KEY (default none: sends `EMPTY`). A candidate elsewhere never receives
+    FROGFIX_MODEL_API_KEY."""
     if explicit is not None:
         return SecretStr(explicit)
     if base_url.rstrip("/") == settings.model_base_url.rstrip("/"):
@@ -432,11 +496,16 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     except ev_records.EvaluationBusy as exc:
         raise EvalError(str(exc)) from None
     try:
-        gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop)
+        gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop, progress=say)
         evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency,
-                              should_stop)
+                              should_stop, runner)
+        gate.stop = evaluator.should_stop
         evaluator.redactor = SecretRedactor([*base.secret_values(), *s.secret_values()])  # production's and ours
-        with Heartbeat(evaluation_id, runner, s.stale_job_seconds):
+
+        def lost() -> None:
+            evaluator.claim_lost = True
+
+        with Heartbeat(evaluation_id, runner, s.stale_job_seconds, lost):
             status = evaluator.run()
         return evaluation_id, status, evaluator.errors
     finally:
@@ -486,6 +555,29 @@ class CommandOptions:
     fail_if_lost: int | None = None
     resume: int | None = None
     scripted: str | None = None
+    model: str | None = None  # `--model` / `--base-url` as typed: a resumed evaluation must not get others
+    base_url: str | None = None
+
+
+def resumed_models(command: CommandOptions, models: ModelFactory | None) -> ModelFactory | None:
+    """The candidate for `--resume N`: the evaluation's own. Another model, server or scripted model is refused,
+    so one evaluation's results always come from the model its row names."""
+    if command.resume is None:
+        return scripted_models(command.scripted) if command.scripted else models
+    with session_scope() as session:
+        row = ev_records.get_evaluation(session, command.resume)
+        model, base_url = row.model, row.base_url
+    scripted = model.removeprefix("scripted:") if model.startswith("scripted:") else None
+    if command.scripted and command.scripted != scripted:
+        raise EvalError(f"evaluation {command.resume} ran model {model[:80]!r}; --scripted-model "
+                        f"{command.scripted[:40]!r} would write scripted replies into it")
+    if command.model is not None and command.model != model:
+        raise EvalError(f"evaluation {command.resume} ran model {model[:80]!r}, not {command.model[:80]!r}; "
+                        "leave out --model to resume it, or start a new evaluation")
+    if command.base_url is not None and command.base_url != base_url:
+        raise EvalError(f"evaluation {command.resume} ran against {base_url[:200]!r}; "
+                        "leave out --base-url to resume it")
+    return scripted_models(scripted) if scripted else models
 
 
 def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Progress,
@@ -504,11 +596,17 @@ def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Pr
         raise EvalError("--fail-below takes a rate between 0 and 1")
     if command.fail_if_lost is not None and command.fail_if_lost < 1:
         raise EvalError("--fail-if-lost takes a count of 1 or more (1: fail when any task is lost)")
-    if command.scripted:
-        models = scripted_models(command.scripted)
-    evaluation_id, status, errors = evaluate(
-        options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
-    )
+    try:
+        models = resumed_models(command, models)
+    except ev_records.UnknownEvaluation as exc:
+        raise EvalError(str(exc)) from None
+    try:
+        evaluation_id, status, errors = evaluate(
+            options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
+        )
+    except ClaimLost as exc:
+        progress(str(exc))
+        return EXIT_INCOMPLETE, ""
     report = load_report(evaluation_id)
     for path in write_outputs(report, command.out) if command.out else []:
         progress(f"wrote {path}")

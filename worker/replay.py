@@ -413,10 +413,9 @@ def _fresh_demo_repo(rec: Recording, progress: Progress) -> RepoSource:
     folder = Path(tempfile.mkdtemp(prefix="frogfix-replay-demo-"))
     repo = make_sample_repo(folder)
     head = repos.resolve(repo, "HEAD")
-    note = (
-        f"the demo's repository was temporary; replayed on the same sample made again "
-        f"(commit {head[:12]} instead of {rec.base_commit[:12]})"
-    )
+    note = "the demo's repository was temporary; replayed on the same sample made again"
+    if head != rec.base_commit:  # git stamps the time: usually another commit, said only when it is
+        note += f" (commit {head[:12]} instead of {rec.base_commit[:12]})"
     progress(note)
     rec.base_commit = head
     return RepoSource("local", repo, temporary=folder, note=note)

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.evaluation_report import build_report
 from app.models import Evaluation, EvaluationResult, Job, JobAttempt, utcnow
-from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus
+from app.statuses import FINAL_STATUSES, VERDICT_STATUSES
 from app.trajectory import LOCAL_ID
 
 
@@ -150,11 +150,13 @@ class JobCandidate:
     forge: str = ""
     mr_url: str | None = None  # the MR the job opened, whose fate (merged, closed) eval reads from the forge
     tests: list[dict[str, Any]] = field(default_factory=list)
+    attempts: int = 0  # attempts the recorded run made (FROGFIX_ATTEMPTS at most; the first verified one ends it)
+
 
 
 def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[JobCandidate]:
     """Finished forge jobs that recorded at least one test run, oldest first, filtered by `selector`."""
-    statuses = selector.statuses or FINAL_STATUSES
+    statuses = selector.statuses or VERDICT_STATUSES  # a failed/cancelled/rejected run is no verdict
     query = (
         select(Job.id, Job.project, Job.title, Job.status, Job.created_at, Job.forge, Job.mr_url, JobAttempt.tests)
         .join(JobAttempt, JobAttempt.job_id == Job.id)
@@ -175,18 +177,12 @@ def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[J
         )
         if isinstance(tests, dict):
             entry.tests.append(tests)
-    return list(found.values())
-
-
-def production_load(session: Session) -> tuple[int, int]:
-    """(queued, busy) production jobs: busy ones hold a model slot (running, verifying, publishing)."""
-    rows = dict(
-        session.execute(
-            select(Job.status, func.count()).where(Job.status.in_(ACTIVE_STATUSES)).group_by(Job.status)
-        ).all()
+    counts = session.execute(
+        select(JobAttempt.job_id, func.count()).where(JobAttempt.job_id.in_(list(found))).group_by(JobAttempt.job_id)
     )
-    queued = int(rows.get(JobStatus.queued.value, 0))
-    return queued, sum(int(n) for n in rows.values()) - queued
+    for job_id, n in counts:
+        found[job_id].attempts = int(n)
+    return list(found.values())
 
 
 # -- the evaluation rows ------------------------------------------------------------------------
@@ -277,12 +273,15 @@ def finished_pairs(session: Session, evaluation_id: int) -> set[tuple[str, int]]
     return {(task, attempt) for task, attempt in rows}
 
 
-def record_result(session: Session, evaluation_id: int, values: dict[str, Any]) -> None:
-    """One finished attempt; it also beats the evaluation's heartbeat (a sign of life seen from other hosts)."""
+def record_result(session: Session, evaluation_id: int, values: dict[str, Any], runner: Runner) -> bool:
+    """One finished attempt, only while `runner` holds the claim (False, nothing written, when another
+    process took it over: its own run records that pair). It also beats the heartbeat."""
+    row = session.scalars(select(Evaluation).where(Evaluation.id == evaluation_id).with_for_update()).first()
+    if row is None or (row.runner_host, row.runner_pid) != (runner.host, runner.pid):
+        return False
     session.add(EvaluationResult(evaluation_id=evaluation_id, **values))
-    row = session.get(Evaluation, evaluation_id)
-    if row is not None:
-        row.heartbeat_at = utcnow()
+    row.heartbeat_at = utcnow()
+    return True
 
 
 def evaluation_results(session: Session, evaluation_id: int) -> list[EvaluationResult]:

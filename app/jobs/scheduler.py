@@ -196,6 +196,18 @@ def claim_next(session: Session, settings: Settings, now: datetime, preferred: i
     return choice if claim_job(session, choice.job_id) else None
 
 
+def production_load(session: Session) -> tuple[int, int]:
+    """(runnable queued, busy) production jobs: what a shared model slot must leave room for.
+
+    A job held by its project's budget (`hold_reason`) cannot start whatever else runs, so it is
+    not waiting for a slot; busy jobs (running, verifying, publishing) each hold one.
+    """
+    runnable = (Job.status == _QUEUED, Job.hold_reason.is_(None))
+    queued = session.scalar(select(func.count()).select_from(Job).where(*runnable)) or 0
+    busy = session.scalar(select(func.count()).select_from(Job).where(Job.status.in_(RUN_STATUSES))) or 0
+    return int(queued), int(busy)
+
+
 def release_held(session: Session, settings: Settings, now: datetime, only: Project | None = None) -> list[int]:
     """Held jobs whose project's budget allows them now (oldest first, up to its free slots): clear the hold.
 

@@ -29,8 +29,10 @@ def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any, tm
         eid = ev_records.create_evaluation(
             session, model=f"cand{HOSTILE}", base_url="http://m/v1", selector="", attempts=2, tasks=tasks, who="t"
         )
+        runner = ev_records.Runner("test-host", 1, "1")
+        ev_records.claim(session, eid, runner, 60)
         for values in (_result("7", 1, False), _result("7", 2, False), _result("8", 1, True), _result("8", 2, False)):
-            ev_records.record_result(session, eid, values)
+            assert ev_records.record_result(session, eid, values, runner)
 
     listing = signed_in.get("/evaluations")
     assert listing.status_code == 200 and f'href="/evaluations/{eid}"' in listing.text
@@ -41,6 +43,7 @@ def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any, tm
     assert 'data-testid="solve-rate">0.25 [' in page.text  # 1 of 4 attempts
     assert 'data-testid="pass-2">0.50 [' in page.text  # task 8 solved once in two: pass@2 = 1; task 7: 0
     assert "Lost (1): 7" in page.text and "Gained (1): 8" in page.text
+    assert "Not comparable, unequal attempts (0)" in page.text and "made 1 attempts per task" in page.text
     assert signed_in.get("/evaluations/999").status_code == 404
     assert signed_in.get("/evaluations/0").status_code in (404, 422)
     human = 'Human verdicts: 0 of 1 merged MRs solved; 1 of 1 closed-unmerged MRs "solved"; 0 MRs still open'

@@ -35,7 +35,8 @@ def _four_tasks(tmp_path: Path) -> dict[str, str]:
 
 def test_counts_pass_at_k_gained_and_lost_are_exact(local_env: dict[str, Any], tmp_path: Path) -> None:
     t = _four_tasks(tmp_path)
-    # a: solved twice; b: never (lost); c: once of two (gained); d: never.
+    # a: solved twice; b: never (lost); c: once of two, at the second (the recorded run had one attempt:
+    # not comparable, not a gain); d: never.
     candidate = Candidate({(t["a"], 1), (t["a"], 2), (t["c"], 2)})
     evaluation_id, status, errors = evaluate(
         EvalOptions("candidate-1", "http://model.invalid/v1", attempts=2), models=candidate
@@ -50,7 +51,8 @@ def test_counts_pass_at_k_gained_and_lost_are_exact(local_env: dict[str, Any], t
     assert report["candidate"]["pass@2"]["value"] == 0.5  # mean of 1, 0, 1, 0
     assert report["candidate"]["tasks_solved"] == 2
     assert report["recorded"]["solve_rate"]["value"] == 0.5 and report["recorded"]["tasks_solved"] == 2
-    assert report["gained"] == [t["c"]] and report["lost"] == [t["b"]]
+    assert report["gained"] == [] and report["lost"] == [t["b"]] and report["not_comparable"] == [t["c"]]
+    assert report["recorded"]["attempts"] == [1] and "1 attempts per task" in report["recorded"]["solve_rate"]["method"]
     lo, hi = report["candidate"]["solve_rate"]["ci95"]
     assert lo < 0.375 < hi and "Wilson" in report["candidate"]["solve_rate"]["method"]
     assert report["human"] == {"merged": 0, "merged_solved": 0, "closed_unmerged": 0,
@@ -167,7 +169,7 @@ def test_concurrent_attempts_run_at_once_within_the_slots_and_report_like_a_seri
 
     a, b = recorded_job(tmp_path / "a", solved=True), recorded_job(tmp_path / "b", solved=False)
     configure(local_env["monkeypatch"], model_slots="2")
-    solves = {(a, 1), (b, 2)}
+    solves = {(a, 1), (b, 1)}
     wide = Overlapping(solves, width=2)
     ev_wide, status, errors = evaluate(EvalOptions("wide", "", attempts=2, concurrency=3), models=wide,
                                        poll_seconds=0.05)
@@ -181,3 +183,53 @@ def test_concurrent_attempts_run_at_once_within_the_slots_and_report_like_a_seri
     wide_report, serial_report = load_report(ev_wide), load_report(ev_serial)
     assert wide_report["attempts_solved"] == 2 and wide_report["gained"] == [b] and wide_report["lost"] == []
     assert _comparable(wide_report) == _comparable(serial_report)
+
+
+def test_a_task_that_can_never_run_is_recorded_unrunnable_and_left_out_of_the_rates(
+    local_env: dict[str, Any], tmp_path: Path
+) -> None:
+    import shutil
+
+    a, gone = recorded_job(tmp_path / "a", solved=True), recorded_job(tmp_path / "b", solved=False)
+    shutil.rmtree(tmp_path / "b")  # the task's repository no longer exists: no resume can ever run it
+    options = EvalOptions("candidate-gone", "http://model.invalid/v1", attempts=1)
+    code, _ = run_eval_command(options, CommandOptions(fail_below=1.0), lambda _m: None,
+                               models=Candidate({(a, 1)}))
+    assert code == EXIT_OK  # finished, and the gate judged only the task that can run
+    (evaluation,) = [e for e, _, _ in _evaluations()]
+    report = load_report(evaluation.id)
+    assert report["status"] == "finished" and report["tasks_evaluated"] == 1
+    assert report["candidate"]["solve_rate"]["value"] == 1.0 and report["recorded"]["tasks_solved"] == 1
+    (excluded,) = report["unrunnable"]
+    assert excluded["task"] == gone and "is gone" in excluded["reason"]
+
+
+def test_a_run_whose_claim_was_taken_over_stops_and_records_nothing_more(
+    local_env: dict[str, Any], tmp_path: Path
+) -> None:
+    from app.models import Evaluation
+
+    task = recorded_job(tmp_path / "a", solved=True)
+    candidate = Candidate({(task, 1), (task, 2)})
+
+    def taken_over(_key: str, _attempt: int) -> None:
+        """Another host takes the evaluation over while this process's first attempt runs."""
+        with session_scope() as session:
+            (row,) = session.query(Evaluation).all()
+            row.runner_host, row.runner_pid, row.runner_started = "elsewhere", 4242, "1"
+
+    candidate.on_attempt = taken_over
+    said: list[str] = []
+    code, _ = run_eval_command(EvalOptions("candidate-lost", "", attempts=2), CommandOptions(), said.append,
+                               models=candidate)
+    assert code == EXIT_INCOMPLETE and any("taken over" in m for m in said)
+    assert candidate.calls == [(task, 1)]  # the second attempt never started
+    with session_scope() as session:
+        (row,) = session.query(Evaluation).all()
+        assert ev_records.finished_pairs(session, row.id) == set()  # the new holder records its own results
+        assert row.runner_host == "elsewhere" and row.status == "running"  # its row is left to it
+
+
+def _evaluations() -> list[Any]:
+    with session_scope() as session:
+        return ev_records.list_evaluations(session)

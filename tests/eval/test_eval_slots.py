@@ -75,3 +75,36 @@ def test_a_queued_production_job_waits_for_at_most_the_one_running_eval_attempt(
     # only once the production job had been claimed and had given its slot back.
     assert started[1] <= production["queued"] < production["claimed"]
     assert started[2] >= production["done"]
+
+
+def test_a_job_held_by_its_projects_budget_does_not_stop_the_evaluation(frogfix_env: dict[str, Any]) -> None:
+    """A held job cannot start whatever eval does, so only runnable queued jobs count as waiting."""
+    said: list[str] = []
+    gate = SlotGate(1, poll_seconds=0.01, progress=said.append)
+    held = _job("queued")
+    with session_scope() as session:
+        session.get(Job, held).hold_reason = "waiting for tokens: the project used its tokens today"  # type: ignore[union-attr]
+    assert gate.try_acquire()  # only a held job is queued: the slot is free for eval
+    gate.release()
+    _job("queued", issue=2)  # a runnable production job waits: eval waits, and says so once
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+
+    gate.stop = stop
+    assert not gate.acquire()
+    assert said == ["waiting for a model slot (1 production jobs queued)"]
+
+
+def test_two_slots_a_queued_production_job_stops_new_eval_attempts(frogfix_env: dict[str, Any]) -> None:
+    """With slots=2, eval takes at most the slots production leaves, and none once a job waits."""
+    gate = SlotGate(2, poll_seconds=0.01)
+    assert gate.try_acquire()  # one eval attempt running, one slot free
+    job = _job("queued")
+    assert not gate.try_acquire()  # a production job waits: the free slot is production's
+    _set(job, "running")
+    assert not gate.try_acquire()  # one eval + one production = both slots
+    gate.release()
+    assert gate.try_acquire() and not gate.try_acquire()

@@ -1,0 +1,89 @@
+"""Which recorded jobs an evaluation takes, what it knows of their recorded run, and who may record results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.db import session_scope
+from app.evaluation_report import build_report
+from app.jobs import evaluations as ev_records
+from app.jobs.evaluations import parse_selector
+from app.models import Job, JobAttempt
+from worker.evaluate import CommandOptions, EvalError, EvalOptions, run_eval_command
+
+FAILED_BEFORE = {"command": "pytest -q", "before": {"exit_code": 1}, "after": {"exit_code": 0}}
+
+
+def _finished(status: str, attempts: int = 1, issue: int = 1) -> int:
+    with session_scope() as session:
+        job = Job(forge="gitlab", project="acme/calc", issue=issue, status=status)
+        session.add(job)
+        session.flush()
+        for n in range(1, attempts + 1):
+            session.add(JobAttempt(job_id=job.id, number=n, status="no_fix", tests=FAILED_BEFORE))
+        return job.id
+
+
+def test_the_default_set_is_real_verdicts_and_other_statuses_only_when_asked(frogfix_env: dict[str, Any]) -> None:
+    """A crashed, cancelled or rejected job has no model verdict: a candidate solving it is not a gain."""
+    ids = {status: _finished(status, issue=i) for i, status in enumerate(
+        ("done", "no_fix", "failed", "cancelled", "rejected"), start=1)}
+    with session_scope() as session:
+        default = [c.key for c in ev_records.finished_jobs_with_tests(session, parse_selector(""))]
+        failed = [c.key for c in ev_records.finished_jobs_with_tests(session, parse_selector("status=failed"))]
+    assert default == [str(ids["done"]), str(ids["no_fix"])]
+    assert failed == [str(ids["failed"])]
+
+
+def test_the_recorded_runs_attempt_count_is_frozen_and_lost_compares_like_with_like(
+    frogfix_env: dict[str, Any]
+) -> None:
+    """A job that needed 3 attempts is pass@3 evidence: a candidate given 1 attempt has not 'lost' it."""
+    job = _finished("done", attempts=3)
+    with session_scope() as session:
+        (found,) = ev_records.finished_jobs_with_tests(session, parse_selector(""))
+    assert found.attempts == 3
+    task = {"key": str(job), "recorded_solved": True, "recorded_attempts": 3}
+    result = {"task": str(job), "attempt": 1, "solved": False, "outcome": "no_patch", "exit_reason": "agent",
+              "steps": 1, "prompt_tokens": 1, "completion_tokens": 1, "cached_tokens": 0, "model_seconds": 0.0,
+              "wall_seconds": 0.0, "trajectory": None, "reason": ""}
+    report = build_report({"id": 1, "model": "m", "attempts": 1, "tasks": [task]}, [result])
+    assert report["lost"] == [] and report["not_comparable"] == [str(job)]
+    assert "3 attempts" in report["recorded"]["solve_rate"]["method"]
+    assert report["tasks"][0]["recorded_attempts"] == 3
+    report3 = build_report({"id": 1, "model": "m", "attempts": 3, "tasks": [task]},
+                           [{**result, "attempt": n} for n in (1, 2, 3)])
+    assert report3["lost"] == [str(job)]
+
+
+def test_a_result_from_a_process_that_lost_its_claim_is_not_recorded(frogfix_env: dict[str, Any]) -> None:
+    with session_scope() as session:
+        eid = ev_records.create_evaluation(session, model="m", base_url="", selector="", attempts=1,
+                                           tasks=[{"key": "1"}], who=None)
+    old, new = ev_records.Runner("elsewhere", 1, "1"), ev_records.Runner("elsewhere", 2, "2")
+    with session_scope() as session:
+        ev_records.claim(session, eid, old, 60)
+    with session_scope() as session:
+        ev_records.claim(session, eid, new, 0)  # stale: taken over
+    values = {"task": "1", "attempt": 1, "solved": True, "outcome": "verified"}
+    with session_scope() as session:
+        assert not ev_records.record_result(session, eid, values, old)
+    with session_scope() as session:
+        assert ev_records.finished_pairs(session, eid) == set()
+        assert ev_records.record_result(session, eid, values, new)
+    with session_scope() as session:
+        assert ev_records.finished_pairs(session, eid) == {("1", 1)}
+
+
+def test_resuming_with_another_model_is_refused(frogfix_env: dict[str, Any]) -> None:
+    with session_scope() as session:
+        real = ev_records.create_evaluation(session, model="qwen", base_url="http://gpu:30000/v1", selector="",
+                                            attempts=1, tasks=[{"key": "1"}], who=None)
+    with pytest.raises(EvalError, match="scripted"):
+        run_eval_command(EvalOptions("scripted:demo", ""), CommandOptions(resume=real, scripted="demo"),
+                         lambda _m: None)
+    with pytest.raises(EvalError, match="model"):
+        run_eval_command(EvalOptions("other", "http://x/v1"), CommandOptions(resume=real, model="other"),
+                         lambda _m: None)
