@@ -119,7 +119,8 @@ class SandboxCgroup:
     def enter_argv(self, argv: list[str], host_ids: tuple[int, int] | None) -> list[str]:
         """`argv` (bwrap's) behind the exec wrapper that joins these cgroups first."""
         drop = ["--uid", str(host_ids[0]), "--gid", str(host_ids[1])] if host_ids else []
-        return [sys.executable, "-I", "-S", ENTER_SCRIPT, *drop, *self.procs_files(), "--", *argv]
+        parent = ["--parent", str(os.getpid())]
+        return [sys.executable, "-I", "-S", ENTER_SCRIPT, *parent, *drop, *self.procs_files(), "--", *argv]
 
     def kill_and_remove(self, wait_s: float = 10.0) -> list[str]:
         """SIGKILL whatever is still inside, then remove the directories; returns those left."""
