@@ -85,11 +85,21 @@ def test_model_seconds_include_a_call_that_failed(serve: Serve, client_for: Clie
     assert (result.figures().model_calls, result.figures().steps) == (1, 1)
 
 
+@pytest.fixture
+def fresh_warnings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warnings are once per process and server, and ports are reused: forget earlier tests' servers."""
+    import worker.leaf.model
+
+    monkeypatch.setattr(worker.leaf.model, "_warned", set())
+
+
 def _no_cache_warnings(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [entry for entry in logs if entry["event"] == "model_no_cached_tokens"]
 
 
-def test_a_server_without_cached_figures_is_named_once(serve: Serve, client_for: ClientFor) -> None:
+def test_a_server_without_cached_figures_is_named_once(
+    serve: Serve, client_for: ClientFor, fresh_warnings: None
+) -> None:
     off = sglang_case("cache_report_off")  # prompt_tokens_details: null
     silent = serve(*(as_reply(off) for _ in range(3)))
     other = serve(as_reply(off))
@@ -105,7 +115,9 @@ def test_a_server_without_cached_figures_is_named_once(serve: Serve, client_for:
         assert len(_no_cache_warnings(logs)) == 2
 
 
-def test_cached_figures_raise_no_warning_and_unknown_counts_as_zero(serve: Serve, client_for: ClientFor) -> None:
+def test_cached_figures_raise_no_warning_and_unknown_counts_as_zero(
+    serve: Serve, client_for: ClientFor, fresh_warnings: None
+) -> None:
     on = serve(as_reply(sglang_case("cache_report_on")))
     with capture_logs() as logs:
         reply = client_for(on).complete([{"role": "user", "content": "x"}], [])
@@ -118,7 +130,7 @@ def test_cached_figures_raise_no_warning_and_unknown_counts_as_zero(serve: Serve
     assert result.records[0].to_dict()["usage"]["cached_tokens"] == 0
 
 
-def test_the_warning_never_shows_credentials_from_the_url(serve: Serve) -> None:
+def test_the_warning_never_shows_credentials_from_the_url(serve: Serve, fresh_warnings: None) -> None:
     server = serve(as_reply(sglang_case("cache_report_off")))
     url = server.base_url.replace("http://", "http://user:pa55word-CANARY@")
     with capture_logs() as logs, OpenAIChatModel(url, "m", timeout=5.0, max_retries=0) as model:
