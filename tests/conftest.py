@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,19 @@ def frogfix_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dic
     from app.db import dispose_engines
 
     dispose_engines()
+
+
+@pytest.fixture
+def local_env(frogfix_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """`frogfix_env` with its workspaces outside pytest's tmp folder (which only root may enter), in a
+    folder the sandbox's uid can traverse: for tests that run local sandboxes over real jobs."""
+    workspaces = Path(tempfile.mkdtemp(prefix="frogfix-local-ws-"))
+    workspaces.chmod(0o711)
+    configure(frogfix_env["monkeypatch"], workspace_dir=str(workspaces))
+    try:
+        yield frogfix_env
+    finally:
+        shutil.rmtree(workspaces, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

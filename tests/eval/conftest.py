@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-from tests.conftest import configure
 from worker.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
 from worker.leaf.model import ModelClient, ModelReply, ReplayModel, Usage
 from worker.localfix import LocalFix
@@ -22,15 +16,6 @@ def giving_up() -> ReplayModel:
     return ReplayModel([ModelReply(message=message, finish_reason="stop", usage=Usage(1000, 20, 1020, 0))])
 
 
-@pytest.fixture
-def local_env(frogfix_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    workspaces = Path(tempfile.mkdtemp(prefix="frogfix-eval-ws-"))
-    workspaces.chmod(0o711)
-    configure(frogfix_env["monkeypatch"], workspace_dir=str(workspaces))
-    try:
-        yield frogfix_env
-    finally:
-        shutil.rmtree(workspaces, ignore_errors=True)
 
 
 def recorded_job(root: Path, solved: bool) -> str:

@@ -5,14 +5,11 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import configure
 from worker.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
 from worker.leaf.model import ModelReply, ReplayModel
 from worker.leaf.prompts import strip_guidance
@@ -22,15 +19,6 @@ from worker.replay import ReplayError, replay_job
 pytestmark = pytest.mark.bwrap
 
 
-@pytest.fixture
-def local_env(frogfix_env: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    workspaces = Path(tempfile.mkdtemp(prefix="frogfix-replay-ws-"))
-    workspaces.chmod(0o711)
-    configure(frogfix_env["monkeypatch"], workspace_dir=str(workspaces))
-    try:
-        yield frogfix_env
-    finally:
-        shutil.rmtree(workspaces, ignore_errors=True)
 
 
 def _fix(repo: Path) -> tuple[str, Path]:
