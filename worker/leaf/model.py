@@ -40,11 +40,16 @@ _warned_lock = threading.Lock()
 def warn_once_per_server(kind: str, server: str, **fields: Any) -> bool:
     """Log warning `kind` for `server` once per process (a server's launch flags do not change
     between calls, and a warning on every reply would drown the log); True when it was logged."""
+    return _warn_once(kind, server, server=server, **fields)
+
+
+def _warn_once(kind: str, key: str, **fields: Any) -> bool:
+    """The one registry of once-per-process warnings: `kind` is logged the first time for `key`."""
     with _warned_lock:
-        if (kind, server) in _warned:
+        if (kind, key) in _warned:
             return False
-        _warned.add((kind, server))
-    log.warning(kind, server=server, **fields)
+        _warned.add((kind, key))
+    log.warning(kind, **fields)
     return True
 
 
@@ -116,18 +121,9 @@ def _as_int(value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         return 0
     if value > MAX_TOKENS_PER_CALL:
-        _warn_once("model_usage_out_of_range", limit=MAX_TOKENS_PER_CALL, digits=len(str(value)))
+        _warn_once("model_usage_out_of_range", "", limit=MAX_TOKENS_PER_CALL, digits=len(str(value)))
         return 0
     return value
-
-
-def _warn_once(kind: str, **fields: Any) -> None:
-    """Log warning `kind` once per process, through the same registry as the per-server warnings."""
-    with _warned_lock:
-        if (kind, "") in _warned:
-            return
-        _warned.add((kind, ""))
-    log.warning(kind, **fields)
 
 
 def warn_without_cache_report(server: str, usage: Usage | None) -> None:
