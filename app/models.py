@@ -41,6 +41,7 @@ __all__ = [
     "JobEvent",
     "JobStatus",
     "Operator",
+    "RoundRequest",
     "WebhookDelivery",
     "utcnow",
 ]
@@ -79,6 +80,9 @@ class Job(Base):
         Index("ix_jobs_project", "project"),
         # The scheduler's round-robin reads each waiting project's latest claim (migration 0006).
         Index("ix_jobs_project_started", "forge", "project", "started_at"),
+        # Review rounds (migration 0008): an MR's thread of jobs, and the MR a delivery names.
+        Index("ix_jobs_thread", "thread_id"),
+        Index("ix_jobs_mr", "forge", "project", "mr_number"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
@@ -116,6 +120,17 @@ class Job(Base):
     # run (retries, review rounds, budget holds); None until first claimed.
     queue_wait_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
     queue_wait_total_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Review rounds (migration 0008). An MR's thread: the job that opened the MR (`thread_id` NULL,
+    # `round` 0) and its rounds (`thread_id` = that job's id, `round` 1, 2, ...).
+    thread_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
+    round: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    round_kind: Mapped[str | None] = mapped_column(String(16), nullable=True)  # a RoundKind; NULL for round 0
+    mr_number: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the MR's iid / index, once opened
+    start_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the branch head a round built on
+    pushed_commit: Mapped[str | None] = mapped_column(String(64), nullable=True)  # what this job pushed
+    # What the round was asked: the requests it took, the review thread and the diff it was shown.
+    round_input: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    ci_status: Mapped[str | None] = mapped_column(String(32), nullable=True)  # forge CI on pushed_commit
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -163,6 +178,13 @@ class Job(Base):
             "started_at": _iso(self.started_at),
             "finished_at": _iso(self.finished_at),
             "usage": self.usage.to_dict(),
+            "thread_id": self.thread_id,
+            "round": self.round,
+            "round_kind": self.round_kind,
+            "mr_number": self.mr_number,
+            "start_commit": self.start_commit,
+            "pushed_commit": self.pushed_commit,
+            "ci_status": self.ci_status,
             "queue_wait_seconds": None if self.queue_wait_seconds is None else round(self.queue_wait_seconds, 3),
             "queue_wait_total_seconds": (
                 None if self.queue_wait_total_seconds is None else round(self.queue_wait_total_seconds, 3)
@@ -231,6 +253,46 @@ class WebhookDelivery(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
     received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RoundRequest(Base):
+    """One comment, review or CI result on an MR FrogFix opened: judged once, then taken by one round.
+
+    The webhook records it `pending`; the worker's triage accepts or ignores it (with the reason);
+    the next round of the thread takes every accepted one (so comments made during a round are
+    batched into the next). See app/jobs/rounds.py.
+    """
+
+    __tablename__ = "round_requests"
+    __table_args__ = (
+        Index("ix_round_requests_thread", "thread_id", "status"),
+        # A CI result asks once per commit and pipeline (or status context): redeliveries are one request.
+        UniqueConstraint("thread_id", "kind", "dedupe_key", name="uq_round_requests_dedupe"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    thread_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    forge: Mapped[str] = mapped_column(String(16))
+    project: Mapped[str] = mapped_column(String(255))
+    mr_number: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(16))  # review, stop, ci
+    status: Mapped[str] = mapped_column(String(16), default="pending")  # a RequestStatus
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    delivery_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    dedupe_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    author: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # The ReviewComment or CiReport as a dict (app/forge/reviews.py); a CI request gains `failed_jobs` logs.
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "thread_id": self.thread_id, "mr_number": self.mr_number, "kind": self.kind,
+            "status": self.status, "reason": self.reason, "author": self.author, "data": self.data,
+            "job_id": self.job_id, "created_at": _iso(self.created_at),
+        }
 
 
 class JobEvent(Base):

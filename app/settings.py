@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     # (`ci.skip`, `[skip ci]`) and Gitea/Forgejo (`[skip ci]`) not to, since the patch may have
     # written the CI configuration; a maintainer runs CI after review (README).
     allow_forge_ci: bool = False
+    # Review rounds on an MR FrogFix opened (issue 14): rounds a member's comments may start, and
+    # rounds failed CI may start (review rounds do not count towards it), per MR; log lines a CI round shows.
+    max_review_rounds: int = Field(default=5, ge=0, le=100)
+    max_ci_rounds: int = Field(default=2, ge=0, le=100)
+    ci_log_tail_lines: int = Field(default=80, ge=5, le=2000)
     allowed_projects: str = ""  # comma-separated glob patterns (e.g. "acme/*,tools/bot"); empty allows all
     public_url: str = ""  # where operators reach this service, for links in comments and MRs
     stale_job_seconds: float = 600.0  # an active job without a heartbeat this long lost its worker

@@ -62,6 +62,28 @@ class FixStatus(StrEnum):
     failed = "failed"
 
 
+class RoundKind(StrEnum):
+    """Why a job is a round on an MR FrogFix opened (`jobs.round_kind`; NULL for the job that opened it)."""
+
+    review = "review"  # a member's comment, line comment or change request
+    ci = "ci"  # a failed pipeline or commit status on the bot's branch
+
+
+class RequestStatus(StrEnum):
+    """A round request's place (`round_requests.status`): each comment or CI result is judged once.
+
+    pending: recorded by the webhook, not yet judged by the worker's triage; accepted: it asks
+    for a round, waiting for one; taken: a round took it (`job_id`); ignored: triage said no
+    (`reason`); dropped: `/frogfix stop`, a removed label or a closed MR let it go.
+    """
+
+    pending = "pending"
+    accepted = "accepted"
+    taken = "taken"
+    ignored = "ignored"
+    dropped = "dropped"
+
+
 def _values(*members: StrEnum) -> tuple[str, ...]:
     return tuple(m.value for m in members)
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+from app.forge.reviews import CiJob, CiReport, ThreadNote
+
 Redactor = Callable[[str], str]
 
 REDACTED = "[REDACTED]"
@@ -117,6 +119,11 @@ class ProjectInfo:
     web_url: str
 
 
+# What a human did with an MR, as `Forge.mr_verdict` reads it now: `merged`; `closed` (closed without
+# merging); `open` (still undecided, GitLab's `opened` or `locked`).
+MrVerdict = Literal["merged", "closed", "open"]
+
+
 @dataclass(frozen=True)
 class MergeRequest:
     """A GitLab merge request or Gitea pull request; `number` is its iid / index in the project."""
@@ -130,11 +137,12 @@ class MergeRequest:
     title: str
     description: str
     state: str
+    # Filled by `get_mr` (and where the listing gives them): the source branch's head commit, who opened
+    # it, and what a human did with it (`mr_verdict`'s words: open, closed, merged).
+    head_sha: str | None = None
+    author: str | None = None
+    verdict: MrVerdict = "open"
 
-
-# What a human did with an MR, as `Forge.mr_verdict` reads it now: `merged`; `closed` (closed without
-# merging); `open` (still undecided, GitLab's `opened` or `locked`).
-MrVerdict = Literal["merged", "closed", "open"]
 
 # The MR's number at the end of the web URL we stored for a job: GitLab `/-/merge_requests/N`,
 # Gitea and Forgejo `/pulls/N`.
@@ -173,12 +181,40 @@ class Forge(Protocol):
         self, project: str, source_branch: str, target_branch: str, title: str, description: str
     ) -> MergeRequest: ...
 
-    def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest: ...
+    def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest:
+        """New title and description; the MR stays a draft or stays ready as `mr.draft` says (a human's choice)."""
+        ...
 
     def comment(self, project: str, number: int, body: str) -> None: ...
 
     def mr_verdict(self, project: str, number: int) -> MrVerdict:
         """Whether a human merged MR `number`, closed it unmerged, or has not decided (read now, never cached)."""
+        ...
+
+    # -- review rounds (issue 14) ----------------------------------------------------------------
+
+    def bot_username(self) -> str:
+        """The account FrogFix acts as (its token's user), read once per client: its comments start no round."""
+        ...
+
+    def get_mr(self, project: str, number: int) -> MergeRequest:
+        """MR `number` as the forge has it now, with `head_sha`, `author` and `verdict` filled."""
+        ...
+
+    def review_thread(self, project: str, number: int) -> list[ThreadNote]:
+        """Every human note on the MR, oldest first: comments, line comments with path and line, and
+        whether each thread is resolved (GitLab discussions; Gitea comments, reviews and review comments)."""
+        ...
+
+    def reply(self, project: str, number: int, body: str, discussion_id: str | None = None) -> None:
+        """Post `body` on MR `number`: in thread `discussion_id` where the forge has threads (GitLab), else
+        as a comment on the MR. Never resolves anything. Same retry rule as `comment` (no double post)."""
+        ...
+
+    def ci_failures(self, project: str, report: CiReport, tail_lines: int) -> list[CiJob]:
+        """The failing jobs of the CI result `report`, each with the last `tail_lines` lines of its log
+        (GitLab: the pipeline's failed jobs and their traces; Gitea/Forgejo: the failing commit statuses
+        of the commit, with their description and link, which is all a status has)."""
         ...
 
     def git_auth_header(self) -> str: ...

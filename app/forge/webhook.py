@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from app.forge.reviews import CiReport, ReviewComment
+
 
 class WebhookError(Exception):
     """A delivery we refuse; `status` is the HTTP answer. Set after verification: who sent it."""
@@ -33,7 +35,11 @@ class WebhookUnsupportedMedia(WebhookMalformed):
     status = 415
 
 
-Intent = Literal["start", "cancel", "recheck", "ignore"]
+# start / cancel / recheck: an issue event about the trigger label (the first run).
+# review: a comment or review on an MR/PR (a round request if the MR is FrogFix's and the worker's
+#   triage finds it addressed to FrogFix by a member); stop: `/frogfix stop` on an MR/PR;
+# ci: a finished CI result on a commit (GitLab pipeline, Gitea/Forgejo commit status).
+Intent = Literal["start", "cancel", "recheck", "ignore", "review", "stop", "ci"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,13 @@ class WebhookEvent:
     body: str | None = None
     sender: str | None = None
     labels: tuple[str, ...] = field(default_factory=tuple)
+    # Review rounds: the MR/PR the delivery is about (its iid / index), its state normalised to
+    # open / closed / merged, its source branch, and the comment or CI result it carries.
+    mr: int | None = None
+    mr_state: str | None = None
+    source_branch: str | None = None
+    comment: ReviewComment | None = None
+    ci: CiReport | None = None
 
 
 class HeaderView:

@@ -288,8 +288,12 @@ def test_sigkill_at_each_stage_twice_then_one_mr(system: System, stage: str, tmp
         system.workers.kill(proc)
         if killed:
             killed[run - 1].set()
-        time.sleep(0.3)
-        assert sandboxes_running(system.workspaces) == [], "the sandbox outlived its worker"
+        # The kernel kills the sandbox with its worker (PR_SET_PDEATHSIG), but a bwrap caught in the
+        # middle of creating its namespaces dies only when that syscall returns: give it seconds, not forever.
+        try:
+            wait_until(lambda: not sandboxes_running(system.workspaces), timeout=15, interval=0.1)
+        except TimeoutError:
+            raise AssertionError(f"the sandbox outlived its worker: {sandboxes_running(system.workspaces)}") from None
         if run == 1:
             there = _hold(system, stage, 2, iid, lambda: job_id)
         proc = system.workers.start()

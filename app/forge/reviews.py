@@ -1,0 +1,163 @@
+"""Review rounds' shared vocabulary: a reviewer's comment, a thread note, a CI result, and how to read them.
+
+One home for what the webhook parsers (pure), the forge API clients and the round pipeline all
+name: so a comment's kinds, the `/frogfix` command and the CI statuses are written once.
+Everything in these records came from the forge and was typed by people FrogFix does not trust:
+the round pipeline hands it to the model as data, never as instructions.
+Standard library only (the webhook parsers import it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+COMMAND = "/frogfix"
+STOP_WORDS = ("stop", "cancel")
+
+# What a comment on the bot's MR is, as the forge said it:
+# - note: a plain MR/PR comment (GitLab Note on a MergeRequest, Gitea issue_comment on a pull request);
+# - diff_note: a line comment (GitLab DiffNote / DiscussionNote with a position);
+# - review_changes: a Gitea/Forgejo review that requests changes;
+# - review_comment: a Gitea/Forgejo review of type comment (its line comments come with it);
+# - review_approved: an approving review (never starts a round).
+CommentKind = Literal["note", "diff_note", "review_changes", "review_comment", "review_approved"]
+
+# CI statuses, normalised over GitLab pipelines and Gitea/Forgejo commit statuses.
+CiStatus = Literal["success", "failed", "canceled", "skipped", "running", "pending"]
+CI_FINAL: tuple[str, ...] = ("success", "failed", "canceled", "skipped")
+
+
+@dataclass(frozen=True)
+class ReviewComment:
+    """One comment or review on an MR/PR as the webhook carried it (text untrusted, bounded by the parser)."""
+
+    id: str  # GitLab note id, Gitea comment or review id
+    kind: CommentKind
+    author: str | None
+    body: str
+    url: str | None = None
+    discussion_id: str | None = None  # GitLab: the thread a reply goes to
+    path: str | None = None  # a line comment's file (new path)
+    line: int | None = None  # a line comment's line in the new file (old line when only that is known)
+    sha: str | None = None  # the head commit the comment was made on, when the forge says
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "kind": self.kind, "author": self.author, "body": self.body, "url": self.url,
+            "discussion_id": self.discussion_id, "path": self.path, "line": self.line, "sha": self.sha,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ReviewComment:
+        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class ThreadNote:
+    """One note of an MR's review thread as the forge API lists it now (system notes left out)."""
+
+    id: str
+    author: str | None
+    body: str
+    created_at: str | None = None
+    discussion_id: str | None = None
+    path: str | None = None
+    line: int | None = None
+    resolved: bool | None = None  # None: a note that cannot be resolved (a plain comment)
+    kind: str = "note"  # note, diff_note, review
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "author": self.author, "body": self.body, "created_at": self.created_at,
+            "discussion_id": self.discussion_id, "path": self.path, "line": self.line,
+            "resolved": self.resolved, "kind": self.kind,
+        }
+
+
+@dataclass(frozen=True)
+class CiJob:
+    """One failed CI job (GitLab) or failing commit status (Gitea), with the tail of its log when there is one."""
+
+    id: str
+    name: str
+    status: str
+    stage: str | None = None
+    failure_reason: str | None = None
+    url: str | None = None
+    log_tail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "name": self.name, "status": self.status, "stage": self.stage,
+            "failure_reason": self.failure_reason, "url": self.url, "log_tail": self.log_tail,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CiJob:
+        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class CiReport:
+    """One CI result on a commit, as the hook carried it. Hooks carry no logs: the worker fetches them."""
+
+    system: Literal["gitlab_pipeline", "gitea_status"]
+    id: str  # GitLab pipeline id; Gitea status context
+    sha: str
+    status: CiStatus
+    ref: str | None = None  # GitLab: the branch, or refs/merge-requests/N/head; Gitea: a branch when sent
+    url: str | None = None
+    source: str | None = None  # GitLab: push, merge_request_event, web, ...
+    description: str | None = None
+    failed_jobs: tuple[CiJob, ...] = field(default_factory=tuple)  # from the hook, without logs
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "system": self.system, "id": self.id, "sha": self.sha, "status": self.status, "ref": self.ref,
+            "url": self.url, "source": self.source, "description": self.description,
+            "failed_jobs": [job.to_dict() for job in self.failed_jobs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CiReport:
+        values = {k: data.get(k) for k in cls.__dataclass_fields__ if k != "failed_jobs"}
+        jobs = tuple(CiJob.from_dict(j) for j in data.get("failed_jobs") or [] if isinstance(j, dict))
+        return cls(**values, failed_jobs=jobs)  # type: ignore[arg-type]
+
+
+_COMMAND_RE = re.compile(r"^\s*/frogfix(?![\w-])[ \t]*(?P<rest>.*)", re.S | re.I)
+
+
+def command_text(body: str) -> str | None:
+    """What follows `/frogfix` when the comment starts with it (may be empty); None when it does not."""
+    found = _COMMAND_RE.match(body or "")
+    return found.group("rest").strip() if found else None
+
+
+def is_stop(body: str) -> bool:
+    """`/frogfix stop` (or `/frogfix cancel`): cancel the running round and drop the waiting requests."""
+    words = (command_text(body) or "").split(None, 1)
+    return bool(words) and words[0].lower() in STOP_WORDS
+
+
+def mentions(body: str, username: str) -> bool:
+    """Whether `body` mentions `@username` as a whole word (case-insensitive, as both forges match)."""
+    if not username:
+        return False
+    return re.search(rf"(?<![\w@.-])@{re.escape(username)}(?![\w-])", body or "", re.I) is not None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)")
+_SECTION = re.compile(r"section_(?:start|end):\d+:[A-Za-z0-9_.-]+(?:\[[^\]]*\])?\r?")
+
+
+def log_tail(text: str, lines: int = 80, chars: int = 8_000) -> str:
+    """The last `lines` lines of a CI log, without ANSI colours or GitLab's section markers, bounded."""
+    clean = _SECTION.sub("", _ANSI.sub("", text.replace("\r\n", "\n")))
+    kept = [line.rsplit("\r", 1)[-1] for line in clean.split("\n")]  # a \r-rewritten line shows its last state
+    while kept and not kept[-1].strip():
+        kept.pop()
+    tail = "\n".join(kept[-lines:])
+    return tail[-chars:]
