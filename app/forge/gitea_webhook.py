@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Mapping
 from typing import Any
 
+from app.forge.reviews import CiJob, CiReport, CiStatus, CommentKind, ReviewComment, is_stop
 from app.forge.webhook import (
     FORM_MEDIA,
+    MAX_COMMENT_CHARS,
     HeaderView,
     Intent,
     WebhookEvent,
     WebhookMalformed,
     WebhookUnauthorized,
     body_digest_id,
+    bounded_list,
+    commit_sha,
     decode_json_object,
+    dict_or_empty,
     form_payload,
     media_type,
     obj,
@@ -23,6 +29,21 @@ from app.forge.webhook import (
     project_path,
     text_or_none,
 )
+
+# A review's X-Gitea-Event (pull_request_approved / _rejected / _comment), its X-Gitea-Event-Type
+# (pull_request_review_*), the `pull_request_review` some older senders use, and the review.type
+# in the body (pull_request_review_* since Gitea ~1.13, pull_request_* before): one comment kind each.
+REVIEW_KINDS: dict[str, CommentKind] = {
+    "pull_request_review_rejected": "review_changes",
+    "pull_request_rejected": "review_changes",
+    "pull_request_review_comment": "review_comment",
+    "pull_request_comment": "review_comment",
+    "pull_request_review_approved": "review_approved",
+    "pull_request_approved": "review_approved",
+}
+REVIEW_EVENTS = (*REVIEW_KINDS, "pull_request_review")
+# A commit status's state: success, or a failure (failure, error); pending and warning decide nothing.
+STATUS_STATES: dict[str, CiStatus] = {"success": "success", "failure": "failed", "error": "failed"}
 
 
 def gitea_signature(secret: str, payload: bytes) -> str:
@@ -95,11 +116,22 @@ def _interpret(
         return WebhookEvent("gitea", delivery_id, event or "(none)", "ignore", reason, **extra)
 
     payload = decode_json_object(body, h.get("Content-Type"))
+    if event in REVIEW_EVENTS and isinstance(payload.get("review"), dict):
+        return _review(payload, event, event_type, delivery_id)
+    if event == "issue_comment" or (event in REVIEW_EVENTS and "comment" in payload):
+        return _comment(payload, event, event_type, delivery_id)
+    if event in REVIEW_EVENTS:
+        return _review(payload, event, event_type, delivery_id)  # refuses a review event without a review
+    if event == "status":
+        return _status(payload, delivery_id)
     if event != "issues":
-        return ignore(f"event {event or '(missing X-Gitea-Event)'} is not an issue event")
+        return ignore(f"event {event or '(missing X-Gitea-Event)'} is not an issue, comment, review or status event")
     if event_type and event_type not in ("issues", "issue_label"):
         return ignore(f"event type {event_type} is not handled")
+    return _issue(payload, event, delivery_id, trigger_label)
 
+
+def _issue(payload: dict[str, Any], event: str, delivery_id: str, trigger_label: str) -> WebhookEvent:
     issue = obj(payload.get("issue"), "issue")
     repo = obj(payload.get("repository"), "repository")
     full_name = project_path(repo.get("full_name"), "repository.full_name")
@@ -120,7 +152,7 @@ def _interpret(
         "labels": labels,
     }
     if issue.get("pull_request"):
-        return ignore("the issue is a pull request", **fields)
+        return WebhookEvent("gitea", delivery_id, event, "ignore", "the issue is a pull request", **fields)
 
     intent, reason = _intent(action, issue.get("state"), labels, trigger_label)
     return WebhookEvent("gitea", delivery_id, event, intent, reason, **fields)
@@ -141,3 +173,153 @@ def _intent(action: str | None, state: Any, labels: tuple[str, ...], trigger_lab
     if action in ("opened", "reopened") and trigger_label in labels:
         return "start", f"issue {action} with label {trigger_label!r}"
     return "ignore", f"action {action!r} does not add {trigger_label!r}"
+
+
+def _login(value: Any) -> str | None:
+    user = dict_or_empty(value)
+    return text_or_none(user.get("login") or user.get("username"), 255)
+
+
+def _repo_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    """The repository a comment, review or status is about, and who sent it."""
+    repo = obj(payload.get("repository"), "repository")
+    return {
+        "project": project_path(repo.get("full_name"), "repository.full_name"),
+        "project_id": text_or_none(repo.get("id"), 64),
+        "clone_url": text_or_none(repo.get("clone_url"), 2000),
+        "sender": _login(payload.get("sender")),
+    }
+
+
+def _pr_state(state: Any, merged: Any) -> str | None:
+    """open / closed / merged from a pull request's state and merged flag (a merged PR is also closed)."""
+    if merged is True:
+        return "merged"
+    return state if state in ("open", "closed") else None
+
+
+def _comment(payload: dict[str, Any], event: str, event_type: str, delivery_id: str) -> WebhookEvent:
+    """A new comment on a pull request is a review (or stop) request for the worker's triage to judge;
+    one on a plain issue, or an edit or deletion, is nothing to us."""
+
+    def ignore(reason: str, **extra: Any) -> WebhookEvent:
+        return WebhookEvent("gitea", delivery_id, event, "ignore", reason, **extra)
+
+    issue = obj(payload.get("issue"), "issue")
+    pull = issue.get("pull_request")
+    if not (payload.get("is_pull") is True or pull or event_type == "pull_request_comment"):
+        return ignore("a comment on an issue, not on a pull request")
+    action = payload.get("action")
+    if action != "created":
+        return ignore(f"comment {str(action)[:40]!r}: only a new comment asks for a round")
+    fields = {
+        **_repo_fields(payload),
+        "mr": positive_int(issue.get("number", payload.get("number")), "issue.number"),
+        "mr_state": _pr_state(issue.get("state"), dict_or_empty(pull).get("merged")),
+        "title": text_or_none(issue.get("title"), 1000),
+    }
+    raw = obj(payload.get("comment"), "comment")
+    comment = ReviewComment(
+        id=str(positive_int(raw.get("id"), "comment.id")),
+        kind="note",
+        author=_login(raw.get("user")) or fields["sender"],
+        body=text_or_none(raw.get("body"), MAX_COMMENT_CHARS) or "",
+        url=text_or_none(raw.get("html_url"), 2000),
+    )
+    intent: Intent = "stop" if is_stop(comment.body) else "review"
+    reason = "/frogfix stop on a pull request" if intent == "stop" else "a comment on a pull request"
+    return WebhookEvent("gitea", delivery_id, event, intent, reason, action="created", comment=comment, **fields)
+
+
+def _review_kind(review: dict[str, Any], event: str, event_type: str) -> CommentKind | None:
+    """The review's kind. The body's review.type first: the signature covers the body, not the headers."""
+    for name in (review.get("type"), event_type, event):
+        if isinstance(name, str) and name in REVIEW_KINDS:
+            return REVIEW_KINDS[name]
+    return None
+
+
+def _review(payload: dict[str, Any], event: str, event_type: str, delivery_id: str) -> WebhookEvent:
+    """A submitted review: one that requests changes, or a comment review (a line comment), is a
+    review request; an approval asks for nothing.
+
+    The payload names no review id: the id is derived from what the review says, so Gitea
+    redelivering it (with a new delivery id) still makes one request, not two.
+    """
+
+    def ignore(reason: str, **extra: Any) -> WebhookEvent:
+        return WebhookEvent("gitea", delivery_id, event, "ignore", reason, **extra)
+
+    review = obj(payload.get("review"), "review")
+    pr = obj(payload.get("pull_request"), "pull_request")
+    head = dict_or_empty(pr.get("head"))
+    fields = {
+        **_repo_fields(payload),
+        "mr": positive_int(pr.get("number", payload.get("number")), "pull_request.number"),
+        "mr_state": _pr_state(pr.get("state"), pr.get("merged")),
+        "source_branch": text_or_none(head.get("ref"), 255),
+        "title": text_or_none(pr.get("title"), 1000),
+    }
+    action = payload.get("action")
+    if action != "reviewed":
+        return ignore(f"review action {str(action)[:40]!r} is not 'reviewed'", **fields)
+    kind = _review_kind(review, event, event_type)
+    if kind is None:
+        return ignore(f"review type {str(review.get('type'))[:60]!r} is not handled", **fields)
+    sha = payload.get("commit_id") or head.get("sha")
+    body = text_or_none(review.get("content"), MAX_COMMENT_CHARS) or ""
+    digest = hashlib.sha256(
+        json.dumps([fields["mr"], kind, fields["sender"], sha if isinstance(sha, str) else None, body]).encode()
+    ).hexdigest()
+    comment = ReviewComment(
+        id=f"review-{digest[:24]}",
+        kind=kind,
+        author=fields["sender"],
+        body=body,
+        url=text_or_none(pr.get("html_url"), 2000),
+        sha=commit_sha(sha, "the review's commit_id") if isinstance(sha, str) and sha else None,
+    )
+    if kind == "review_approved":
+        return ignore("an approving review asks for no changes", action=action, comment=comment, **fields)
+    intent: Intent = "stop" if is_stop(body) else "review"
+    reason = "/frogfix stop in a review" if intent == "stop" else f"a {kind} review on a pull request"
+    return WebhookEvent("gitea", delivery_id, event, intent, reason, action=action, comment=comment, **fields)
+
+
+def _status(payload: dict[str, Any], delivery_id: str) -> WebhookEvent:
+    """A commit status that passed or failed is a CI result on its commit; pending or warning decides nothing."""
+    fields = _repo_fields(payload)
+    state = payload.get("state")
+    if state not in STATUS_STATES:
+        return WebhookEvent(
+            "gitea", delivery_id, "status", "ignore", f"status {str(state)[:40]!r} is not final", **fields
+        )
+    status = STATUS_STATES[state]
+    context = text_or_none(payload.get("context"), 255) or "default"
+    sha = commit_sha(payload.get("sha") or dict_or_empty(payload.get("commit")).get("id"), "sha")
+    branches = [b for b in bounded_list(payload.get("branches"), 10) if isinstance(b, dict)]
+    branch = text_or_none(branches[0].get("name"), 255) if branches else None
+    url = text_or_none(payload.get("target_url"), 2000)
+    description = text_or_none(payload.get("description"), 1000)
+    failed = (CiJob(id=context, name=context, status="failed", failure_reason=description, url=url),)
+    report = CiReport(
+        system="gitea_status",
+        id=context,
+        sha=sha,
+        status=status,
+        ref=branch,
+        url=url,
+        description=description,
+        failed_jobs=failed if status == "failed" else (),
+    )
+    return WebhookEvent(
+        "gitea",
+        delivery_id,
+        "status",
+        "ci",
+        f"commit status {context!r} {state}",
+        action=state,
+        ci=report,
+        source_branch=branch,
+        **fields,
+    )

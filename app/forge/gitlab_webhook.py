@@ -9,15 +9,21 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
+from app.forge.reviews import CI_FINAL, CiJob, CiReport, CiStatus, CommentKind, ReviewComment, is_stop
 from app.forge.webhook import (
+    MAX_COMMENT_CHARS,
     HeaderView,
     Intent,
     WebhookEvent,
     WebhookMalformed,
     WebhookUnauthorized,
     body_digest_id,
+    bounded_list,
+    commit_sha,
     decode_json_object,
+    dict_or_empty,
     obj,
+    optional_positive_int,
     positive_int,
     project_path,
     text_or_none,
@@ -25,6 +31,14 @@ from app.forge.webhook import (
 
 ISSUE_HOOK = "Issue Hook"
 CONFIDENTIAL_ISSUE_HOOK = "Confidential Issue Hook"
+NOTE_HOOK = "Note Hook"
+CONFIDENTIAL_NOTE_HOOK = "Confidential Note Hook"
+PIPELINE_HOOK = "Pipeline Hook"
+JOB_HOOK = "Job Hook"
+# merge_request.state, and state_id where an older hook sends only that (1 opened, 2 closed, 3 merged, 4 locked).
+MR_STATES = {"opened": "open", "locked": "open", "closed": "closed", "merged": "merged"}
+MR_STATE_IDS = {1: "open", 2: "closed", 3: "merged", 4: "open"}
+MAX_FAILED_BUILDS = 50
 SIGNATURE_TOLERANCE_S = 300
 
 
@@ -108,8 +122,23 @@ def _interpret(
         return WebhookEvent("gitlab", delivery_id, event or "(none)", "ignore", reason, **extra)
 
     payload = decode_json_object(body, h.get("Content-Type"))
+    if event in (NOTE_HOOK, CONFIDENTIAL_NOTE_HOOK):
+        return _note(payload, event, delivery_id, allow_confidential)
+    if event == PIPELINE_HOOK:
+        return _pipeline(payload, delivery_id)
+    if event == JOB_HOOK:
+        return ignore("job events are not followed: FrogFix follows whole pipelines (Pipeline events)")
     if event not in (ISSUE_HOOK, CONFIDENTIAL_ISSUE_HOOK):
-        return ignore(f"event {event or '(missing X-Gitlab-Event)'} is not an issue event")
+        return ignore(f"event {event or '(missing X-Gitlab-Event)'} is not an issue, comment or pipeline event")
+    return _issue(payload, event, delivery_id, trigger_label, allow_confidential)
+
+
+def _issue(
+    payload: dict[str, Any], event: str, delivery_id: str, trigger_label: str, allow_confidential: bool
+) -> WebhookEvent:
+    def ignore(reason: str, **extra: Any) -> WebhookEvent:
+        return WebhookEvent("gitlab", delivery_id, event, "ignore", reason, **extra)
+
     if payload.get("object_kind") != "issue":
         return ignore(f"object_kind {str(payload.get('object_kind'))[:40]!r} is not 'issue'")
 
@@ -153,3 +182,174 @@ def _interpret(
     else:
         intent, reason = "ignore", f"label {trigger_label!r} was not just added"
     return WebhookEvent("gitlab", delivery_id, event, intent, reason, **fields)
+
+
+def _username(value: Any) -> str | None:
+    return text_or_none(value.get("username"), 255) if isinstance(value, dict) else None
+
+
+def _project_fields(payload: dict[str, Any]) -> dict[str, Any]:
+    """The project a Note or Pipeline hook is about, and who sent it."""
+    project = obj(payload.get("project"), "project")
+    return {
+        "project": project_path(project.get("path_with_namespace"), "project.path_with_namespace"),
+        "project_id": text_or_none(project.get("id") or payload.get("project_id"), 64),
+        "clone_url": text_or_none(project.get("git_http_url") or project.get("http_url"), 2000),
+        "sender": _username(payload.get("user")),
+    }
+
+
+def _mr_state(mr: dict[str, Any]) -> str | None:
+    """open / closed / merged from merge_request.state (or state_id); None when it says neither."""
+    state = mr.get("state")
+    if isinstance(state, str) and state in MR_STATES:
+        return MR_STATES[state]
+    state_id = mr.get("state_id")
+    return MR_STATE_IDS.get(state_id) if isinstance(state_id, int) and not isinstance(state_id, bool) else None
+
+
+def _mr_fields(mr: dict[str, Any]) -> dict[str, Any]:
+    """The merge request a hook is about: its iid, state, source branch and title."""
+    return {
+        "mr": positive_int(mr.get("iid"), "merge_request.iid"),
+        "mr_state": _mr_state(mr),
+        "source_branch": text_or_none(mr.get("source_branch"), 255),
+        "title": text_or_none(mr.get("title"), 1000),
+    }
+
+
+def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confidential: bool) -> WebhookEvent:
+    """A comment: on a merge request it is a review (or stop) request for the worker's triage to judge;
+    on an issue, commit or snippet, or written by GitLab itself (a system note), it is nothing to us."""
+
+    def ignore(reason: str, **extra: Any) -> WebhookEvent:
+        return WebhookEvent("gitlab", delivery_id, event, "ignore", reason, **extra)
+
+    if payload.get("object_kind") != "note":
+        return ignore(f"object_kind {str(payload.get('object_kind'))[:40]!r} is not 'note'")
+    attrs = obj(payload.get("object_attributes"), "object_attributes")
+    noteable = attrs.get("noteable_type")
+    if noteable != "MergeRequest":
+        return ignore(f"a comment on {str(noteable)[:40]!r}, not on a merge request")
+    fields = {**_project_fields(payload), **_mr_fields(obj(payload.get("merge_request"), "merge_request"))}
+    confidential = (
+        event == CONFIDENTIAL_NOTE_HOOK
+        or payload.get("event_type") == "confidential_note"
+        or attrs.get("confidential") is True
+        or attrs.get("internal") is True
+    )
+    if confidential and not allow_confidential:
+        return ignore("confidential comments are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)", **fields)
+    if attrs.get("system") is True:
+        return ignore("a system note (GitLab's own record of a change), not a comment", **fields)
+    action = attrs.get("action")  # since GitLab 16.11; older hooks send only new comments' and edits' alike
+    if action is not None and action != "create":
+        return ignore(f"comment {str(action)[:40]!r}: only a new comment asks for a round", **fields)
+
+    comment = _review_comment(attrs, payload, fields["sender"])
+    intent: Intent = "stop" if is_stop(comment.body) else "review"
+    reason = "/frogfix stop on a merge request" if intent == "stop" else f"a {comment.kind} on a merge request"
+    return WebhookEvent(
+        "gitlab", delivery_id, event, intent, reason, action=text_or_none(action, 64), comment=comment, **fields
+    )
+
+
+def _review_comment(attrs: dict[str, Any], payload: dict[str, Any], author: str | None) -> ReviewComment:
+    """The comment itself: a DiffNote (or any note with a position) is a line comment on new_path:new_line,
+    or old_path:old_line on a removed line."""
+    position = dict_or_empty(attrs.get("position"))
+    kind: CommentKind = "diff_note" if attrs.get("type") == "DiffNote" or position else "note"
+    new_line = optional_positive_int(position.get("new_line"))
+    old_line = optional_positive_int(position.get("old_line"))
+    if new_line is not None or old_line is None:
+        path, line = position.get("new_path") or position.get("old_path"), new_line
+    else:  # a comment on a removed line: only the old side has it
+        path, line = position.get("old_path") or position.get("new_path"), old_line
+    head_sha = position.get("head_sha")
+    last_commit = dict_or_empty(dict_or_empty(payload.get("merge_request")).get("last_commit"))
+    sha = head_sha if isinstance(head_sha, str) and head_sha else last_commit.get("id")
+    return ReviewComment(
+        id=str(positive_int(attrs.get("id"), "object_attributes.id")),
+        kind=kind,
+        author=author,
+        body=text_or_none(attrs.get("note"), MAX_COMMENT_CHARS) or "",
+        url=text_or_none(attrs.get("url"), 2000),
+        discussion_id=text_or_none(attrs.get("discussion_id"), 255),
+        path=text_or_none(path, 1000) if isinstance(path, str) else None,
+        line=line,
+        sha=commit_sha(sha, "the comment's commit") if isinstance(sha, str) and sha else None,
+    )
+
+
+def _pipeline(payload: dict[str, Any], delivery_id: str) -> WebhookEvent:
+    """A finished pipeline is a CI result on its commit (and its MR, when the hook names one);
+    a pipeline still on its way, or one on a tag, is nothing to us yet."""
+
+    def ignore(reason: str, **extra: Any) -> WebhookEvent:
+        return WebhookEvent("gitlab", delivery_id, PIPELINE_HOOK, "ignore", reason, **extra)
+
+    if payload.get("object_kind") != "pipeline":
+        return ignore(f"object_kind {str(payload.get('object_kind'))[:40]!r} is not 'pipeline'")
+    attrs = obj(payload.get("object_attributes"), "object_attributes")
+    fields = _project_fields(payload)
+    status = attrs.get("status")
+    if status not in CI_FINAL:
+        return ignore(f"pipeline status {str(status)[:40]!r} is not final", **fields)
+    if attrs.get("tag") is True:
+        return ignore("a tag pipeline: FrogFix follows the pipelines of its MR branches", **fields)
+    pipeline_id = positive_int(attrs.get("id"), "object_attributes.id")
+    commit = dict_or_empty(payload.get("commit"))
+    sha = commit_sha(attrs.get("sha") or commit.get("id"), "object_attributes.sha")
+    ref = text_or_none(attrs.get("ref"), 255)
+    mr = payload.get("merge_request")
+    if isinstance(mr, dict):
+        fields.update(_mr_fields(mr))
+    if not fields.get("source_branch") and ref and not ref.startswith("refs/"):
+        fields["source_branch"] = ref
+    project = payload["project"]
+    web_url = project.get("web_url") if isinstance(project.get("web_url"), str) else None
+    url = attrs.get("url") or (f"{web_url}/-/pipelines/{pipeline_id}" if web_url else None)
+    ci_status: CiStatus = status
+    report = CiReport(
+        system="gitlab_pipeline",
+        id=str(pipeline_id),
+        sha=sha,
+        status=ci_status,
+        ref=ref,
+        url=text_or_none(url, 2000),
+        source=text_or_none(attrs.get("source"), 64),
+        description=text_or_none(attrs.get("name"), 1000),
+        failed_jobs=_failed_builds(payload.get("builds"), web_url),
+    )
+    return WebhookEvent(
+        "gitlab",
+        delivery_id,
+        PIPELINE_HOOK,
+        "ci",
+        f"pipeline {pipeline_id} {status}",
+        action=status,
+        ci=report,
+        **fields,
+    )
+
+
+def _failed_builds(builds: Any, web_url: str | None) -> tuple[CiJob, ...]:
+    """The hook's failed jobs that failed the pipeline (allowed failures left out), without logs."""
+    jobs = []
+    for build in bounded_list(builds, MAX_FAILED_BUILDS * 4):
+        if not isinstance(build, dict) or build.get("status") != "failed" or build.get("allow_failure") is True:
+            continue
+        build_id = optional_positive_int(build.get("id"))
+        if build_id is None:
+            continue
+        jobs.append(
+            CiJob(
+                id=str(build_id),
+                name=text_or_none(build.get("name"), 255) or f"job {build_id}",
+                status="failed",
+                stage=text_or_none(build.get("stage"), 255),
+                failure_reason=text_or_none(build.get("failure_reason"), 255),
+                url=text_or_none(f"{web_url}/-/jobs/{build_id}", 2000) if web_url else None,
+            )
+        )
+    return tuple(jobs[:MAX_FAILED_BUILDS])

@@ -174,3 +174,33 @@ def positive_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value > 2**31 - 1:
         raise WebhookMalformed(f"{what} must be a positive integer")
     return value
+
+
+# A reviewer's comment reaches the model: bounded here, once, for both forges.
+MAX_COMMENT_CHARS = 20_000
+_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
+
+
+def commit_sha(value: Any, what: str) -> str:
+    """A commit id as a forge sends it (7 to 64 hex digits, lowered): the worker compares it with
+    the MR's head and the commits it pushed, so anything else is refused, never passed on."""
+    if not isinstance(value, str) or not _SHA.fullmatch(value.strip()):
+        raise WebhookMalformed(f"{what} must be a commit id (hex)")
+    return value.strip().lower()
+
+
+def optional_positive_int(value: Any) -> int | None:
+    """An optional number (a line, a position): None when absent or not a positive integer."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value > 2**31 - 1:
+        return None
+    return value
+
+
+def bounded_list(items: Any, limit: int) -> list[Any]:
+    """The first `limit` items of a JSON list (none when it is not a list): a hook's lists are bounded."""
+    return list(items[:limit]) if isinstance(items, list) else []
+
+
+def dict_or_empty(value: Any) -> dict[str, Any]:
+    """An optional JSON object of a hook: itself, or {} when it is absent or not an object."""
+    return value if isinstance(value, dict) else {}
