@@ -290,7 +290,7 @@ def _status(payload: dict[str, Any], delivery_id: str) -> WebhookEvent:
     """A commit status that passed or failed is a CI result on its commit; pending or warning decides nothing."""
     fields = _repo_fields(payload)
     state = payload.get("state")
-    if state not in STATUS_STATES:
+    if not isinstance(state, str) or state not in STATUS_STATES:
         return WebhookEvent(
             "gitea", delivery_id, "status", "ignore", f"status {str(state)[:40]!r} is not final", **fields
         )
