@@ -242,7 +242,9 @@ def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confident
         return ignore("confidential comments are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)", **fields)
     if attrs.get("system") is True:
         return ignore("a system note (GitLab's own record of a change), not a comment", **fields)
-    action = attrs.get("action")  # since GitLab 16.11; older hooks send only new comments' and edits' alike
+    # `action` since GitLab 16.11; an older hook names none, for a new comment and an edit alike
+    # (an edit then reads as new, and the request's dedupe key, the note id, makes it one request).
+    action = attrs.get("action")
     if action is not None and action != "create":
         return ignore(f"comment {str(action)[:40]!r}: only a new comment asks for a round", **fields)
 
