@@ -6,12 +6,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 from markupsafe import escape
 
 from app.db import session_scope
 from app.forge.reviews import CiJob, CiReport, ReviewComment
 from app.jobs import records
 from app.models import Job, RoundRequest, utcnow
+from tests.dashboard.conftest import browser_sign_in, screenshot
 from tests.dashboard.scenario import finished_job, new_job
 from tests.dashboard.test_pages import AUTH
 
@@ -192,3 +194,29 @@ def test_the_api_job_detail_includes_the_thread(client: Any, data_dir: Path) -> 
     assert [(r["kind"], r["ci_status"], r["ci_jobs"]) for r in ci] == [("ci", "failed", ["unit-tests", "lint"])]
     plain = new_job(issue=43)
     assert client.get(f"/api/jobs/{plain}", headers=AUTH).json()["thread"] is None
+
+
+@pytest.mark.timeout(120)
+def test_in_the_browser_the_thread_leads_from_a_round_to_round_0(browser_page: Any, data_dir: Path) -> None:
+    from playwright.sync_api import expect
+
+    page = browser_page
+    problems: list[str] = []  # script errors and Content-Security-Policy violations
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    ids = _thread(data_dir)
+    browser_sign_in(page)
+    page.goto("/jobs")
+    expect(page.locator(f'tr[data-job-id="{ids["r2"]}"] [data-testid=round-mark]')).to_have_text("round 2 of !3")
+    page.click(f'tr[data-job-id="{ids["r1"]}"] a[href="/jobs/{ids["r1"]}"]')
+    page.wait_for_url(f"**/jobs/{ids['r1']}")
+    thread = page.get_by_role("region", name="Review rounds")
+    expect(thread.locator("tr[aria-current=page]")).to_have_attribute("data-round", "1")
+    expect(thread.locator(".request .location").first).to_have_text("calc.py:5")
+    expect(thread.locator("pre.comment").first).to_contain_text('<script>alert("x")</script>')  # shown as text
+    screenshot(page, "job-round-thread-light")
+    thread.locator(f'a[href="/jobs/{ids["root"]}"]').click()
+    page.wait_for_url(f"**/jobs/{ids['root']}")
+    expect(page.get_by_role("region", name="Review rounds").locator("tr[aria-current=page]")).to_have_attribute(
+        "data-round", "0")
+    assert problems == []
