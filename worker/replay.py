@@ -1,13 +1,16 @@
 """`manage.py replay`: run a recorded attempt again and say whether it comes out the same.
 
 A plain replay feeds the attempt's recorded assistant replies back to the Leaf loop (a
-`ReplayModel`: no model server), in a fresh sandbox over a fresh workspace at the recorded base
-commit, with the recorded system prompt and task. Every message the loop appends is compared,
-in order, with the recorded one; the replay stops at the first tool result that differs (the
-loop's `cancel` hook compares before every tool call and model call, so nothing runs after the
-divergence). Then the patch is compared with the recorded `output_patch`. A plain replay never
-publishes and never changes the job's status; it notes its outcome on the job's timeline
-(`replayed`) and writes its own trajectory under `<data_dir>/trajectories/replays/`.
+`ReplayModel`: no model server), in a fresh sandbox over a fresh workspace at the commit the
+attempt started from, with the recorded system prompt and task. That is the base commit, except
+for a review round on an MR, which started from the branch head (`start_commit`: the
+trajectory's field, else the job's column); its patch is against that head too. Every message
+the loop appends is compared, in order, with the recorded one; the replay stops at the first
+tool result that differs (the loop's `cancel` hook compares before every tool call and model
+call, so nothing runs after the divergence). Then the patch is compared with the recorded
+`output_patch`. A plain replay never publishes and never changes the job's status; it notes
+its outcome on the job's timeline (`replayed`) and writes its own trajectory under
+`<data_dir>/trajectories/replays/`.
 
 `live=True` runs the recorded task again with the live model, in this process, as a new attempt
 that is never published (a fresh sandbox, then the tests on its patch in another). Its
@@ -139,6 +142,7 @@ class ReplayReport:
     recorded_trajectory: str | None = None
     trajectory: str | None = None
     base_commit: str | None = None
+    start_commit: str | None = None  # a review round's: the branch head it built on (None: the base)
     steps_recorded: int = 0
     steps_replayed: int = 0
     tool_results_checked: int = 0
@@ -183,6 +187,7 @@ class ReplayReport:
             "recorded_trajectory": self.recorded_trajectory,
             "trajectory": self.trajectory,
             "base_commit": self.base_commit,
+            "start_commit": self.start_commit,
             "steps_recorded": self.steps_recorded,
             "steps_replayed": self.steps_replayed,
             "tool_results_checked": self.tool_results_checked,
@@ -235,6 +240,12 @@ class Recording:
     forge: str | None = None
     project: str | None = None
     repository: str | None = None  # local jobs: the checkout `fix` ran on
+    start_commit: str | None = None  # a review round's branch head; None: the attempt started at the base
+
+    @property
+    def checkout_commit(self) -> str:
+        """The commit the attempt's workspace was made at, and its patch is against."""
+        return self.start_commit or self.base_commit
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -313,7 +324,8 @@ def recording_from_file(job_id: int | str, stored: str, settings: Settings) -> R
     # What the job's recording says about its issue and checkout (a demo's sample is made again from it).
     known: dict[str, Any] = {k: job_rec.data[k] for k in ("issue", "repository") if k in job_rec.data}
     return replace(
-        job_rec, path=path, data={**known, **data}, base_commit=base, patch=patch if isinstance(patch, str) else None
+        job_rec, path=path, data={**known, **data}, base_commit=base, patch=patch if isinstance(patch, str) else None,
+        start_commit=start_commit_of(data, job_rec.start_commit, base),
     )
 
 
@@ -339,6 +351,7 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
     with session_scope() as session:
         job = records.get_job(session, job_id)
         forge, project, status, job_base = job.forge, job.project, job.status, job.base_commit
+        job_start = job.start_commit
         rows = [
             (a.run, a.number, a.trajectory_path, a.patch) for a in records.job_attempts(session, job_id)
         ]
@@ -364,8 +377,24 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
     if not isinstance(recorded_patch, str):
         recorded_patch = chosen.patch
     return Recording(
-        job_id, chosen.path, data, base, recorded_patch, chosen.run, chosen.number, forge=forge, project=project
+        job_id, chosen.path, data, base, recorded_patch, chosen.run, chosen.number, forge=forge, project=project,
+        start_commit=start_commit_of(data, job_start, base),
     )
+
+
+def start_commit_of(data: dict[str, Any], job_start: str | None, base: str) -> str | None:
+    """A review round's start: the trajectory's `start_commit`, else the job's column; None when it is the base.
+
+    Only a full hex object name is taken from the file (it becomes a git argument).
+    """
+    recorded = data.get("start_commit")
+    for start in (recorded if isinstance(recorded, str) else None, job_start):
+        if start and _COMMIT.fullmatch(start):
+            return None if start == base else start
+    return None
+
+
+_COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 class RepoSource:
@@ -432,8 +461,8 @@ def _has_commit(mirror: Path, commit: str) -> bool:
 
 def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str], progress: Progress,
                 repo_dir: Path | None = None) -> RepoSource:
-    """The mirror on disk when it holds the base commit, else the mirror updated from the forge;
-    for a local job, its checkout (or `repo_dir`, where it lives now)."""
+    """The mirror on disk when it holds the commit the attempt started from, else the mirror updated
+    from the forge; for a local job, its checkout (or `repo_dir`, where it lives now)."""
     base = rec.base_commit
     if isinstance(rec.job_id, str):
         where = repo_dir or (Path(rec.repository) if rec.repository else None)
@@ -453,8 +482,9 @@ def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str]
     cache = repos.RepoCache(settings.data_dir / "mirrors")
     key = repos.mirror_key(rec.forge, rec.project)
     mirror = cache.path_for(key)
-    if _has_commit(mirror, base):
-        progress(f"repository: the mirror on disk has {base[:12]}")
+    start = rec.checkout_commit
+    if _has_commit(mirror, start):
+        progress(f"repository: the mirror on disk has {start[:12]}")
         return RepoSource("mirror", mirror)
     progress(f"repository: updating the mirror of {rec.project} from {rec.forge}")
     forge = make_forge(rec.forge, settings, redact)
@@ -463,8 +493,9 @@ def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str]
         mirror = cache.mirror(key, info.clone_url, forge.git_auth_header())
     finally:
         forge.close()
-    if not _has_commit(mirror, base):
-        raise ReplayError(f"the base commit {base[:12]} is no longer in {rec.project} (rewritten history?)")
+    if not _has_commit(mirror, start):
+        which = "start commit" if rec.start_commit else "base commit"
+        raise ReplayError(f"the {which} {start[:12]} is no longer in {rec.project} (rewritten history?)")
     return RepoSource("mirror", mirror)
 
 
@@ -647,6 +678,8 @@ def _spec(
 
     A plain replay sends the recorded task as it is, guidance included; a live run reads the
     guidance from the base commit again, as the pipeline does, in place of the recorded one.
+    The workspace is made at `checkout_commit` (a round's start) and the patch taken against it;
+    the replay's trajectory still records the job's base commit, and the round's start beside it.
     """
     messages = rec.messages
     live = mode != "replay"
@@ -654,7 +687,7 @@ def _spec(
     return AttemptSpec(
         job_id=rec.job_id,
         number=rec.number or 1,
-        base_commit=rec.base_commit,
+        base_commit=rec.checkout_commit,
         system_prompt=str(messages[0].get("content") or ""),
         task=strip_guidance(task) if live else task,
         limits=limits,
@@ -662,7 +695,9 @@ def _spec(
         model_label=settings.model_name if live else f"replay of {rec.data.get('model')}",
         sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
         trajectory_fields={
-            "mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number, **(fields or {}),
+            "mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number,
+            **({"base_commit": rec.base_commit, "start_commit": rec.start_commit} if rec.start_commit else {}),
+            **(fields or {}),
         },
         labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": mode if live else "replay"},
         read_guidance=live,
@@ -691,11 +726,16 @@ def _run(
     root = settings.resolved_workspace_dir() / f"replay-{_safe_label(rec.job_id)}-{secrets.token_hex(4)}"
     root.mkdir(parents=True, exist_ok=True)
     runner = AttemptRunner(settings, redactor.redact, source, root, ReplayObserver(checker, progress, rec.replies))
-    progress(f"workspace at base commit {rec.base_commit[:12]}; opening the sandbox ({settings.sandbox})")
+    where = (
+        f"the round's start commit {rec.start_commit[:12]} (base {rec.base_commit[:12]})"
+        if rec.start_commit
+        else f"base commit {rec.base_commit[:12]}"
+    )
+    progress(f"workspace at {where}; opening the sandbox ({settings.sandbox})")
     try:
         result = runner.run(spec, chosen, ReviewPolicy.from_settings(settings) if live else None)
     except RepoConfigError as exc:
-        raise ReplayError(f".frogfix.yml at the base commit is not usable: {exc}") from exc
+        raise ReplayError(f".frogfix.yml at {rec.checkout_commit[:12]} is not usable: {exc}") from exc
     except SandboxError as exc:
         raise ReplayError(f"the sandbox failed: {exc}") from exc
     finally:
@@ -732,6 +772,7 @@ def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: 
         recorded_trajectory=str(rec.path),
         trajectory=str(data_dir / spec.trajectory),
         base_commit=rec.base_commit,
+        start_commit=rec.start_commit,
         steps_recorded=rec.replies,
         steps_replayed=len(leaf.records),
         recorded_exit_reason=rec.exit_reason,
@@ -934,6 +975,7 @@ def replay_job(
             "status": report.status,
             "trajectory": report.trajectory,
             "attempt": {"run": rec.run, "number": rec.number},
+            "start_commit": rec.start_commit,
             "divergence": report.divergence.to_dict() if report.divergence else None,
             "patch_identical": report.patch_identical,
         },

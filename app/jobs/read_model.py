@@ -1,7 +1,8 @@
-"""The dashboard's read model: the job list page by page, and the overview's numbers.
+"""The dashboard's read model: the job list page by page, an MR's thread of rounds, and the overview's numbers.
 
-Read-only queries for app/web/dashboard.py. The job list selects only the columns it shows (never
-the issue body) and pages by keyset on (created_at, id), so a deep page costs what the first one does.
+Read-only queries for app/web/dashboard.py and app/web/api.py. The job list selects only the columns
+it shows (never the issue body) and pages by keyset on (created_at, id), so a deep page costs what the
+first one does.
 """
 
 from __future__ import annotations
@@ -14,8 +15,17 @@ from sqlalchemy import Row, Select, and_, distinct, func, or_, select
 from sqlalchemy.orm import Session
 
 from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions
-from app.models import Job, JobAttempt, utcnow
-from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, OUTCOME_STATUSES, SUCCESS_STATUSES, AttemptStatus, JobStatus
+from app.models import Job, JobAttempt, RoundRequest, utcnow
+from app.statuses import (
+    ACTIVE_STATUSES,
+    FINAL_STATUSES,
+    OUTCOME_STATUSES,
+    SUCCESS_STATUSES,
+    AttemptStatus,
+    JobStatus,
+    RequestStatus,
+    RoundKind,
+)
 from app.usage import USAGE_COLUMNS, UsageFigures
 
 LIST_COUNT_CAP = 10_000
@@ -47,6 +57,9 @@ class JobRow:
     started_at: datetime | None
     finished_at: datetime | None
     attempts: int = 0
+    round: int = 0  # 0: the job that opened the MR (or never did); N: the Nth round on it
+    round_kind: str | None = None
+    mr_number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,9 @@ _ROW_COLUMNS = (
     Job.created_at,
     Job.started_at,
     Job.finished_at,
+    Job.round,
+    Job.round_kind,
+    Job.mr_number,
 )
 
 
@@ -100,6 +116,8 @@ def _search_condition(columns: Any, search: str) -> Any:
     number = search.lstrip("#!")
     if number.isdigit() and len(number) < 10:
         matches += [columns.issue == int(number), columns.id == int(number)]
+        if search.startswith("!"):  # `!7`: every job of merge request 7 (round 0 and its rounds)
+            matches.append(columns.mr_number == int(number))
     if search.startswith("@") or search.isidentifier():
         matches.append(columns.trigger_user == search.lstrip("@"))
     return or_(*matches)
@@ -165,6 +183,9 @@ def _job_rows(session: Session, fetched: list[Row[Any]]) -> list[JobRow]:
             started_at=r.started_at,
             finished_at=r.finished_at,
             attempts=counts.get(r.id, 0),
+            round=r.round or 0,
+            round_kind=r.round_kind,
+            mr_number=r.mr_number,
         )
         for r in fetched
     ]
@@ -236,6 +257,202 @@ def attempt_counts(session: Session, job_ids: list[int]) -> dict[int, int]:
         select(JobAttempt.job_id, func.count()).where(JobAttempt.job_id.in_(job_ids)).group_by(JobAttempt.job_id)
     )
     return {int(j): int(n) for j, n in rows}
+
+
+# -- an MR's thread of rounds --------------------------------------------------------------------
+
+REQUEST_TEXT_CHARS = 4_000  # a comment is shown up to here; the forge keeps the whole of it
+THREAD_REQUESTS_SHOWN = 200  # the thread's newest requests read for one page (waiting and turned down)
+_TURNED_DOWN = (RequestStatus.ignored.value, RequestStatus.dropped.value)
+_WAITING = (RequestStatus.pending.value, RequestStatus.accepted.value)
+
+
+@dataclass(frozen=True)
+class ThreadJob:
+    """One job of an MR's thread: round 0 (the job that opened the MR) or a round on it."""
+
+    id: int
+    round: int
+    round_kind: str | None  # a RoundKind; None for round 0
+    trigger_user: str | None  # who asked: the issue's labeller for round 0, the newest request's author after
+    status: str
+    cancel_requested: bool
+    start_commit: str | None  # the branch head the round built on; round 0: the base commit
+    pushed_commit: str | None
+    ci_status: str | None  # forge CI on pushed_commit
+    mr_url: str | None
+    mr_number: int | None
+    created_at: datetime
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "round": self.round, "round_kind": self.round_kind, "trigger_user": self.trigger_user,
+            "status": self.status, "cancel_requested": self.cancel_requested, "start_commit": self.start_commit,
+            "pushed_commit": self.pushed_commit, "ci_status": self.ci_status, "mr_url": self.mr_url,
+            "mr_number": self.mr_number, "created_at": _iso(self.created_at), "finished_at": _iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True)
+class RequestRow:
+    """One comment, review or CI result on the MR as the job page and the API show it.
+
+    Every text field came from the forge, typed by people FrogFix does not trust: the page escapes
+    it (Jinja's autoescape), links only http(s) URLs, and the comment is cut to REQUEST_TEXT_CHARS.
+    """
+
+    id: int
+    kind: str  # review, stop, ci
+    status: str  # a RequestStatus
+    reason: str | None
+    author: str | None
+    job_id: int | None  # the round that took it
+    created_at: datetime
+    comment_kind: str | None = None  # note, diff_note, review_changes, review_comment
+    path: str | None = None
+    line: int | None = None
+    text: str = ""
+    text_cut: bool = False
+    url: str | None = None
+    ci_status: str | None = None
+    ci_jobs: tuple[str, ...] = ()  # the failing CI jobs' names (Gitea: the status contexts)
+
+    @property
+    def location(self) -> str | None:
+        """`path:line` of a line comment, the path alone when the forge gave no line."""
+        if not self.path:
+            return None
+        return f"{self.path}:{self.line}" if self.line is not None else self.path
+
+    @classmethod
+    def of(cls, request: RoundRequest) -> RequestRow:
+        """The row from the stored request; its `data` is read defensively (a ReviewComment or CiReport dict)."""
+        data = request.data if isinstance(request.data, dict) else {}
+        text = _text(data.get("description") if request.kind == RoundKind.ci.value else data.get("body")) or ""
+        return cls(
+            id=request.id,
+            kind=request.kind,
+            status=request.status,
+            reason=request.reason,
+            author=request.author,
+            job_id=request.job_id,
+            created_at=request.created_at,
+            comment_kind=_text(data.get("kind"), 32) if request.kind != RoundKind.ci.value else None,
+            path=_text(data.get("path"), 500),
+            line=data["line"] if isinstance(data.get("line"), int) and not isinstance(data["line"], bool) else None,
+            text=text[:REQUEST_TEXT_CHARS],
+            text_cut=len(text) > REQUEST_TEXT_CHARS,
+            url=_text(data.get("url"), 2000),
+            ci_status=_text(data.get("status"), 32) if request.kind == RoundKind.ci.value else None,
+            ci_jobs=_ci_job_names(data) if request.kind == RoundKind.ci.value else (),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason, "author": self.author,
+            "job_id": self.job_id, "created_at": _iso(self.created_at), "comment_kind": self.comment_kind,
+            "path": self.path, "line": self.line, "text": self.text, "text_cut": self.text_cut, "url": self.url,
+            "ci_status": self.ci_status, "ci_jobs": list(self.ci_jobs),
+        }
+
+
+@dataclass(frozen=True)
+class JobThread:
+    """The MR a job belongs to: its jobs (round 0 first), the requests this job took, and the rest."""
+
+    current: int  # the job whose page this is
+    mr_number: int | None
+    jobs: list[ThreadJob]
+    requests: list[RequestRow]  # taken by the current job, oldest first
+    waiting: list[RequestRow]  # pending or accepted: for the next round, oldest first
+    turned_down: list[RequestRow]  # ignored or dropped, with the reason, newest first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "current": self.current, "mr_number": self.mr_number, "jobs": [j.to_dict() for j in self.jobs],
+            "requests": [r.to_dict() for r in self.requests], "waiting": [r.to_dict() for r in self.waiting],
+            "turned_down": [r.to_dict() for r in self.turned_down],
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _text(value: Any, limit: int | None = None) -> str | None:
+    if not isinstance(value, str) or not value:
+        return None
+    return value[:limit] if limit else value
+
+
+def _ci_job_names(data: dict[str, Any]) -> tuple[str, ...]:
+    """The failing jobs' names (at most 50); a Gitea status without job records names its context."""
+    jobs = data.get("failed_jobs")
+    names = [_text(j.get("name"), 200) for j in jobs if isinstance(j, dict)] if isinstance(jobs, list) else []
+    found = tuple(n for n in names if n)[:50]
+    if not found and data.get("system") == "gitea_status":
+        context = _text(data.get("id"), 200)
+        return (context,) if context else ()
+    return found
+
+
+_THREAD_COLUMNS = (
+    Job.id, Job.round, Job.round_kind, Job.trigger_user, Job.status, Job.cancel_requested, Job.start_commit,
+    Job.base_commit, Job.pushed_commit, Job.ci_status, Job.mr_url, Job.mr_number, Job.created_at, Job.finished_at,
+)
+
+
+def thread_jobs(session: Session, thread_id: int) -> list[ThreadJob]:
+    """Round 0 and every round of the thread, in round order (ix_jobs_thread and the primary key)."""
+    rows = session.execute(
+        select(*_THREAD_COLUMNS).where(or_(Job.id == thread_id, Job.thread_id == thread_id)).order_by(Job.round, Job.id)
+    )
+    return [
+        ThreadJob(
+            id=r.id,
+            round=r.round or 0,
+            round_kind=r.round_kind,
+            trigger_user=r.trigger_user,
+            status=r.status,
+            cancel_requested=bool(r.cancel_requested),
+            start_commit=r.start_commit or (None if r.round else r.base_commit),
+            pushed_commit=r.pushed_commit,
+            ci_status=r.ci_status,
+            mr_url=r.mr_url,
+            mr_number=r.mr_number,
+            created_at=r.created_at,
+            finished_at=r.finished_at,
+        )
+        for r in rows
+    ]
+
+
+def job_thread(session: Session, job: Job) -> JobThread | None:
+    """The thread of `job`'s MR; None for a job that opened no MR, is no round and was asked nothing."""
+    root = job.thread_id or job.id
+    if job.thread_id is None and job.mr_number is None:
+        has_rounds = session.execute(select(Job.id).where(Job.thread_id == job.id).limit(1)).first()
+        asked = session.execute(select(RoundRequest.id).where(RoundRequest.thread_id == job.id).limit(1)).first()
+        if has_rounds is None and asked is None:
+            return None
+    jobs = thread_jobs(session, root)
+    mr_number = next((j.mr_number for j in jobs if j.mr_number is not None), None)  # round 0 records it first
+    taken = session.scalars(select(RoundRequest).where(RoundRequest.job_id == job.id).order_by(RoundRequest.id))
+    newest = session.scalars(
+        select(RoundRequest)
+        .where(RoundRequest.thread_id == root, RoundRequest.status.in_((*_WAITING, *_TURNED_DOWN)))
+        .order_by(RoundRequest.id.desc())
+        .limit(THREAD_REQUESTS_SHOWN)
+    ).all()
+    return JobThread(
+        current=job.id,
+        mr_number=mr_number,
+        jobs=jobs,
+        requests=[RequestRow.of(r) for r in taken],
+        waiting=[RequestRow.of(r) for r in reversed(newest) if r.status in _WAITING],
+        turned_down=[RequestRow.of(r) for r in newest if r.status in _TURNED_DOWN],
+    )
 
 
 # -- the overview -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 
 from app.db import session_scope
-from app.jobs import records
+from app.jobs import read_model, records
 from app.settings import get_settings
 from app.statuses import JobStatus
 from app.web.params import JobId, Offset, ProjectFilter
@@ -40,8 +40,10 @@ def list_jobs(
         return {"items": [j.to_dict() for j in items], "total": total}
 
 
-@router.get("/jobs/{job_id}", summary="One job with its timeline")
+@router.get("/jobs/{job_id}", summary="One job with its timeline and its MR's thread of rounds")
 def get_job(job_id: JobId) -> dict[str, Any]:
+    """`thread` is null for a job that opened no MR; else round 0 and its rounds, and the requests
+    (comments, reviews, CI results) this job took, those waiting and those turned down."""
     with session_scope() as session:
         try:
             job = records.get_job(session, job_id)
@@ -50,4 +52,6 @@ def get_job(job_id: JobId) -> dict[str, Any]:
         data = job.to_dict()
         data["body"] = job.body
         data["events"] = [e.to_dict() for e in records.job_events(session, job_id)]
+        thread = read_model.job_thread(session, job)
+        data["thread"] = thread.to_dict() if thread is not None else None
         return data

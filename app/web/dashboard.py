@@ -44,6 +44,8 @@ templates.env.filters.update(
     status_label=statuses.status_label,
     exit_label=statuses.exit_label,
     http_url=views.http_url,
+    short_sha=views.short_sha,
+    mr_ref=views.mr_ref,
 )
 templates.env.globals.update(STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES)
 log = get_logger("frogfix.dashboard")
@@ -319,12 +321,14 @@ def job_page(request: Request, job_id: JobId) -> Response:
             return _render(request, "not_found.html", {"message": str(exc)}, status=404)
         events = records.job_events(session, job_id)
         attempts = records.job_attempts(session, job_id)
+        thread = read_model.job_thread(session, job)
     views_ = [_attempt_view(a, settings.data_dir) for a in attempts]
     verified = statuses.AttemptStatus.verified
     shown = next((v for v in reversed(views_) if v["a"].status == verified), views_[-1] if views_ else None)
     provenance = _provenance(job, shown)
     context = {
         "job": job,
+        "thread": thread,
         "events": events,
         "attempts": views_,
         "shown": shown,

@@ -75,6 +75,18 @@ def http_url(value: str | None) -> str | None:
     return None
 
 
+def short_sha(value: str | None) -> str:
+    """A commit as the forges show it in lists: its first 8 hex digits ("—" when there is none)."""
+    return value[:8] if value else "—"
+
+
+def mr_ref(number: int | None, forge: str) -> str:
+    """How the forge writes an MR/PR number: GitLab `!7`, Gitea/Forgejo `#7` (a PR is an issue there)."""
+    if number is None:
+        return "its MR"
+    return f"!{number}" if forge == "gitlab" else f"#{number}"
+
+
 def job_seconds(started: datetime | None, finished: datetime | None, now: datetime | None = None) -> float | None:
     """How long a job ran: to its end, or until now while it runs."""
     started, finished = aware(started), aware(finished)
