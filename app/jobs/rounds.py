@@ -67,8 +67,18 @@ def find_thread(
     """The round-0 job of the MR's thread: by MR number, else by source branch, else by a commit a job pushed.
 
     Only jobs that opened an MR count (an `mr_number` or `mr_url`); the newest wins when the same
-    MR was opened again by a later job for the issue (a re-added label).
+    MR was opened again by a later job for the issue (a re-added label). With `mr` given, a thread
+    found by branch or commit must be that MR's (another MR from the bot's branch is not FrogFix's).
     """
+    found = _find_thread(session, forge, project, mr=mr, branch=branch, sha=sha)
+    if found is not None and mr is not None and thread_mr_number(found) not in (None, mr):
+        return None
+    return found
+
+
+def _find_thread(
+    session: Session, forge: str, project: str, *, mr: int | None, branch: str | None, sha: str | None
+) -> Job | None:
     opened = [Job.forge == forge, Job.project == project, Job.thread_id.is_(None), Job.round == 0]
     has_mr = or_(Job.mr_number.is_not(None), Job.mr_url.is_not(None))
     if mr is not None:

@@ -51,7 +51,11 @@ def test_the_thread_is_found_by_mr_then_branch_then_pushed_commit(database: str)
     other = make_thread(mr=8, issue=2, branch="frogfix/issue-2", pushed="b" * 40)
     with session_scope() as s:
         assert rounds.find_thread(s, "gitlab", "grp/app", mr=7).id == thread  # type: ignore[union-attr]
-        assert rounds.find_thread(s, "gitlab", "grp/app", mr=99, branch="frogfix/issue-2").id == other  # type: ignore[union-attr]
+        assert rounds.find_thread(s, "gitlab", "grp/app", branch="frogfix/issue-2").id == other  # type: ignore[union-attr]
+        assert rounds.find_thread(s, "gitlab", "grp/app", mr=8, branch="frogfix/issue-2").id == other  # type: ignore[union-attr]
+        # Another MR opened from the bot's branch is not FrogFix's MR.
+        assert rounds.find_thread(s, "gitlab", "grp/app", mr=99, branch="frogfix/issue-2") is None
+        assert rounds.find_thread(s, "gitlab", "grp/app", mr=99, sha="b" * 40) is None
         assert rounds.find_thread(s, "gitlab", "grp/app", sha="b" * 40).id == other  # type: ignore[union-attr]
         assert rounds.find_thread(s, "gitlab", "grp/app", mr=99, branch="nope", sha="c" * 40) is None
         assert rounds.find_thread(s, "gitea", "grp/app", mr=7) is None
