@@ -158,6 +158,8 @@ def _round_request(session: Session, event: WebhookEvent) -> IntakeResult:
         return IntakeResult("ignored", "FrogFix's own comment", thread.id)
     if event.mr_state in ("closed", "merged"):
         return IntakeResult("ignored", f"the MR is {event.mr_state}", thread.id)
+    if event.mr is None and rounds.thread_mr_number(thread) is None:
+        return IntakeResult("ignored", "the MR's number is unknown", thread.id)
     if event.intent == "ci":
         return _ci_result(session, thread, event)
     if event.comment is None:

@@ -179,3 +179,12 @@ def test_the_worker_starts_waiting_rounds_after_a_run(database: str, frogfix_env
         job = records.get_job(s, started)
         assert (job.thread_id, job.branch, job.enqueue_count) == (thread, BRANCH, 1)
     assert broker_messages(frogfix_env["data_dir"]) == Counter({("frogfix.run_job", started): 1})
+
+
+def test_a_branch_pipeline_on_a_thread_whose_mr_number_is_unknown_is_ignored(database: str) -> None:
+    thread = make_thread(legacy_url=True)
+    with session_scope() as s:
+        s.execute(update(Job).where(Job.id == thread).values(mr_url="https://forge.test/odd-place"))
+    result = _deliver(ci_event("p-1", mr=None))
+    assert (result.outcome, result.reason, result.job_id) == ("ignored", "the MR's number is unknown", thread)
+    assert _requests() == []
