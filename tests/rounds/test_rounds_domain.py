@@ -369,3 +369,17 @@ def test_frogfix_knows_its_own_account() -> None:
     assert not triage.is_own("frogfix-bot2", "frogfix-bot")
     assert not triage.is_own(None, "frogfix-bot")
     assert not triage.is_own("frogfix-bot", "")
+
+
+def test_triage_judges_each_request_once_and_is_a_registered_task(database: str) -> None:
+    from app.queue import TRIAGE, celery_app
+    from worker import tasks
+
+    def no_forge(kind: str) -> Any:
+        raise AssertionError(f"triage asked the {kind} forge about a request it must not judge")
+
+    thread = make_thread()
+    judged = _accept(thread, "d-1", "301")
+    assert triage.triage(judged, no_forge, get_settings()) == "already accepted"
+    assert triage.triage(judged + 100, no_forge, get_settings()) == "unknown"
+    assert tasks.triage_request_task.name == TRIAGE and TRIAGE in celery_app.tasks
