@@ -17,6 +17,7 @@ from app.settings import Settings, get_settings
 RUN_JOB = "frogfix.run_job"
 REPLAY_JOB = "frogfix.replay_job"
 SWEEP = "frogfix.sweep_queued"
+TRIAGE = "frogfix.triage_request"
 HARD_TIME_LIMIT_MARGIN_S = 600
 
 celery_app = Celery("frogfix")
@@ -107,6 +108,17 @@ def send_replay_job(job_id: int, who: str) -> bool:
         celery_app.send_task(REPLAY_JOB, args=[job_id, who], retry=False)
     except Exception as exc:
         log.warning("enqueue_failed", job_id=job_id, task=REPLAY_JOB, error=f"{type(exc).__name__}: {exc}"[:500])
+        return False
+    return True
+
+
+def send_triage(request_id: int) -> bool:
+    """Send `frogfix.triage_request(request_id)` after the request row is committed; False when the broker
+    is down (the request stays pending and the sweep sends its triage again)."""
+    try:
+        celery_app.send_task(TRIAGE, args=[request_id], retry=False)
+    except Exception as exc:
+        log.warning("enqueue_failed", request_id=request_id, task=TRIAGE, error=f"{type(exc).__name__}: {exc}"[:500])
         return False
     return True
 

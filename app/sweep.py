@@ -1,5 +1,6 @@
 """The requeue sweep: send again every job left queued too long (never sent, or its message lost),
-and let go of jobs held for their project's budget once it allows them (app/jobs/scheduler.py)."""
+let go of jobs held for their project's budget once it allows them (app/jobs/scheduler.py), start the
+rounds that accepted review requests wait for, and send again the triage of requests left pending."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ from datetime import timedelta
 
 from app.db import session_scope
 from app.jobs.requeue import send_and_stamp
+from app.jobs.rounds import follow_up, stale_pending, touch_requests
 from app.jobs.scheduler import release_held
 from app.jobs.transitions import jobs_due_for_enqueue, recover_stale_jobs
 from app.logs import get_logger
 from app.models import utcnow
+from app.queue import send_triage
 from app.settings import get_settings
 
 log = get_logger("frogfix.sweep")
@@ -29,6 +32,11 @@ def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int
         released = release_held(session, s, utcnow())
     if released:
         log.info("released_held_jobs", jobs=released[:50], count=len(released))
+    with session_scope() as session:  # rounds a missed follow-up (a worker that died mid-run) left waiting
+        started = follow_up(session)
+    if started:
+        log.info("started_rounds", jobs=started[:50], count=len(started))
+    resend_triage(age, limit)
     with session_scope() as session:
         due = jobs_due_for_enqueue(session, age, limit)
     sent = 0
@@ -39,6 +47,22 @@ def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int
     if due:
         log.info("sweep", due=len(due), sent=sent)
     return len(due), sent
+
+
+def resend_triage(age: timedelta, limit: int = 500) -> int:
+    """Send again the triage of requests pending longer than `age`; how many were sent (stops at a down broker)."""
+    with session_scope() as session:
+        stale = stale_pending(session, utcnow() - age, limit)
+    sent: list[int] = []
+    for request_id in stale:
+        if not send_triage(request_id):
+            break
+        sent.append(request_id)
+    if sent:
+        with session_scope() as session:
+            touch_requests(session, sent)
+        log.info("resent_triage", requests=sent[:50], count=len(sent))
+    return len(sent)
 
 
 class SweepThread(threading.Thread):

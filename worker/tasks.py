@@ -11,11 +11,11 @@ import structlog
 from celery.signals import worker_ready
 
 from app.db import session_scope
-from app.jobs import records, scheduler
+from app.jobs import records, rounds, scheduler
 from app.jobs.requeue import send_and_stamp
 from app.logs import get_logger
 from app.models import utcnow
-from app.queue import REPLAY_JOB, RUN_JOB, SWEEP, celery_app
+from app.queue import REPLAY_JOB, RUN_JOB, SWEEP, TRIAGE, celery_app
 from app.settings import get_settings
 from app.sweep import sweep_once
 from sandbox.cgroups import CgroupSupport
@@ -52,6 +52,7 @@ def run_job(job_id: int, *, clock: Callable[[], datetime] = utcnow) -> str:
             return pipeline.run(claimed.job_id, time_limit_errors=(SoftTimeLimitExceeded,))
         finally:
             release_after_run(claimed, clock)
+            follow_up_after_run()
 
 
 def release_after_run(claimed: scheduler.Claimed, clock: Callable[[], datetime] = utcnow) -> list[int]:
@@ -68,9 +69,40 @@ def release_after_run(claimed: scheduler.Claimed, clock: Callable[[], datetime] 
     return released
 
 
+def follow_up_after_run() -> list[int]:
+    """A job ended: threads whose accepted review requests waited for it get their next round (else the sweep)."""
+    try:
+        with session_scope() as session:
+            started = rounds.follow_up(session)
+    except Exception as exc:  # the database away: the sweep starts them later
+        log.warning("follow_up_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        return []
+    for job_id in started:
+        if not send_and_stamp(job_id):
+            break  # the broker is down: the sweep sends the rest (they are unstamped)
+    return started
+
+
 @celery_app.task(name=RUN_JOB, acks_late=True, reject_on_worker_lost=True)
 def run_job_task(job_id: int) -> str:
     return run_job(int(job_id))
+
+
+@celery_app.task(name=TRIAGE, acks_late=True)
+def triage_request_task(request_id: int) -> str:
+    """Judge one round request (worker/triage.py); a failure leaves it pending for the sweep to send again."""
+    from app.logs import SecretRedactor
+    from worker.triage import triage
+    from worker.wiring import make_forge
+
+    settings = get_settings()
+    redactor = SecretRedactor(settings.secret_values())
+    with structlog.contextvars.bound_contextvars(request_id=request_id):
+        try:
+            return triage(int(request_id), lambda kind: make_forge(kind, settings, redactor.redact), settings)
+        except Exception as exc:
+            log.warning("triage_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            return "error"
 
 
 @celery_app.task(name=REPLAY_JOB)

@@ -4,6 +4,8 @@
 - transitions.py: the guarded status changes (claim, set_status, cancel, retry, recover_stale_jobs)
   and the enqueue stamps.
 - intake.py: webhook deliveries recorded once, and the job each one starts, cancels or notes.
+- rounds.py: review rounds: an MR's thread of jobs, the comments and CI results that ask for rounds
+  (`round_requests`), and starting a thread's next round.
 - read_model.py: the dashboard's job list and overview (read-only).
 - scheduler.py: the fair queue and per-project budgets: which queued job a free worker claims,
   why a job waits (`hold_reason`), and releasing held jobs when the budget allows.

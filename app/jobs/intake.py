@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from app.forge.reviews import CI_FINAL
 from app.forge.webhook import WebhookEvent
+from app.jobs import rounds
 from app.jobs.records import active_job, add_event, prepared
 from app.jobs.transitions import request_cancel
-from app.models import utcnow
+from app.models import Job, utcnow
 from app.statuses import JobStatus
 
 
@@ -25,6 +27,7 @@ class IntakeResult:
     reason: str
     job_id: int | None = None
     enqueue: bool = False
+    request_id: int | None = None  # a round request whose triage is sent after the commit
 
 
 def record_delivery(session: Session, event: WebhookEvent) -> IntakeResult:
@@ -77,6 +80,8 @@ def record_malformed(session: Session, forge: str, delivery_id: str, event: str,
 
 
 def _act(session: Session, event: WebhookEvent) -> IntakeResult:
+    if event.intent in ("review", "stop", "ci") and event.project is not None:
+        return _round_request(session, event)
     if event.intent == "ignore" or event.project is None or event.issue is None:
         return IntakeResult("ignored", event.reason)
     if event.intent == "start":
@@ -134,3 +139,47 @@ def _start(session: Session, event: WebhookEvent) -> IntakeResult:
         },
     )
     return IntakeResult("job_created", event.reason, job_id, enqueue=True)
+
+
+def _round_request(session: Session, event: WebhookEvent) -> IntakeResult:
+    """A comment, review or CI result on an MR: a pending request for the worker's triage, or a note.
+
+    Only what the delivery itself shows is judged here (whose MR, our own comment, a closed MR);
+    who wrote it and whether it addresses FrogFix need the forge's API, which the triage asks.
+    """
+    assert event.project is not None
+    sha = event.ci.sha if event.ci is not None else None
+    thread = rounds.find_thread(
+        session, event.forge, event.project, mr=event.mr, branch=event.source_branch, sha=sha
+    )
+    if thread is None:
+        return IntakeResult("ignored", "not an MR FrogFix opened")
+    if event.comment is not None and event.comment.body.lstrip().startswith(rounds.OWN_COMMENT_MARKER):
+        return IntakeResult("ignored", "FrogFix's own comment", thread.id)
+    if event.mr_state in ("closed", "merged"):
+        return IntakeResult("ignored", f"the MR is {event.mr_state}", thread.id)
+    if event.mr is None and rounds.thread_mr_number(thread) is None:
+        return IntakeResult("ignored", "the MR's number is unknown", thread.id)
+    if event.intent == "ci":
+        return _ci_result(session, thread, event)
+    if event.comment is None:
+        return IntakeResult("ignored", f"{event.reason}; no comment in the delivery", thread.id)
+    return _new_request(session, thread, event)
+
+
+def _ci_result(session: Session, thread: Job, event: WebhookEvent) -> IntakeResult:
+    """Every final CI result is shown on the job that pushed its commit; only a failure asks for a round."""
+    report = event.ci
+    if report is None or report.status not in CI_FINAL:
+        return IntakeResult("ignored", f"{event.reason}; no final CI result", thread.id)
+    noted = rounds.note_ci(session, thread, report)
+    if report.status != "failed":
+        return IntakeResult("noted", f"forge CI {report.status}", noted or thread.id)
+    return _new_request(session, thread, event)
+
+
+def _new_request(session: Session, thread: Job, event: WebhookEvent) -> IntakeResult:
+    request_id = rounds.record_request(session, thread, event)
+    if request_id is None:
+        return IntakeResult("duplicate", "this comment or CI result was already recorded", thread.id)
+    return IntakeResult("round_request", event.reason, thread.id, request_id=request_id)

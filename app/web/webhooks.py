@@ -23,7 +23,7 @@ from app.forge.webhook import WebhookError, WebhookEvent, WebhookMalformed
 from app.jobs.intake import record_delivery, record_malformed
 from app.jobs.transitions import enqueue_failed
 from app.logs import get_logger
-from app.queue import send_run_job
+from app.queue import send_run_job, send_triage
 from app.settings import get_settings
 
 router = APIRouter(tags=["webhooks"])
@@ -81,6 +81,8 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
             log.error("webhook_db_error", error=f"{type(exc).__name__}: {exc}"[:500])
             return _answer(503, error="the database is unavailable; the forge will retry this delivery")
         enqueued = False
+        if result.request_id is not None:  # pending until triaged: the sweep sends it again if this fails
+            enqueued = send_triage(result.request_id)
         if result.enqueue and result.job_id is not None:
             enqueued = send_run_job(result.job_id)
             if not enqueued:
@@ -94,14 +96,17 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
             outcome=result.outcome,
             reason=result.reason,
             job_id=result.job_id,
+            request_id=result.request_id,
             intent=event.intent,
             project=event.project,
             issue=event.issue,
             enqueued=enqueued,
         )
-    status = 202 if result.outcome == "job_created" else 200
+    status = 202 if result.outcome in ("job_created", "round_request") else 200
+    extra = {} if result.request_id is None else {"request_id": result.request_id}
     return _answer(
-        status, outcome=result.outcome, reason=result.reason, job_id=result.job_id, delivery_id=event.delivery_id
+        status, outcome=result.outcome, reason=result.reason, job_id=result.job_id, delivery_id=event.delivery_id,
+        **extra,
     )
 
 

@@ -1,0 +1,392 @@
+"""Review rounds in SQL: an MR's thread of jobs, the requests that ask for rounds, and starting the next round.
+
+An MR FrogFix opened is a thread: the job that opened it (round 0, `thread_id` NULL) and the rounds
+that followed (`thread_id` = round 0's id). Comments and CI results on the MR become `round_requests`
+(recorded `pending` by the webhook, judged once by the worker's triage); every accepted request waits
+for the thread's next round, so requests that arrive while a round runs are batched into one.
+One round at a time per MR comes from the unique active-issue index: a round is a job of the issue.
+Callers own the transaction, and send a new round's task only after its row is committed.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from functools import lru_cache
+from typing import Any, cast
+
+from sqlalchemy import Table, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session
+
+from app.forge.api import mr_number_from_url
+from app.forge.reviews import CiReport, ReviewComment
+from app.forge.webhook import WebhookEvent
+from app.jobs.records import active_job, add_event, prepared
+from app.models import Job, RoundRequest, utcnow
+from app.statuses import JobStatus, RequestStatus, RoundKind
+
+# A comment that starts with this is one FrogFix posted (app/forge/api.py `comment_marker`).
+OWN_COMMENT_MARKER = "<!-- frogfix:"
+WAITING = (RequestStatus.pending.value, RequestStatus.accepted.value)
+_REQUESTS = cast(Table, RoundRequest.__table__)
+
+
+@lru_cache(maxsize=4)
+def _insert_request_for(dialect: str) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING on the dedupe key: a redelivered comment or CI result is one request."""
+    ins = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        ins(_REQUESTS)
+        .on_conflict_do_nothing(index_elements=["thread_id", "kind", "dedupe_key"])
+        .returning(_REQUESTS.c.id)
+    )
+
+
+def _rowcount(result: Any) -> int:
+    return int(cast(CursorResult[Any], result).rowcount or 0)
+
+
+# -- the thread -----------------------------------------------------------------------------------
+
+
+def thread_mr_number(job: Job) -> int | None:
+    """The MR a thread's job opened: its `mr_number`, or for rows written before it, the number in `mr_url`."""
+    return job.mr_number if job.mr_number is not None else mr_number_from_url(job.mr_url)
+
+
+def find_thread(
+    session: Session,
+    forge: str,
+    project: str,
+    *,
+    mr: int | None = None,
+    branch: str | None = None,
+    sha: str | None = None,
+) -> Job | None:
+    """The round-0 job of the MR's thread: by MR number, else by source branch, else by a commit a job pushed.
+
+    Only jobs that opened an MR count (an `mr_number` or `mr_url`); the newest wins when the same
+    MR was opened again by a later job for the issue (a re-added label). With `mr` given, a thread
+    found by branch or commit must be that MR's (another MR from the bot's branch is not FrogFix's).
+    """
+    found = _find_thread(session, forge, project, mr=mr, branch=branch, sha=sha)
+    if found is not None and mr is not None and thread_mr_number(found) not in (None, mr):
+        return None
+    return found
+
+
+def _find_thread(
+    session: Session, forge: str, project: str, *, mr: int | None, branch: str | None, sha: str | None
+) -> Job | None:
+    opened = [Job.forge == forge, Job.project == project, Job.thread_id.is_(None), Job.round == 0]
+    has_mr = or_(Job.mr_number.is_not(None), Job.mr_url.is_not(None))
+    if mr is not None:
+        found = session.execute(
+            select(Job).where(*opened, Job.mr_number == mr).order_by(Job.id.desc()).limit(1)
+        ).scalar_one_or_none()
+        if found is not None:
+            return found
+        legacy = session.execute(
+            select(Job).where(*opened, Job.mr_number.is_(None), Job.mr_url.is_not(None)).order_by(Job.id.desc())
+        ).scalars()
+        found = next((job for job in legacy if mr_number_from_url(job.mr_url) == mr), None)
+        if found is not None:
+            return found
+    if branch:
+        found = session.execute(
+            select(Job).where(*opened, Job.branch == branch, has_mr).order_by(Job.id.desc()).limit(1)
+        ).scalar_one_or_none()
+        if found is not None:
+            return found
+    if sha:
+        pusher = session.execute(
+            select(Job)
+            .where(Job.forge == forge, Job.project == project, Job.pushed_commit == sha)
+            .order_by(Job.id.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+        if pusher is not None:
+            return pusher if pusher.thread_id is None else session.get(Job, pusher.thread_id)
+    return None
+
+
+def thread_jobs(session: Session, thread_id: int) -> list[Job]:
+    """Round 0 first, then its rounds in order."""
+    query = (
+        select(Job)
+        .where(or_(Job.id == thread_id, Job.thread_id == thread_id))
+        .order_by(Job.round, Job.id)
+    )
+    return list(session.execute(query).scalars())
+
+
+def rounds_used(session: Session, thread_id: int, kind: str) -> int:
+    """How many rounds of `kind` the thread has had (every one created counts, whatever its outcome)."""
+    query = select(func.count()).select_from(Job).where(Job.thread_id == thread_id, Job.round_kind == kind)
+    return int(session.execute(query).scalar_one())
+
+
+def note_ci(session: Session, thread: Job, report: CiReport) -> int | None:
+    """Record a CI result on the thread's job that pushed `report.sha` (its latest round); that job's id, or None."""
+    pusher = session.execute(
+        select(Job.id)
+        .where(or_(Job.id == thread.id, Job.thread_id == thread.id), Job.pushed_commit == report.sha)
+        .order_by(Job.round.desc(), Job.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    if pusher is None:
+        return None
+    session.execute(update(Job).where(Job.id == pusher).values(ci_status=report.status, updated_at=utcnow()))
+    add_event(
+        session,
+        pusher,
+        "ci_result",
+        f"forge CI {report.status} on {report.sha[:12]}",
+        {"system": report.system, "id": report.id, "sha": report.sha, "status": report.status, "url": report.url},
+    )
+    return pusher
+
+
+# -- requests -------------------------------------------------------------------------------------
+
+
+def dedupe_key(event: WebhookEvent) -> str | None:
+    """What makes two deliveries the same request: the CI result on a commit, or the comment / review id.
+
+    Gitea numbers reviews and comments separately, so a review's key (`r:`) never meets a comment's (`c:`).
+    """
+    if event.ci is not None:
+        return f"ci:{event.ci.system}:{event.ci.id}:{event.ci.sha}"[:255]
+    if event.comment is not None:
+        prefix = "r" if event.comment.kind.startswith("review_") else "c"
+        return f"{prefix}:{event.comment.id}"[:255]
+    return None
+
+
+def record_request(session: Session, thread: Job, event: WebhookEvent) -> int | None:
+    """Insert a `pending` request for the thread; its id, or None when this comment or CI result is already recorded."""
+    payload: ReviewComment | CiReport | None = event.ci if event.intent == "ci" else event.comment
+    mr = event.mr if event.mr is not None else thread_mr_number(thread)
+    if payload is None or mr is None or event.intent not in ("review", "stop", "ci"):
+        raise ValueError(f"a {event.intent} event without its comment, CI result or MR is no round request")
+    author = event.comment.author if event.comment is not None and event.comment.author else event.sender
+    now = utcnow()
+    return cast(
+        int | None,
+        session.connection()
+        .execute(
+            _insert_request_for(session.get_bind().dialect.name),
+            {
+                "thread_id": thread.id,
+                "forge": thread.forge,
+                "project": thread.project,
+                "mr_number": mr,
+                "kind": event.intent,
+                "status": RequestStatus.pending.value,
+                "reason": event.reason[:2000],
+                "delivery_id": event.delivery_id,
+                "dedupe_key": dedupe_key(event),
+                "author": author[:255] if author else None,
+                "data": payload.to_dict(),
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+        .scalar_one_or_none(),
+    )
+
+
+def requests_of(session: Session, *, thread_id: int | None = None, job_id: int | None = None) -> list[RoundRequest]:
+    """A thread's requests, or those one round took; oldest first."""
+    if thread_id is None and job_id is None:
+        raise ValueError("name a thread or a job")
+    query = select(RoundRequest).order_by(RoundRequest.id)
+    if thread_id is not None:
+        query = query.where(RoundRequest.thread_id == thread_id)
+    if job_id is not None:
+        query = query.where(RoundRequest.job_id == job_id)
+    return list(session.execute(query).scalars())
+
+
+def judge_request(
+    session: Session,
+    request_id: int,
+    status: RequestStatus,
+    reason: str,
+    data: dict[str, Any] | None = None,
+    *,
+    job_id: int | None = None,
+) -> bool:
+    """Triage's verdict on a pending request (accepted, ignored, dropped; a stop is `taken` by the job it
+    cancelled); False when it was judged already."""
+    values: dict[str, Any] = {"status": status.value, "reason": reason[:2000], "updated_at": utcnow()}
+    if data is not None:
+        values["data"] = data
+    if job_id is not None:
+        values["job_id"] = job_id
+    guarded = update(RoundRequest).where(
+        RoundRequest.id == request_id, RoundRequest.status == RequestStatus.pending.value
+    )
+    return _rowcount(session.execute(guarded.values(**values))) == 1
+
+
+def ignored_before(session: Session, thread_id: int, reason: str, *, author: str | None = None,
+                   kind: str | None = None, besides: int | None = None) -> bool:
+    """Whether another request of the thread was already ignored for `reason` (one reply per author or kind)."""
+    query = select(RoundRequest.id).where(
+        RoundRequest.thread_id == thread_id,
+        RoundRequest.status == RequestStatus.ignored.value,
+        RoundRequest.reason == reason[:2000],
+    )
+    if author is not None:
+        query = query.where(RoundRequest.author == author)
+    if kind is not None:
+        query = query.where(RoundRequest.kind == kind)
+    if besides is not None:
+        query = query.where(RoundRequest.id != besides)
+    return session.execute(query.limit(1)).first() is not None
+
+
+def take_requests(session: Session, job_id: int) -> list[RoundRequest]:
+    """Every accepted request of the round's thread is taken by this round (oldest first)."""
+    thread_id = session.execute(select(Job.thread_id).where(Job.id == job_id)).scalar_one_or_none()
+    if thread_id is None:
+        return []
+    session.execute(
+        update(RoundRequest)
+        .where(RoundRequest.thread_id == thread_id, RoundRequest.status == RequestStatus.accepted.value)
+        .values(status=RequestStatus.taken.value, job_id=job_id, updated_at=utcnow())
+    )
+    taken = select(RoundRequest).where(RoundRequest.job_id == job_id, RoundRequest.status == RequestStatus.taken.value)
+    return list(session.execute(taken.order_by(RoundRequest.id)).scalars())
+
+
+def return_requests(session: Session, job_id: int, reason: str) -> None:
+    """The round could not use its requests (the branch moved): they wait for the next round again."""
+    session.execute(
+        update(RoundRequest)
+        .where(RoundRequest.job_id == job_id, RoundRequest.status == RequestStatus.taken.value)
+        .values(status=RequestStatus.accepted.value, job_id=None, reason=reason[:2000], updated_at=utcnow())
+    )
+
+
+def drop_requests(session: Session, thread_id: int, reason: str) -> int:
+    """Let go of every request of the thread not yet taken (`/frogfix stop`, a removed label, a closed MR)."""
+    return _rowcount(
+        session.execute(
+            update(RoundRequest)
+            .where(RoundRequest.thread_id == thread_id, RoundRequest.status.in_(WAITING))
+            .values(status=RequestStatus.dropped.value, reason=reason[:2000], updated_at=utcnow())
+        )
+    )
+
+
+def stale_pending(session: Session, older_than: datetime, limit: int = 500) -> list[int]:
+    """Pending requests whose triage was not heard of since `older_than` (a lost message, a broker outage)."""
+    query = (
+        select(RoundRequest.id)
+        .where(RoundRequest.status == RequestStatus.pending.value, RoundRequest.updated_at < older_than)
+        .order_by(RoundRequest.id)
+        .limit(limit)
+    )
+    return [row[0] for row in session.execute(query)]
+
+
+def touch_requests(session: Session, request_ids: list[int]) -> None:
+    """Their triage was sent again now: the sweep leaves them alone for another requeue delay."""
+    if request_ids:
+        session.execute(update(RoundRequest).where(RoundRequest.id.in_(request_ids)).values(updated_at=utcnow()))
+
+
+# -- starting rounds ------------------------------------------------------------------------------
+
+
+def start_round_if_idle(session: Session, thread_id: int) -> int | None:
+    """Insert the thread's next round (queued) when requests are accepted and no job of the issue is active.
+
+    Its id, for the caller to send after the commit; None when nothing waits, or a job of the
+    issue is active (the unique active-issue index decides a race: the requests just wait).
+    """
+    thread = session.get(Job, thread_id)
+    if thread is None or thread.thread_id is not None:
+        return None
+    waiting = list(
+        session.execute(
+            select(RoundRequest.kind, RoundRequest.author)
+            .where(RoundRequest.thread_id == thread_id, RoundRequest.status == RequestStatus.accepted.value)
+            .order_by(RoundRequest.id)
+        )
+    )
+    if not waiting or active_job(session, thread.forge, thread.project, thread.issue) is not None:
+        return None
+    kind = RoundKind.review if any(k == RoundKind.review.value for k, _ in waiting) else RoundKind.ci
+    author = next((a for _, a in reversed(waiting) if a), None) or thread.trigger_user
+    number = _next_round(session, thread_id)
+    job_id = _insert_round(session, thread, number, kind, author)
+    if job_id is None:
+        return None
+    add_event(
+        session,
+        job_id,
+        "created",
+        f"round {number} ({kind.value}) on MR {thread_mr_number(thread)}: {len(waiting)} request(s) waiting",
+        {"thread_id": thread_id, "round": number, "round_kind": kind.value, "trigger_user": author},
+    )
+    return job_id
+
+
+def _next_round(session: Session, thread_id: int) -> int:
+    latest = session.execute(select(func.max(Job.round)).where(Job.thread_id == thread_id)).scalar()
+    return int(latest or 0) + 1
+
+
+def _insert_round(session: Session, thread: Job, number: int, kind: RoundKind, author: str | None) -> int | None:
+    """The round's row, unstamped (the caller's send stamps it); None when a job of the issue is active."""
+    now = utcnow()
+    return cast(
+        int | None,
+        session.connection()
+        .execute(
+            prepared(session).insert_job,
+            {
+                "forge": thread.forge,
+                "project": thread.project,
+                "project_id": thread.project_id,
+                "issue": thread.issue,
+                "issue_url": thread.issue_url,
+                "clone_url": thread.clone_url,
+                "title": thread.title,
+                "body": thread.body,
+                "trigger_user": author,
+                "status": JobStatus.queued.value,
+                "run": 0,
+                "cancel_requested": False,
+                "enqueue_count": 0,
+                "thread_id": thread.id,
+                "round": number,
+                "round_kind": kind.value,
+                "mr_number": thread_mr_number(thread),
+                "branch": thread.branch,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+        .scalar_one_or_none(),
+    )
+
+
+def follow_up(session: Session) -> list[int]:
+    """Start the next round of every thread whose accepted requests wait with no active job; the new job ids."""
+    threads = session.execute(
+        select(RoundRequest.thread_id)
+        .where(RoundRequest.status == RequestStatus.accepted.value)
+        .group_by(RoundRequest.thread_id)
+        .order_by(RoundRequest.thread_id)
+    ).scalars()
+    started = []
+    for thread_id in list(threads):
+        job_id = start_round_if_idle(session, thread_id)
+        if job_id is not None:
+            started.append(job_id)
+    return started

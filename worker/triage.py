@@ -1,0 +1,273 @@
+"""Triage: each round request (a comment, review or CI result on an MR FrogFix opened) judged once.
+
+The webhook recorded the request `pending` from what the delivery showed; this asks the forge
+what a delivery cannot prove (who FrogFix is, whether the MR is still open, whether the author is
+a member, whether the CI result is about the MR's head) and then accepts, ignores or drops it.
+An accepted request starts the thread's next round when none is active; otherwise it waits and
+is batched into the next one (app/jobs/rounds.py). Celery-free: worker/tasks.py registers it.
+Everything in a request was typed by people FrogFix does not trust: it is compared, never run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sqlalchemy.orm import Session
+
+from app.db import session_scope
+from app.forge.api import Forge, ForgeError, ForgeNotFound, ForgeTransient
+from app.forge.reviews import CiReport, ReviewComment, command_text, mentions
+from app.jobs import rounds
+from app.jobs.records import active_job, add_event
+from app.jobs.requeue import send_and_stamp
+from app.jobs.transitions import request_cancel
+from app.logs import get_logger
+from app.models import Job, RoundRequest
+from app.settings import Settings
+from app.statuses import RequestStatus, RoundKind
+
+log = get_logger("frogfix.triage")
+
+OWN_COMMENT = "FrogFix's own comment"
+NOT_ADDRESSED = "not addressed to FrogFix"
+NOT_MEMBER = "the author lacks Developer/write access"
+STALE_CI = "stale: the branch moved on"
+NOT_MEMBER_REPLY = (
+    "Only members with Developer (GitLab) or write (Gitea/Forgejo) access can ask FrogFix for changes "
+    "on this merge request."
+)
+# Line comments and change requests on FrogFix's MR are addressed to it without naming it.
+ADDRESSED_KINDS = ("diff_note", "review_changes", "review_comment")
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What triage needs of a request and its thread, read in one short transaction."""
+
+    id: int
+    thread_id: int
+    forge: str
+    project: str
+    issue: int
+    mr: int
+    kind: str
+    author: str | None
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, request: RoundRequest, thread: Job) -> RequestView:
+        return cls(
+            id=request.id, thread_id=thread.id, forge=request.forge, project=request.project, issue=thread.issue,
+            mr=request.mr_number, kind=request.kind, author=request.author, data=dict(request.data or {}),
+        )
+
+    def comment(self) -> ReviewComment:
+        return ReviewComment.from_dict(self.data)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Triage's decision on one request, and what to say about it on the MR."""
+
+    status: RequestStatus
+    reason: str
+    reply: str | None = None
+    # Say `reply` only once per thread: to each author (`author`), or for each request kind (`kind`).
+    reply_once: Literal["author", "kind"] | None = None
+    data: dict[str, Any] | None = None
+    stop: bool = False  # `/frogfix stop`: cancel the thread's active job and drop what waits
+    drop_thread: bool = False  # the issue no longer asks for a fix: drop everything that waits
+
+
+@dataclass
+class Outcome:
+    """What triage did, after the commit: the reply to post and the round to send."""
+
+    verdict: Verdict
+    reply: str | None = None
+    round_job: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# -- pure decisions -------------------------------------------------------------------------------
+
+
+def addressed_to_bot(comment: ReviewComment, bot: str) -> bool:
+    """A `/frogfix` command, a line comment or change request on its MR, or a mention of its account."""
+    return command_text(comment.body) is not None or comment.kind in ADDRESSED_KINDS or mentions(comment.body, bot)
+
+
+def is_own(author: str | None, bot: str) -> bool:
+    """Whether the author is FrogFix's own account (forges compare usernames case-insensitively)."""
+    return bool(author) and bool(bot) and str(author).casefold() == bot.casefold()
+
+
+def cap_reason(kind: str, used: int, settings: Settings) -> str | None:
+    """Why the thread may not have another round of `kind` (None: it may); CI rounds and review rounds count apart."""
+    cap = settings.max_ci_rounds if kind == RoundKind.ci else settings.max_review_rounds
+    if used < cap:
+        return None
+    setting = "FROGFIX_MAX_CI_ROUNDS" if kind == RoundKind.ci else "FROGFIX_MAX_REVIEW_ROUNDS"
+    return f"the MR reached {setting} ({cap})"
+
+
+def cap_reply(kind: str, reason: str) -> str:
+    what = "CI failures" if kind == RoundKind.ci else "review comments"
+    return f"FrogFix will not start another round for {what} on this merge request: {reason}."
+
+
+def issue_still_asks(forge: Forge, view: RequestView, label: str) -> str | None:
+    """Why the issue no longer asks for a fix (closed, or the trigger label removed); None when it does."""
+    issue = forge.get_issue(view.project, view.issue)
+    if issue.state != "open":
+        return "the issue is closed"
+    if label not in issue.labels:
+        return f"the label {label!r} is no longer on the issue"
+    return None
+
+
+# -- the decision, with the forge ------------------------------------------------------------------
+
+
+def decide(view: RequestView, forge: Forge, settings: Settings) -> Verdict:
+    """Judge one request; forge reads only (the caller writes the verdict in one transaction)."""
+    round_kind = RoundKind.ci if view.kind == "ci" else RoundKind.review
+    if view.kind != "ci" and is_own(view.author, forge.bot_username()):
+        return Verdict(RequestStatus.ignored, OWN_COMMENT)
+    mr = forge.get_mr(view.project, view.mr)
+    if mr.verdict != "open":
+        return Verdict(RequestStatus.ignored, f"the MR is {mr.verdict}")
+    if view.kind == "ci":
+        report = CiReport.from_dict(view.data)
+        if report.status != "failed":
+            return Verdict(RequestStatus.ignored, f"forge CI {report.status}: nothing to fix")
+        if not mr.head_sha or report.sha != mr.head_sha:
+            return Verdict(RequestStatus.ignored, STALE_CI)
+    else:
+        comment = view.comment()
+        if view.kind == "review" and not addressed_to_bot(comment, forge.bot_username()):
+            return Verdict(RequestStatus.ignored, NOT_ADDRESSED)
+        if not view.author or not forge.can_trigger(view.project, view.author):
+            reply = f"@{view.author} {NOT_MEMBER_REPLY}" if view.author else NOT_MEMBER_REPLY
+            return Verdict(RequestStatus.ignored, NOT_MEMBER, reply, "author")
+        if view.kind == "stop":
+            return Verdict(RequestStatus.taken, f"{view.author} stopped the rounds on this MR", stop=True)
+    with session_scope() as session:
+        used = rounds.rounds_used(session, view.thread_id, round_kind)
+    capped = cap_reason(round_kind, used, settings)
+    if capped is not None:
+        return Verdict(RequestStatus.ignored, capped, cap_reply(round_kind, capped), "kind")
+    gone = issue_still_asks(forge, view, settings.trigger_label)
+    if gone is not None:
+        return Verdict(RequestStatus.dropped, gone, drop_thread=True)
+    if view.kind == "ci":
+        failures = forge.ci_failures(view.project, CiReport.from_dict(view.data), settings.ci_log_tail_lines)
+        data = {**view.data, "failed_jobs": [job.to_dict() for job in failures]}
+        reason = f"CI failed on the MR's head ({len(failures)} failing job(s))"
+        return Verdict(RequestStatus.accepted, reason, data=data)
+    return Verdict(RequestStatus.accepted, f"{view.author} asked for changes")
+
+
+def _decide_safely(view: RequestView, forge: Forge, settings: Settings) -> Verdict | None:
+    """`decide`, with the forge's refusals as verdicts; None when the forge kept failing (judge it later)."""
+    try:
+        return decide(view, forge, settings)
+    except ForgeTransient as exc:
+        log.warning("triage_deferred", request_id=view.id, error=str(exc)[:300])
+        return None
+    except ForgeNotFound as exc:
+        return Verdict(RequestStatus.ignored, f"the forge no longer shows it: {exc}")
+    except ForgeError as exc:
+        return Verdict(RequestStatus.ignored, f"the forge refused: {exc}")
+
+
+# -- writing the verdict ---------------------------------------------------------------------------
+
+
+def apply(session: Session, view: RequestView, verdict: Verdict) -> Outcome | None:
+    """Write the verdict (guarded: a request is judged once) and what follows from it; None if judged already."""
+    reply_due = verdict.reply is not None and not rounds.ignored_before(
+        session,
+        view.thread_id,
+        verdict.reason,
+        author=view.author if verdict.reply_once == "author" else None,
+        kind=view.kind if verdict.reply_once == "kind" else None,
+        besides=view.id,
+    )
+    running = _active_in_thread(session, view.thread_id) if verdict.stop else None
+    job_id = running.id if running is not None else None
+    if not rounds.judge_request(session, view.id, verdict.status, verdict.reason, verdict.data, job_id=job_id):
+        return None
+    outcome = Outcome(verdict, verdict.reply if reply_due else None)
+    if verdict.stop:
+        if running is not None:
+            request_cancel(session, running, verdict.reason)
+        dropped = rounds.drop_requests(session, view.thread_id, verdict.reason)
+        said = "cancelled the running round" if running is not None else "had no round running"
+        outcome.reply = f"FrogFix stopped: it {said} and dropped {dropped} waiting request(s)."
+        outcome.extra = {"cancelled_job": job_id, "dropped": dropped}
+    elif verdict.drop_thread:
+        outcome.extra["dropped"] = rounds.drop_requests(session, view.thread_id, verdict.reason)
+    elif verdict.status == RequestStatus.accepted:
+        outcome.round_job = rounds.start_round_if_idle(session, view.thread_id)
+    add_event(
+        session,
+        view.thread_id,
+        f"request_{verdict.status.value}",
+        f"{view.kind} request {view.id} {verdict.status.value}: {verdict.reason}",
+        {"request_id": view.id, "kind": view.kind, "author": view.author, **outcome.extra},
+    )
+    return outcome
+
+
+def _active_in_thread(session: Session, thread_id: int) -> Job | None:
+    """The issue's active job when it belongs to this thread (round 0 or one of its rounds)."""
+    thread = session.get(Job, thread_id)
+    if thread is None:
+        return None
+    job = active_job(session, thread.forge, thread.project, thread.issue)
+    return job if job is not None and (job.id == thread.id or job.thread_id == thread.id) else None
+
+
+def triage(request_id: int, forge_for: Callable[[str], Forge], settings: Settings) -> str:
+    """Judge request `request_id` once; post the reply it calls for and send the round it starts, after the commit.
+
+    Returns what happened (the request's new status, or why nothing changed). A forge that keeps
+    failing leaves the request pending: the sweep sends its triage again later.
+    """
+    with session_scope() as session:
+        request = session.get(RoundRequest, request_id)
+        thread = session.get(Job, request.thread_id) if request is not None else None
+        if request is None or thread is None:
+            return "unknown"
+        if request.status != RequestStatus.pending:
+            return f"already {request.status}"
+        view = RequestView.of(request, thread)
+    forge = forge_for(view.forge)
+    try:
+        verdict = _decide_safely(view, forge, settings)
+        if verdict is None:
+            return "deferred"
+        with session_scope() as session:
+            outcome = apply(session, view, verdict)
+        if outcome is None:
+            return "already judged"
+        log.info("triage", request_id=view.id, kind=view.kind, status=verdict.status.value, reason=verdict.reason)
+        if outcome.reply is not None:
+            _reply(forge, view, outcome.reply)
+    finally:
+        forge.close()
+    if outcome.round_job is not None:
+        send_and_stamp(outcome.round_job)
+    return verdict.status.value
+
+
+def _reply(forge: Forge, view: RequestView, text: str) -> None:
+    """Post on the MR, in the request's discussion where it has one; a failure is logged, never retried here."""
+    discussion = view.data.get("discussion_id") if view.kind != "ci" else None
+    try:
+        forge.reply(view.project, view.mr, text, discussion if isinstance(discussion, str) else None)
+    except ForgeError as exc:
+        log.warning("triage_reply_failed", request_id=view.id, error=str(exc)[:300])
