@@ -8,6 +8,7 @@ session response hook remembers the last Retry-After seen on this thread.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -45,6 +46,7 @@ from app.forge.reviews import CiJob, CiReport, ThreadNote, log_tail
 
 T = TypeVar("T")
 
+_DISCUSSION_ID = re.compile(r"[0-9a-fA-F]{8,64}")  # GitLab's discussion ids are SHA-1 hex
 DEVELOPER = 30  # GitLab access levels: 10 guest, 20 reporter, 30 developer, 40 maintainer, 50 owner
 # Passed to every python-gitlab call so that only RetryPolicy retries.
 _ONCE: dict[str, Any] = {"obey_rate_limit": False, "retry_transient_errors": False}
@@ -343,7 +345,20 @@ class GitLabForge:
         return notes
 
     def reply(self, project: str, number: int, body: str, discussion_id: str | None = None) -> None:
-        """A note in thread `discussion_id`, or a new MR note; posted once (see `comment`). Resolves nothing."""
+        """A note in thread `discussion_id`, or a new MR note; posted once (see `comment`). Resolves nothing.
+
+        The id came with a webhook: one that is not a GitLab discussion id, or a thread deleted since,
+        gets the reply on the MR instead, so the reviewer still hears what the round did."""
+        if discussion_id is not None and not _DISCUSSION_ID.fullmatch(discussion_id):
+            discussion_id = None
+        if discussion_id is not None:
+            try:
+                return self._reply(project, number, body, discussion_id)
+            except ForgeNotFound:
+                pass
+        self._reply(project, number, body, None)
+
+    def _reply(self, project: str, number: int, body: str, discussion_id: str | None) -> None:
         marker = comment_marker()
         payload = {"body": self._text.body(marker + body)}
         mr = self._project(project).mergerequests.get(int(number), lazy=True)

@@ -140,6 +140,19 @@ def test_gitlab_reply_in_a_thread_and_on_the_mr(gitlab_double: GitLabDouble, ret
     assert gitlab_double.token not in gitlab_double.sent_text().replace("PRIVATE-TOKEN", "")
 
 
+@pytest.mark.parametrize("discussion", ["f" * 40, "../../issues/1", ""], ids=["deleted", "hostile", "empty"])
+def test_gitlab_reply_to_a_thread_that_is_not_there_goes_on_the_mr(
+    gitlab_double: GitLabDouble, retry: RetryPolicy, discussion: str
+) -> None:
+    forge = gitlab(gitlab_double, retry)
+    mr = gitlab_double.add_mr(P, BRANCH, title="Draft: Fix")
+    forge.reply(P, mr["iid"], "Round 1 pushed.", discussion)
+    [note] = gitlab_double.mr_notes(P, mr["iid"])
+    assert MARKER.sub("", note["body"]) == "Round 1 pushed." and note["author"]["username"] == "frogfix-bot"
+    assert not gitlab_double.notes  # nothing landed on an issue
+    assert all("/issues/" not in r.path for r in gitlab_double.calls("POST"))
+
+
 @pytest.mark.parametrize("thread", [True, False], ids=["in-thread", "on-mr"])
 def test_gitlab_reply_whose_answer_was_lost_is_posted_once(
     gitlab_double: GitLabDouble, retry: RetryPolicy, thread: bool
