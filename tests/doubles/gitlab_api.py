@@ -855,7 +855,7 @@ class GitLabDouble(JsonApiDouble):
             return Answer(404, {"message": "404 Not found"})
         if len(rest) == 2:
             return Answer(200, job)
-        if rest[2:] == ["trace"]:
+        if rest[2:] == ["trace"] and job["id"] in self.traces:  # a test pops a trace to erase it
             return Answer(200, self.traces[job["id"]].encode())
         return Answer(404, {"message": "404 Not Found"})
 
