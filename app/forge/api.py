@@ -19,7 +19,7 @@ import base64
 import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol, runtime_checkable
 
 from app.forge.reviews import CiJob, CiReport, ThreadNote
@@ -240,6 +240,40 @@ def post_once(post: Callable[[], None], already_posted: Callable[[], bool]) -> C
         post()
 
     return attempt
+
+
+# ---------------------------------------------------------------------------------------------
+# Review rounds: bounds on what the forge's thread and CI give us (all of it untrusted)
+# ---------------------------------------------------------------------------------------------
+
+THREAD_NOTE_LIMIT = 200  # notes of a review thread handed on; the newest are kept
+THREAD_BODY_LIMIT = 4_000  # characters of one note's body
+THREAD_READ_LIMIT = 2_000  # notes read at most from the forge before bounding (a bound on the work)
+CI_JOB_LIMIT = 5  # failing jobs (or statuses) fetched and handed on per CI result
+CI_TRACE_BYTES = 512_000  # the end of a job log read at most, before its tail is cut
+_SHA = re.compile(r"[0-9a-fA-F]{7,64}")
+
+
+def bounded_thread(notes: Iterable[ThreadNote], scrub: Redactor) -> list[ThreadNote]:
+    """Oldest first, at most THREAD_NOTE_LIMIT (the newest), each body scrubbed and cut: the thread reaches the
+    model and the trajectory, so our own token must not ride along, and one huge comment must not crowd the rest."""
+    ordered = sorted(notes, key=lambda n: (n.created_at or "", int(n.id) if n.id.isdigit() else 0))
+    return [
+        replace(note, body=bound_text(scrub(note.body), THREAD_BODY_LIMIT)) for note in ordered[-THREAD_NOTE_LIMIT:]
+    ]
+
+
+def checked_sha(sha: str) -> str:
+    """A commit id from a webhook, before it goes into a URL path: hex only."""
+    if not _SHA.fullmatch(sha or ""):
+        raise ForgeError(f"not a commit id: {sha[:80]!r}")
+    return sha.lower()
+
+
+def draft_prefix(mr: MergeRequest, prefix: str) -> str:
+    """The title prefix an update sends: the forge's draft prefix while the MR is a draft, none once a human
+    marked it ready (an update must never turn a ready MR back into a draft)."""
+    return prefix if mr.draft else ""
 
 
 def upsert_draft_mr(

@@ -21,8 +21,10 @@ from urllib.parse import quote
 import httpx
 
 from app.forge.api import (
+    CI_JOB_LIMIT,
     DEFAULT_TEXT_LIMIT,
     GITEA_DRAFT_PREFIX,
+    THREAD_READ_LIMIT,
     ForgeAuthError,
     ForgeError,
     ForgeNotFound,
@@ -34,16 +36,21 @@ from app.forge.api import (
     ProjectInfo,
     Redactor,
     basic_auth_header,
+    bounded_thread,
+    checked_sha,
     comment_marker,
+    draft_prefix,
     error_for_status,
     post_once,
     secret_forms,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
+from app.forge.reviews import CiJob, CiReport, ThreadNote, log_tail
 
 TRIGGER_PERMISSIONS = frozenset({"write", "admin", "owner"})
 CODE_UNIT = "repo.code"  # FrogFix pushes code for the person who triggers it: write on this unit counts
 GITEA_WIP_PREFIXES = ("WIP:", "[WIP]")  # Gitea's default [repository.pull-request] WORK_IN_PROGRESS_PREFIXES
+FAILING_STATUSES = frozenset({"failure", "error"})  # Gitea's CommitStatusState values that mean "broken"
 PAGE_SIZE = 50  # what we ask for; the instance's [api] MAX_RESPONSE_ITEMS (default 50) may give fewer
 MAX_PAGES = 100  # a bound on any listing, so a huge timeline cannot keep a worker busy forever
 
@@ -106,6 +113,7 @@ class GiteaForge:
         self._text = OutboundText(secret_forms(token), redact, text_limit)
         self._retry = retry or RetryPolicy()
         self._wip_prefixes = wip_prefixes
+        self._bot: str | None = None
         self._http = httpx.Client(
             base_url=url.rstrip("/") + "/api/v1",
             headers={"Authorization": f"token {token}", "Accept": "application/json", "User-Agent": "FrogFix"},
@@ -381,7 +389,11 @@ class GiteaForge:
         return mr.draft
 
     def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest:
-        payload = {"title": self._text.title(GITEA_DRAFT_PREFIX, title), "body": self._text.body(description)}
+        # Gitea's draft is the title's WIP prefix: sent only while the PR is a draft, so a ready PR stays ready.
+        payload = {
+            "title": self._text.title(draft_prefix(mr, GITEA_DRAFT_PREFIX), title),
+            "body": self._text.body(description),
+        }
         path = f"{self._repo_path(project)}/pulls/{int(mr.number)}"
         data = self._object("PATCH", path, f"update #{mr.number} in {project}", json=payload)
         return self._mr(data)
@@ -411,6 +423,108 @@ class GiteaForge:
         if data.get("merged") is True:
             return "merged"
         return "closed" if data.get("state") == "closed" else "open"
+
+    # -- review rounds ---------------------------------------------------------------------
+
+    def bot_username(self) -> str:
+        """The token's own account (GET /user), read once per client."""
+        if self._bot is None:
+            data = self._object("GET", "/user", "read the token's own user")
+            name = data.get("login") or data.get("username")
+            if not name:
+                raise ForgeError("Gitea did not say which user the FrogFix token belongs to")
+            self._bot = str(name)
+        return self._bot
+
+    def get_mr(self, project: str, number: int) -> MergeRequest:
+        what = f"read pull request #{number} of {project}"
+        return self._mr(self._object("GET", f"{self._repo_path(project)}/pulls/{int(number)}", what))
+
+    def review_thread(self, project: str, number: int) -> list[ThreadNote]:
+        """The PR's comments, its submitted reviews and their line comments (resolved when Gitea names a resolver)."""
+        base = self._repo_path(project)
+        what = f"read the comments of #{number} in {project}"
+        comments = self._call("GET", f"{base}/issues/{int(number)}/comments", what)  # Gitea: one unpaged list
+        notes = [self._comment_note(c) for c in comments or () if isinstance(c, dict)]
+        reviews = self._pages(f"{base}/pulls/{int(number)}/reviews", f"read the reviews of #{number} in {project}")
+        for review in reviews[-THREAD_READ_LIMIT:]:
+            state = str(review.get("state") or "").upper()
+            if state == "PENDING":  # not submitted: only its author sees it
+                continue
+            if str(review.get("body") or "").strip():
+                notes.append(self._review_note(review, state))
+            if int(review.get("comments_count") or 0) > 0 and len(notes) < THREAD_READ_LIMIT:
+                path = f"{base}/pulls/{int(number)}/reviews/{int(review.get('id') or 0)}/comments"
+                found = self._call("GET", path, f"read the comments of review {review.get('id')} on #{number}")
+                notes.extend(self._review_comment_note(c) for c in found or () if isinstance(c, dict))
+        return bounded_thread(notes, self._text.scrub)
+
+    @staticmethod
+    def _login(user: Any) -> str | None:
+        return (user.get("login") or user.get("username")) if isinstance(user, dict) else None
+
+    def _comment_note(self, comment: dict[str, Any]) -> ThreadNote:
+        return ThreadNote(
+            id=str(comment.get("id") or ""),
+            author=self._login(comment.get("user")),
+            body=str(comment.get("body") or ""),
+            created_at=comment.get("created_at"),
+        )
+
+    def _review_note(self, review: dict[str, Any], state: str) -> ThreadNote:
+        """A review's own text; its verdict (REQUEST_CHANGES, COMMENT, APPROVED) leads the body."""
+        return ThreadNote(
+            id=str(review.get("id") or ""),
+            author=self._login(review.get("user")),
+            body=f"[review: {state.lower().replace('_', ' ') or 'comment'}]\n{review.get('body') or ''}",
+            created_at=review.get("submitted_at") or review.get("updated_at"),
+            kind="review",
+        )
+
+    def _review_comment_note(self, comment: dict[str, Any]) -> ThreadNote:
+        """A line comment: `position` is the line in the new file, `original_position` in the old one."""
+        line = comment.get("position") or comment.get("original_position")
+        return ThreadNote(
+            id=str(comment.get("id") or ""),
+            author=self._login(comment.get("user")),
+            body=str(comment.get("body") or ""),
+            created_at=comment.get("created_at"),
+            path=comment.get("path") or None,
+            line=int(line) if isinstance(line, int) and line > 0 else None,
+            resolved=comment.get("resolver") is not None,
+            kind="diff_note",
+        )
+
+    def reply(self, project: str, number: int, body: str, discussion_id: str | None = None) -> None:
+        """A comment on the pull request (Gitea's API has no replies in a review thread); posted once."""
+        self.comment(project, number, body)
+
+    def ci_failures(self, project: str, report: CiReport, tail_lines: int) -> list[CiJob]:
+        """The commit's failing statuses (failure, error), the latest per context; a status has no log, so its
+        description stands in for one."""
+        sha = checked_sha(report.sha)
+        what = f"read the statuses of {sha[:12]} in {project}"
+        statuses = self._pages(f"{self._repo_path(project)}/commits/{sha}/statuses", what)
+        latest: dict[str, dict[str, Any]] = {}
+        for status in sorted(statuses, key=lambda s: (str(s.get("updated_at") or ""), int(s.get("id") or 0))):
+            latest[str(status.get("context") or "")] = status
+        failing = [s for s in latest.values() if self._state(s) in FAILING_STATUSES]
+        failing.sort(key=lambda s: int(s.get("id") or 0))
+        return [
+            CiJob(
+                id=str(s.get("id") or ""),
+                name=self._text.scrub(str(s.get("context") or "")),
+                status=self._state(s),
+                url=s.get("target_url") or None,
+                log_tail=self._text.scrub(log_tail(str(s.get("description") or ""), tail_lines)),
+            )
+            for s in failing[:CI_JOB_LIMIT]
+        ]
+
+    @staticmethod
+    def _state(status: dict[str, Any]) -> str:
+        """Gitea names a commit status's state `status` in the API (`state` in the webhook)."""
+        return str(status.get("status") or status.get("state") or "").lower()
 
     def git_auth_header(self) -> str:
         """HTTP Basic with the token as user name and `x-oauth-basic` as password.
@@ -450,4 +564,7 @@ class GiteaForge:
             title=title,
             description=str(data.get("body") or ""),
             state=str(data.get("state") or ""),
+            head_sha=head.get("sha") or None,
+            author=self._login(data.get("user")),
+            verdict="merged" if data.get("merged") is True else "closed" if data.get("state") == "closed" else "open",
         )

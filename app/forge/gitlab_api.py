@@ -8,8 +8,10 @@ session response hook remembers the last Retry-After seen on this thread.
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
 import gitlab
@@ -17,8 +19,11 @@ import gitlab.exceptions
 import requests
 
 from app.forge.api import (
+    CI_JOB_LIMIT,
+    CI_TRACE_BYTES,
     DEFAULT_TEXT_LIMIT,
     GITLAB_DRAFT_PREFIX,
+    THREAD_READ_LIMIT,
     ForgeError,
     ForgeNotFound,
     ForgeTransient,
@@ -29,15 +34,19 @@ from app.forge.api import (
     ProjectInfo,
     Redactor,
     basic_auth_header,
+    bounded_thread,
     comment_marker,
+    draft_prefix,
     error_for_status,
     post_once,
     secret_forms,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
+from app.forge.reviews import CiJob, CiReport, ThreadNote, log_tail
 
 T = TypeVar("T")
 
+_DISCUSSION_ID = re.compile(r"[0-9a-fA-F]{8,64}")  # GitLab's discussion ids are SHA-1 hex
 DEVELOPER = 30  # GitLab access levels: 10 guest, 20 reporter, 30 developer, 40 maintainer, 50 owner
 # Passed to every python-gitlab call so that only RetryPolicy retries.
 _ONCE: dict[str, Any] = {"obey_rate_limit": False, "retry_transient_errors": False}
@@ -69,6 +78,7 @@ class GitLabForge:
         self._retry = retry or RetryPolicy()
         self._min_access = min_access_level
         self._seen = threading.local()
+        self._bot: str | None = None
         self._gl = gitlab.Gitlab(
             url, private_token=token, timeout=timeout, retry_transient_errors=False, ssl_verify=ssl_verify
         )
@@ -241,8 +251,9 @@ class GitLabForge:
         return mr
 
     def update_mr(self, project: str, mr: MergeRequest, title: str, description: str) -> MergeRequest:
+        # No `draft` key: the title's prefix alone keeps a draft a draft and a ready MR ready.
         payload = {
-            "title": self._text.title(GITLAB_DRAFT_PREFIX, title),
+            "title": self._text.title(draft_prefix(mr, GITLAB_DRAFT_PREFIX), title),
             "description": self._text.body(description),
         }
         data = self._call(
@@ -272,6 +283,142 @@ class GitLabForge:
         state = data.get("state")
         return "merged" if state == "merged" else "closed" if state == "closed" else "open"
 
+    # -- review rounds ---------------------------------------------------------------------
+
+    def bot_username(self) -> str:
+        """The token's own account (GET /user), read once per client."""
+        if self._bot is None:
+            data = self._call("read the token's own user", lambda: self._gl.http_get("/user", **_ONCE))
+            name = data.get("username") if isinstance(data, dict) else None
+            if not name:
+                raise ForgeError("GitLab did not say which user the FrogFix token belongs to")
+            self._bot = str(name)
+        return self._bot
+
+    def get_mr(self, project: str, number: int) -> MergeRequest:
+        data = self._call(
+            f"read !{number} of {project}",
+            lambda: self._project(project).mergerequests.get(int(number), **_ONCE).attributes,
+        )
+        return self._mr(data)
+
+    def review_thread(self, project: str, number: int) -> list[ThreadNote]:
+        """The MR's discussions, every page (up to THREAD_READ_LIMIT notes), system notes left out."""
+
+        def read() -> list[dict[str, Any]]:
+            mr = self._project(project).mergerequests.get(int(number), lazy=True)
+            found: list[dict[str, Any]] = []
+            read_notes = 0
+            for discussion in mr.discussions.list(iterator=True, per_page=100, **_ONCE):
+                found.append(discussion.attributes)
+                read_notes += len(discussion.attributes.get("notes") or ())
+                if read_notes >= THREAD_READ_LIMIT:
+                    break
+            return found
+
+        discussions = self._call(f"read the discussions of !{number} in {project}", read)
+        return bounded_thread(self._thread_notes(discussions), self._text.scrub)
+
+    @staticmethod
+    def _thread_notes(discussions: Iterable[dict[str, Any]]) -> list[ThreadNote]:
+        notes: list[ThreadNote] = []
+        for discussion in discussions:
+            for note in discussion.get("notes") or ():
+                if not isinstance(note, dict) or note.get("system"):
+                    continue
+                position: dict[str, Any] = note["position"] if isinstance(note.get("position"), dict) else {}
+                line = position.get("new_line") or position.get("old_line")
+                author = note.get("author") or {}
+                notes.append(
+                    ThreadNote(
+                        id=str(note.get("id") or ""),
+                        author=author.get("username") if isinstance(author, dict) else None,
+                        body=str(note.get("body") or ""),
+                        created_at=note.get("created_at"),
+                        discussion_id=str(discussion.get("id") or "") or None,
+                        path=position.get("new_path") or position.get("old_path") or None,
+                        line=int(line) if isinstance(line, int) else None,
+                        resolved=bool(note.get("resolved")) if note.get("resolvable") else None,
+                        kind="diff_note" if note.get("type") == "DiffNote" or position else "note",
+                    )
+                )
+        return notes
+
+    def reply(self, project: str, number: int, body: str, discussion_id: str | None = None) -> None:
+        """A note in thread `discussion_id`, or a new MR note; posted once (see `comment`). Resolves nothing.
+
+        The id came with a webhook: one that is not a GitLab discussion id, or a thread deleted since,
+        gets the reply on the MR instead, so the reviewer still hears what the round did."""
+        if discussion_id is not None and not _DISCUSSION_ID.fullmatch(discussion_id):
+            discussion_id = None
+        if discussion_id is not None:
+            try:
+                return self._reply(project, number, body, discussion_id)
+            except ForgeNotFound:
+                pass
+        self._reply(project, number, body, None)
+
+    def _reply(self, project: str, number: int, body: str, discussion_id: str | None) -> None:
+        marker = comment_marker()
+        payload = {"body": self._text.body(marker + body)}
+        mr = self._project(project).mergerequests.get(int(number), lazy=True)
+
+        def posted() -> bool:
+            if discussion_id:
+                found = mr.discussions.get(discussion_id, **_ONCE).attributes.get("notes") or ()
+                return any(isinstance(n, dict) and marker in str(n.get("body") or "") for n in found)
+            newest = mr.notes.list(order_by="created_at", sort="desc", per_page=50, get_all=False, **_ONCE)
+            return any(marker in str(n.attributes.get("body") or "") for n in newest)
+
+        def post() -> None:
+            notes = mr.discussions.get(discussion_id, lazy=True).notes if discussion_id else mr.notes
+            notes.create(payload, **_ONCE)
+
+        self._call(f"reply on !{number} in {project}", post_once(post, posted))
+
+    def ci_failures(self, project: str, report: CiReport, tail_lines: int) -> list[CiJob]:
+        """The pipeline's failed jobs (allow_failure ones left out), at most CI_JOB_LIMIT, with their logs' tails."""
+        if not str(report.id).isdigit():
+            raise ForgeError(f"GitLab pipeline id {str(report.id)[:40]!r} is not a number")
+        pipeline = self._project(project).pipelines.get(int(report.id), lazy=True)
+        jobs = self._call(
+            f"list the failed jobs of pipeline {report.id} in {project}",
+            lambda: [j.attributes for j in pipeline.jobs.list(scope=["failed"], get_all=True, **_ONCE)],
+        )
+        failed = [j for j in jobs if j.get("status") == "failed" and not j.get("allow_failure")]
+        failed.sort(key=lambda j: int(j.get("id") or 0))
+        return [self._ci_job(project, job, tail_lines) for job in failed[:CI_JOB_LIMIT]]
+
+    def _ci_job(self, project: str, job: dict[str, Any], tail_lines: int) -> CiJob:
+        job_id = int(job.get("id") or 0)
+        try:
+            trace = self._call(f"read the log of job {job_id} in {project}", lambda: self._trace_end(project, job_id))
+        except ForgeNotFound:  # erased or expired: the job's name and reason still help
+            trace = ""
+        return CiJob(
+            id=str(job_id),
+            name=self._text.scrub(str(job.get("name") or "")),
+            status=str(job.get("status") or "failed"),
+            stage=job.get("stage"),
+            failure_reason=job.get("failure_reason"),
+            url=job.get("web_url"),
+            log_tail=self._text.scrub(log_tail(trace, tail_lines)),
+        )
+
+    def _trace_end(self, project: str, job_id: int) -> str:
+        """The last CI_TRACE_BYTES of a job's log, read as a stream so a huge log is never held whole."""
+        chunks = self._project(project).jobs.get(job_id, lazy=True).trace(
+            streamed=True, iterator=True, chunk_size=65_536, **_ONCE
+        )
+        kept: deque[bytes] = deque()
+        size = 0
+        for chunk in chunks:
+            kept.append(chunk)
+            size += len(chunk)
+            while size - len(kept[0]) >= CI_TRACE_BYTES:
+                size -= len(kept.popleft())
+        return b"".join(kept)[-CI_TRACE_BYTES:].decode("utf-8", "replace")
+
     def git_auth_header(self) -> str:
         """HTTP Basic with user `oauth2` and the token as password: GitLab accepts this for git over HTTP."""
         return basic_auth_header("oauth2", self._token)
@@ -286,6 +433,9 @@ class GitLabForge:
         draft = data.get("draft")
         if draft is None:  # GitLab before 13.x only says work_in_progress
             draft = data.get("work_in_progress")
+        diff_refs: dict[str, Any] = data["diff_refs"] if isinstance(data.get("diff_refs"), dict) else {}
+        author = data.get("author") or {}
+        state = data.get("state")
         return MergeRequest(
             id=int(data.get("id") or 0),
             number=int(data.get("iid") or 0),
@@ -296,4 +446,7 @@ class GitLabForge:
             title=str(data.get("title") or ""),
             description=str(data.get("description") or ""),
             state=str(data.get("state") or ""),
+            head_sha=data.get("sha") or diff_refs.get("head_sha") or None,
+            author=author.get("username") if isinstance(author, dict) else None,
+            verdict="merged" if state == "merged" else "closed" if state == "closed" else "open",
         )

@@ -16,6 +16,12 @@ MAX_RESPONSE_ITEMS, default 50; 30 when no limit is given), the pull request lis
 past the end with a Link header and the total in X-Total-Count, and the issue timeline answers
 `null` past the end, with no Link header and X-Total-Count counting only the page.
 
+Review rounds: pull request comments (`add_pr_comment`), reviews and their line comments (`add_review`,
+shaped like gitea/jenkins-x_go-scm/api_responses/reviews.json; line comments as Gitea's
+PullReviewComment: `position` the new line, `original_position` the old one, `resolver` when resolved),
+commit statuses per sha (`add_status`, gitea/go-scm/api_responses/statuses.json: the state is named
+`status`), a pull's head sha (`set_pull_head`) and a human marking it ready (`set_pull_ready`).
+
 Organisation teams (`add_team`) carry `units_map` as Gitea 1.17+ lists them: a "general access"
 team grants its modes per unit, and the repository-level permission of its members reads the
 team's lowest unit mode (so `read` for a team with write on code and read on the wiki).
@@ -83,6 +89,10 @@ class GiteaDouble(JsonApiDouble):
         self.pulls: dict[tuple[str, int], dict[str, Any]] = {}
         self.timeline: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.comments: list[dict[str, Any]] = []
+        self.reviews: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self.statuses: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._review_template = load_fixture(fixtures, "gitea/jenkins-x_go-scm/api_responses/reviews.json")[0]
+        self._status_template = load_fixture(fixtures, "gitea/go-scm/api_responses/statuses.json")[0]
         self._ids = itertools.count(100)
         super().__init__()
         self.bot = self.add_user(bot_login)
@@ -324,6 +334,121 @@ class GiteaDouble(JsonApiDouble):
         self.issues[(repo, number)]["state"] = "closed"
         return pull
 
+    # -- review rounds ---------------------------------------------------------------------
+
+    def set_pull_head(self, repo: str, number: int, sha: str) -> dict[str, Any]:
+        """The pull's head branch now ends at `sha` (tests pass the bare git repository's branch head)."""
+        pull = self.pulls[(repo, number)]
+        pull["head"]["sha"] = sha
+        pull["updated_at"] = gitea_time()
+        return pull
+
+    def set_pull_ready(self, repo: str, number: int) -> dict[str, Any]:
+        """A human marks the pull ready: Gitea drops the title's WIP prefix."""
+        pull = self.pulls[(repo, number)]
+        title = pull["title"]
+        for prefix in self.wip_prefixes:
+            if title.upper().startswith(prefix.upper()):
+                title = title[len(prefix) :].lstrip()
+        pull["title"] = self.issues[(repo, number)]["title"] = title
+        self._set_draft(repo, pull)
+        return pull
+
+    def add_pr_comment(self, repo: str, number: int, body: str, *, by: str) -> dict[str, Any]:
+        """`by` comments on pull `number` (an issue comment, as Gitea stores it)."""
+        user = self.users.get(by) or self.add_user(by)
+        return self._store_comment(repo, self.issues[(repo, number)], body, user)
+
+    def add_review(
+        self,
+        repo: str,
+        number: int,
+        *,
+        by: str,
+        type: str,
+        body: str = "",
+        comments: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+    ) -> dict[str, Any]:
+        """`by` submits a review: `type` is Gitea's state (REQUEST_CHANGES, COMMENT, APPROVED, PENDING);
+        `comments` are line comments {path, line, body} (a negative line is on the old side)."""
+        user = self.users.get(by) or self.add_user(by)
+        pull = self.pulls[(repo, number)]
+        review = copy.deepcopy(self._review_template)
+        review_id = next(self._ids)
+        review.update(
+            id=review_id,
+            user=copy.deepcopy(user),
+            team=None,
+            state=type.upper(),
+            body=body,
+            commit_id=pull["head"]["sha"],
+            stale=False,
+            official=False,
+            dismissed=False,
+            comments_count=len(comments),
+            submitted_at=gitea_time(),
+            updated_at=gitea_time(),
+            html_url=f"{pull['html_url']}#issuecomment-{review_id}",
+            pull_request_url=pull["html_url"],
+            _comments=[self._review_comment(pull, review_id, user, c) for c in comments],
+        )
+        self.reviews.setdefault((repo, number), []).append(review)
+        return review
+
+    def _review_comment(
+        self, pull: dict[str, Any], review_id: int, user: dict[str, Any], spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        comment_id = next(self._ids)
+        line = int(spec.get("line") or 0)
+        return {
+            "id": comment_id,
+            "body": spec["body"],
+            "user": copy.deepcopy(user),
+            "resolver": None,
+            "pull_request_review_id": review_id,
+            "created_at": gitea_time(),
+            "updated_at": gitea_time(),
+            "path": spec["path"],
+            "commit_id": pull["head"]["sha"],
+            "original_commit_id": pull["head"]["sha"],
+            "diff_hunk": "",
+            "position": line if line > 0 else 0,
+            "original_position": -line if line < 0 else 0,
+            "html_url": f"{pull['html_url']}/files#issuecomment-{comment_id}",
+            "pull_request_url": pull["html_url"],
+        }
+
+    def resolve_review_comment(self, repo: str, number: int, comment_id: int, *, by: str) -> None:
+        """`by` marks a line comment's conversation resolved: Gitea then names them as its `resolver`."""
+        for review in self.reviews.get((repo, number), []):
+            for comment in review["_comments"]:
+                if comment["id"] == comment_id:
+                    comment["resolver"] = copy.deepcopy(self.users[by])
+
+    def add_status(
+        self, repo: str, sha: str, context: str, state: str, description: str = "", target_url: str = ""
+    ) -> dict[str, Any]:
+        """A CI system reports `state` (pending, success, error, failure, warning) for `context` on `sha`."""
+        status = copy.deepcopy(self._status_template)
+        status_id = next(self._ids)
+        status.update(
+            id=status_id,
+            status=state,
+            context=context,
+            description=description,
+            target_url=target_url,
+            url=f"{self.base_url}/api/v1/repos/{repo}/statuses/{sha}",
+            creator=copy.deepcopy(self.bot),
+            created_at=gitea_time(),
+            updated_at=gitea_time(),
+        )
+        self.statuses.setdefault((repo, sha), []).append(status)
+        return status
+
+    def pr_comments(self, repo: str, number: int) -> list[dict[str, Any]]:
+        """The comments on pull `number`, oldest first (what the bot posted included)."""
+        return [c for c in self.comments if c["repo"] == repo and c["issue"] == number]
+
     def open_pulls(self, repo: str) -> list[dict[str, Any]]:
         return [p for (r, _), p in sorted(self.pulls.items()) if r == repo and p["state"] == "open"]
 
@@ -366,6 +491,11 @@ class GiteaDouble(JsonApiDouble):
                     if c["repo"] == repo_name and c["issue"] == issue["number"] and c["updated_at"] >= since
                 ]
                 return Answer(200, found)
+        if rest[:1] == ["commits"] and rest[2:] == ["statuses"] and method == "GET":
+            newest_first = sorted(self.statuses.get((repo_name, rest[1].lower()), []), key=lambda x: -x["id"])
+            return self._page(newest_first, query, rest, repo_name)
+        if rest[:1] == ["pulls"] and len(rest) >= 3 and rest[1].isdigit() and rest[2] == "reviews":
+            return self._reviews(repo_name, int(rest[1]), method, rest, query)
         if rest == ["pulls"] and method == "GET":
             state = (query.get("state") or ["open"])[0]
             found = [p for (r, _), p in sorted(self.pulls.items(), reverse=True) if r == repo_name]
@@ -382,6 +512,23 @@ class GiteaDouble(JsonApiDouble):
                 return Answer(200, pull)
             if method == "PATCH":
                 return self._patch_pull(repo_name, pull, body)
+        return self._not_found()
+
+    def _reviews(self, repo: str, number: int, method: str, rest: list[str], query: dict[str, list[str]]) -> Answer:
+        """GET a pull's reviews (paged), one review, or one review's line comments (not paged, as Gitea)."""
+        if method != "GET" or (repo, number) not in self.pulls:
+            return self._not_found()
+        reviews = self.reviews.get((repo, number), [])
+        shown = [{k: v for k, v in r.items() if k != "_comments"} for r in reviews]
+        if len(rest) == 3:
+            return self._page(shown, query, rest, repo)
+        found = next((r for r in reviews if str(r["id"]) == rest[3]), None)
+        if found is None:
+            return self._not_found()
+        if len(rest) == 4:
+            return Answer(200, {k: v for k, v in found.items() if k != "_comments"})
+        if rest[4:] == ["comments"]:
+            return Answer(200, found["_comments"])
         return self._not_found()
 
     def _as_seen_by_bot(self, repo_name: str) -> dict[str, Any]:
@@ -468,13 +615,16 @@ class GiteaDouble(JsonApiDouble):
         text = body.get("body") if isinstance(body, dict) else None
         if not text:
             return Answer(422, {"message": "[Body]: Required", "url": f"{self.base_url}/api/swagger"})
+        return Answer(201, self._store_comment(repo, issue, text, self.bot))
+
+    def _store_comment(self, repo: str, issue: dict[str, Any], text: str, user: dict[str, Any]) -> dict[str, Any]:
         comment = copy.deepcopy(self._comment_template)
         comment_id = next(self._ids)
         comment.update(
             id=comment_id,
             html_url=f"{issue['html_url']}#issuecomment-{comment_id}",
             issue_url=issue["html_url"],
-            user=copy.deepcopy(self.bot),
+            user=copy.deepcopy(user),
             body=text,
             created_at=gitea_time(),
             updated_at=gitea_time(),
@@ -482,9 +632,9 @@ class GiteaDouble(JsonApiDouble):
         issue["comments"] += 1
         self.comments.append({**comment, "repo": repo, "issue": issue["number"]})
         self.timeline[(repo, issue["number"])].append(
-            {**self._timeline_entry(repo, issue["number"], "comment", self.bot["login"], text), "id": comment_id}
+            {**self._timeline_entry(repo, issue["number"], "comment", user["login"], text), "id": comment_id}
         )
-        return Answer(201, comment)
+        return comment
 
     def _post_pull(self, repo: str, body: Any) -> Answer:
         body = body if isinstance(body, dict) else {}

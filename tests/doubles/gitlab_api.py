@@ -259,12 +259,19 @@ class JsonApiDouble:
 
     @staticmethod
     def _send(handler: BaseHTTPRequestHandler, answer: Answer) -> None:
+        raw = isinstance(answer.body, bytes)  # a plain-text answer (a job trace), sent as it is
         payload = (
-            b"null" if answer.body is JSON_NULL else b"" if answer.body is None else json.dumps(answer.body).encode()
+            answer.body
+            if isinstance(answer.body, bytes)
+            else b"null"
+            if answer.body is JSON_NULL
+            else b""
+            if answer.body is None
+            else json.dumps(answer.body).encode()
         )
         try:
             handler.send_response(answer.status)
-            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Type", "text/plain; charset=utf-8" if raw else "application/json")
             handler.send_header("Content-Length", str(len(payload)))
             for key, value in answer.headers.items():
                 handler.send_header(key, value)
@@ -335,8 +342,14 @@ NOTE_LIMIT = 1_000_000  # and longer notes
 class GitLabDouble(JsonApiDouble):
     """GitLab API v4 for one token: projects, issues, label events, members, merge requests, notes.
 
-    State tests assert on: `mrs` (list of MR dicts, API shape), `notes` (list of note dicts with
-    `project_id` and `noteable_iid`), `requests` (every Recorded request).
+    State tests assert on: `mrs` (list of MR dicts, API shape), `notes` (list of issue note dicts with
+    `project_id` and `noteable_iid`), `discussions` (the MR threads; `mr_notes` flattens them),
+    `pipelines` and `jobs` (with their traces), `requests` (every Recorded request).
+
+    Review rounds: MR discussions and notes (individual notes, threads, DiffNotes with a position) in
+    the shape of GitLab's discussions API (gitlab/docs/api_responses/list_merge_request_discussions*.json),
+    pipelines and their jobs (get_single_pipeline.json, list_pipeline_jobs.json) with a `scope[]`
+    filter, and job traces answered as plain text, as GitLab does.
     """
 
     def __init__(self, token: str = "glpat-double-token", *, fixtures: Path = FIXTURES) -> None:
@@ -345,6 +358,17 @@ class GitLabDouble(JsonApiDouble):
         self._issue_template = load_fixture(fixtures, "gitlab/go-gitlab/api_responses/issue_move.json")
         self._user_template = self._mr_template["author"]
         self._hook_project = load_fixture(fixtures, "gitlab/docs/issue_hook.json")["project"]
+        docs = "gitlab/docs/api_responses/"
+        self._note_template = load_fixture(fixtures, docs + "list_merge_request_discussions.json")[0]["notes"][0]
+        self._position_template = load_fixture(fixtures, docs + "list_merge_request_discussions_diff_note.json")[0][
+            "notes"
+        ][0]["position"]
+        self._pipeline_template = load_fixture(fixtures, docs + "get_single_pipeline.json")
+        self._job_template = load_fixture(fixtures, docs + "list_pipeline_jobs.json")[0]
+        self.discussions: dict[tuple[int, int], list[dict[str, Any]]] = {}
+        self.pipelines: dict[int, dict[str, Any]] = {}
+        self.jobs: dict[int, dict[str, Any]] = {}
+        self.traces: dict[int, str] = {}
         self.projects: dict[int, dict[str, Any]] = {}
         self.users: dict[str, dict[str, Any]] = {}
         self.members: dict[tuple[int, int], int] = {}
@@ -517,6 +541,183 @@ class GitLabDouble(JsonApiDouble):
             raise ValueError(f"the double sets an MR merged or closed, not {state!r}")
         return mr
 
+    # -- review rounds: MR state, notes and threads, pipelines -------------------------------
+
+    def mr(self, project: str, iid: int) -> dict[str, Any]:
+        pid = self._project(project)["id"]
+        return next(m for m in self.mrs if m["project_id"] == pid and m["iid"] == iid)
+
+    def set_mr_head(self, project: str, iid: int, sha: str) -> dict[str, Any]:
+        """The MR's source branch now ends at `sha` (tests pass the bare git repository's branch head)."""
+        mr = self.mr(project, iid)
+        mr["sha"] = sha
+        mr["diff_refs"] = {**(mr.get("diff_refs") or {}), "head_sha": sha}
+        mr["updated_at"] = now_iso()
+        return mr
+
+    def set_mr_ready(self, project: str, iid: int) -> dict[str, Any]:
+        """A human marks the MR ready: GitLab drops the title's draft prefix."""
+        mr = self.mr(project, iid)
+        mr["title"] = GITLAB_DRAFT.sub("", mr["title"]).lstrip()
+        self._set_draft(mr)
+        return mr
+
+    def set_mr_draft(self, project: str, iid: int) -> dict[str, Any]:
+        mr = self.mr(project, iid)
+        if not GITLAB_DRAFT.match(mr["title"]):
+            mr["title"] = "Draft: " + mr["title"]
+        self._set_draft(mr)
+        return mr
+
+    def add_mr_note(
+        self,
+        project: str,
+        iid: int,
+        body: str,
+        *,
+        by: str,
+        position: dict[str, Any] | None = None,
+        discussion_id: str | None = None,
+        system: bool = False,
+    ) -> dict[str, Any]:
+        """`by` comments on the MR: a plain note (its own discussion), a DiffNote (`position` with at least
+        new_path and new_line: a resolvable thread), or a reply in thread `discussion_id`. Returns the note."""
+        mr = self.mr(project, iid)
+        user = self.users.get(by) or self.add_user(by)
+        threads = self.discussions.setdefault((mr["project_id"], iid), [])
+        if discussion_id is not None:
+            thread = next(d for d in threads if d["id"] == discussion_id)
+            first = thread["notes"][0]
+            position = first.get("position")
+            kind = first["type"] if first["type"] == "DiffNote" else "DiscussionNote"
+            thread["individual_note"] = False
+        else:
+            kind = "DiffNote" if position else None
+            thread = {"id": f"{next(self._ids):040x}", "individual_note": position is None, "notes": []}
+            threads.append(thread)
+        note = self._mr_note(mr, body, user, kind=kind, position=position, system=system)
+        if thread["notes"] and thread["notes"][0].get("resolvable"):  # a reply in a thread shares its state
+            note.update(resolvable=True, resolved=thread["notes"][0].get("resolved", False), resolved_by=None)
+        thread["notes"].append(note)
+        mr["user_notes_count"] = int(mr.get("user_notes_count") or 0) + (0 if system else 1)
+        return note
+
+    def resolve_discussion(self, project: str, iid: int, discussion_id: str, *, by: str) -> None:
+        """`by` resolves a thread: every resolvable note of it says so."""
+        mr = self.mr(project, iid)
+        user = self.users[by]
+        for thread in self.discussions.get((mr["project_id"], iid), []):
+            if thread["id"] == discussion_id:
+                for note in thread["notes"]:
+                    if note.get("resolvable"):
+                        note.update(resolved=True, resolved_by=self._user_ref(user), resolved_at=now_iso())
+
+    def mr_notes(self, project: str, iid: int) -> list[dict[str, Any]]:
+        """Every note on the MR, oldest first, each with its `discussion_id` added (what the bot posted included)."""
+        pid = self._project(project)["id"]
+        found = [
+            {**note, "discussion_id": thread["id"]}
+            for thread in self.discussions.get((pid, iid), [])
+            for note in thread["notes"]
+        ]
+        return sorted(found, key=lambda n: n["id"])
+
+    def _user_ref(self, user: dict[str, Any]) -> dict[str, Any]:
+        return {k: user[k] for k in ("id", "name", "username", "state", "avatar_url", "web_url")}
+
+    def _mr_note(
+        self,
+        mr: dict[str, Any],
+        body: str,
+        user: dict[str, Any],
+        *,
+        kind: str | None,
+        position: dict[str, Any] | None,
+        system: bool = False,
+    ) -> dict[str, Any]:
+        note = copy.deepcopy(self._note_template)
+        note.update(
+            id=next(self._ids),
+            type=kind,
+            body=body,
+            author=self._user_ref(user),
+            created_at=now_iso(),
+            updated_at=now_iso(),
+            system=system,
+            noteable_id=mr["id"],
+            noteable_type="MergeRequest",
+            project_id=mr["project_id"],
+            noteable_iid=mr["iid"],
+        )
+        if kind == "DiffNote" and position is not None:
+            note["position"] = {
+                **copy.deepcopy(self._position_template),
+                "head_sha": mr.get("sha"),
+                "old_path": position.get("new_path"),
+                "old_line": None,
+                **position,
+            }
+            note["commit_id"] = mr.get("sha")
+            note.update(resolvable=True, resolved=False, resolved_by=None, resolved_at=None)
+        else:
+            note.update(resolvable=False)
+            for key in ("resolved", "resolved_by", "resolved_at"):
+                note.pop(key, None)
+        return note
+
+    def add_pipeline(
+        self,
+        project: str,
+        *,
+        sha: str,
+        ref: str,
+        status: str,
+        jobs: list[dict[str, Any]] | tuple[dict[str, Any], ...] = (),
+        source: str = "push",
+    ) -> dict[str, Any]:
+        """A finished pipeline on `sha` with `jobs` ({name, stage, status, trace, allow_failure}); returns it."""
+        pid = self._project(project)["id"]
+        pipeline = copy.deepcopy(self._pipeline_template)
+        pipeline_id = next(self._ids)
+        web = self.projects[pid]["web_url"]
+        pipeline.update(
+            id=pipeline_id,
+            iid=1 + sum(1 for p in self.pipelines.values() if p["project_id"] == pid),
+            project_id=pid,
+            sha=sha,
+            ref=ref,
+            status=status,
+            source=source,
+            created_at=now_iso(),
+            updated_at=now_iso(),
+            web_url=f"{web}/-/pipelines/{pipeline_id}",
+        )
+        self.pipelines[pipeline_id] = pipeline
+        for spec in jobs:
+            self._add_job(pipeline, spec)
+        return pipeline
+
+    def _add_job(self, pipeline: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+        job = copy.deepcopy(self._job_template)
+        job_id = next(self._ids)
+        status = spec.get("status", "failed")
+        job.update(
+            id=job_id,
+            name=spec["name"],
+            stage=spec.get("stage", "test"),
+            status=status,
+            allow_failure=bool(spec.get("allow_failure", False)),
+            failure_reason="script_failure" if status == "failed" else None,
+            ref=pipeline["ref"],
+            pipeline={k: pipeline[k] for k in ("id", "project_id", "ref", "sha", "status")},
+            web_url=f"{self.projects[pipeline['project_id']]['web_url']}/-/jobs/{job_id}",
+            created_at=now_iso(),
+        )
+        job["commit"] = {**job["commit"], "id": pipeline["sha"], "short_id": pipeline["sha"][:8]}
+        self.jobs[job_id] = job
+        self.traces[job_id] = str(spec.get("trace") or "")
+        return job
+
     # -- lookups ---------------------------------------------------------------------------
 
     def _project(self, ref: str | int) -> dict[str, Any]:
@@ -583,6 +784,10 @@ class GitLabDouble(JsonApiDouble):
             return paginate(found, query, self.base_url, f"{base_path}/merge_requests")
         if rest == ["merge_requests"] and method == "POST":
             return self._post_mr(project, body)
+        if rest[:1] == ["merge_requests"] and len(rest) >= 3 and rest[1].isdigit():
+            return self._mr_threads(pid, int(rest[1]), method, rest[2:], query, body)
+        if rest[:1] == ["pipelines"] or rest[:1] == ["jobs"]:
+            return self._ci(pid, method, rest, query)
         if rest[:1] == ["merge_requests"] and len(rest) == 2 and rest[1].isdigit():
             mr = next((m for m in self.mrs if m["project_id"] == pid and m["iid"] == int(rest[1])), None)
             if mr is None:
@@ -591,6 +796,67 @@ class GitLabDouble(JsonApiDouble):
                 return Answer(200, mr)
             if method == "PUT":
                 return self._put_mr(mr, body)
+        return Answer(404, {"message": "404 Not Found"})
+
+    def _mr_threads(
+        self, pid: int, iid: int, method: str, rest: list[str], query: dict[str, list[str]], body: Any
+    ) -> Answer:
+        """MR notes and discussions: list, read one thread, start a note, reply in a thread (as the bot)."""
+        mr = next((m for m in self.mrs if m["project_id"] == pid and m["iid"] == iid), None)
+        if mr is None:
+            return Answer(404, {"message": "404 Not found"})
+        base_path = f"/api/v4/projects/{pid}/merge_requests/{iid}/" + "/".join(rest)
+        threads = self.discussions.setdefault((pid, iid), [])
+        text = str(body.get("body") or "") if isinstance(body, dict) else ""
+        if method == "POST" and not text:
+            return Answer(400, {"message": {"note": ["can't be blank"]}})
+        if method == "POST" and len(text) > NOTE_LIMIT:
+            return Answer(400, {"message": {"note": ["is too long (maximum is 1000000 characters)"]}})
+        project = self.projects[pid]["path_with_namespace"]
+        if rest == ["discussions"] and method == "GET":
+            return paginate(threads, query, self.base_url, base_path)
+        if rest == ["discussions"] and method == "POST":
+            note = self.add_mr_note(project, iid, text, by=self.bot["username"], position=body.get("position"))
+            return Answer(201, next(d for d in threads if d["notes"][-1] is note))
+        if rest[:1] == ["discussions"] and len(rest) in (2, 3):
+            thread = next((d for d in threads if d["id"] == rest[1]), None)
+            if thread is None:
+                return Answer(404, {"message": "404 Discussion Not Found"})
+            if len(rest) == 2 and method == "GET":
+                return Answer(200, thread)
+            if rest[2:] == ["notes"] and method == "POST":
+                return Answer(201, self.add_mr_note(project, iid, text, by=self.bot["username"], discussion_id=rest[1]))
+        if rest == ["notes"] and method == "GET":  # GitLab's default order: newest first
+            notes = [n for d in threads for n in d["notes"]]
+            notes.sort(key=lambda n: n["id"], reverse=(query.get("sort") or ["desc"])[0] != "asc")
+            return paginate(notes, query, self.base_url, base_path)
+        if rest == ["notes"] and method == "POST":
+            return Answer(201, self.add_mr_note(project, iid, text, by=self.bot["username"]))
+        return Answer(404, {"message": "404 Not Found"})
+
+    def _ci(self, pid: int, method: str, rest: list[str], query: dict[str, list[str]]) -> Answer:
+        """Pipelines, a pipeline's jobs (`scope[]` filters by status), a job, and a job's trace as plain text."""
+        if method != "GET" or len(rest) < 2 or not rest[1].isdigit():
+            return Answer(404, {"message": "404 Not Found"})
+        base_path = f"/api/v4/projects/{pid}/" + "/".join(rest)
+        if rest[0] == "pipelines":
+            pipeline = self.pipelines.get(int(rest[1]))
+            if pipeline is None or pipeline["project_id"] != pid:
+                return Answer(404, {"message": "404 Not found"})
+            if len(rest) == 2:
+                return Answer(200, pipeline)
+            if rest[2:] == ["jobs"]:
+                scope = set(query.get("scope[]") or []) | set(query.get("scope") or [])
+                found = [j for j in self.jobs.values() if j["pipeline"]["id"] == pipeline["id"]]
+                found = [j for j in found if not scope or j["status"] in scope]
+                return paginate(found, query, self.base_url, base_path)
+        job = self.jobs.get(int(rest[1])) if rest[0] == "jobs" else None
+        if job is None or job["pipeline"]["project_id"] != pid:
+            return Answer(404, {"message": "404 Not found"})
+        if len(rest) == 2:
+            return Answer(200, job)
+        if rest[2:] == ["trace"] and job["id"] in self.traces:  # a test pops a trace to erase it
+            return Answer(200, self.traces[job["id"]].encode())
         return Answer(404, {"message": "404 Not Found"})
 
     def _bot_permissions(self, pid: int) -> dict[str, Any]:
@@ -711,6 +977,8 @@ class GitLabDouble(JsonApiDouble):
             detailed_merge_status="checking",
             merge_status="checking",
         )
+        mr["sha"] = f"{mr['id']:040x}"  # until a test says where the branch is (`set_mr_head`)
+        mr["diff_refs"] = {**(mr.get("diff_refs") or {}), "head_sha": mr["sha"]}
         self._set_draft(mr)
         self.mrs.append(mr)
         return mr
