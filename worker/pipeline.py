@@ -35,7 +35,7 @@ from app.forge.reviews import CiReport, ReviewComment, ThreadNote
 from app.jobs import records, rounds, transitions
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
-from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus
+from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus, RequestStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker import repos
@@ -43,7 +43,14 @@ from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, Attempt
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.model import ModelClient
-from worker.leaf.prompts import MAX_DIFF_CHARS, render_round_task, render_task, system_prompt
+from worker.leaf.prompts import (
+    MAX_COMMENT_CHARS,
+    MAX_DIFF_CHARS,
+    render_round_task,
+    render_task,
+    system_prompt,
+)
+from worker.leaf.trajectory import redact_value
 from worker.repo_config import RepoConfigError
 from worker.report import (
     Provenance,
@@ -638,6 +645,7 @@ ROUND_OUTCOMES = {
     JobStatus.cancelled.value: "cancelled", JobStatus.rejected.value: "rejected",
 }  # fmt: skip
 BRANCH_MOVED = "the branch moved while the round ran"
+MAX_THREAD_NOTES = 200  # the newest notes of a long review thread
 
 
 class RoundPipeline(Pipeline):
@@ -675,30 +683,41 @@ class RoundPipeline(Pipeline):
         if mr.verdict != "open":
             self.drop_waiting(f"the MR is {mr.verdict}")
             raise JobEnded(JobStatus.cancelled, f"the MR is {mr.verdict}", None)
-        self.taken = in_transaction(
-            lambda session: [r.to_dict() for r in rounds.take_requests(session, self.job_id)]
-        )
+        self.taken = in_transaction(self.take_requests)
         if not self.taken:
             raise JobEnded(JobStatus.cancelled, "nothing to do: no accepted request waits for this round", None)
-        asker = self.taken[-1].get("author") or ""
-        if not asker or not self.forge.can_trigger(self.project, asker):
+        # The newest request with an author asked last (a CI result may have none: triage checked its commit).
+        asker = next((r["author"] for r in reversed(self.taken) if r.get("author")), None) or self.trigger_user
+        if asker and not self.forge.can_trigger(self.project, asker):
             raise JobEnded(
                 JobStatus.rejected,
-                f"{asker or 'an unknown author'} may not ask FrogFix for changes here",
+                f"{asker} may not ask FrogFix for changes here",
                 "Only members with Developer (write) access can ask FrogFix for changes.",
             )
-        self.thread = self.forge.review_thread(self.project, self.mr_number)
+        self.thread = self.forge.review_thread(self.project, self.mr_number)[-MAX_THREAD_NOTES:]
         self.title, self.body = issue.title, issue.body or ""
         self.issue_url = issue.web_url or self.issue_url
         self.update(
             title=issue.title, body=issue.body, trigger_user=asker, issue_url=self.issue_url,
-            round_input={"requests": self.taken, "thread": [note.to_dict() for note in self.thread]},
+            round_input=self.round_input(),
         )
         self.event(
             "admitted",
-            f"round {self.round}: took {len(self.taken)} request(s); {asker} asked last",
+            f"round {self.round}: took {len(self.taken)} request(s); {asker or 'CI'} asked last",
             {"requests": [r.get("id") for r in self.taken]},
         )
+
+    def take_requests(self, session: Session) -> list[dict[str, Any]]:
+        """The thread's accepted requests, now this round's, with those an earlier run of it took (a rerun)."""
+        rounds.take_requests(session, self.job_id)
+        mine = rounds.requests_of(session, job_id=self.job_id)
+        return [r.to_dict() for r in mine if r.status == RequestStatus.taken.value]
+
+    def round_input(self) -> dict[str, Any]:
+        """What the round was given, as the job keeps it (redacted; the thread's notes bounded)."""
+        notes = [{**n.to_dict(), "body": n.body[:MAX_COMMENT_CHARS]} for n in self.thread]
+        given = {"requests": self.taken, "thread": notes, "diff": self.diff}
+        return redact_value(given, self.redact)
 
     def prepare(self) -> Prepared:
         """Start from the branch's head in the mirror (a human's pushes included); base = where it left main."""
@@ -707,8 +726,7 @@ class RoundPipeline(Pipeline):
         start = repos.resolve(mirror, branch)
         base = repos.merge_base(mirror, start, repos.resolve(mirror, info.default_branch))
         self.branch, self.diff = branch, repos.diff_text(mirror, base, start, limit=MAX_DIFF_CHARS)
-        given = {"requests": self.taken, "thread": [note.to_dict() for note in self.thread], "diff": self.diff}
-        self.update(start_commit=start, base_commit=base, branch=branch, round_input=given)
+        self.update(start_commit=start, base_commit=base, branch=branch, round_input=self.round_input())
         self.event(
             "prepared",
             f"mirror updated; round {self.round} builds on {branch} at {start[:12]}, base {base[:12]}",
@@ -729,10 +747,12 @@ class RoundPipeline(Pipeline):
         return asked
 
     def task(self) -> str:
-        return render_round_task(
-            self.title, self.body, requests=self.requests(), thread=self.thread, diff=self.diff,
-            prompts_dir=self.s.prompts_dir, project=self.project, issue_number=self.issue,
-            mr_number=self.mr_number or "", round_number=self.round,
+        return self.redact(
+            render_round_task(
+                self.title, self.body, requests=self.requests(), thread=self.thread, diff=self.diff,
+                prompts_dir=self.s.prompts_dir, project=self.project, issue_number=self.issue,
+                mr_number=self.mr_number or "", round_number=self.round,
+            )
         )
 
     def publish(self, prepared: Prepared, result: AttemptResult) -> None:
@@ -785,8 +805,7 @@ class RoundPipeline(Pipeline):
                 ),
             )
         except repos.RepoBranchMoved as exc:
-            _, mirror = self.fetch_mirror()  # a retry after a lost answer finds its own push there
-            if repos.resolve(mirror, branch) == sha:
+            if self.branch_head(branch) == sha:  # a retry after a lost answer met its own push
                 return
             in_transaction(lambda session: rounds.return_requests(session, self.job_id, BRANCH_MOVED))
             raise JobEnded(
@@ -795,6 +814,14 @@ class RoundPipeline(Pipeline):
                 "Someone pushed to the branch while this round ran, so FrogFix pushed nothing; "
                 "the next round takes these requests again on the new head.",
             ) from exc
+
+    def branch_head(self, branch: str) -> str | None:
+        """The branch's head on the forge now (through the mirror); None when it is gone."""
+        _, mirror = self.fetch_mirror()
+        try:
+            return repos.resolve(mirror, branch)
+        except repos.RepoError:
+            return None
 
     def round_lines(self, pushed: str) -> list[RoundLine]:
         """The thread's rounds for the MR description; this round as pushed."""

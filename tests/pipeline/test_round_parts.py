@@ -285,3 +285,28 @@ def test_an_attempt_from_the_branch_head_verifies_on_the_base_and_the_head(
     assert "def sub" in git(repo, "show", f"{sha}:calc.py") and "return a + b" in git(repo, "show", f"{sha}:calc.py")
     assert sorted(p.name for p in root.iterdir()) == ["evidence-1"]  # every checkout removed (the scratch is empty)
     assert not any((root / "evidence-1").iterdir())
+
+
+# -- round 0 records what a round builds on -----------------------------------------------------
+
+
+def test_round_zero_records_the_mr_number_and_the_commit_it_pushed(client: Any, world: Any) -> None:
+    from app.db import session_scope
+    from app.jobs import records
+    from tests.pipeline.conftest import PROJECT, TRIGGER
+    from worker.tasks import run_job
+
+    issue = world.gitlab.add_issue(PROJECT, title="add() returns the difference", author="rep")
+    world.gitlab.add_label(PROJECT, issue["iid"], TRIGGER, by="dev")
+    body, headers = world.gitlab_webhook(issue["iid"])
+    job_id = int(client.post("/webhooks/gitlab", content=body, headers=headers).json()["job_id"])
+    assert run_job(job_id) == "done"
+    with session_scope() as session:
+        job = records.get_job(session, job_id)
+        mr_number, pushed, branch, round_number = job.mr_number, job.pushed_commit, job.branch, job.round
+    [mr] = world.gitlab.open_mrs(PROJECT)
+    head = subprocess.run(
+        ["git", "--git-dir", str(world.bare("gitlab")), "rev-parse", f"refs/heads/{branch}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    assert (mr_number, pushed, round_number) == (mr["iid"], head, 0)
