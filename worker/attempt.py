@@ -76,6 +76,11 @@ class AttemptSpec:
     With `read_guidance` (the default) the runner appends the repository's guidance, read from the
     base commit's checkout before the agent runs, to `task`; without it (a plain replay, whose
     recorded task already holds what the agent got) `task` is sent as it is.
+
+    `start_commit` (a review round: the head of the bot's branch) is what the agent works on and
+    what the patch is taken against; `base_commit` stays the commit the tests run on before the
+    patch, and the one `.frogfix.yml` and the guidance are read from, so a commit FrogFix pushed
+    cannot change its own verification. Without it the attempt starts from the base.
     """
 
     job_id: int | str
@@ -90,6 +95,12 @@ class AttemptSpec:
     trajectory_fields: dict[str, Any] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     read_guidance: bool = True
+    start_commit: str | None = None
+
+    @property
+    def start(self) -> str:
+        """The commit the agent's checkout and the patch start from."""
+        return self.start_commit or self.base_commit
 
 
 @dataclass(frozen=True)
@@ -270,10 +281,11 @@ class Verifier:
             self._before = self._run(config, base, None, "before the patch")
         return self._before
 
-    def verify(self, config: RepoConfig, base: str, patch: str, runs: int) -> Verification:
+    def verify(self, config: RepoConfig, base: str, patch: str, runs: int, start: str | None = None) -> Verification:
+        """Before on `base`; after on `start` (the base unless a round built on a later head) with the patch."""
         before = self.before(config, base)
         label = "after the patch" if runs == 1 else "after the patch, run {}"
-        after = [self._run(config, base, patch, label.format(i + 1)) for i in range(runs)]
+        after = [self._run(config, start or base, patch, label.format(i + 1)) for i in range(runs)]
         return Verification(config.test_command or "", before, after)
 
     def _run(self, config: RepoConfig, base: str, patch: str | None, label: str) -> TestRun:
@@ -317,10 +329,10 @@ class AttemptRunner:
         itself fails (infrastructure); everything the model did comes back as the result.
         """
         ws = self.root / f"attempt-{spec.number}"
-        self.source.checkout(ws, spec.base_commit)
+        config, guidance = self._base_config(spec, ws)
+        if spec.start != spec.base_commit:
+            self.source.checkout(ws, spec.start)
         try:
-            config = load_repo_config(ws)
-            guidance = load_guidance(ws, config) if spec.read_guidance else None
             self.observer.stage(
                 "agent_started",
                 f"attempt {spec.number}: running the agent ({spec.model_label})",
@@ -328,6 +340,7 @@ class AttemptRunner:
                     "attempt": spec.number,
                     "trajectory": spec.trajectory,
                     "base_commit": spec.base_commit,
+                    **({"start_commit": spec.start} if spec.start != spec.base_commit else {}),
                     "test_command": config.test_command,
                     "test_command_source": config.test_command_source,
                     "guidance": [self.redact(f.source) for f in guidance.files] if guidance else [],
@@ -355,9 +368,23 @@ class AttemptRunner:
             return result
         tested_before = self.verifier.seconds
         try:
-            return self._judge(result, spec.base_commit, review, too_large)
+            return self._judge(result, spec, review, too_large)
         finally:
             result.test_seconds = self.verifier.seconds - tested_before
+
+    def _base_config(self, spec: AttemptSpec, ws: Path) -> tuple[RepoConfig, RepoGuidance | None]:
+        """`.frogfix.yml` and the guidance from the base commit's checkout at `ws`, which the agent
+        then uses when it starts from the base (else the caller checks the start out there)."""
+        self.source.checkout(ws, spec.base_commit)
+        try:
+            config = load_repo_config(ws)
+            guidance = load_guidance(ws, config) if spec.read_guidance else None
+        except BaseException:
+            repos.remove_workspace(ws)
+            raise
+        if spec.start != spec.base_commit:
+            repos.remove_workspace(ws)
+        return config, guidance
 
     def _agent(
         self, spec: AttemptSpec, model: ModelClient, ws: Path, config: RepoConfig, guidance: RepoGuidance | None
@@ -367,6 +394,8 @@ class AttemptRunner:
         The guidance goes into the task and, whole, into the trajectory, where the job page shows it.
         """
         fields = dict(spec.trajectory_fields)
+        if spec.start != spec.base_commit:  # a round: replay checks this out, not the base
+            fields["start_commit"] = spec.start
         if guidance is not None:
             fields["repository_guidance"] = guidance.to_dict()
         writer = TrajectoryWriter(
@@ -389,7 +418,7 @@ class AttemptRunner:
                 on_step=on_step, cancel=self.observer.cancelled,
             )
             try:
-                patch = box.patch(spec.base_commit)
+                patch = box.patch(spec.start)
             except PatchTooLarge as exc:  # the sandbox is fine; this attempt's changes are refused, none stored
                 writer.finish(leaf, patch="")
                 return leaf, "", exc
@@ -397,9 +426,12 @@ class AttemptRunner:
         return leaf, patch, None
 
     def _judge(
-        self, result: AttemptResult, base: str, review: ReviewPolicy, too_large: PatchTooLarge | None
+        self, result: AttemptResult, spec: AttemptSpec, review: ReviewPolicy, too_large: PatchTooLarge | None
     ) -> AttemptResult:
-        """The review rules, then the tests; the first that says no decides the outcome."""
+        """The review rules, then the tests; the first that says no decides the outcome.
+
+        The patch is judged against the commit the agent started from (`spec.start`).
+        """
         n, leaf, patch, config = result.number, result.leaf, result.patch, result.config
         if leaf.exit_reason == ExitReason.cancelled:
             return _ended(result, AttemptOutcome.cancelled, "cancelled on request")
@@ -414,7 +446,7 @@ class AttemptRunner:
             return _ended(result, AttemptOutcome.no_patch, reason)
         try:
             changes = take_evidence(
-                self.source.repository(), base, patch, self.root / f"evidence-{n}", limits=review.evidence
+                self.source.repository(), spec.start, patch, self.root / f"evidence-{n}", limits=review.evidence
             )
         except PatchRefused as exc:  # nothing git regenerated, so nothing stored: the trajectory keeps the text
             result.patch = ""
@@ -433,7 +465,7 @@ class AttemptRunner:
             return _ended(result, AttemptOutcome.no_test_command, reason)
         if refused:
             return self._refuse(result, refused)
-        return self._verify(result, base, review)
+        return self._verify(result, spec, review)
 
     def _refuse(self, result: AttemptResult, reasons: list[str]) -> AttemptResult:
         """Never tested, never pushed: the reasons go to the observer and on the result."""
@@ -443,10 +475,10 @@ class AttemptRunner:
         self.observer.stage("patch_refused", reason, data)
         return _ended(result, AttemptOutcome.refused, reason)
 
-    def _verify(self, result: AttemptResult, base: str, review: ReviewPolicy) -> AttemptResult:
+    def _verify(self, result: AttemptResult, spec: AttemptSpec, review: ReviewPolicy) -> AttemptResult:
         config = result.config
         self.observer.stage("verifying", f"attempt {result.number}: verifying the patch", {"attempt": result.number})
-        verification = self.verifier.verify(config, base, result.patch, review.verify_runs)
+        verification = self.verifier.verify(config, spec.base_commit, result.patch, review.verify_runs, spec.start)
         result.verification = verification
         if verification.flaky:
             result.flags = [*result.flags, FLAKY_FLAG]

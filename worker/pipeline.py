@@ -22,11 +22,20 @@ from sqlalchemy.orm import Session
 
 from app import trajectory
 from app.db import in_transaction, session_scope
-from app.forge.api import Forge, ForgeError, ForgeTransient, Issue, skip_ci_push_options, upsert_draft_mr
-from app.jobs import records, transitions
+from app.forge.api import (
+    Forge,
+    ForgeError,
+    ForgeTransient,
+    Issue,
+    ProjectInfo,
+    skip_ci_push_options,
+    upsert_draft_mr,
+)
+from app.forge.reviews import CiReport, ReviewComment, ThreadNote
+from app.jobs import records, rounds, transitions
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
-from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus
+from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus, RequestStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker import repos
@@ -34,15 +43,26 @@ from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, Attempt
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.model import ModelClient
-from worker.leaf.prompts import render_task, system_prompt
+from worker.leaf.prompts import (
+    MAX_COMMENT_CHARS,
+    MAX_DIFF_CHARS,
+    render_round_task,
+    render_task,
+    system_prompt,
+)
+from worker.leaf.trajectory import redact_value
 from worker.repo_config import RepoConfigError
 from worker.report import (
     Provenance,
+    RoundLine,
     comment_finished,
     comment_started,
     commit_message,
     mr_description,
     mr_title,
+    round_reply_ended,
+    round_reply_pushed,
+    rounds_section,
 )
 from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
 from worker.wiring import leaf_limits_from, make_forge, model_from, sampling_from
@@ -184,12 +204,17 @@ class CancelCheck:
 
 @dataclass(frozen=True)
 class Prepared:
-    """The repository as `prepare` left it: the mirror, the base commit, and where the MR goes."""
+    """The repository as `prepare` left it: the mirror, the base commit, and where the MR goes.
+
+    `start` is a review round's starting point (the head of the bot's branch); None for round 0,
+    which starts from the base.
+    """
 
     mirror: Path
     base: str
     default_branch: str
     clone_url: str
+    start: str | None = None
 
 
 class JobObserver:
@@ -242,6 +267,9 @@ class Pipeline:
             self.trigger_user = job.trigger_user
             self.title, self.body = job.title or "", job.body or ""
             self.issue_url = job.issue_url
+            # A review round (issue 14): the MR's thread, which round this is, and the MR's branch.
+            self.thread_id, self.round, self.round_kind = job.thread_id, job.round or 0, job.round_kind
+            self.mr_number, self.branch = job.mr_number, job.branch
         self.forge: Forge | None = None
         self.cancelled = CancelCheck(job_id)
         self.root = self.s.resolved_workspace_dir() / f"job-{job_id}-run-{self.run_number}"
@@ -353,11 +381,15 @@ class Pipeline:
             log.warning("superseded", reason=f"could not end the job {status.value}: {reason}"[:500])
             return "superseded"
         log.info(status.value, message=reason[:500])
+        self.tell_end(status, reason, comment, notify)
+        return status.value
+
+    def tell_end(self, status: JobStatus, reason: str, comment: str | None, notify: str | None) -> None:
+        """How a job that published nothing says so: a comment on the issue (a round replies on the MR)."""
         if comment is not None or status == JobStatus.no_fix:
             text = comment or reason
             outcome = status.value.replace("_", " ")
             self.comment(comment_finished(outcome, text, self.job_id, self.url, self.redact, notify=notify))
-        return status.value
 
     def admit(self) -> None:
         assert self.forge is not None
@@ -416,12 +448,16 @@ class Pipeline:
             f"FrogFix does not work on confidential issues, so it {outcome}.",
         )
 
-    def prepare(self) -> Prepared:
+    def fetch_mirror(self) -> tuple[ProjectInfo, Path]:
+        """The project as the forge has it, and its mirror brought up to date (every branch)."""
         assert self.forge is not None
         info = self.forge.project_info(self.project)
         key = repos.mirror_key(self.forge_kind, self.project)
         auth = self.forge.git_auth_header()
-        mirror = repos.retry_transient("git fetch", lambda: self.deps.repos.mirror(key, info.clone_url, auth))
+        return info, repos.retry_transient("git fetch", lambda: self.deps.repos.mirror(key, info.clone_url, auth))
+
+    def prepare(self) -> Prepared:
+        info, mirror = self.fetch_mirror()
         base = repos.resolve(mirror, info.default_branch)
         branch = f"frogfix/issue-{self.issue}"
         self.update(base_commit=base, branch=branch)
@@ -440,7 +476,7 @@ class Pipeline:
         last_reason = "no attempt ran"
         for number in range(1, self.s.attempts + 1):
             self.check_cancel()
-            result = self.one_attempt(runner, observer, prepared.base, number)
+            result = self.one_attempt(runner, observer, prepared, number)
             if result.outcome == AttemptOutcome.verified:
                 return result
             last_reason = result.reason
@@ -448,28 +484,38 @@ class Pipeline:
                 raise JobEnded(JobStatus.failed, result.reason, f"FrogFix stopped: {result.reason}")
         raise JobEnded(JobStatus.no_fix, last_reason, last_reason)
 
-    def one_attempt(self, runner: AttemptRunner, observer: JobObserver, base: str, number: int) -> AttemptResult:
+    def task(self) -> str:
+        """The agent's first user message: the issue as untrusted data (a round's adds its requests)."""
+        return render_task(
+            self.title, sanitize_issue_text(self.body), prompts_dir=self.s.prompts_dir,
+            project=self.project, issue_number=self.issue,
+        )
+
+    def one_attempt(
+        self, runner: AttemptRunner, observer: JobObserver, prepared: Prepared, number: int
+    ) -> AttemptResult:
         """One attempt through the shared runner, recorded as an attempt row of this run."""
         observer.start(in_transaction(
             lambda session: records.start_attempt(session, self.job_id, self.run_number, number)
         ))
+        fields: dict[str, Any] = {
+            "attempt": number, "run": self.run_number, "forge": self.forge_kind,
+            "project": self.project, "issue": self.issue,
+        }
+        if self.round:
+            fields.update(round=self.round, round_kind=self.round_kind, mr=self.mr_number)
         spec = AttemptSpec(
             job_id=self.job_id,
             number=number,
-            base_commit=base,
+            base_commit=prepared.base,
+            start_commit=prepared.start,
             system_prompt=system_prompt(self.s.prompts_dir),
-            task=render_task(
-                self.title, sanitize_issue_text(self.body), prompts_dir=self.s.prompts_dir,
-                project=self.project, issue_number=self.issue,
-            ),
+            task=self.task(),
             limits=leaf_limits_from(self.s, self.deadline - time.monotonic()),
             trajectory=trajectory.attempt_path(self.job_id, self.run_number, number),
             model_label=self.s.model_name,
             sampling=sampling_from(self.s).body_fields(),
-            trajectory_fields={
-                "attempt": number, "run": self.run_number, "forge": self.forge_kind,
-                "project": self.project, "issue": self.issue,
-            },
+            trajectory_fields=fields,
             labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
         )
         result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s))
@@ -535,7 +581,10 @@ class Pipeline:
             self.redact(mr_title(self.issue, title)),
             self.description(prepared, result),
         )
-        self.finish(mr.web_url, created, result.flags)
+        self.finish(
+            mr.web_url, f"{'opened' if created else 'updated'} draft {mr.web_url}", result.flags,
+            {"created": created}, mr_number=mr.number, pushed_commit=sha,
+        )
         self.comment(
             comment_finished(
                 "draft merge request ready", "", self.job_id, self.url, self.redact, mr_url=mr.web_url
@@ -564,8 +613,13 @@ class Pipeline:
             redact=self.redact,
         )
 
-    def finish(self, mr_url: str, created: bool, flags: list[str]) -> None:
-        """The job is done with its MR, in one transaction with its event, if this run still owns it."""
+    def finish(
+        self, mr_url: str, message: str, flags: list[str], data: dict[str, Any], **recorded: Any
+    ) -> None:
+        """The job is done with its MR, in one transaction with its event, if this run still owns it.
+
+        `recorded`: what the job keeps of the publish (the MR's number, the commit pushed).
+        """
 
         def finish(session: Session) -> bool:
             done = transitions.set_status(
@@ -576,19 +630,255 @@ class Pipeline:
                 run=self.run_number,
                 mr_url=mr_url,
                 flags=flags,
+                **recorded,
             )
             if done:
-                records.add_event(
-                    session,
-                    self.job_id,
-                    "done",
-                    f"{'opened' if created else 'updated'} draft {mr_url}",
-                    {"mr_url": mr_url, "created": created},
-                )
+                records.add_event(session, self.job_id, "done", message, {"mr_url": mr_url, **data})
             return done
 
         if not in_transaction(finish):  # the MR is there; the run that owns the job now finds and updates it
             raise Superseded(f"the job left 'publishing' in run {self.run_number} while this run published")
+
+
+ROUND_OUTCOMES = {
+    JobStatus.done.value: "pushed", JobStatus.no_fix.value: "no fix", JobStatus.failed.value: "failed",
+    JobStatus.cancelled.value: "cancelled", JobStatus.rejected.value: "rejected",
+}  # fmt: skip
+BRANCH_MOVED = "the branch moved while the round ran"
+MAX_THREAD_NOTES = 200  # the newest notes of a long review thread
+
+
+class RoundPipeline(Pipeline):
+    """A review round (a job with `round > 0`): new commits on the MR FrogFix opened, on top of its head.
+
+    It takes the thread's accepted requests (reviewers' comments, failed CI), starts from the
+    branch's head, verifies as round 0 does (before on the base, after on the head with the patch),
+    pushes one fast-forward commit, rewrites the MR's rounds section and replies to each request.
+    """
+
+    def __init__(self, job_id: int, deps: Deps) -> None:
+        super().__init__(job_id, deps)
+        self.taken: list[dict[str, Any]] = []  # the requests this round took (RoundRequest.to_dict())
+        self.thread: list[ThreadNote] = []
+        self.diff = ""
+
+    def drop_waiting(self, reason: str) -> None:
+        if self.thread_id is not None:
+            thread_id = self.thread_id
+            in_transaction(lambda session: rounds.drop_requests(session, thread_id, reason))
+
+    def admit(self) -> None:
+        assert self.forge is not None
+        if not project_allowed(self.s, self.project):
+            raise JobEnded(JobStatus.rejected, f"project {self.project} is not in FROGFIX_ALLOWED_PROJECTS", None)
+        if self.mr_number is None or self.thread_id is None:
+            raise JobEnded(JobStatus.failed, "the round names no MR or thread", None)
+        issue = self.forge.get_issue(self.project, self.issue)
+        self.refuse_confidential(issue, "did not start")
+        if issue.state != "open" or self.s.trigger_label not in issue.labels:
+            reason = f"the issue is closed or the label {self.s.trigger_label!r} was removed"
+            self.drop_waiting(reason)
+            raise JobEnded(JobStatus.cancelled, reason, None)
+        mr = self.forge.get_mr(self.project, self.mr_number)
+        if mr.verdict != "open":
+            self.drop_waiting(f"the MR is {mr.verdict}")
+            raise JobEnded(JobStatus.cancelled, f"the MR is {mr.verdict}", None)
+        self.taken = in_transaction(self.take_requests)
+        if not self.taken:
+            raise JobEnded(JobStatus.cancelled, "nothing to do: no accepted request waits for this round", None)
+        # The newest request with an author asked last (a CI result may have none: triage checked its commit).
+        asker = next((r["author"] for r in reversed(self.taken) if r.get("author")), None) or self.trigger_user
+        if asker and not self.forge.can_trigger(self.project, asker):
+            raise JobEnded(
+                JobStatus.rejected,
+                f"{asker} may not ask FrogFix for changes here",
+                "Only members with Developer (write) access can ask FrogFix for changes.",
+            )
+        self.thread = self.forge.review_thread(self.project, self.mr_number)[-MAX_THREAD_NOTES:]
+        self.title, self.body = issue.title, issue.body or ""
+        self.issue_url = issue.web_url or self.issue_url
+        self.update(
+            title=issue.title, body=issue.body, trigger_user=asker, issue_url=self.issue_url,
+            round_input=self.round_input(),
+        )
+        self.event(
+            "admitted",
+            f"round {self.round}: took {len(self.taken)} request(s); {asker or 'CI'} asked last",
+            {"requests": [r.get("id") for r in self.taken]},
+        )
+
+    def take_requests(self, session: Session) -> list[dict[str, Any]]:
+        """The thread's accepted requests, now this round's, with those an earlier run of it took (a rerun)."""
+        rounds.take_requests(session, self.job_id)
+        mine = rounds.requests_of(session, job_id=self.job_id)
+        return [r.to_dict() for r in mine if r.status == RequestStatus.taken.value]
+
+    def round_input(self) -> dict[str, Any]:
+        """What the round was given, as the job keeps it (redacted; the thread's notes bounded)."""
+        notes = [{**n.to_dict(), "body": n.body[:MAX_COMMENT_CHARS]} for n in self.thread]
+        given = {"requests": self.taken, "thread": notes, "diff": self.diff}
+        return redact_value(given, self.redact)
+
+    def prepare(self) -> Prepared:
+        """Start from the branch's head in the mirror (a human's pushes included); base = where it left main."""
+        info, mirror = self.fetch_mirror()
+        branch = self.branch or repos.branch_for_issue(self.issue)
+        start = repos.resolve(mirror, branch)
+        base = repos.merge_base(mirror, start, repos.resolve(mirror, info.default_branch))
+        self.branch, self.diff = branch, repos.diff_text(mirror, base, start, limit=MAX_DIFF_CHARS)
+        self.update(start_commit=start, base_commit=base, branch=branch, round_input=self.round_input())
+        self.event(
+            "prepared",
+            f"mirror updated; round {self.round} builds on {branch} at {start[:12]}, base {base[:12]}",
+            {"start_commit": start, "base_commit": base, "default_branch": info.default_branch},
+        )
+        self.root.mkdir(parents=True, exist_ok=True)
+        return Prepared(mirror, base, info.default_branch, info.clone_url, start=start)
+
+    def requests(self) -> list[ReviewComment | CiReport]:
+        """The taken requests as the forge vocabulary has them (what the task quotes)."""
+        asked: list[ReviewComment | CiReport] = []
+        for request in self.taken:
+            data = request.get("data") or {}
+            if request.get("kind") == "ci":
+                asked.append(CiReport.from_dict(data))
+            elif request.get("kind") == "review":
+                asked.append(ReviewComment.from_dict({"author": request.get("author"), **data}))
+        return asked
+
+    def task(self) -> str:
+        return self.redact(
+            render_round_task(
+                self.title, self.body, requests=self.requests(), thread=self.thread, diff=self.diff,
+                prompts_dir=self.s.prompts_dir, project=self.project, issue_number=self.issue,
+                mr_number=self.mr_number or "", round_number=self.round,
+            )
+        )
+
+    def publish(self, prepared: Prepared, result: AttemptResult) -> None:
+        """One commit on the head the round started from, pushed as a fast-forward; then the MR and the replies."""
+        assert self.forge is not None and prepared.start is not None and self.mr_number is not None
+        self.check_cancel()
+        issue = self.forge.get_issue(self.project, self.issue)
+        self.refuse_confidential(issue, "published nothing")
+        if issue.state != "open" or self.s.trigger_label not in issue.labels:
+            self.drop_waiting("the issue was closed or the label removed")
+            raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the round ran", None)
+        self.status(JobStatus.publishing, expected=("verifying",))
+        skip_ci = not self.s.allow_forge_ci
+        message = self.redact(
+            commit_message(self.issue, self.redact(self.title), self.job_id, skip_ci=skip_ci, round_number=self.round)
+        )
+        assert result.changes is not None, "only a judged attempt is published"
+        sha = repos.commit_patch(
+            prepared.mirror, prepared.start, result.patch, message, BOT_AUTHOR, self.root / "publish",
+            expect_tree=result.changes.tree,
+        )
+        self.push_round(prepared, sha, skip_ci)
+        self.event("pushed", f"pushed {sha[:12]} on {prepared.start[:12]} to {self.branch}", {"commit": sha})
+        mr = self.forge.get_mr(self.project, self.mr_number)
+        description = rounds_section(mr.description, self.round_lines(sha), self.redact)
+        mr = self.forge.update_mr(self.project, mr, mr.title, description)
+        self.finish(
+            mr.web_url, f"round {self.round} pushed {sha[:12]} to {mr.web_url}", result.flags,
+            {"commit": sha, "round": self.round}, pushed_commit=sha,
+        )
+        self.reply_all(
+            round_reply_pushed(
+                round_number=self.round, commit=sha,
+                diffstat=result.changes.diffstat(), summary=result.leaf.final_answer,
+                job_id=self.job_id, job_url=self.url, redact=self.redact,
+            )
+        )
+
+    def push_round(self, prepared: Prepared, sha: str, skip_ci: bool) -> None:
+        """Push without force; a branch that moved meanwhile ends the round and gives its requests back."""
+        assert self.forge is not None and prepared.start is not None and self.branch is not None
+        auth, branch, start = self.forge.git_auth_header(), self.branch, prepared.start
+        options = skip_ci_push_options(self.forge_kind) if skip_ci else ()
+        try:
+            repos.retry_transient(
+                "git push",
+                lambda: repos.push_branch(
+                    prepared.mirror, prepared.clone_url, auth, branch, sha,
+                    expect_old=start, push_options=options, fast_forward=True,
+                ),
+            )
+        except repos.RepoBranchMoved as exc:
+            if self.branch_head(branch) == sha:  # a retry after a lost answer met its own push
+                return
+            in_transaction(lambda session: rounds.return_requests(session, self.job_id, BRANCH_MOVED))
+            raise JobEnded(
+                JobStatus.failed,
+                BRANCH_MOVED,
+                "Someone pushed to the branch while this round ran, so FrogFix pushed nothing; "
+                "the next round takes these requests again on the new head.",
+            ) from exc
+
+    def branch_head(self, branch: str) -> str | None:
+        """The branch's head on the forge now (through the mirror); None when it is gone."""
+        _, mirror = self.fetch_mirror()
+        try:
+            return repos.resolve(mirror, branch)
+        except repos.RepoError:
+            return None
+
+    def round_lines(self, pushed: str) -> list[RoundLine]:
+        """The thread's rounds for the MR description; this round as pushed."""
+        assert self.thread_id is not None
+        thread_id = self.thread_id
+        jobs = in_transaction(lambda session: [
+            (j.id, j.round, j.round_kind, j.trigger_user, j.pushed_commit, j.status)
+            for j in rounds.thread_jobs(session, thread_id)
+        ])  # fmt: skip
+        lines = []
+        for job_id, number, kind, who, commit, status in jobs:
+            if not number:
+                continue
+            if job_id == self.job_id:
+                commit, status = pushed, JobStatus.done.value
+            outcome = ROUND_OUTCOMES.get(status, "running" if status not in FINAL_STATUSES else status)
+            lines.append(RoundLine(number, kind or "review", who, commit, outcome, job_url(self.s, job_id)))
+        return lines
+
+    def reply_all(self, text: str) -> None:
+        """One reply per discussion the taken requests came from (comments without one: one reply on the MR).
+
+        Best effort: a reply that cannot be posted is noted on the timeline, never fatal.
+        """
+        if self.forge is None or self.mr_number is None:
+            return
+        discussions: list[str | None] = []
+        for request in self.taken:
+            data = request.get("data") or {}
+            key = data.get("discussion_id") if request.get("kind") == "review" else None
+            key = key if isinstance(key, str) and key else None
+            if key not in discussions:
+                discussions.append(key)
+        for discussion in discussions:
+            try:
+                self.forge.reply(self.project, self.mr_number, self.redact(text), discussion)
+            except ForgeError as exc:
+                self.event("reply_failed", f"could not reply on the MR: {exc}")
+
+    def tell_end(self, status: JobStatus, reason: str, comment: str | None, notify: str | None) -> None:
+        """A round that pushed nothing says why in the MR's threads it was asked in, not on the issue."""
+        if not self.taken:
+            return
+        outcome = ROUND_OUTCOMES.get(status.value, status.value)
+        self.reply_all(
+            round_reply_ended(
+                round_number=self.round, outcome=outcome, detail=comment or reason,
+                job_id=self.job_id, job_url=self.url, redact=self.redact,
+            )
+        )
+
+
+def pipeline_for(job_id: int, deps: Deps) -> Pipeline:
+    """The job's pipeline: a review round's for a job with `round > 0`, else the issue's."""
+    with session_scope() as session:
+        is_round = (records.get_job(session, job_id).round or 0) > 0
+    return RoundPipeline(job_id, deps) if is_round else Pipeline(job_id, deps)
 
 
 def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[BaseException], ...] = ()) -> str:
@@ -597,7 +887,7 @@ def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[
         try:
             deps = deps or Deps.from_settings()
             deps.time_limit_errors = deps.time_limit_errors or time_limit_errors
-            pipeline = Pipeline(job_id, deps)
+            pipeline = pipeline_for(job_id, deps)
         except Exception as exc:  # it could not even start: end the claimed job rather than leave it running
             log.exception("pipeline_start_failed")
             why = f"could not start: {type(exc).__name__}: {exc}"

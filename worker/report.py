@@ -130,12 +130,18 @@ def mr_title(issue: int, title: str) -> str:
     return f"Fix #{issue}: {inert_title(title)}"
 
 
-def commit_message(issue: int, title: str, job_id: int, *, skip_ci: bool) -> str:
-    """The bot's commit: the MR title as subject, and the marker that keeps forge CI off the branch."""
-    body = f"Drafted by FrogFix (job {job_id})."
+def commit_message(issue: int, title: str, job_id: int, *, skip_ci: bool, round_number: int = 0) -> str:
+    """The bot's commit: the MR title as subject (a review round says which), and the marker that keeps
+    forge CI off the branch. A round's subject names the issue without a closing keyword: the MR's own
+    title already closes it."""
+    if round_number:
+        subject = f"Review round {int(round_number)} for #{issue}: {inert_title(title)}"
+        body = f"Changes asked on the merge request, drafted by FrogFix (job {job_id})."
+    else:
+        subject, body = mr_title(issue, title), f"Drafted by FrogFix (job {job_id})."
     if skip_ci:
         body += f"\n\nForge CI is skipped until a maintainer runs it on this branch: {SKIP_CI_MARKER}"
-    return f"{mr_title(issue, title)[:200]}\n\n{body}"
+    return f"{subject[:200]}\n\n{body}"
 
 
 def _exit(run: dict[str, Any] | None) -> str:
@@ -246,4 +252,115 @@ def comment_finished(
         text += f" Please review {mr_url}."
     if detail:
         text += f" {inert(redact(detail))}"
+    return redact(text)
+
+
+# -- review rounds ------------------------------------------------------------------------------
+
+ROUNDS_HEADING = "## Review rounds"
+ROUNDS_END = "<!-- frogfix:rounds-end -->"  # where our section stops, so a human's text after it is kept
+REPLY_SUMMARY_LIMIT = 2_000
+_SHORT_SHA = re.compile(r"[0-9a-f]{7,64}")
+
+
+@dataclass(frozen=True)
+class RoundLine:
+    """One round of an MR as the description lists it: who asked for what, and what came of it."""
+
+    number: int
+    kind: str  # a RoundKind: review, ci
+    asked_by: str | None
+    commit: str | None  # what the round pushed, if it did
+    outcome: str  # our own words: the job's status ("done", "no fix", "running", ...)
+    job_url: str | None = None
+
+
+def _without_rounds_section(description: str) -> tuple[str, int | None]:
+    """`description` without any earlier rounds section, and the line index where the first one was."""
+    lines = description.replace("\r\n", "\n").split("\n")
+    kept: list[str] = []
+    first: int | None = None
+    skipping = False
+    for line in lines:
+        if line.strip() == ROUNDS_HEADING:
+            skipping = True
+            first = len(kept) if first is None else first
+            continue
+        if skipping:
+            if line.strip() == ROUNDS_END:
+                skipping = False
+                continue
+            if not line.startswith("## ") and not line.startswith("# "):
+                continue
+            skipping = False  # a later heading of someone else's: the section ended before it
+        kept.append(line)
+    return "\n".join(kept), first
+
+
+def rounds_section(description: str, rounds: Sequence[RoundLine], redact: Callable[[str], str]) -> str:
+    """The MR's `description` with its one "## Review rounds" section rewritten (in place, or at the end).
+
+    An earlier section (ours, up to its end marker) is replaced, never followed by a second one;
+    the rest of the description, a human's edits included, is kept as it is.
+    """
+    body, at = _without_rounds_section(description)
+    section = [ROUNDS_HEADING, "", "| round | kind | asked by | commit | outcome |", "| --: | --- | --- | --- | --- |"]
+    for r in rounds:
+        number = f"[{r.number}]({r.job_url})" if r.job_url else str(r.number)
+        who = _code(redact(r.asked_by)) if r.asked_by else "-"
+        commit = f"`{r.commit[:12]}`" if r.commit and _SHORT_SHA.fullmatch(r.commit) else "-"
+        kind = inert(escape_hidden(r.kind))
+        section.append(f"| {number} | {kind} | {who} | {commit} | {inert(escape_hidden(redact(r.outcome)))} |")
+    section += ["", ROUNDS_END]
+    lines = body.split("\n")
+    if at is None:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += ["", *section]
+    else:
+        lines[at:at] = [*section, ""]
+    return redact("\n".join(lines).strip("\n") + "\n")
+
+
+def _job_ref(job_id: int, job_url: str | None) -> str:
+    return f"[job {job_id}]({job_url})" if job_url else f"job {job_id}"
+
+
+def round_reply_pushed(
+    *,
+    round_number: int,
+    commit: str,
+    diffstat: Sequence[tuple[str, int, int]],
+    summary: str,
+    job_id: int,
+    job_url: str | None,
+    redact: Callable[[str], str],
+) -> str:
+    """The reply to a round's requests when it pushed a commit: the files changed and the agent's summary.
+
+    The summary is the model's text, which a hostile comment may have shaped: redacted, bounded and
+    fenced (disarmed inside), as in the MR description.
+    """
+    short = commit[:12] if _SHORT_SHA.fullmatch(commit) else "?"
+    lines = [f"FrogFix pushed `{short}` to this merge request (review round {round_number}, "
+             f"{_job_ref(job_id, job_url)}). Nothing is resolved: that is for the reviewer.", ""]
+    files = [f"{_code(shown_path(redact(path)))} (+{added} -{removed})" for path, added, removed in diffstat[:50]]
+    if len(diffstat) > 50:
+        files.append(f"and {len(diffstat) - 50} more")
+    lines += ["**Files changed:** " + (", ".join(files) or "none"), ""]
+    text = redact(summary.strip() or "(no summary)")[:REPLY_SUMMARY_LIMIT]
+    lines += ["**What the agent says:**", "", _fence(text)]
+    return redact("\n".join(lines))
+
+
+def round_reply_ended(
+    *, round_number: int, outcome: str, detail: str, job_id: int, job_url: str | None, redact: Callable[[str], str]
+) -> str:
+    """The reply when a round pushed nothing (no fix, failed, cancelled): why, made inert."""
+    text = (
+        f"FrogFix's review round {round_number} ({_job_ref(job_id, job_url)}) ended: **{inert(outcome)}**; "
+        "nothing was pushed."
+    )
+    if detail:
+        text += f" {inert(redact(detail)[:REPLY_SUMMARY_LIMIT])}"
     return redact(text)

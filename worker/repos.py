@@ -124,6 +124,10 @@ class RepoTransient(RepoError):
     """Network trouble (refused, timed out, 5xx): the same call may well work later."""
 
 
+class RepoBranchMoved(RepoError):
+    """A push was refused because the branch is no longer where we built on (someone else pushed)."""
+
+
 def retry_transient(
     what: str,
     fn: Callable[[], T],
@@ -1055,6 +1059,7 @@ def push_branch(
     *,
     expect_old: str | None = None,
     push_options: Sequence[str] = (),
+    fast_forward: bool = False,
     timeout: float = NETWORK_TIMEOUT,
 ) -> None:
     """Push `commit` to `refs/heads/<branch>` and to nothing else; `branch` must be `frogfix/...`.
@@ -1063,7 +1068,11 @@ def push_branch(
     one, so by default that one ref is force-updated (`+<sha>:refs/heads/<branch>`; no other
     ref, no tags, no merge). A caller that recorded what it last pushed can pass `expect_old`
     (a sha, or "" for "must not exist yet") to get `--force-with-lease` instead: then a commit
-    someone else added to our branch is never overwritten (RepoError "stale info").
+    someone else added to our branch is never overwritten (RepoBranchMoved "stale info").
+    With `fast_forward` (a review round, which builds on the branch's head) nothing is ever forced:
+    the refspec has no `+`, and `expect_old` must be an ancestor of `commit` (checked here), so the
+    lease can only let a fast-forward from it through; a branch that moved meanwhile is
+    RepoBranchMoved, never overwritten.
     `push_options` go to the server as `git push -o` (GitLab's `ci.skip`); a server that does not
     advertise push options refuses the push.
     All validation happens before any network call.
@@ -1090,11 +1099,13 @@ def push_branch(
         )
         if exists.returncode != 0:
             raise RepoError(f"commit {commit[:12]} is not in {source.name}")
-        if expect_old is None:
-            args = ["push", "--porcelain", "--no-verify", *options, "--", clone_url, f"+{commit}:{ref}"]
-        else:
-            lease = f"--force-with-lease={ref}:{expect_old}"
-            args = ["push", "--porcelain", "--no-verify", *options, lease, "--", clone_url, f"{commit}:{ref}"]
+        if fast_forward and expect_old:
+            _check_ancestor(repo, str(expect_old), commit)
+        args = ["push", "--porcelain", "--no-verify", *options]
+        if expect_old is not None:
+            args.append(f"--force-with-lease={ref}:{expect_old}")
+        plus = "" if fast_forward or expect_old is not None else "+"
+        args += ["--", clone_url, f"{plus}{commit}:{ref}"]
         env = git_environment()
         if auth_header:
             env = git_auth_env(auth_header, url=clone_url, base_env=env)
@@ -1102,6 +1113,57 @@ def push_branch(
     if done.returncode != 0:
         output = done.stdout.decode("utf-8", "replace") + "\n" + done.stderr.decode("utf-8", "replace")
         secrets = _secret_forms(auth_header)
-        if "stale info" in output or "[rejected]" in output or "[remote rejected]" in output:
+        if "stale info" in output or "[rejected]" in output:  # a lease or fast-forward refusal
+            raise RepoBranchMoved(f"git push to {branch} was rejected (the branch moved): {_summary(output, secrets)}")
+        if "[remote rejected]" in output:
             raise RepoError(f"git push to {branch} was rejected: {_summary(output, secrets)}")
         raise _classify(f"git push to {branch}", output, secrets)
+
+
+def _check_ancestor(repo: list[str], old: str, commit: str) -> None:
+    """RepoBranchMoved unless `commit` descends from `old`: a fast-forward push from `old` only."""
+    done = run_git(
+        [*repo, "merge-base", "--is-ancestor", old, commit],
+        env=git_environment(),
+        what="git merge-base",
+        timeout=LOCAL_TIMEOUT,
+        check=False,
+    )
+    if done.returncode == 1:
+        raise RepoBranchMoved(f"{commit[:12]} does not build on {old[:12]}: FrogFix pushes only fast-forwards here")
+    if done.returncode != 0:
+        raise RepoError(f"git merge-base failed: {_summary(done.stderr.decode('utf-8', 'replace'), [])}")
+
+
+def merge_base(mirror: Path, one: str, other: str) -> str:
+    """The best common ancestor of two commits (a round's base: where the bot's branch left the default branch)."""
+    for commit in (one, other):
+        check_sha(commit)
+    with reading_lock(mirror):
+        done = run_git(
+            [*git_dir_args(mirror), "merge-base", one, other],
+            env=git_environment(),
+            what="git merge-base",
+            timeout=LOCAL_TIMEOUT,
+            check=False,
+        )
+    found = done.stdout.decode().strip()
+    if done.returncode != 0 or not _SHA.fullmatch(found):
+        raise RepoError(f"{one[:12]} and {other[:12]} have no common ancestor in the mirror")
+    return found
+
+
+def diff_text(mirror: Path, base: str, head: str, *, limit: int = 40_000) -> str:
+    """`git diff base head` as text (binary files named, not shown), cut to `limit` characters with a note."""
+    for commit in (base, head):
+        check_sha(commit)
+    args = ["diff", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames", base, head, "--"]
+    with reading_lock(mirror):
+        done = run_git(
+            [*git_dir_args(mirror), *args], env=git_environment(), what="git diff", timeout=LOCAL_TIMEOUT,
+            max_memory=1024**3,
+        )
+    text = done.stdout.decode("utf-8", "replace")
+    if len(text) > limit:
+        text = text[:limit] + f"\n[diff cut: {len(text) - limit} more characters]"
+    return text

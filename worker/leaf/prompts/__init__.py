@@ -11,20 +11,34 @@ the base commit by worker/repo_config.py) is appended to the task as a section o
 markers of its own, after the issue: apart from the untrusted issue text, and in the first user
 message rather than the system prompt, which stays constant. Neither text can fake the other's
 markers.
+
+A review round's task (`render_round_task`, template `round.md`) holds more untrusted text, each
+in its own delimited block: the issue, the requests the round takes (reviewers' comments, failing
+CI jobs with their log tails), the MR's review thread and its diff. Comments and logs are
+sanitized like the issue (worker/issue_text.py), bounded, and quoted line by line (`| `), so no
+one can fake the structure around them; the diff is the code the agent's checkout holds, so it is
+bounded and defanged, never rewritten.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Any, Final
+
+from app.forge.reviews import CiReport, ReviewComment, ThreadNote
+from worker.issue_text import sanitize_issue_text
 
 PACKAGE_DIR: Final = Path(__file__).resolve().parent
 BEGIN_MARKER: Final = "<<<UNTRUSTED_ISSUE_BEGIN>>>"
 END_MARKER: Final = "<<<UNTRUSTED_ISSUE_END>>>"
 GUIDANCE_BEGIN: Final = "<<<REPOSITORY_GUIDANCE_BEGIN>>>"
 GUIDANCE_END: Final = "<<<REPOSITORY_GUIDANCE_END>>>"
+ROUND_MARKERS: Final = tuple(
+    f"<<<UNTRUSTED_{block}_{end}>>>" for block in ("REQUESTS", "REVIEW", "DIFF") for end in ("BEGIN", "END")
+)
 DEFAULT_MAX_BODY_CHARS: Final = 30_000
 GUIDANCE_INTRO: Final = (
     "Repository guidance: the repository's own instructions for agents, read from the commit you are working on"
@@ -51,7 +65,7 @@ def system_prompt(prompts_dir: str | Path | None = None) -> str:
 
 def _defang(text: str) -> str:
     """Keep issue or guidance text from closing (or faking) either delimited block."""
-    for marker in (BEGIN_MARKER, END_MARKER, GUIDANCE_BEGIN, GUIDANCE_END):
+    for marker in (BEGIN_MARKER, END_MARKER, GUIDANCE_BEGIN, GUIDANCE_END, *ROUND_MARKERS):
         text = text.replace(marker, marker.replace("<<<", "<<(quoted)<"))
     return text.replace("\r\n", "\n")
 
@@ -76,6 +90,120 @@ def render_task(
         "issue_number": str(issue_number),
     }
     return Template(load_prompt("task.md", prompts_dir)).safe_substitute(values)
+
+
+# -- review rounds -------------------------------------------------------------------------------
+
+MAX_COMMENT_CHARS: Final = 6_000  # one request's or thread note's text
+MAX_LOG_CHARS: Final = 8_000  # one failing CI job's log tail
+MAX_REQUESTS_CHARS: Final = 40_000
+MAX_THREAD_CHARS: Final = 30_000  # the newest notes are kept
+MAX_DIFF_CHARS: Final = 40_000
+_COMMENT_KINDS: Final = {
+    "note": "comment", "diff_note": "line comment", "review_changes": "review requesting changes",
+    "review_comment": "review comment", "review_approved": "approving review", "review": "review",
+}  # fmt: skip
+
+
+def _one_line(text: str | None, limit: int = 200) -> str:
+    """A name or a path from the forge, on one line, bounded and defanged."""
+    return _defang(" ".join(sanitize_issue_text(text or "").split()))[:limit] or "?"
+
+
+def _quoted(text: str | None, limit: int) -> str:
+    """Untrusted text, sanitized, bounded and quoted line by line: nothing in it can pass for our structure."""
+    clean = _defang(sanitize_issue_text(text, limit=limit)) or "(empty)"
+    return "\n".join(f"| {line}" for line in clean.split("\n"))
+
+
+def _where(path: str | None, line: int | None) -> str:
+    if not path:
+        return ""
+    return f" on {_one_line(path, 300)}" + (f":{int(line)}" if line is not None else "")
+
+
+def _request_text(number: int, request: ReviewComment | CiReport) -> str:
+    if isinstance(request, ReviewComment):
+        kind = _COMMENT_KINDS.get(request.kind, "comment")
+        head = f"[request {number}] {kind} by {_one_line(request.author)}{_where(request.path, request.line)}:"
+        return f"{head}\n{_quoted(request.body, MAX_COMMENT_CHARS)}"
+    head = f"[request {number}] CI failure: {_one_line(request.system)} {_one_line(request.id)}"
+    head += f" on commit {_one_line(request.sha)[:12]} ({_one_line(request.status)})"
+    parts = [head + (f": {_one_line(request.description, 500)}" if request.description else "")]
+    for job in request.failed_jobs:
+        about = ", ".join(
+            f"{label} {_one_line(value)}" for label, value in (("stage", job.stage), ("failure", job.failure_reason))
+            if value
+        )
+        parts.append(f"  failing job {_one_line(job.name)} ({_one_line(job.status)}{', ' + about if about else ''})")
+        if job.log_tail:
+            parts.append(f"  its log, last lines:\n{_quoted(job.log_tail, MAX_LOG_CHARS)}")
+    if not request.failed_jobs:
+        parts.append("  (the CI system named no failing job)")
+    return "\n".join(parts)
+
+
+def _note_text(number: int, note: ThreadNote) -> str:
+    kind = _COMMENT_KINDS.get(note.kind, "comment")
+    state = "" if note.resolved is None else (", resolved" if note.resolved else ", unresolved")
+    when = f", {_one_line(note.created_at, 40)}" if note.created_at else ""
+    head = f"[note {number}] {kind} by {_one_line(note.author)}{_where(note.path, note.line)}{state}{when}:"
+    return f"{head}\n{_quoted(note.body, MAX_COMMENT_CHARS)}"
+
+
+def _bounded_blocks(blocks: list[str], limit: int, *, keep_newest: bool, what: str) -> str:
+    """Blocks joined within about `limit` characters: the oldest (or the newest) left out first, with a note."""
+    kept: list[str] = []
+    used = 0
+    for block in reversed(blocks) if keep_newest else blocks:
+        if used + len(block) > limit and kept:
+            break
+        kept.append(block[:limit])
+        used += len(block) + 2
+    left = len(blocks) - len(kept)
+    if keep_newest:
+        kept.reverse()
+    text = "\n\n".join(kept)
+    if left:
+        note = f"[{left} {'earlier' if keep_newest else 'later'} {what} left out: over the size limit]"
+        text = f"{note}\n\n{text}" if keep_newest else f"{text}\n\n{note}"
+    return text
+
+
+def render_round_task(
+    title: str,
+    body: str,
+    *,
+    requests: Sequence[ReviewComment | CiReport],
+    thread: Sequence[ThreadNote],
+    diff: str,
+    prompts_dir: str | Path | None = None,
+    project: str = "",
+    issue_number: str | int = "",
+    mr_number: str | int = "",
+    round_number: int = 1,
+) -> str:
+    """A review round's user message: the issue, the requests, the thread and the diff, each delimited.
+
+    Everything but our template is untrusted: sanitized (the diff excepted, see the module), bounded, defanged.
+    """
+    issue = sanitize_issue_text(body, limit=DEFAULT_MAX_BODY_CHARS) or "(no description)"
+    asked = [_request_text(i, r) for i, r in enumerate(requests, 1)]
+    notes = [_note_text(i, n) for i, n in enumerate(thread, 1)]
+    if len(diff) > MAX_DIFF_CHARS:
+        diff = f"{diff[:MAX_DIFF_CHARS]}\n[diff cut: {len(diff) - MAX_DIFF_CHARS} more characters]"
+    values = {
+        "issue_title": _one_line(title, 500),
+        "issue_body": _defang(issue),
+        "project": _defang(project),
+        "issue_number": str(issue_number),
+        "mr_number": str(mr_number),
+        "round_number": str(int(round_number)),
+        "requests": _bounded_blocks(asked, MAX_REQUESTS_CHARS, keep_newest=False, what="requests") or "(none)",
+        "thread": _bounded_blocks(notes, MAX_THREAD_CHARS, keep_newest=True, what="notes") or "(no notes)",
+        "diff": _defang(diff.replace("\r\n", "\n").strip("\n")) or "(no changes yet)",
+    }
+    return Template(load_prompt("round.md", prompts_dir)).safe_substitute(values)
 
 
 # -- repository guidance ------------------------------------------------------------------------
