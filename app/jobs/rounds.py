@@ -170,7 +170,11 @@ def record_request(session: Session, thread: Job, event: WebhookEvent) -> int | 
     mr = event.mr if event.mr is not None else thread_mr_number(thread)
     if payload is None or mr is None or event.intent not in ("review", "stop", "ci"):
         raise ValueError(f"a {event.intent} event without its comment, CI result or MR is no round request")
-    author = event.comment.author if event.comment is not None and event.comment.author else event.sender
+    # A CI result has no asker: whoever ran the pipeline (or posted the status) asked for nothing, so a
+    # CI round acts for the person who started the thread (the rounds fall back to its trigger user).
+    author = None
+    if event.intent != "ci":
+        author = event.comment.author if event.comment is not None and event.comment.author else event.sender
     now = utcnow()
     return cast(
         int | None,

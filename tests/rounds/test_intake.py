@@ -106,7 +106,8 @@ def test_a_failed_pipeline_on_the_bots_branch_is_a_request_and_shown_on_the_job(
     result = _deliver(ci_event("p-1", mr=None))  # a branch pipeline: found by its ref
     assert result.outcome == "round_request"
     (request,) = _requests()
-    assert (request.kind, request.author, request.dedupe_key) == ("ci", "ci-runner", f"ci:gitlab_pipeline:501:{HEAD}")
+    # a CI result has no asker: its round acts for whoever started the thread
+    assert (request.kind, request.author, request.dedupe_key) == ("ci", None, f"ci:gitlab_pipeline:501:{HEAD}")
     assert request.data["failed_jobs"][0]["name"] == "unit" and request.data["sha"] == HEAD
     with session_scope() as s:
         assert records.get_job(s, thread).ci_status == "failed"
