@@ -62,7 +62,21 @@ class Base(DeclarativeBase):
     type_annotation_map = {dict[str, Any]: JSON, list[str]: JSON}
 
 
-class Job(Base):
+class UsageColumns:
+    """The usage columns (migration 0005) that jobs and attempts share, read as `UsageFigures.of(row)`.
+
+    An attempt's are its own figures; a job's are the sums over its attempts.
+    """
+
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    model_calls: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    model_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    sandbox_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+
+class Job(UsageColumns, Base):
     __tablename__ = "jobs"
     __table_args__ = (
         # At most one active job per issue, enforced by the database itself.
@@ -109,13 +123,6 @@ class Job(Base):
     steps: Mapped[int] = mapped_column(Integer, default=0)
     exit_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
-    # Usage (migration 0005): a job's figures are the sums over its attempts.
-    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    model_calls: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    model_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    sandbox_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     # Seconds from the enqueue to the worker's claim of the latest run, and summed over every
     # run (retries, review rounds, budget holds); None until first claimed.
     queue_wait_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -192,7 +199,7 @@ class Job(Base):
         }
 
 
-class JobAttempt(Base):
+class JobAttempt(UsageColumns, Base):
     """One independent try at a job: its own sandbox, trajectory, patch and test evidence."""
 
     __tablename__ = "job_attempts"
@@ -215,13 +222,6 @@ class JobAttempt(Base):
     tests: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # Usage (migration 0005): this attempt's own figures.
-    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    cached_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    model_calls: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
-    model_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
-    sandbox_seconds: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
