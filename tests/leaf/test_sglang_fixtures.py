@@ -26,7 +26,6 @@ from tests.doubles.openai_server import (
     assistant,
     context_too_long,
     overloaded,
-    text_call,
     tool_call,
 )
 from tests.doubles.sandbox_double import SandboxDouble
@@ -120,12 +119,16 @@ def test_infinity_from_sglang_gets_an_answer_and_the_run_goes_on(serve: Serve, c
     assert answer.startswith("ValueError: ") and "Infinity" in answer
 
 
-@pytest.mark.parametrize("name", sglang_case_names("errors.jsonl"))
+# errors.jsonl's one entry with no body: a 200 answer with finish_reason abort, which the
+# responses cases (abort_mid_reasoning, abort_mid_call) serve and check.
+NOT_AN_ERROR = {"abort_without_status"}
+
+
+@pytest.mark.parametrize("name", [n for n in sglang_case_names("errors.jsonl") if n not in NOT_AN_ERROR])
 def test_every_sglang_error_is_read_as_meant(serve: Serve, client_for: ClientFor, name: str) -> None:
     case = sglang_case("errors.jsonl", name)
-    if case["body"] is None:
-        pytest.skip("abort_without_status is a 200 answer: see the responses cases")
     status, body = case["http_status"], case["body"]
+    assert body is not None, f"{name} has no error body: list it in NOT_AN_ERROR"
     server = serve(Status(status, body), assistant("\n\nok"))
     model = client_for(server)
     if name.startswith("context_"):
@@ -206,10 +209,13 @@ def test_the_double_refuses_a_history_sglang_refuses(serve: Serve) -> None:
 def test_a_call_that_arrives_as_text_is_warned_about_once_per_server(
     serve: Serve, client_for: ClientFor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The sign of a server started without --tool-call-parser qwen3_coder."""
+    """The sign of a server started without --tool-call-parser qwen3_coder: SGLang's own answer then."""
     monkeypatch.setattr(model_module, "_warned", set())  # ports are reused: forget earlier tests' servers
-    call = "\n\n" + text_call("Read", file_path="a.py")
-    first, second = serve(assistant(call), assistant(call)), serve(assistant(call), assistant("\n\nplain"))
+    response = sglang_case("responses.jsonl", "no_tool_parser_text_call")
+    assert response["server"]["tool_call_parser"] is None
+    text = Status(200, response["sglang_response"])
+    assert "<tool_call>" in response["sglang_response"]["choices"][0]["message"]["content"]
+    first, second = serve(text, text), serve(text, assistant("\n\nplain"))
     with capture_logs() as logs:
         for server in (first, second):
             model = client_for(server)
@@ -219,6 +225,43 @@ def test_a_call_that_arrives_as_text_is_warned_about_once_per_server(
     assert [entry["server"] for entry in warned] == [first.base_url, second.base_url]
     assert all(entry["log_level"] == "warning" and "--tool-call-parser qwen3_coder" in entry["hint"]
                for entry in warned)
+
+
+def _without_tool_parser(content: str) -> Status:
+    """SGLang's answer (no_tool_parser_text_call) with `content` in place of its own."""
+    response = json.loads(json.dumps(sglang_case("responses.jsonl", "no_tool_parser_text_call")["sglang_response"]))
+    response["choices"][0]["message"]["content"] = content
+    return Status(200, response)
+
+
+def test_a_stripped_block_beside_a_real_text_call_costs_no_format_error(serve: Serve, client_for: ClientFor) -> None:
+    """The prose block (textcalls.jsonl wrapper_without_function, which SGLang drops) next to
+    SGLang's own text call: the call runs, and the model is told nothing about the prose."""
+    prose = sglang_case("textcalls.jsonl", "wrapper_without_function")
+    assert prose["sglang"]["calls"] == []
+    real = sglang_case("responses.jsonl", "no_tool_parser_text_call")["sglang_response"]["choices"][0]["message"]
+    content = "\n\nUse <tool_call>...</tool_call> blocks.\n" + prose["text"] + "\n" + real["content"].lstrip()
+    server = serve(_without_tool_parser(content), assistant("\n\nDone."))
+    sandbox = SandboxDouble(files=dict(FILES))
+    result = run(client_for(server), sandbox)
+    assert (result.exit_reason, result.final_answer) == ("agent", "Done.")
+    assert sandbox.calls == [("Read", {"file_path": "calc.py"})]
+    answers = [m["content"] for m in result.messages if m["role"] == "tool"]
+    assert answers == ["calc.py\n1. def add(a, b):\n2.     return a - b"]
+
+
+def test_a_reply_whose_only_block_is_stripped_is_told_it_was_not_understood(
+    serve: Serve, client_for: ClientFor
+) -> None:
+    """Without another call the dropped block is answered, never taken as the final answer."""
+    prose = sglang_case("textcalls.jsonl", "wrapper_without_function")["text"]
+    server = serve(_without_tool_parser("\n\n" + prose), assistant("\n\nDone."))
+    sandbox = SandboxDouble(files=dict(FILES))
+    result = run(client_for(server), sandbox)
+    told = server.request_json(1)["messages"][-1]
+    assert told["role"] == "tool" and told["content"].startswith("ToolCallFormatError: ")
+    assert "<function=NAME>" in told["content"] and sandbox.calls == []
+    assert (result.exit_reason, result.final_answer) == ("agent", "Done.")
 
 
 @pytest.mark.parametrize("name", ["first_request.json", "after_parallel_calls.json", "after_text_calls.json"])

@@ -104,6 +104,46 @@ def test_a_real_call_after_prose_that_mentions_tool_call_is_found() -> None:
     assert [(c.name, c.error) for c in parse_tool_calls(bare)] == [("Glob", None)]
 
 
+def test_a_closed_prose_mention_beside_a_real_call_is_prose() -> None:
+    """`Use <tool_call>...</tool_call> blocks.` once cost a spurious format error next to the call."""
+    mention = "Use <tool_call>...</tool_call> blocks.\n"
+    real = text_call("Read", file_path="a.py")
+    for text in (mention + real, real + "\n" + mention, mention + mention + real):
+        calls = parse_tool_calls(text)
+        assert [(c.name, c.arguments, c.error) for c in calls] == [("Read", {"file_path": "a.py"}, None)]
+    # A broken call the model meant is still answered, and the mention still adds nothing.
+    broken = "<tool_call>\n<function=Read>\nfile_path=a.py\n</function>\n</tool_call>"
+    [error] = parse_tool_calls(mention + broken)
+    assert error.error is not None and "unexpected text" in error.error
+    # Alone, the mention is all there is: answered, so an empty reply is never a final answer.
+    [alone] = parse_tool_calls(mention)
+    assert alone.error is not None and alone.error.startswith(f"{ERROR_NAME}: ")
+    # A block with a <function= that is not at its start is a call gone wrong, not prose.
+    [misplaced] = parse_tool_calls("<tool_call>\nnow <function=Read></function>\n</tool_call>\n" + real)[:1]
+    assert misplaced.error is not None and "<function=NAME>" in misplaced.error
+
+
+# textcalls.jsonl cases where SGLang's detector finds a <tool_call> and drops it whole: no
+# <function= inside and no JSON (which this reader reads on purpose).
+STRIPPED_BLOCKS = ["wrapper_without_function", "empty_tool_call_block"]
+
+
+@pytest.mark.parametrize("stripped", STRIPPED_BLOCKS)
+@pytest.mark.parametrize("real", ["read_simple", "two_calls", "text_before_after"])
+def test_a_block_sglang_strips_adds_nothing_beside_real_calls(stripped: str, real: str) -> None:
+    """Each <tool_call> block is read on its own, as SGLang reads it: a dropped one costs the
+    reply's real calls nothing, before or after them."""
+    dropped, kept = sglang_case("textcalls.jsonl", stripped), sglang_case("textcalls.jsonl", real)
+    assert dropped["sglang"]["has_tool_call"] and dropped["sglang"]["calls"] == []
+    assert "<function=" not in dropped["text"] and "{" not in dropped["text"]
+    want = [(c["name"], c["arguments"]) for c in kept["sglang"]["calls"]]
+    for text in (dropped["text"] + "\n" + kept["text"], kept["text"] + "\n" + dropped["text"]):
+        calls = parse_tool_calls(text)
+        assert [(c.name, coerce_arguments(c.name, c.arguments), c.error) for c in calls] == [
+            (name, arguments, None) for name, arguments in want
+        ]
+
+
 def test_an_unclosed_parameter_ends_where_the_next_tag_starts_a_line() -> None:
     """The issue's case: without the rule Bash ran `ls\n<parameter=timeout>\n5`."""
     text = "<tool_call>\n<function=Bash>\n<parameter=command>\nls\n<parameter=timeout>\n5\n</parameter>\n" \

@@ -12,7 +12,11 @@ Where this reader and SGLang's `qwen3_coder` detector differ, on purpose: a valu
 `</parameter>`, `</function>` or `</tool_call>` text when its own `</parameter>` follows (SGLang
 cuts the value at the first one); a value never contains `<parameter=`: a parameter left open
 ends where the next `<parameter=` or `</function>` starts a line (SGLang's rule), and anywhere
-else the call is a format error; the JSON (Hermes) form is read; names are stripped.
+else the call is a format error; the JSON (Hermes) form is read; names are stripped. As in
+SGLang, a `<tool_call>` block that holds no `<function=` (and no JSON) yields no call: beside a
+real call it is prose (`Use <tool_call>...</tool_call> blocks.`) and is dropped; alone it is
+answered as a format error, where SGLang would return empty content, so the model hears that its
+call was not understood either way.
 """
 
 from __future__ import annotations
@@ -71,11 +75,16 @@ class TextParse:
 
 
 class _Malformed(Exception):
-    """Internal: a call block that cannot be read; carries where scanning may resume."""
+    """Internal: a call block that cannot be read; carries where scanning may resume.
 
-    def __init__(self, message: str, resume: int | None = None) -> None:
+    `prose` marks a `<tool_call>` block with no `<function=` and no JSON in it: SGLang drops
+    such a block, so it is a mention, not a call, when the reply holds a call as well.
+    """
+
+    def __init__(self, message: str, resume: int | None = None, *, prose: bool = False) -> None:
         super().__init__(message)
         self.resume = resume
+        self.prose = prose
 
 
 def split_think(text: str) -> tuple[str | None, str]:
@@ -117,14 +126,16 @@ def parse_tool_calls(text: str) -> list[TextCall]:
 
     A broken `<tool_call>` block becomes an error call (the model meant a call). A bare
     `<function=...>` without the wrapper counts only when it reads as a whole call: prose that
-    mentions the tag is not a call, as it is not for SGLang.
+    mentions the tag is not a call, as it is not for SGLang. A block with no `<function=` in it
+    is an error only when nothing else in the text is call-like (see `_Malformed.prose`).
     """
     calls: list[TextCall] = []
+    prose: list[TextCall] = []  # errors for blocks SGLang drops; kept only if they are all there is
     pos = 0
     while True:
         match = _START.search(text, pos)
         if match is None:
-            return calls
+            return calls or prose
         start = match.start()
         wrapped = match.group() == OPEN_CALL
         try:
@@ -133,7 +144,7 @@ def parse_tool_calls(text: str) -> list[TextCall]:
             resume = exc.resume if exc.resume is not None else _resume_after(text, start, wrapped)
             pos = max(resume, start + 1)
             if wrapped:
-                calls.append(TextCall(name="", error=f"{ERROR_NAME}: {exc} {FORM_HINT}"))
+                (prose if exc.prose else calls).append(TextCall(name="", error=f"{ERROR_NAME}: {exc} {FORM_HINT}"))
             continue
         except Exception as exc:  # pragma: no cover - a parser bug must not end the run
             pos = start + 1
@@ -166,6 +177,7 @@ def _read_block(text: str, start: int, wrapped: bool) -> tuple[TextCall | None, 
     raise _Malformed(
         f"a <tool_call> block must start with <function=NAME>; found {_snippet(inner)}.",
         close + len(CLOSE_CALL),
+        prose=OPEN_FUNCTION not in inner,
     )
 
 
