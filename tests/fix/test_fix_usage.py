@@ -47,6 +47,8 @@ def test_fix_json_has_a_usage_object_summed_over_the_replies(tmp_path: Path) -> 
     saved = json.loads(Path(out["trajectory"]).read_text())
     assert [s["usage"]["cached_tokens"] for s in saved["steps"]] == [0, 400, 800, 1200]
     assert saved["fix"]["usage"] == usage
+    # One name, one figure: the run's tool-call seconds, and `fix`'s sandbox seconds (tool calls and test runs).
+    assert "sandbox_seconds" not in saved["usage"] and 0 < saved["usage"]["tool_seconds"] < usage["sandbox_seconds"]
     # The existing contract is intact: nothing renamed, `usage` only added.
     assert {"status", "exit_reason", "steps", "patch", "tests", "trajectory", "job_id", "flags"} <= set(out)
 

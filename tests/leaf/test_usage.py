@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from tests.conftest import shared_fixture
+from tests.conftest import sglang_case as shared_sglang_case
 from tests.doubles.openai_server import Reply, ScriptedOpenAIServer, Status, assistant, tool_call
 from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf.loop import run_leaf
@@ -23,14 +23,10 @@ ClientFor = Callable[..., OpenAIChatModel]
 
 
 def sglang_case(name: str) -> dict[str, Any]:
-    """One of the shared fixtures' SGLang 0.5.23 answers, as the server sent it."""
-    sglang = shared_fixture("MANIFEST.json").parent.parent / "sglang"  # ../shared/fixtures/sglang
-    for line in (sglang / "responses.jsonl").read_text().splitlines():
-        case = json.loads(line)
-        if case["name"] == name:
-            response: dict[str, Any] = case["sglang_response"]
-            return response
-    raise KeyError(name)
+    """One of SGLang 0.5.23's answers in tests/conftest.py's SGLANG_FIXTURES, as the server sent it
+    (skipped, saying so, only when that folder is absent)."""
+    response: dict[str, Any] = shared_sglang_case("responses.jsonl", name)["sglang_response"]
+    return response
 
 
 def as_reply(response: dict[str, Any]) -> Reply:
@@ -66,6 +62,10 @@ def test_each_step_records_its_replys_usage_and_the_trajectory_sums_them(
     )
     figures = result.figures()
     assert (figures.prompt_tokens, figures.cached_tokens, figures.model_calls, figures.steps) == (6200, 4800, 2, 2)
+    # The loop timed only its tool calls: named so, never `sandbox_seconds` (the job's tool calls and test runs).
+    assert "sandbox_seconds" not in summary and summary["tool_seconds"] == round(result.tool_seconds, 3)
+    assert summary["tool_seconds"] == pytest.approx(sum(step["tool_seconds"] for step in saved["steps"]), abs=0.01)
+    assert saved["timings"]["tools_s"] == summary["tool_seconds"]
 
 
 def test_model_seconds_include_a_call_that_failed(serve: Serve, client_for: ClientFor) -> None:

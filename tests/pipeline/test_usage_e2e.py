@@ -75,6 +75,9 @@ def test_usage_is_summed_per_attempt_and_per_job(client: Any, world: World) -> N
     saved = json.loads(stored_trajectory(attempts[1].trajectory_path).read_text())
     assert [s["usage"]["cached_tokens"] for s in saved["steps"]] == [0, 1500, 3000, 4500]
     assert saved["usage"]["prompt_tokens"] == a2.prompt_tokens and saved["usage"]["steps"] == 4
+    # The trajectory's seconds are its tool calls' only (`tool_seconds`); the attempt's sandbox
+    # seconds add its test runs, and only the attempt's figures carry that name.
+    assert "sandbox_seconds" not in saved["usage"] and 0 < saved["usage"]["tool_seconds"] < a2.sandbox_seconds
 
     # `show` prints the table and `show --json` the same dicts.
     env = {**os.environ}

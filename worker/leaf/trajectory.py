@@ -7,6 +7,12 @@ Everything saved passes through `redact` first, string by string, so a configure
 reach the file however it appears. Messages are append-only, so each one is redacted and
 encoded once and the file is assembled from cached pieces: a write costs O(new messages) of
 encoding plus the disk write.
+
+Usage fields, so that no name means two figures: `steps[i].usage` is that reply's tokens
+(`cached_tokens` included); `steps[i].tool_seconds` and the summary's `usage.tool_seconds` are
+wall time inside the run's sandbox tool calls only. `sandbox_seconds` is the job's figure (tool
+calls plus test runs) and appears only where the job's usage is, such as `manage.py fix`'s `fix.usage`.
+Files written before this rule carry the loop's tool seconds as `usage.sandbox_seconds`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,17 @@ def redact_value(value: Any, redact: Callable[[str], str]) -> Any:
     if isinstance(value, list | tuple):
         return [redact_value(v, redact) for v in value]
     return value
+
+
+def run_usage(result: LeafResult) -> dict[str, Any]:
+    """The summary's `usage`: the loop's totals and app/usage.py's shape over the run's replies.
+
+    The loop timed only its tool calls, so its seconds are `tool_seconds` here; `sandbox_seconds`
+    (tool calls and test runs) is the job's figure, and the loop never knows it.
+    """
+    figures = result.figures().to_dict()
+    figures["tool_seconds"] = figures.pop("sandbox_seconds")
+    return {**result.usage.to_dict(), **figures}
 
 
 def _encode(value: Any) -> str:
@@ -109,8 +126,7 @@ class TrajectoryWriter:
             error=result.error,
             final_message=result.final_answer,
             n_steps=result.steps,
-            # The run's summary: the loop's totals and the one usage shape (app/usage.py) over its replies.
-            usage={**result.usage.to_dict(), **result.figures().to_dict()},
+            usage=run_usage(result),
             timings={
                 "elapsed_s": round(result.elapsed_s, 3),
                 "model_s": round(result.model_seconds, 3),
