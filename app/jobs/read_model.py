@@ -559,9 +559,13 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass(frozen=True)
 class UsageRow:
-    """One project's attempts started on one UTC day: their jobs, how those ended, and what they used."""
+    """One project's attempts started on one UTC day: their jobs, how those ended, and what they used.
+
+    A project is (forge, path), as budgets key it: `acme/calc` on GitLab and on Gitea are two.
+    """
 
     day: str  # YYYY-MM-DD
+    forge: str
     project: str
     jobs: int
     outcomes: dict[str, int]  # job status -> jobs
@@ -572,27 +576,32 @@ class UsageRow:
         return self.usage.model_seconds / 3600.0
 
 
+def _largest_first(row: UsageRow) -> tuple[int, str, str]:
+    return (-row.usage.prompt_tokens, row.project, row.forge)
+
+
 @dataclass(frozen=True)
 class UsageReport:
-    """The usage page: rows per (day, project), newest day first, and the days for the chart."""
+    """The usage page: rows per (day, forge, project), newest day first, and the days for the chart."""
 
     since: datetime
     rows: list[UsageRow]
     per_day: list[tuple[str, UsageFigures]]  # every day of the window, oldest first, empty days included
 
     def by_project(self) -> list[UsageRow]:
-        """The window's totals per project, largest prompt-token use first."""
-        totals: dict[str, UsageRow] = {}
+        """The window's totals per (forge, project), largest prompt-token use first."""
+        totals: dict[tuple[str, str], UsageRow] = {}
         for row in self.rows:
-            seen = totals.get(row.project)
+            key = (row.forge, row.project)
+            seen = totals.get(key)
             if seen is None:
-                totals[row.project] = UsageRow("", row.project, row.jobs, dict(row.outcomes), row.usage)
+                totals[key] = UsageRow("", row.forge, row.project, row.jobs, dict(row.outcomes), row.usage)
                 continue
             outcomes = dict(seen.outcomes)
             for status, n in row.outcomes.items():
                 outcomes[status] = outcomes.get(status, 0) + n
-            totals[row.project] = UsageRow("", row.project, seen.jobs + row.jobs, outcomes, seen.usage + row.usage)
-        return sorted(totals.values(), key=lambda r: (-r.usage.prompt_tokens, r.project))
+            totals[key] = UsageRow("", row.forge, row.project, seen.jobs + row.jobs, outcomes, seen.usage + row.usage)
+        return sorted(totals.values(), key=_largest_first)
 
 
 def _utc_day(session: Session, column: Any) -> Any:
@@ -608,32 +617,38 @@ def _created_day(session: Session) -> Any:
 
 
 def usage_report(
-    session: Session, now: datetime | None = None, days: int = 14, project: str | None = None
+    session: Session, now: datetime | None = None, days: int = 14, project: str | None = None,
+    forge: str | None = None,
 ) -> UsageReport:
-    """Tokens, cached share, model time, jobs and outcomes per project and per day (UTC).
+    """Tokens, cached share, model time, jobs and outcomes per (forge, project) and per day (UTC).
 
     An attempt's figures count on the UTC day it started, the day the per-project token budget
     (app/jobs/scheduler.py `tokens_today`) counts them on, so "today" here is the budget's today.
-    A day's jobs are those with an attempt started that day, by their status now.
+    A day's jobs are those with an attempt started that day, by their status now. `project` and
+    `forge` narrow the report; a path alone keeps every forge's project of that path.
     """
     now = now or utcnow()
     since = (now - timedelta(days=days - 1)).replace(hour=0, minute=0, second=0, microsecond=0)
     day = _utc_day(session, JobAttempt.started_at).label("day")
-    where = [JobAttempt.started_at >= since] + ([Job.project == project] if project else [])
+    where = [JobAttempt.started_at >= since]
+    if project:
+        where.append(Job.project == project)
+    if forge:
+        where.append(Job.forge == forge)
     query = (
-        select(day, Job.project, Job.status, func.count(distinct(Job.id)).label("jobs"), *_attempt_sums())
+        select(day, Job.forge, Job.project, Job.status, func.count(distinct(Job.id)).label("jobs"), *_attempt_sums())
         .join(Job, Job.id == JobAttempt.job_id)
         .where(*where)
-        .group_by("day", Job.project, Job.status)
+        .group_by("day", Job.forge, Job.project, Job.status)
     )
-    cells: dict[tuple[str, str], tuple[int, dict[str, int], UsageFigures]] = {}
+    cells: dict[tuple[str, str, str], tuple[int, dict[str, int], UsageFigures]] = {}
     for found in session.execute(query):
-        d, proj, status, n = found.day, found.project, found.status, found.jobs
+        key = (str(found.day), found.forge, found.project)
         figures = UsageFigures.of(found)  # PostgreSQL sums BIGINT as numeric: `of` makes ints of them
-        jobs, outcomes, usage = cells.get((str(d), proj), (0, {}, UsageFigures()))
-        cells[(str(d), proj)] = (jobs + int(n), {**outcomes, status: int(n)}, usage + figures)
-    rows = [UsageRow(d, p, jobs, outcomes, usage) for (d, p), (jobs, outcomes, usage) in cells.items()]
-    rows.sort(key=lambda r: (-r.usage.prompt_tokens, r.project))
+        jobs, outcomes, usage = cells.get(key, (0, {}, UsageFigures()))
+        cells[key] = (jobs + int(found.jobs), {**outcomes, found.status: int(found.jobs)}, usage + figures)
+    rows = [UsageRow(d, f, p, jobs, outcomes, usage) for (d, f, p), (jobs, outcomes, usage) in cells.items()]
+    rows.sort(key=_largest_first)
     rows.sort(key=lambda r: r.day, reverse=True)  # stable: newest day first, largest use first within it
     per_day = {(since + timedelta(days=i)).strftime("%Y-%m-%d"): UsageFigures() for i in range(days)}
     for row in rows:
@@ -645,20 +660,23 @@ def usage_report(
 class UsageCounters:
     """/metrics' usage counters, read at scrape time so every API replica reports the same truth.
 
-    Tokens and seconds are summed over finished attempts by project and attempt outcome: an
-    attempt's status never changes once it ends, so these only grow. Jobs are counted by project
-    and final status, which /metrics exposes as a gauge: a retried job leaves its old outcome.
+    Tokens and seconds are summed over finished attempts by forge, project and attempt outcome:
+    an attempt's status never changes once it ends, so these only grow. Jobs are counted by
+    forge, project and final status, which /metrics exposes as a gauge: a retried job leaves its
+    old outcome. The forge is part of every key because a project is (forge, path), as budgets
+    key it: the same path on two forges is two projects.
     """
 
-    attempts: dict[tuple[str, str], UsageFigures]  # (project, attempt status) -> figures
-    jobs: dict[tuple[str, str], int]  # (project, final job status) -> jobs
+    attempts: dict[tuple[str, str, str], UsageFigures]  # (forge, project, attempt status) -> figures
+    jobs: dict[tuple[str, str, str], int]  # (forge, project, final job status) -> jobs
 
-    def cached_share(self) -> dict[str, float]:
-        """Per project, the share of prompt tokens the prefix cache served (projects with prompts only)."""
-        per_project: dict[str, UsageFigures] = {}
-        for (project, _), figures in self.attempts.items():
-            per_project[project] = per_project.get(project, UsageFigures()) + figures
-        return {p: u.cached_share for p, u in per_project.items() if u.cached_share is not None}
+    def cached_share(self) -> dict[tuple[str, str], float]:
+        """Per (forge, project), the share of prompt tokens the prefix cache served (projects with prompts only)."""
+        per_project: dict[tuple[str, str], UsageFigures] = {}
+        for (forge, project, _), figures in self.attempts.items():
+            key = (forge, project)
+            per_project[key] = per_project.get(key, UsageFigures()) + figures
+        return {key: u.cached_share for key, u in per_project.items() if u.cached_share is not None}
 
 
 def _attempt_sums() -> list[Any]:
@@ -669,15 +687,15 @@ def _attempt_sums() -> list[Any]:
 def usage_counters(session: Session) -> UsageCounters:
     """The sums behind /metrics' usage counters (two grouped scans, no per-job work)."""
     attempt_rows = session.execute(
-        select(Job.project, JobAttempt.status.label("outcome"), *_attempt_sums())
+        select(Job.forge, Job.project, JobAttempt.status.label("outcome"), *_attempt_sums())
         .join(Job, Job.id == JobAttempt.job_id)
         .where(JobAttempt.status != AttemptStatus.running.value)
-        .group_by(Job.project, JobAttempt.status)
+        .group_by(Job.forge, Job.project, JobAttempt.status)
     )
-    attempts = {(found.project, found.outcome): UsageFigures.of(found) for found in attempt_rows}
+    attempts = {(found.forge, found.project, found.outcome): UsageFigures.of(found) for found in attempt_rows}
     job_rows = session.execute(
-        select(Job.project, Job.status, func.count())
+        select(Job.forge, Job.project, Job.status, func.count())
         .where(Job.status.in_(FINAL_STATUSES))
-        .group_by(Job.project, Job.status)
+        .group_by(Job.forge, Job.project, Job.status)
     )
-    return UsageCounters(attempts, {(project, status): int(n) for project, status, n in job_rows})
+    return UsageCounters(attempts, {(forge, project, status): int(n) for forge, project, status, n in job_rows})

@@ -189,15 +189,23 @@ UsageDays = Annotated[int, Query(ge=1, le=366)]
 
 
 @router.get("/usage", response_class=HTMLResponse)
-def usage_page(request: Request, days: UsageDays = 14, project: ProjectFilter = None) -> Response:
-    """Tokens, cached share, model hours, jobs and outcomes per project and per day, with a chart."""
+def usage_page(
+    request: Request, days: UsageDays = 14, project: ProjectFilter = None,
+    forge: Annotated[str | None, Query(max_length=16)] = None,
+) -> Response:
+    """Tokens, cached share, model hours, jobs and outcomes per (forge, project) and per day, with a chart.
+
+    A project is (forge, path), as budgets key it, so a row and its link name the forge too.
+    """
     project = (project or "").strip() or None
+    forge = forge if forge in ("gitlab", "gitea") else None
     with session_scope() as session:
-        report = read_model.usage_report(session, days=days, project=project)
+        report = read_model.usage_report(session, days=days, project=project, forge=forge)
     context = {
         "r": report,
         "days": days,
         "project": project,
+        "forge": forge,
         "chart": views.tokens_per_day_svg(report.per_day),
         "series": views.TOKEN_SERIES,
     }

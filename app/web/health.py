@@ -85,10 +85,14 @@ class DatabaseCollector(Collector):
 
 
 def usage_metrics(counters: UsageCounters) -> Iterator[Metric]:
-    """Tokens by kind, model and sandbox seconds, calls and jobs by project and outcome; the cached share."""
-    labels = ["project", "outcome"]
+    """Tokens by kind, model and sandbox seconds, calls and jobs by forge, project and outcome; the cached share.
+
+    `forge` is on every series because a project is (forge, path), as budgets key it: the same
+    path on GitLab and on Gitea is two projects, and their figures must not be merged.
+    """
+    labels = ["forge", "project", "outcome"]
     tokens = CounterMetricFamily(
-        "frogfix_tokens", "Tokens of finished attempts, by project, attempt outcome and kind (prompt, "
+        "frogfix_tokens", "Tokens of finished attempts, by forge, project, attempt outcome and kind (prompt, "
         "completion, cached: the prompt tokens the server's prefix cache served)", labels=[*labels, "kind"],
     )
     model_seconds = CounterMetricFamily(
@@ -100,23 +104,23 @@ def usage_metrics(counters: UsageCounters) -> Iterator[Metric]:
     )
     calls = CounterMetricFamily("frogfix_model_calls", "Model replies of finished attempts", labels=labels)
     # A gauge: a retry or a review round takes a job out of its final status, and a counter never goes down.
-    jobs = GaugeMetricFamily("frogfix_jobs_finished", "Jobs now in a final status, by project and status",
+    jobs = GaugeMetricFamily("frogfix_jobs_finished", "Jobs now in a final status, by forge, project and status",
                              labels=labels)
     share = GaugeMetricFamily(
-        "frogfix_prompt_cached_ratio", "Share of prompt tokens served from the prefix cache, by project",
-        labels=["project"],
+        "frogfix_prompt_cached_ratio", "Share of prompt tokens served from the prefix cache, by forge and project",
+        labels=["forge", "project"],
     )
-    for (project, outcome), u in sorted(counters.attempts.items()):
+    for key, u in sorted(counters.attempts.items()):
         for kind, value in (("prompt", u.prompt_tokens), ("completion", u.completion_tokens),
                             ("cached", u.cached_tokens)):
-            tokens.add_metric([project, outcome, kind], value)
-        model_seconds.add_metric([project, outcome], u.model_seconds)
-        sandbox_seconds.add_metric([project, outcome], u.sandbox_seconds)
-        calls.add_metric([project, outcome], u.model_calls)
-    for (project, outcome), n in sorted(counters.jobs.items()):
-        jobs.add_metric([project, outcome], n)
-    for project, ratio in sorted(counters.cached_share().items()):
-        share.add_metric([project], ratio)
+            tokens.add_metric([*key, kind], value)
+        model_seconds.add_metric(list(key), u.model_seconds)
+        sandbox_seconds.add_metric(list(key), u.sandbox_seconds)
+        calls.add_metric(list(key), u.model_calls)
+    for key, n in sorted(counters.jobs.items()):
+        jobs.add_metric(list(key), n)
+    for project_key, ratio in sorted(counters.cached_share().items()):
+        share.add_metric(list(project_key), ratio)
     yield from (tokens, model_seconds, sandbox_seconds, calls, jobs, share)
 
 

@@ -20,9 +20,9 @@ from tests.dashboard.scenario import new_job
 
 
 def used_job(project: str, issue: int, status: str, usage: UsageFigures, *, days_ago: int = 0,
-             attempt_status: str | None = None) -> int:
+             attempt_status: str | None = None, forge: str = "gitlab") -> int:
     """A job created `days_ago`, claimed, with one finished attempt holding `usage`, ended `status`."""
-    job_id = new_job(project=project, issue=issue)
+    job_id = new_job(project=project, issue=issue, forge=forge)
     with session_scope() as session:
         assert transitions.claim_job(session, job_id)
         attempt_id = records.start_attempt(session, job_id, 1, 1)
@@ -47,12 +47,13 @@ def seed() -> dict[str, int]:
     }
 
 
-def _row(html: str, table: str, project: str, day: str | None = None) -> str:
+def _row(html: str, table: str, project: str, day: str | None = None, forge: str = "gitlab") -> str:
     body = html[html.index(f'id="{table}"'):]
     body = body[: body.index("</table>")]
     day_attr = f' data-day="{day}"' if day else ""
-    match = re.search(rf'<tr data-project="{re.escape(project)}"{day_attr}>(.*?)</tr>', body, re.S)
-    assert match, f"no row for {project} {day} in {table}"
+    head = f'<tr data-forge="{re.escape(forge)}" data-project="{re.escape(project)}"{day_attr}>'
+    match = re.search(rf"{head}(.*?)</tr>", body, re.S)
+    assert match, f"no row for {forge} {project} {day} in {table}"
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", match.group(1))).strip()
 
 
@@ -66,15 +67,15 @@ def test_the_usage_page_shows_projects_days_and_a_chart(signed_in: Any) -> None:
 
     # Per project over the window: jobs, outcomes, prompt, cached, share, completion, model hours.
     assert _row(html, "usage-projects", "acme/calc") == (
-        "acme/calc 3 done 1 no fix 1 failed 1 20,000 12,000 60% 900 1.10"
+        "gitlab acme/calc 3 done 1 no fix 1 failed 1 20,000 12,000 60% 900 1.10"
     )
-    assert _row(html, "usage-projects", "acme/web") == "acme/web 1 done 1 2,000 0 0% 50 0.01"
+    assert _row(html, "usage-projects", "acme/web") == "gitlab acme/web 1 done 1 2,000 0 0% 50 0.01"
     # Per project and day.
     assert _row(html, "usage-days", "acme/calc", today) == (
-        f"{today} acme/calc 2 done 1 no fix 1 16,000 11,000 69% 800 1.00"
+        f"{today} gitlab acme/calc 2 done 1 no fix 1 16,000 11,000 69% 800 1.00"
     )
     assert _row(html, "usage-days", "acme/calc", yesterday) == (
-        f"{yesterday} acme/calc 1 failed 1 4,000 1,000 25% 100 0.10"
+        f"{yesterday} gitlab acme/calc 1 failed 1 4,000 1,000 25% 100 0.10"
     )
     # The chart: one stacked bar per day, split into cached, uncached prompt and completion tokens.
     svg = html[html.index("<svg"): html.index("</svg>")]
@@ -107,18 +108,18 @@ def test_the_job_page_shows_each_attempts_usage_and_the_sum(signed_in: Any) -> N
 def test_metrics_count_usage_by_project_and_outcome(client: Any) -> None:
     seed()
     text = client.get("/metrics").text
-    assert 'frogfix_tokens_total{kind="prompt",outcome="verified",project="acme/calc"} 10000.0' in text
-    assert 'frogfix_tokens_total{kind="cached",outcome="no_fix",project="acme/calc"} 3000.0' in text
-    assert 'frogfix_tokens_total{kind="completion",outcome="failed",project="acme/calc"} 100.0' in text
-    assert 'frogfix_model_seconds_total{outcome="verified",project="acme/calc"} 1800.0' in text
-    assert 'frogfix_sandbox_seconds_total{outcome="verified",project="acme/web"} 1.0' in text
-    assert 'frogfix_model_calls_total{outcome="no_fix",project="acme/calc"} 3.0' in text
+    assert 'frogfix_tokens_total{forge="gitlab",kind="prompt",outcome="verified",project="acme/calc"} 10000.0' in text
+    assert 'frogfix_tokens_total{forge="gitlab",kind="cached",outcome="no_fix",project="acme/calc"} 3000.0' in text
+    assert 'frogfix_tokens_total{forge="gitlab",kind="completion",outcome="failed",project="acme/calc"} 100.0' in text
+    assert 'frogfix_model_seconds_total{forge="gitlab",outcome="verified",project="acme/calc"} 1800.0' in text
+    assert 'frogfix_sandbox_seconds_total{forge="gitlab",outcome="verified",project="acme/web"} 1.0' in text
+    assert 'frogfix_model_calls_total{forge="gitlab",outcome="no_fix",project="acme/calc"} 3.0' in text
     # Jobs leave a final status (a retry, a review round): a gauge, since a counter must never go down.
-    assert 'frogfix_jobs_finished{outcome="done",project="acme/calc"} 1.0' in text
-    assert 'frogfix_jobs_finished{outcome="failed",project="acme/calc"} 1.0' in text
+    assert 'frogfix_jobs_finished{forge="gitlab",outcome="done",project="acme/calc"} 1.0' in text
+    assert 'frogfix_jobs_finished{forge="gitlab",outcome="failed",project="acme/calc"} 1.0' in text
     assert "# TYPE frogfix_jobs_finished gauge" in text and "frogfix_jobs_finished_total" not in text
-    assert 'frogfix_prompt_cached_ratio{project="acme/calc"} 0.6' in text
-    assert 'frogfix_prompt_cached_ratio{project="acme/web"} 0.0' in text
+    assert 'frogfix_prompt_cached_ratio{forge="gitlab",project="acme/calc"} 0.6' in text
+    assert 'frogfix_prompt_cached_ratio{forge="gitlab",project="acme/web"} 0.0' in text
     assert "# TYPE frogfix_tokens_total counter" in text and "# TYPE frogfix_prompt_cached_ratio gauge" in text
 
     # A running attempt's figures are not counted until it ends: counters only grow.
@@ -128,8 +129,40 @@ def test_metrics_count_usage_by_project_and_outcome(client: Any) -> None:
         running = records.start_attempt(session, job_id, 1, 1)
         records.record_usage(session, job_id, running, UsageFigures(99_999, 1, 0, 1, 1, 1.0, 1.0))
     text = client.get("/metrics").text
-    assert 'frogfix_tokens_total{kind="prompt",outcome="verified",project="acme/calc"} 10000.0' in text
+    assert 'frogfix_tokens_total{forge="gitlab",kind="prompt",outcome="verified",project="acme/calc"} 10000.0' in text
     assert "running" not in re.findall(r"frogfix_tokens_total\{[^}]*\}", text)[0]
+
+
+def test_the_same_path_on_two_forges_is_two_projects(signed_in: Any) -> None:
+    """Budgets key on (forge, path): /metrics and the usage page keep a GitLab and a Gitea
+    project of the same path apart instead of merging their figures."""
+    used_job("acme/calc", 1, "done", UsageFigures(10_000, 500, 8_000, 5, 5, 1800.0, 30.0))
+    used_job("acme/calc", 1, "failed", UsageFigures(4_000, 100, 1_000, 2, 2, 360.0, 5.0), forge="gitea")
+
+    text = signed_in.get("/metrics").text
+    assert 'frogfix_tokens_total{forge="gitlab",kind="prompt",outcome="verified",project="acme/calc"} 10000.0' in text
+    assert 'frogfix_tokens_total{forge="gitea",kind="prompt",outcome="failed",project="acme/calc"} 4000.0' in text
+    assert 'frogfix_model_calls_total{forge="gitea",outcome="failed",project="acme/calc"} 2.0' in text
+    assert 'frogfix_jobs_finished{forge="gitlab",outcome="done",project="acme/calc"} 1.0' in text
+    assert 'frogfix_jobs_finished{forge="gitea",outcome="failed",project="acme/calc"} 1.0' in text
+    assert 'frogfix_prompt_cached_ratio{forge="gitlab",project="acme/calc"} 0.8' in text
+    assert 'frogfix_prompt_cached_ratio{forge="gitea",project="acme/calc"} 0.25' in text
+    assert not re.search(r'frogfix_\w+\{(?![^}]*forge=)[^}]*project=', text)  # every usage series names its forge
+
+    today = utcnow().strftime("%Y-%m-%d")
+    html = signed_in.get("/usage").text
+    assert _row(html, "usage-projects", "acme/calc") == "gitlab acme/calc 1 done 1 10,000 8,000 80% 500 0.50"
+    assert _row(html, "usage-projects", "acme/calc", forge="gitea") == (
+        "gitea acme/calc 1 failed 1 4,000 1,000 25% 100 0.10")
+    assert _row(html, "usage-days", "acme/calc", today, forge="gitea").startswith(f"{today} gitea acme/calc 1 failed")
+    assert 'href="/usage?forge=gitea&amp;project=acme/calc&amp;days=14"' in html
+    # A row's link narrows to its own forge; the path alone still shows both.
+    only_gitea = signed_in.get("/usage", params={"forge": "gitea", "project": "acme/calc"}).text
+    assert 'data-forge="gitea"' in only_gitea and 'data-forge="gitlab"' not in only_gitea
+    both = signed_in.get("/usage", params={"project": "acme/calc"}).text
+    assert 'data-forge="gitea"' in both and 'data-forge="gitlab"' in both
+    unknown = signed_in.get("/usage", params={"forge": "github"}).text  # not a forge: no filter, as /jobs does
+    assert 'data-forge="gitea"' in unknown and 'data-forge="gitlab"' in unknown
 
 
 def test_the_queue_wait_is_from_the_latest_queueing_to_the_claim(frogfix_env: dict[str, Any]) -> None:
@@ -164,12 +197,12 @@ def test_the_usage_queries_on_postgresql(pg: Any, frogfix_env: dict[str, Any]) -
         counters = read_model.usage_counters(s)
         job = s.get(Job, records.list_jobs(s, records.JobFilter(project="acme/web"))[0][0].id)
         assert job is not None and job.usage.steps == 1
-    calc = next(r for r in report.by_project() if r.project == "acme/calc")
+    calc = next(r for r in report.by_project() if (r.forge, r.project) == ("gitlab", "acme/calc"))
     assert (calc.jobs, calc.usage.prompt_tokens, calc.usage.cached_tokens) == (3, 20_000, 12_000)
     assert calc.outcomes == {"done": 1, "no_fix": 1, "failed": 1}
     assert [d for d, u in report.per_day if u.prompt_tokens] == sorted({r.day for r in report.rows})
-    assert counters.cached_share()["acme/calc"] == pytest.approx(0.6)
-    assert counters.jobs[("acme/calc", "done")] == 1
+    assert counters.cached_share()[("gitlab", "acme/calc")] == pytest.approx(0.6)
+    assert counters.jobs[("gitlab", "acme/calc", "done")] == 1
 
 
 @pytest.mark.timeout(120)
@@ -246,7 +279,7 @@ def test_the_usage_page_counts_a_day_as_the_budget_does(signed_in: Any) -> None:
     today = utcnow().strftime("%Y-%m-%d")
     html = signed_in.get("/usage").text
     assert budget_today == 7_070
-    assert _row(html, "usage-days", "acme/late", today).startswith(f"{today} acme/late 1 done 1 7,000 ")
+    assert _row(html, "usage-days", "acme/late", today).startswith(f"{today} gitlab acme/late 1 done 1 7,000 ")
     assert f'data-project="acme/late" data-day="{(utcnow() - timedelta(days=1)).strftime("%Y-%m-%d")}"' not in html
     assert "the day a project&#39;s daily token budget counts them on" in html or \
         "the day a project's daily token budget counts them on" in html
