@@ -389,14 +389,29 @@ def reap_stale(support: CgroupSupport | None = None) -> list[str]:
 
 
 def _owner_tag(pid: int) -> str:
-    return f"{pid}.{_start_ticks(pid)}"
+    """`<pid namespace>.<pid>.<start ticks>`: who made a cgroup, as only that namespace can judge it.
+
+    Workers in other pid namespaces (containers) may share a cgroup parent; a pid of theirs means
+    nothing here, so their cgroups are left to them instead of being taken for a dead worker's.
+    """
+    return f"{_pid_namespace()}.{pid}.{_start_ticks(pid)}"
 
 
 def _owner_alive(owner: str) -> bool:
-    pid, _, ticks = owner.partition(".")
-    if not pid.isdigit() or not ticks.isdigit():
+    namespace, pid, ticks = [*owner.split("."), "", "", ""][:3]
+    if not (namespace.isdigit() and pid.isdigit() and ticks.isdigit()):
         return True  # not a name we make: leave it alone
+    if int(namespace) != _pid_namespace():
+        return True  # another pid namespace's worker: not ours to judge
     return _start_ticks(int(pid)) == int(ticks)
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace, by the inode of its /proc/self/ns/pid link (0 where unreadable)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _start_ticks(pid: int) -> int:

@@ -309,13 +309,22 @@ class HeadTail:
 
 
 class _Spawner:
-    """Starts shell commands; with `reclaim`, recovers a sandbox a fork bomb has filled up."""
+    """Starts shell commands; with `reclaim` (the runner alone in its pid namespace), each one
+    starts in a sandbox that holds no process left over from an earlier call.
+
+    A leftover runs as the sandbox's one uid and is dumpable, so it could open
+    /proc/<pid>/fd/1 of the next command and write lines into its output: a test log that
+    claims what never ran, or text in the model's next tool result. Killing the leftovers
+    before each start leaves no other process in the sandbox while a command runs but that
+    command's own. (It also clears what a fork bomb left.) Background processes therefore do
+    not outlive the call that started them, as under the Leaf protocol's one-shot `bash -lc`.
+    """
 
     def __init__(self, reclaim: bool = False) -> None:
         self.reclaim = reclaim
 
     def popen(self, argv: list[str], cwd: str, merge_stderr: bool) -> subprocess.Popen[bytes]:
-        if self.reclaim and _crowded():
+        if self.reclaim and leftovers():
             reclaim_processes()
         try:
             return self._popen(argv, cwd, merge_stderr)
@@ -339,17 +348,13 @@ class _Spawner:
         )
 
 
-def _crowded() -> bool:
-    """True when leftovers of earlier calls hold three quarters of the sandbox's process slots.
+def leftovers() -> list[int]:
+    """Processes of this pid namespace other than init and the runner.
 
-    Calls run one at a time, so between calls every process but init and the runner is a
-    leftover. A fork bomb hovers just under the limit (its members die and respawn), so a
-    command started now would crawl through fork retries: the leftovers have to go first.
+    Calls run one at a time, so between calls every such process is a leftover of an earlier one.
     """
-    limit, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    if limit == resource.RLIM_INFINITY:
-        return False
-    return sum(1 for name in os.listdir("/proc") if name.isdigit()) >= (3 * limit) // 4
+    me = os.getpid()
+    return [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) not in (1, me)]
 
 
 def reclaim_processes(wait_s: float = 5.0) -> None:
@@ -363,10 +368,8 @@ def reclaim_processes(wait_s: float = 5.0) -> None:
         os.kill(-1, signal.SIGKILL)
     _reap_children()
     deadline = time.monotonic() + wait_s
-    me = os.getpid()
     while time.monotonic() < deadline:
-        others = [p for p in os.listdir("/proc") if p.isdigit() and int(p) not in (1, me)]
-        if not others:
+        if not leftovers():
             return
         _reap_children()
         time.sleep(0.02)
@@ -824,21 +827,24 @@ def run_command(spawner: _Spawner, root: str, command: str, timeout: float, log_
     return {"exit_code": code, "log": log.result(), "timed_out": timed_out, "duration_s": round(duration, 3)}
 
 
-def take_patch(root: str, base: str, timeout: float = 600.0, max_bytes: int = MAX_PATCH_BYTES) -> bytes:
+def take_patch(
+    root: str, base: str, timeout: float = 600.0, max_bytes: int = MAX_PATCH_BYTES, spawner: _Spawner | None = None
+) -> bytes:
     """`git add -A` then `git diff --cached --binary <base>`, with config that could change the
     patch's shape (prefixes, external diff drivers, textconv, fsmonitor) pinned."""
     if not base or base.startswith("-") or any(ch.isspace() or ord(ch) < 32 for ch in base):
         raise BadRequest(f"bad base commit: {base!r}")
     git = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "diff.noprefix=false"]
-    _git([*git, "add", "-A"], "add", root, timeout, 1 << 20)
+    spawner = spawner or _Spawner()
+    _git(spawner, [*git, "add", "-A"], "add", root, timeout, 1 << 20)
     # --no-renames: a moved file is a deletion and an addition, so a reviewer (and our refusal rules) see
     # the mode and content of what lands, e.g. a symlink whose relative target escapes after a move.
     diff = [*git, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames"]
     diff += ["--src-prefix=a/", "--dst-prefix=b/", base, "--"]
-    return _git(diff, "diff", root, timeout, max_bytes)
+    return _git(spawner, diff, "diff", root, timeout, max_bytes)
 
 
-def _git(argv: list[str], label: str, root: str, timeout: float, max_bytes: int) -> bytes:
+def _git(spawner: _Spawner, argv: list[str], label: str, root: str, timeout: float, max_bytes: int) -> bytes:
     out = bytearray()
     err = Prefix(4000)
     overflow = []
@@ -849,7 +855,7 @@ def _git(argv: list[str], label: str, root: str, timeout: float, max_bytes: int)
         else:
             out.extend(data)
 
-    code, timed_out, _ = run_captured(_Spawner(), argv, root, timeout, collect, err.feed)
+    code, timed_out, _ = run_captured(spawner, argv, root, timeout, collect, err.feed)
     if timed_out:
         raise TimeoutError(f"git {label} took longer than {timeout:.0f}s")
     if overflow:
@@ -912,7 +918,7 @@ class Server:
             if not isinstance(base, str):
                 raise BadRequest("bad request: patch needs a string 'base'")
             max_bytes = int(_request_number(request, "max_bytes", MAX_PATCH_BYTES))
-            patch = take_patch(self.root, base, max_bytes=max_bytes)
+            patch = take_patch(self.root, base, max_bytes=max_bytes, spawner=self.spawner)
             return {"patch_b64": base64.b64encode(patch).decode("ascii"), "size": len(patch)}
         if op == "ping":
             return {"pong": True, "pid": os.getpid(), "uid": os.getuid(), "python": platform.python_version()}

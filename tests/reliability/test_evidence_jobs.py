@@ -18,7 +18,12 @@ from tests.doubles.git_http import git_env
 from tests.pipeline import conftest as pipeline_conftest
 from tests.pipeline.conftest import PROJECT, World
 from tests.reliability.test_hostile_jobs import FIX, assistant, bash, call, commit_to_main, event, load, start_job
-from tests.reliability.test_patch_evidence import ATTRIBUTES, CR_TARGET, hostile_git_config
+from tests.reliability.test_patch_evidence import (
+    ATTRIBUTES,
+    CR_TARGET,
+    assert_plain_git_runs_the_drivers,
+    machine_git_config,
+)
 from worker.tasks import run_job
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.timeout(180)]
@@ -77,8 +82,9 @@ def test_a_job_never_runs_a_filter_hook_or_driver_of_the_workers_git_config(
     client: Any, world: World, tmp_path: Path
 ) -> None:
     commit_to_main(world, {".gitattributes": ATTRIBUTES})
-    config, markers = hostile_git_config(tmp_path / "host")
-    world.env["monkeypatch"].setenv("GIT_CONFIG_GLOBAL", str(config))  # the worker's own global config
+    # the worker's own machine config, in each place git reads it from; plain git runs its drivers
+    env, markers = machine_git_config(world.env["monkeypatch"], tmp_path / "host")
+    assert_plain_git_runs_the_drivers(tmp_path, env, markers)
     world.model._script[:] = [call("Edit", **FIX), assistant("Fixed add().")]
     job_id, _ = start_job(client, world, title="add() returns the difference")
 

@@ -476,8 +476,57 @@ def hostile_git_config(folder: Path) -> tuple[Path, Path]:
 ATTRIBUTES = "* filter=evil diff=evil\n"
 
 
+def machine_git_config(monkeypatch: pytest.MonkeyPatch, folder: Path) -> tuple[dict[str, str], Path]:
+    """The hostile config as every place plain git reads a machine's config from: the system file
+    (GIT_CONFIG_SYSTEM), the global one (GIT_CONFIG_GLOBAL), $HOME/.gitconfig and
+    $XDG_CONFIG_HOME/git/config. Set on this process (the worker's); returns the variables and
+    the markers folder."""
+    config, markers = hostile_git_config(folder)
+    home = folder / "home"
+    (home / "git").mkdir(parents=True)
+    (home / ".gitconfig").write_text(config.read_text())
+    (home / "git" / "config").write_text(config.read_text())
+    env = {"GIT_CONFIG_SYSTEM": str(config), "GIT_CONFIG_GLOBAL": str(config), "HOME": str(home),
+           "XDG_CONFIG_HOME": str(home)}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("GIT_CONFIG_NOSYSTEM", raising=False)
+    return env, markers
+
+
+def assert_plain_git_runs_the_drivers(folder: Path, env: dict[str, str], markers: Path) -> None:
+    """The positive control: git without FrogFix's isolation runs the hostile filter from each of
+    those places alone, so a test that then sees no marker proves the isolation, not a config
+    git would have ignored anyway."""
+    empty = folder / "empty-home"
+    empty.mkdir()
+    none = {"PATH": os.environ["PATH"], "HOME": str(empty), "XDG_CONFIG_HOME": str(empty),
+            "GIT_CONFIG_SYSTEM": os.devnull, "GIT_CONFIG_GLOBAL": os.devnull}  # fmt: skip
+    sources = {
+        "system": {"GIT_CONFIG_SYSTEM": env["GIT_CONFIG_SYSTEM"]},
+        "global": {"GIT_CONFIG_GLOBAL": env["GIT_CONFIG_GLOBAL"]},
+        "home": {"HOME": env["HOME"], "XDG_CONFIG_HOME": str(empty), "GIT_CONFIG_GLOBAL": ""},
+        "xdg": {"XDG_CONFIG_HOME": env["XDG_CONFIG_HOME"], "GIT_CONFIG_GLOBAL": ""},
+    }
+    for name, source in sources.items():
+        plain = {**none, **source}
+        if plain["GIT_CONFIG_GLOBAL"] == "":
+            del plain["GIT_CONFIG_GLOBAL"]  # unset: git reads $HOME/.gitconfig and $XDG_CONFIG_HOME/git/config
+        repo = folder / f"control-{name}"
+        subprocess.run(["git", "init", "-q", str(repo)], env=none, check=True, capture_output=True)
+        (repo / ".gitattributes").write_text(ATTRIBUTES)
+        (repo / "f.txt").write_text("x\n")
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], env=plain, check=False, capture_output=True)
+        ran = sorted(p.name.split(".")[0] for p in markers.iterdir())
+        assert "clean" in ran, (name, ran)
+        for marker in markers.iterdir():
+            marker.unlink()
+
+
 @pytest.mark.bwrap
-def test_fix_never_runs_a_filter_or_hook_of_the_global_git_config(tmp_path: Path) -> None:
+def test_fix_never_runs_a_filter_or_hook_of_the_machines_git_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tests.doubles.openai_server import ScriptedOpenAIServer, assistant, text_call
     from tests.fix.sample_repo import make_sample_repo
     from tests.fix.test_fix_command import run_fix
@@ -486,11 +535,12 @@ def test_fix_never_runs_a_filter_or_hook_of_the_global_git_config(tmp_path: Path
     (repo / ".gitattributes").write_text(ATTRIBUTES)
     for args in (("add", "-A"), ("commit", "-qm", "attributes")):
         assert git(*args, cwd=repo).returncode == 0  # the test's own git: isolated, no driver runs here
-    config, markers = hostile_git_config(tmp_path / "host")
+    env, markers = machine_git_config(monkeypatch, tmp_path / "host")  # system, global, HOME and XDG
+    assert_plain_git_runs_the_drivers(tmp_path, env, markers)
     edit = text_call("Edit", file_path="calc.py", old_string="return a - b", new_string="return a + b")
     script: list[Any] = [assistant(edit), assistant("Fixed add().")]
     with ScriptedOpenAIServer(script) as server:
-        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json", env_extra={"GIT_CONFIG_GLOBAL": str(config)})
+        proc = run_fix(repo, tmp_path / "data", server.base_url, "--json", env_extra=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert '"status": "fixed"' in proc.stdout
     assert sorted(p.name for p in markers.iterdir()) == []

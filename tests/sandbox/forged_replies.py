@@ -108,6 +108,29 @@ for pid in targets:
 print(json.dumps(report))
 """
 
+# A leftover of one Bash call: detached from the call's output, it writes the mark into stdout
+# and stderr of every other process it can open, for as long as it lives. Before the runner
+# killed leftovers, this reached the next command's pipes: a test log or tool result with
+# lines no command printed.
+LURKER = r"""
+import os, time
+me = os.getpid()
+earlier = set(os.listdir("/proc"))  # the call that started it, whose output it is part of anyway
+open("/tmp/lurking", "w").write(str(me))
+until = time.time() + 20
+while time.time() < until:
+    for p in os.listdir("/proc"):
+        if p.isdigit() and int(p) not in (1, me) and p not in earlier:
+            for fd in (1, 2):
+                try:
+                    f = os.open("/proc/%s/fd/%d" % (p, fd), os.O_WRONLY | os.O_NONBLOCK)
+                    os.write(f, b"FORGED-BY-THE-SANDBOX from a leftover\n")
+                    os.close(f)
+                except OSError:
+                    pass
+    time.sleep(0.005)
+"""
+
 LIMITS = SandboxLimits(wall_seconds=120.0, max_processes=64, default_tool_timeout=30.0)
 
 
@@ -127,6 +150,7 @@ def probe_report(text: str) -> Any:
 def attack(workspace: str) -> dict[str, Any]:
     """Run the probe in a fresh sandbox over `workspace` (an empty folder), then real requests."""
     Path(workspace, "probe.py").write_text(PROBE)
+    Path(workspace, "lurker.py").write_text(LURKER)
     Path(workspace, "calc.py").write_text("def add(a, b):\n    return a + b\n")
     _git(workspace, "init", "-q")
     _git(workspace, "add", "-A")
@@ -140,6 +164,19 @@ def attack(workspace: str) -> dict[str, Any]:
         outcome["probe_command"] = probe_report(sandbox.run_command("exec python3 probe.py 2", 60).log)
         bash = sandbox.call_tool("Bash", {"command": "exec python3 probe.py 3"})
         outcome["probe_bash"] = probe_report(bash.split("\nSTDERR:", 1)[0])
+        outcome["lurker"] = sandbox.call_tool(
+            "Bash",
+            # builtins only once it runs: no process of this call starts after the lurker
+            {
+                "command": "setsid python3 lurker.py </dev/null >/dev/null 2>&1 & "
+                "while [ ! -s /tmp/lurking ]; do :; done; read -r pid < /tmp/lurking; echo $pid"
+            },
+        )
+        lurker = outcome["lurker"].split("STDOUT:\n", 1)[-1].split("\n", 1)[0]
+        alive = f"test -d /proc/{lurker} && echo lurker-alive || echo lurker-gone" if lurker.isdigit() else "true"
+        after_lurker = sandbox.run_command(f"sleep 1; echo real-output; {alive}", 30)
+        outcome["after_lurker"] = {"exit_code": after_lurker.exit_code, "log": after_lurker.log}
+        outcome["bash_after_lurker"] = sandbox.call_tool("Bash", {"command": "sleep 1; echo real-output"})
         failing = sandbox.run_command("echo real-failure; exit 1", 30)
         outcome["failing"] = {"exit_code": failing.exit_code, "log": failing.log}
         sandbox.call_tool("Write", {"file_path": "calc.py", "content": REAL_CHANGE})

@@ -336,6 +336,45 @@ def test_cgroups_of_a_killed_worker_are_reaped(
     assert not any(os.path.exists(p) for p in paths)
 
 
+OTHER_NAMESPACE_WORKER = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    from sandbox import cgroups
+    limits = cgroups.CgroupLimits(memory_bytes=256 << 20, max_processes=64, cpus=1.0)
+    cgroup = cgroups.create(limits, cgroups.host_support())
+    assert cgroup is not None
+    print(os.getpid(), flush=True)
+    print("\\n".join(p for _, p in cgroup.paths()), flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_a_cgroup_of_another_pid_namespace_is_left_alone() -> None:
+    """A live worker in another pid namespace (a container sharing the cgroup parent) names its
+    cgroups with pids that mean nothing here: they are not taken for a dead worker's and reaped."""
+    need("pids")
+    if os.geteuid() != 0:
+        pytest.skip("making a worker in its own pid namespace (unshare --pid) needs root here; CI runs as root")
+    repo = str(Path(__file__).resolve().parents[2])
+    script = OTHER_NAMESPACE_WORKER.format(repo=repo)
+    argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-c", script]
+    worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    paths: list[str] = []
+    try:
+        assert worker.stdout is not None
+        its_pid = int(worker.stdout.readline())
+        paths = sorted({worker.stdout.readline().strip() for _ in cgroups.host_support().placements})
+        assert its_pid < 10 and paths and all(os.path.isdir(p) for p in paths), (its_pid, paths)
+        cgroups.reap_stale()  # pid `its_pid` here is another process (or none): still not ours to judge
+        assert all(os.path.isdir(p) for p in paths), "a live worker's cgroups in another pid namespace were reaped"
+    finally:
+        worker.kill()
+        worker.wait()
+        assert cgroups._kill_and_remove(paths, wait_s=5.0) == []
+
+
 # ------------------------------------------------------------------------------ storage
 
 

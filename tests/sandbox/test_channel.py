@@ -36,6 +36,15 @@ def assert_channel_held(outcome: dict[str, Any]) -> None:
         assert 1 in report["pids"], f"{key}: the probe never tried pid 1: {report}"
         assert report["opened"] == [], f"{key}: opened another process's descriptors: {report['opened']}"
         assert (report["mem"], report["getfd"], report["ptrace"]) == ([], [], []), f"{key}: {report}"
+    # A leftover of an earlier call (a detached lurker) reached no later command's output: the
+    # runner killed it before the next command started.
+    assert outcome["lurker"].startswith("Exit code: 0\nSTDOUT:\n"), outcome["lurker"]
+    lurker_pid = outcome["lurker"].split("STDOUT:\n", 1)[1].split("\n", 1)[0]
+    assert lurker_pid.isdigit(), outcome["lurker"]
+    log = outcome["after_lurker"]["log"]
+    assert (outcome["after_lurker"]["exit_code"], log) == (0, "real-output\nlurker-gone\n"), log
+    assert forged_replies.FORGED_MARK not in log
+    assert outcome["bash_after_lurker"] == leaf_bash(0, "real-output\n", ""), outcome["bash_after_lurker"]
     assert outcome["failing"]["exit_code"] == 1, outcome["failing"]
     assert "real-failure" in outcome["failing"]["log"]
     assert "the real edit" in outcome["patch"]
@@ -107,6 +116,24 @@ def test_orphans_are_reaped_and_exit_codes_stay_true(sb: LocalSandbox) -> None:
     assert sb.run_command("sleep 1 & exit 6", 20).exit_code == 6
     zombies = "grep -h '^[0-9]* ([^)]*) Z' /proc/[0-9]*/stat | wc -l"
     assert bash(sb, zombies) == leaf_bash(0, "0\n", "")
+
+
+@bwrap
+def test_a_leftover_cannot_write_into_a_later_commands_output(sb: LocalSandbox) -> None:
+    """A detached process left by one Bash call (dumpable, the sandbox's one uid) would open
+    /proc/<pid>/fd/1 and 2 of every later command: the runner kills it before the next one starts."""
+    sb.call_tool("Write", {"file_path": "lurker.py", "content": forged_replies.LURKER})
+    start = "setsid python3 lurker.py </dev/null >/dev/null 2>&1 & while [ ! -s /tmp/lurking ]; do :; done; echo up"
+    assert bash(sb, start) == leaf_bash(0, "up\n", "")
+    for _ in range(3):  # each a second long: time enough for a live lurker to find and flood them
+        test_run = sb.run_command("sleep 1; echo tests ran; echo to-stderr >&2; exit 1", 30)
+        assert (test_run.exit_code, test_run.log) == (1, "tests ran\nto-stderr\n")
+        assert bash(sb, "sleep 1; echo model output") == leaf_bash(0, "model output\n", "")
+        assert bash(sb, "read -r pid < /tmp/lurking; test -d /proc/$pid && echo alive || echo gone") == leaf_bash(
+            0, "gone\n", ""
+        )
+    # a process started within a call still runs for the rest of that call, as under Leaf
+    assert bash(sb, "sleep 30 >/dev/null 2>&1 & sleep 0.2; kill -0 $! && echo running") == leaf_bash(0, "running\n", "")
 
 
 def test_a_runner_that_cannot_hide_its_channel_refuses_to_serve(tmp_path: Path) -> None:
