@@ -878,7 +878,7 @@ def eval_command(
     """
     from app.jobs.evaluations import UnknownEvaluation
     from app.logs import configure_logging
-    from worker.evaluate import CommandOptions, EvalError, EvalOptions, run_eval_command
+    from worker.evaluate import CommandOptions, EvalError, EvalOptions, ensure_schema, run_eval_command
 
     settings = _settings()
     configure_logging("WARNING", settings.secret_values(), stream=sys.stderr)
@@ -900,6 +900,7 @@ def eval_command(
     command = CommandOptions(json_out, out, fail_below, fail_if_lost, resume, scripted_model, model, base_url)
     with _job_errors("eval"):
         try:
+            ensure_schema(settings)
             code, text = run_eval_command(
                 options, command, lambda m: typer.echo(f"[eval] {m}", err=True), lambda: stop["asked"]
             )

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.bwrap
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def manage(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def manage(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(ROOT / "manage.py"), *args], env=dict(os.environ), cwd=ROOT, capture_output=True,
-        text=True, timeout=timeout,
+        [sys.executable, str(ROOT / "manage.py"), *args], env=env or dict(os.environ), cwd=ROOT,
+        capture_output=True, text=True, timeout=timeout,
     )
 
 
@@ -76,6 +76,30 @@ def test_a_killed_eval_resumes_from_its_finished_attempts(local_env: dict[str, A
     bad = manage("eval", "--jobs", "drop table")
     assert bad.returncode == 2 and "not a job id" in bad.stderr
     assert manage("eval", "--resume", "99").returncode == 2
+
+
+def test_demo_then_eval_works_in_a_fresh_data_folder(local_env: dict[str, Any], tmp_path: Path) -> None:
+    """README's example as a new user runs it: no `migrate` first. The embedded SQLite database is upgraded
+    by eval itself; a configured database (FROGFIX_DATABASE_URL) is never migrated behind the operator's back."""
+    fresh = tmp_path / "fresh-data"
+    env = {**os.environ, "FROGFIX_DATA_DIR": str(fresh)}
+    env.pop("FROGFIX_DATABASE_URL", None)
+    demo = manage("demo", env=env)
+    assert demo.returncode == 0, demo.stderr
+    run = manage("eval", "--scripted-model", "demo", "--attempts", "2", "--out", str(tmp_path / "out"), env=env)
+    assert run.returncode == 0, run.stderr
+    assert "database error" not in run.stderr and run.stdout.startswith("# Evaluation 1: scripted:demo")
+    assert "2 of 2 attempts solved" in run.stdout
+    assert (tmp_path / "out" / "report.md").read_text() == run.stdout
+
+    production = tmp_path / "production.db"
+    configured = {**env, "FROGFIX_DATABASE_URL": f"sqlite:///{production}"}
+    refused = manage("eval", "--scripted-model", "demo", env=configured)
+    assert refused.returncode == 2
+    assert "is at schema none, not " in refused.stderr and "back it up, then run ./manage.py migrate" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert manage("migrate", env=configured).returncode == 0
+    assert manage("eval", "--scripted-model", "demo", env=configured).returncode == 0
 
 
 def test_a_second_run_of_a_running_evaluation_exits_2_and_names_the_process(local_env: dict[str, Any]) -> None:
