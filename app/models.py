@@ -348,6 +348,8 @@ class Evaluation(Base):
     runner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     runner_started: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the pid's start time
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Model slots its attempts hold now (`take_slot`, `give_slot`); counted only while the claim is live.
+    slots_held: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class EvaluationResult(Base):

@@ -12,9 +12,10 @@ it finishes; resuming (`--resume ID`, or the same command again) runs only the p
 
 Production first: before each attempt the evaluation waits for a model slot (`SlotGate`): it takes
 one only when no runnable production job is queued (the scheduler's `production_load`) and the
-busy production jobs plus its own attempts leave one free. So once a production job is queued, no
-new evaluation attempt starts until a worker has claimed it: it waits at most for the attempts
-already running (one with `--concurrency 1`).
+busy production jobs plus the attempts in flight of every live evaluation (counted on their rows,
+whatever process or host runs them) leave one free. So no evaluation starts an attempt while a
+production job waits, and a production job queued meanwhile shares the model only with eval
+attempts that had started before it, within the slots production was not using.
 """
 
 from __future__ import annotations
@@ -32,12 +33,11 @@ from typing import Any
 from pydantic import SecretStr
 
 from app import trajectory
-from app.db import session_scope
+from app.db import in_transaction, session_scope
 from app.evaluation_report import UNRUNNABLE
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
-from app.jobs.scheduler import production_load
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
 from app.statuses import INFRA_EXITS, LOCAL_VERDICT_STATUSES, FixStatus, JobStatus
@@ -164,48 +164,55 @@ def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress 
 
 
 class SlotGate:
-    """Model slots shared with production: an attempt takes one only when no runnable production job waits.
+    """Model slots shared with production and with every other evaluation, counted in the database.
 
-    "Waiting" is the scheduler's answer (app/jobs/scheduler.py `production_load`): a job held by its
-    project's budget cannot start whatever eval does, so it does not stop the evaluation.
+    An attempt takes a slot only when no runnable production job waits (the scheduler's
+    `production_load`: a job held by its project's budget cannot start whatever eval does) and the
+    busy production jobs plus the attempts in flight of every live evaluation, in any process on
+    any host, leave one free (app/jobs/evaluations.py `take_slot`, under one lock).
     """
 
-    def __init__(self, slots: int, *, poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None,
+    def __init__(self, evaluation_id: int, runner: ev_records.Runner, slots: int, *, stale_seconds: float,
+                 poll_seconds: float = 1.0, stop: Callable[[], bool] | None = None,
                  progress: Progress | None = None) -> None:
         if slots < 1:
             raise EvalError("there must be at least one model slot (FROGFIX_MODEL_SLOTS)")
-        self.slots, self.poll_seconds = slots, poll_seconds
+        self.evaluation_id, self.runner, self.slots = evaluation_id, runner, slots
+        self.stale_seconds, self.poll_seconds = stale_seconds, poll_seconds
         self.stop = stop or (lambda: False)
         self.progress: Progress = progress or (lambda _m: None)
-        self.in_flight = 0
-        self.queued = 0  # runnable production jobs queued at the last look
-        self._lock = threading.Lock()
+        self.last: ev_records.SlotAnswer | None = None  # what the last look saw
+        self.claim_lost = False  # the evaluation's claim went to another process: take nothing more
 
     def try_acquire(self) -> bool:
-        """Take a slot now if production leaves one (none queued, busy + ours below the slot count)."""
-        with self._lock:
-            with session_scope() as session:
-                self.queued, busy = production_load(session)
-            if self.queued == 0 and busy + self.in_flight < self.slots:
-                self.in_flight += 1
-                return True
-            return False
+        """Take a slot now if production and the other evaluations leave one."""
+        with session_scope() as session:
+            answer = ev_records.take_slot(session, self.evaluation_id, self.runner, self.slots, self.stale_seconds)
+        self.last = answer
+        self.claim_lost = self.claim_lost or answer.lost
+        return answer.taken
 
     def acquire(self) -> bool:
-        """Wait for a slot, saying so once; False when `stop` says to give up first."""
+        """Wait for a slot, saying so once; False when `stop` says to give up first or the claim was lost."""
         said = False
-        while not self.stop():
+        while not (self.stop() or self.claim_lost):
             if self.try_acquire():
                 return True
-            if not said:
-                self.progress(f"waiting for a model slot ({self.queued} production jobs queued)")
+            if not said and self.last is not None and not self.last.lost:
+                self.progress(self._waiting(self.last))
                 said = True
             time.sleep(self.poll_seconds)
         return False
 
+    def _waiting(self, seen: ev_records.SlotAnswer) -> str:
+        if seen.queued:
+            return f"waiting for a model slot ({seen.queued} production jobs queued)"
+        return (f"waiting for a model slot ({seen.busy} production jobs and {seen.evaluations} evaluation "
+                f"attempts hold all {self.slots})")
+
     def release(self) -> None:
-        with self._lock:
-            self.in_flight -= 1
+        """Give the slot back; retried while the database is unreachable, so a blip cannot leak it."""
+        in_transaction(lambda session: ev_records.give_slot(session, self.evaluation_id, self.runner))
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -324,7 +331,7 @@ class Evaluator:
         self.errors: list[str] = []
 
     def should_stop(self) -> bool:
-        return self.claim_lost or self.asked_to_stop()
+        return self.claim_lost or self.gate.claim_lost or self.asked_to_stop()
 
     def pending(self) -> list[tuple[str, int]]:
         with session_scope() as session:
@@ -496,7 +503,8 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     except ev_records.EvaluationBusy as exc:
         raise EvalError(str(exc)) from None
     try:
-        gate = SlotGate(s.model_slots, poll_seconds=poll_seconds, stop=should_stop, progress=say)
+        gate = SlotGate(evaluation_id, runner, s.model_slots, stale_seconds=s.stale_job_seconds,
+                        poll_seconds=poll_seconds, stop=should_stop, progress=say)
         evaluator = Evaluator(evaluation_id, s, models or candidate_models(s), gate, say, options.concurrency,
                               should_stop, runner)
         gate.stop = evaluator.should_stop

@@ -3,6 +3,11 @@
 Callers own the transaction, as with app/jobs/records.py. An evaluation's task list is frozen in its
 row when it starts; each finished attempt is one `evaluation_results` row, so a resumed evaluation
 runs exactly the (task, attempt) pairs that have no row yet.
+
+Model slots: each evaluation row counts the attempts it has in flight (`slots_held`). `take_slot`
+adds one only when no runnable production job is queued and busy production jobs plus every live
+evaluation's count stay below FROGFIX_MODEL_SLOTS, checked and written under one lock, so two
+processes (or hosts) never both take the last free slot.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ import socket
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, false, func, select, update
 from sqlalchemy.orm import Session
 
 from app.evaluation_report import build_report
+from app.jobs.scheduler import production_load
 from app.models import Evaluation, EvaluationResult, Job, JobAttempt, utcnow
 from app.statuses import FINAL_STATUSES, VERDICT_STATUSES
 from app.trajectory import LOCAL_ID
@@ -241,6 +247,7 @@ def claim(session: Session, evaluation_id: int, runner: Runner, stale_seconds: f
             )
     row.runner_host, row.runner_pid, row.runner_started = runner.host, runner.pid, runner.started
     row.heartbeat_at = utcnow()
+    row.slots_held = 0  # a dead holder's attempts ended with it
 
 
 def beat(session: Session, evaluation_id: int, runner: Runner) -> bool:
@@ -257,6 +264,76 @@ def release(session: Session, evaluation_id: int, runner: Runner) -> None:
     row = session.get(Evaluation, evaluation_id)
     if row is not None and (row.runner_host, row.runner_pid) == (runner.host, runner.pid):
         row.runner_host = row.runner_pid = row.runner_started = row.heartbeat_at = None
+        row.slots_held = 0
+
+
+# -- model slots shared with production ---------------------------------------------------------
+
+# PostgreSQL advisory lock key for taking eval slots ("EVAL"); transaction-scoped.
+SLOT_LOCK_KEY: Final = 0x4556414C
+
+
+@dataclass(frozen=True)
+class SlotAnswer:
+    """What `take_slot` saw: whether it took a slot, and the load that decided it."""
+
+    taken: bool
+    queued: int  # runnable production jobs queued
+    busy: int  # production jobs holding a slot
+    evaluations: int  # slots held by live evaluations' attempts (this one's included), before this take
+    lost: bool = False  # this runner no longer holds the evaluation's claim
+
+
+def _serialize_slots(session: Session) -> None:
+    """One take at a time across processes: PostgreSQL by an advisory lock, SQLite by taking its write lock
+    now (a write that matches nothing), so the counts read next cannot change before this one commits."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(select(func.pg_advisory_xact_lock(SLOT_LOCK_KEY)))
+    else:
+        session.execute(update(Evaluation).where(false()).values(slots_held=Evaluation.slots_held))
+
+
+def slots_in_use(session: Session, stale_seconds: float) -> int:
+    """Slots held by evaluations whose claim is live; a killed run's count dies with its claim."""
+    rows = session.execute(
+        select(Evaluation.runner_host, Evaluation.runner_pid, Evaluation.runner_started, Evaluation.heartbeat_at,
+               Evaluation.slots_held)
+        .where(Evaluation.runner_pid.is_not(None), Evaluation.slots_held > 0)
+    )
+    live = 0
+    for host, pid, started, beat, held in rows:
+        if pid is not None and Runner(host or "", pid, started or "").alive(beat, stale_seconds):
+            live += int(held)
+    return live
+
+
+def take_slot(session: Session, evaluation_id: int, runner: Runner, slots: int, stale_seconds: float) -> SlotAnswer:
+    """One more attempt of `runner`'s evaluation in flight, if production and every live evaluation leave a slot."""
+    _serialize_slots(session)
+    row = session.scalars(
+        select(Evaluation).where(Evaluation.id == evaluation_id).execution_options(populate_existing=True)
+    ).first()
+    queued, busy = production_load(session)
+    held = slots_in_use(session, stale_seconds)
+    if row is None or (row.runner_host, row.runner_pid) != (runner.host, runner.pid):
+        return SlotAnswer(False, queued, busy, held, lost=True)
+    if queued == 0 and busy + held < slots:
+        # Relative, as in `give_slot`: a give that commits meanwhile (it takes no lock) is never overwritten.
+        session.execute(
+            update(Evaluation).where(Evaluation.id == evaluation_id).values(slots_held=Evaluation.slots_held + 1)
+        )
+        return SlotAnswer(True, queued, busy, held)
+    return SlotAnswer(False, queued, busy, held)
+
+
+def give_slot(session: Session, evaluation_id: int, runner: Runner) -> None:
+    """One attempt of `runner`'s evaluation ended (a claim lost meanwhile is the new holder's to count)."""
+    session.execute(
+        update(Evaluation)
+        .where(Evaluation.id == evaluation_id, Evaluation.runner_host == runner.host,
+               Evaluation.runner_pid == runner.pid, Evaluation.slots_held > 0)
+        .values(slots_held=Evaluation.slots_held - 1)
+    )
 
 
 def set_evaluation_status(session: Session, evaluation_id: int, status: str) -> None:

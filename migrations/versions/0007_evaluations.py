@@ -32,6 +32,8 @@ def upgrade() -> None:
         sa.Column("runner_pid", sa.Integer(), nullable=True),
         sa.Column("runner_started", sa.String(32), nullable=True),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
+        # Model slots its attempts hold now: every evaluation's count (live claims only) meets production's.
+        sa.Column("slots_held", sa.Integer(), nullable=False, server_default="0"),
     )
     op.create_table(
         "evaluation_results",
