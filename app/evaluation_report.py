@@ -12,7 +12,9 @@ Definitions (stated in the report too):
 - like with like: gained = the candidate solved it within the recorded run's n attempts, the recorded run did
   not; lost = the recorded run solved it, the candidate solved none of at least n attempts; a task that
   differs with unequal budgets is listed as not comparable (so `--fail-if-lost` never blames a shorter budget);
-- an attempt that could never run (project or commit gone) is `unrunnable`: out of every rate, listed apart.
+- an attempt that could never run (project or commit gone) is `unrunnable`: out of every rate, listed apart;
+- each task runs under its recorded job's Leaf limits where the trajectory saved them, else today's settings
+  (`limits.source`), and the report counts which.
 """
 
 from __future__ import annotations
@@ -92,6 +94,7 @@ def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int)
         "recorded_attempts": int(task.get("recorded_attempts") or 1),
         "first_solved_attempt": first,
         "human": task.get("human", "unknown"),
+        "limits": next((r.get("limits") for r in results if r.get("limits")), None),
         "finished_attempts": n,
         "complete": n >= k,
         "solved_attempts": c,
@@ -213,6 +216,8 @@ def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, A
         **_compare(rows),
         "unrunnable": [{"task": key, "reason": why} for key, why in unrunnable.items() if key not in by_task],
         "human": _human(rows),
+        "limits": {source: sum(1 for r in rows if (r["limits"] or {}).get("source") == source)
+                   for source in ("recorded", "settings")},
         "tasks": rows,
     }
 

@@ -373,6 +373,8 @@ class EvaluationResult(Base):
     wall_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     trajectory: Mapped[str | None] = mapped_column(Text, nullable=True)  # relative to the data folder
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # {"source": "recorded" | "settings", "max_steps", ...}: the Leaf limits the attempt ran under.
+    limits: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

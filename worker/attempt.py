@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -393,7 +393,7 @@ class AttemptRunner:
 
         The guidance goes into the task and, whole, into the trajectory, where the job page shows it.
         """
-        fields = dict(spec.trajectory_fields)
+        fields = {**spec.trajectory_fields, "limits": asdict(spec.limits)}  # what `eval` re-runs the task under
         if spec.start != spec.base_commit:  # a round: replay checks this out, not the base
             fields["start_commit"] = spec.start
         if guidance is not None:

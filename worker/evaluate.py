@@ -4,8 +4,8 @@ A task is a finished job whose tests failed before its patch (a recorded `before
 non-zero exit and a test command): a forge job, or a local `fix`/`demo` job. Each attempt re-runs
 the recorded task live through replay's `run_live_attempt` (one attempt runner for everything): a
 fresh sandbox at the recorded base commit, the recorded task text with the guidance read again
-from the base commit, `.frogfix.yml` from the base commit, the current limits, the pipeline's
-review policy and verification. Nothing is pushed or posted.
+from the base commit, `.frogfix.yml` from the base commit, the recorded job's Leaf limits
+(`task_limits`), the pipeline's review policy and verification. Nothing is pushed or posted.
 
 Restart-safe: the evaluation's row freezes its task list, and each attempt's result is committed as
 it finishes; resuming (`--resume ID`, or the same command again) runs only the pairs with no result.
@@ -262,27 +262,68 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
     return evaluation_id
 
 
+# Leaf limits a trajectory records (worker/attempt.py writes `limits`) that an eval attempt takes over.
+RECORDED_LIMITS = {
+    "max_steps": "leaf_max_steps",
+    "max_context_tokens": "leaf_max_context_tokens",
+    "max_completion_tokens": "leaf_max_completion_tokens",
+}
+
+
+def task_limits(recording: dict[str, Any], settings: Settings) -> tuple[Settings, dict[str, Any]]:
+    """The settings a task's attempts run under, and the limits to report beside each result.
+
+    The same limits as the recorded job: its trajectory's steps and context and completion tokens.
+    A trajectory written before FrogFix recorded them gets today's settings, and the result says
+    `settings`. The time limit is always today's FROGFIX_JOB_TIMEOUT_SECONDS: a recorded attempt's
+    time bound is only what was left of its job when it began.
+    """
+    recorded = recording.get("limits")
+    taken = {
+        name: recorded[name] for name in RECORDED_LIMITS
+        if isinstance(recorded, dict) and isinstance(recorded.get(name), int) and recorded[name] > 0
+    }
+    source = "recorded" if len(taken) == len(RECORDED_LIMITS) else "settings"
+    if source == "settings":
+        taken = {}
+    chosen = settings.model_copy(update={RECORDED_LIMITS[name]: value for name, value in taken.items()})
+    limits = {name: getattr(chosen, setting) for name, setting in RECORDED_LIMITS.items()}
+    return chosen, {"source": source, **limits, "max_seconds": chosen.job_timeout_seconds}
+
+
+@dataclass
+class _Task:
+    """One task's recording, repository and limits, prepared once and shared by its attempts."""
+
+    recording: Any
+    source: RepoSource
+    settings: Settings
+    limits: dict[str, Any]
+
+
 class _Sources:
-    """Each task's recording and repository, prepared once and shared by its attempts."""
+    """Each task's `_Task`, found on its first attempt."""
 
     def __init__(self, settings: Settings, redactor: SecretRedactor, progress: Progress) -> None:
         self.settings, self.redactor, self.progress = settings, redactor, progress
         self._lock = threading.Lock()
-        self._found: dict[str, tuple[Any, RepoSource]] = {}
+        self._found: dict[str, _Task] = {}
 
-    def get(self, key: str) -> tuple[Any, RepoSource]:
+    def get(self, key: str) -> _Task:
         with self._lock:
             if key not in self._found:
                 rec = find_recording(int(key) if key.isdigit() else key, None, self.settings)
-                self._found[key] = (rec, repo_source(rec, self.settings, self.redactor.redact, self.progress))
+                source = repo_source(rec, self.settings, self.redactor.redact, self.progress)
+                self._found[key] = _Task(rec, source, *task_limits(rec.data, self.settings))
             return self._found[key]
 
     def cleanup(self) -> None:
-        for _rec, source in self._found.values():
-            source.cleanup()
+        for task in self._found.values():
+            task.source.cleanup()
 
 
-def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: Path) -> dict[str, Any]:
+def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: Path,
+                   limits: dict[str, Any]) -> dict[str, Any]:
     usage = report.usage or {}
     stored = report.trajectory
     if stored and Path(stored).is_relative_to(data_dir):
@@ -301,6 +342,7 @@ def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: P
         "wall_seconds": wall,
         "trajectory": stored,
         "reason": (report.message or "")[:2000],
+        "limits": limits,
     }
 
 
@@ -367,10 +409,12 @@ class Evaluator:
 
     def _one(self, sources: _Sources, key: str, attempt: int) -> None:
         if self.should_stop() or not self.gate.acquire():
+            self.claim_lost = self.claim_lost or self.gate.claim_lost
             return
         started = time.monotonic()
         try:
-            report = self._attempt(sources, key, attempt)
+            task = sources.get(key)
+            report = self._attempt(task, key, attempt)
         except Exception as exc:  # one attempt's failure must not end the others unrecorded
             self._could_not_run(key, attempt, exc)
             return
@@ -382,7 +426,8 @@ class Evaluator:
             self.progress(f"task {key}, attempt {attempt} failed on infrastructure (left for a resume): "
                           f"{report.exit_reason}")
             return
-        values = _result_values(key, attempt, report, time.monotonic() - started, self.settings.data_dir)
+        values = _result_values(key, attempt, report, time.monotonic() - started, self.settings.data_dir,
+                                task.limits)
         if self._record(values):
             verdict = "solved" if values["solved"] else f"not solved ({values['outcome']})"
             self.progress(f"task {key}, attempt {attempt}: {verdict}, {values['steps']} steps")
@@ -406,12 +451,11 @@ class Evaluator:
             self.claim_lost = True
         return kept
 
-    def _attempt(self, sources: _Sources, key: str, attempt: int) -> Any:
-        rec, source = sources.get(key)
+    def _attempt(self, task: _Task, key: str, attempt: int) -> Any:
         model = self.models(key, attempt)
         try:
             return run_live_attempt(
-                rec, source, self.settings, self.redactor, lambda _m: None, model=model, mode="eval",
+                task.recording, task.source, task.settings, self.redactor, lambda _m: None, model=model, mode="eval",
                 fields={"evaluation": self.evaluation_id, "eval_task": key, "eval_attempt": attempt},
             )
         finally:

@@ -393,7 +393,7 @@ def list_evaluations(session: Session, limit: int = 100) -> list[tuple[Evaluatio
 
 RESULT_FIELDS = (
     "task", "attempt", "solved", "outcome", "exit_reason", "steps", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "model_seconds", "wall_seconds", "trajectory", "reason",
+    "cached_tokens", "model_seconds", "wall_seconds", "trajectory", "reason", "limits",
 )
 
 

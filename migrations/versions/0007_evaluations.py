@@ -54,6 +54,8 @@ def upgrade() -> None:
         sa.Column("wall_seconds", sa.Float(), nullable=False),
         sa.Column("trajectory", sa.Text(), nullable=True),
         sa.Column("reason", sa.Text(), nullable=True),
+        # The Leaf limits the attempt ran under, and whether they were the recorded job's or today's settings.
+        sa.Column("limits", sa.JSON(), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False),
         sa.UniqueConstraint("evaluation_id", "task", "attempt", name="uq_eval_results_task_attempt"),
     )
