@@ -80,6 +80,11 @@ class Figure:
         return f"{self.value:.2f}{ci}"
 
 
+def _count(n: int, word: str) -> str:
+    """`1 task`, `2 tasks`: the report's counts read as sentences."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int) -> dict[str, Any]:
     n = len(results)
     c = sum(1 for r in results if r["solved"])
@@ -170,8 +175,9 @@ def _recorded_figure(rows: list[dict[str, Any]]) -> Figure:
     made = (f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}") if counts else "0"
     return Figure(
         recorded / len(rows) if rows else None, wilson(recorded, len(rows)),
-        f"tasks the recorded run solved / tasks, Wilson 95%; the recorded job made {made} attempts per task "
-        "and was solved when any verified (pass@n, n = its attempts)",
+        f"tasks the recorded run solved / tasks, Wilson 95%; the recorded job made {made} "
+        f"{'attempt' if made == '1' else 'attempts'} per task and was solved when any verified "
+        "(pass@n, n = its attempts)",
     )
 
 
@@ -236,15 +242,43 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:120]
 
 
+def _like_with_like(counts: Sequence[int]) -> str:
+    """How gained and lost were judged, in plain sentences, with the recorded run's n."""
+    if len(counts) == 1:
+        n = f"n = {counts[0]}"
+        made = f"The recorded run made {_count(counts[0], 'attempt')} per task ({n})"
+    else:
+        n = "n = the recorded run's attempts on that task"
+        made = f"The recorded run made {counts[0]} to {counts[-1]} attempts per task ({n})"
+    return (
+        f"Compared like with like. {made}, and solved a task when one of its attempts was verified. "
+        "Gained: the recorded run did not solve the task, and the candidate did within n attempts. "
+        "Lost: the recorded run solved it, and none of the candidate's attempts did, over at least n. "
+        "Not comparable: the verdicts differ, but the candidate had fewer than n attempts, or solved it only "
+        "after its nth."
+    )
+
+
+def _limits_line(counts: Mapping[str, int]) -> str:
+    recorded, settings = counts.get("recorded", 0), counts.get("settings", 0)
+    return (
+        f"Limits: {_count(recorded, 'task')} ran under the recorded job's Leaf limits (steps, context and "
+        f"completion tokens), {settings} under today's settings (a trajectory saved before FrogFix recorded "
+        "them); the time limit is today's FROGFIX_JOB_TIMEOUT_SECONDS."
+    )
+
+
 def to_markdown(report: Mapping[str, Any]) -> str:
     """The report for people: the overall figures, gained and lost tasks, then one row per task."""
     k = report["attempts_per_task"]
     cand, rec, human = report["candidate"], report["recorded"], report["human"]
+    complete = f"all {k} attempts" if k > 1 else "its attempt"
     lines = [
         f"# Evaluation {report['evaluation']}: {report['model']}",
         "",
-        f"{report['tasks_evaluated']} of {report['tasks_total']} tasks evaluated ({report['tasks_complete']} with all "
-        f"{k} attempts); {report['attempts_solved']} of {report['attempts_finished']} attempts solved. "
+        f"{report['tasks_evaluated']} of {_count(report['tasks_total'], 'task')} evaluated "
+        f"({report['tasks_complete']} with {complete}); "
+        f"{report['attempts_solved']} of {_count(report['attempts_finished'], 'attempt')} solved. "
         f"Status: {report['status']}. Selector: `{report['selector'] or '(default)'}`.",
         "",
         "| figure | candidate | recorded run |",
@@ -256,22 +290,30 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         recorded = _figure_text(rec["solve_rate"]) if counts == [i] else "n/a"
         lines.append(f"| pass@{i} (bootstrap 95%) | {_figure_text(cand[f'pass@{i}'])} | {recorded} |")
     lines.append(f"| tasks solved | {cand['tasks_solved']} | {rec['tasks_solved']} |")
+    other = report.get("not_comparable", [])
     lines += [
         "",
         f"Gained ({len(report['gained'])}): {', '.join(report['gained']) or 'none'}  ",
         f"Lost ({len(report['lost'])}): {', '.join(report['lost']) or 'none'}  ",
-        f"Not comparable ({len(report.get('not_comparable', []))}): "
-        f"{', '.join(report.get('not_comparable', [])) or 'none'}",
+        f"Not comparable ({len(other)}): {', '.join(other) or 'none'}",
         "",
-        f"Compared like with like: the recorded run made n attempts per task ({rec['solve_rate']['method']}); "
-        "gained = solved within n attempts, lost = none of at least n attempts solved.",
+        _like_with_like(counts),
         "",
-        *[f"Unrunnable (excluded from every rate): {_cell(u['task'])}: {_cell(u['reason'])}"
-          for u in report.get("unrunnable", [])],
-        "",
+    ]
+    unrunnable = report.get("unrunnable", [])
+    if unrunnable:
+        lines += [
+            *[f"Unrunnable (excluded from every rate): {_cell(u['task'])}: {_cell(u['reason'])}  "
+              for u in unrunnable],
+            "",
+        ]
+    open_mrs = human["open"]
+    lines += [
         f"Human verdicts: {human['merged_solved']} of {human['merged']} merged MRs solved; "
         f"{human['closed_unmerged_solved']} of {human['closed_unmerged']} closed-unmerged MRs \"solved\"; "
-        f"{human['open']} MRs still open; {human['unknown']} tasks with no known verdict.",
+        f"{_count(open_mrs, 'MR')} still open; {_count(human['unknown'], 'task')} with no known verdict.",
+        "",
+        _limits_line(report.get("limits") or {}),
         "",
         "| task | project | recorded | attempts (solved/exit/steps) | tokens | cached | model s | wall s |",
         "|---|---|---|---|---|---|---|---|",

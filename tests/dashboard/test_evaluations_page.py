@@ -43,7 +43,7 @@ def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any, tm
     assert 'data-testid="solve-rate">0.25 [' in page.text  # 1 of 4 attempts
     assert 'data-testid="pass-2">0.50 [' in page.text  # task 8 solved once in two: pass@2 = 1; task 7: 0
     assert "Lost (1): 7" in page.text and "Gained (1): 8" in page.text
-    assert "Not comparable, unequal attempts (0)" in page.text and "made 1 attempts per task" in page.text
+    assert "Not comparable, unequal attempts (0)" in page.text and "made 1 attempt per task" in page.text
     assert signed_in.get("/evaluations/999").status_code == 404
     assert signed_in.get("/evaluations/0").status_code in (404, 422)
     human = 'Human verdicts: 0 of 1 merged MRs solved; 1 of 1 closed-unmerged MRs "solved"; 0 MRs still open'

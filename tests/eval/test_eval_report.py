@@ -52,7 +52,7 @@ def test_counts_pass_at_k_gained_and_lost_are_exact(local_env: dict[str, Any], t
     assert report["candidate"]["tasks_solved"] == 2
     assert report["recorded"]["solve_rate"]["value"] == 0.5 and report["recorded"]["tasks_solved"] == 2
     assert report["gained"] == [] and report["lost"] == [t["b"]] and report["not_comparable"] == [t["c"]]
-    assert report["recorded"]["attempts"] == [1] and "1 attempts per task" in report["recorded"]["solve_rate"]["method"]
+    assert report["recorded"]["attempts"] == [1] and "1 attempt per task" in report["recorded"]["solve_rate"]["method"]
     lo, hi = report["candidate"]["solve_rate"]["ci95"]
     assert lo < 0.375 < hi and "Wilson" in report["candidate"]["solve_rate"]["method"]
     assert report["human"] == {"merged": 0, "merged_solved": 0, "closed_unmerged": 0,
