@@ -866,7 +866,11 @@ def eval_command(
     fail_if_lost: Annotated[
         int | None, typer.Option("--fail-if-lost", help="Exit 1 when this many tasks or more are lost.")
     ] = None,
-    resume: Annotated[int | None, typer.Option(help="Resume evaluation ID (the same command again also does).")] = None,
+    resume: Annotated[
+        int | None,
+        typer.Option(help="Resume evaluation ID, or report it again once finished (the same command again "
+                     "resumes an unfinished one; a finished one makes it start a new evaluation)."),
+    ] = None,
     scripted_model: Annotated[
         str | None, typer.Option("--scripted-model", help="demo: the demo's recorded replies, no model server.")
     ] = None,

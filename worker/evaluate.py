@@ -8,7 +8,9 @@ from the base commit, `.frogfix.yml` from the base commit, the recorded job's Le
 (`task_limits`), the pipeline's review policy and verification. Nothing is pushed or posted.
 
 Restart-safe: the evaluation's row freezes its task list, and each attempt's result is committed as
-it finishes; resuming (`--resume ID`, or the same command again) runs only the pairs with no result.
+it finishes; resuming (`--resume ID`, or the same command again while it is unfinished) runs only
+the pairs with no result. Once it finished, the same command starts a new evaluation over the
+tasks selected then, and `--resume ID` reports the finished one again without running anything.
 
 Production first: before each attempt the evaluation waits for a model slot (`SlotGate`): it takes
 one only when no runnable production job is queued (the scheduler's `production_load`) and the
@@ -239,13 +241,16 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
         if resume is not None:
             ev_records.get_evaluation(session, resume)
             return resume
-        found = ev_records.find_unfinished(
+        latest = ev_records.latest_of_command(
             session, model=options.model, base_url=options.base_url, selector=options.selector,
             attempts=options.attempts,
         )
-    if found is not None:
-        progress(f"resuming evaluation {found} (the same command did not finish)")
-        return found
+    if latest is not None and latest[1] != "finished":
+        progress(f"resuming evaluation {latest[0]} (the same command did not finish)")
+        return latest[0]
+    if latest is not None:
+        progress(f"evaluation {latest[0]} of the same command finished; starting a new one over the tasks "
+                 f"selected now (`--resume {latest[0]}` reports it again)")
     try:
         selector = parse_selector(options.selector)
     except ev_records.SelectorError as exc:

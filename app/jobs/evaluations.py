@@ -213,20 +213,25 @@ def get_evaluation(session: Session, evaluation_id: int) -> Evaluation:
     return row
 
 
-def find_unfinished(session: Session, *, model: str, base_url: str, selector: str, attempts: int) -> int | None:
-    """The newest evaluation of the same command that has not finished: running it again resumes it."""
-    return session.scalar(
-        select(Evaluation.id)
+def latest_of_command(
+    session: Session, *, model: str, base_url: str, selector: str, attempts: int
+) -> tuple[int, str] | None:
+    """The newest evaluation of the same command (model, server, selector, K): its id and status.
+
+    Unfinished, the same command again resumes it; finished, the same command starts a new one.
+    """
+    found = session.execute(
+        select(Evaluation.id, Evaluation.status)
         .where(
             Evaluation.model == model,
             Evaluation.base_url == base_url,
             Evaluation.selector == selector,
             Evaluation.attempts == attempts,
-            Evaluation.status != "finished",
         )
         .order_by(Evaluation.id.desc())
         .limit(1)
-    )
+    ).first()
+    return (int(found[0]), str(found[1])) if found is not None else None
 
 
 def claim(session: Session, evaluation_id: int, runner: Runner, stale_seconds: float) -> None:

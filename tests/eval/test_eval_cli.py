@@ -68,10 +68,18 @@ def test_a_killed_eval_resumes_from_its_finished_attempts(local_env: dict[str, A
     assert json.loads(replayed.stdout)["status"] == "reproduced"
     assert manage("replay", task, "--trajectory", "../../etc/passwd").returncode == 2
 
-    # Nothing left to run: the same report; a gate that fails exits 1; bad options exit 2.
+    # Evaluation 1 finished: `--resume 1` reports it again and runs nothing; the same command starts evaluation 2.
+    again = manage("eval", "--resume", "1", "--json", "--fail-below", "1.0")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["evaluation"] == 1 and "0 attempts to run" in again.stderr
+    assert len(_rows()) == 3
     md = manage(*command)
-    assert md.returncode == 0 and "| solve rate (Wilson 95%) | 1.00" in md.stdout
-    assert manage("eval", "--resume", "1", "--fail-below", "1.0").returncode == 0
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.startswith("# Evaluation 2: scripted:demo") and "| solve rate (Wilson 95%) | 1.00" in md.stdout
+    assert "evaluation 1 of the same command finished; starting a new one" in md.stderr
+    assert "evaluation 2: 3 attempts to run" in md.stderr and len(_rows()) == 6
+    # Bad options exit 2.
+    assert manage("eval", "--resume", "2", "--fail-below", "1.01").returncode == 2  # not a rate
     assert manage("eval", "--scripted-model", "demo", "--jobs", "project=nowhere").returncode == 2
     bad = manage("eval", "--jobs", "drop table")
     assert bad.returncode == 2 and "not a job id" in bad.stderr
