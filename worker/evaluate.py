@@ -23,6 +23,7 @@ attempts that had started before it, within the slots production was not using.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,26 @@ def _failed_before(tests: Any) -> bool:
     return isinstance(code, int) and code != 0
 
 
+LOCAL_STAMP = re.compile(r"local-(\d{8}-\d{6})(?:-|$)")
+
+
+def local_job_time(key: str, data: dict[str, Any]) -> datetime | None:
+    """When a local job ran: the UTC stamp in its id (`local-YYYYMMDD-HHMMSS-...`), else the trajectory's
+    `started_at`. Never the file's mtime: a copy, a restore or a later write to the file moves that."""
+    stamp = LOCAL_STAMP.match(key)
+    if stamp is not None:
+        try:
+            return datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S").replace(tzinfo=UTC)
+        except ValueError:
+            pass
+    started = data.get("started_at")
+    try:
+        when = datetime.fromisoformat(started) if isinstance(started, str) else None
+    except ValueError:
+        return None
+    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
+
+
 def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, Any]]:
     """Local (`fix`, `demo`) jobs: their one trajectory holds the verdict `fix` added to it."""
     folder = settings.data_dir / trajectory.DIRECTORY
@@ -85,7 +106,7 @@ def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, A
             continue
         repository = str(data.get("repository") or "")
         project = Path(repository).name
-        when = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+        when = local_job_time(key, data)
         status = str(fix.get("status") or "")
         if not selector.statuses and status not in LOCAL_VERDICT_STATUSES:
             continue  # `failed`: no model verdict; only through `status=failed`

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from app import trajectory
 from app.db import session_scope
 from app.evaluation_report import build_report
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import parse_selector
 from app.models import Job, JobAttempt
+from app.settings import get_settings
+from tests.eval.conftest import recorded_job
 from worker.evaluate import CommandOptions, EvalError, EvalOptions, run_eval_command
 
 FAILED_BEFORE = {"command": "pytest -q", "before": {"exit_code": 1}, "after": {"exit_code": 0}}
@@ -87,3 +95,53 @@ def test_resuming_with_another_model_is_refused(frogfix_env: dict[str, Any]) -> 
     with pytest.raises(EvalError, match="model"):
         run_eval_command(EvalOptions("other", "http://x/v1"), CommandOptions(resume=real, model="other"),
                          lambda _m: None)
+
+
+def test_a_job_whose_tests_passed_before_is_no_task(frogfix_env: dict[str, Any]) -> None:
+    """Tests that passed on the base commit cannot tell a fix from no fix: such a job is never selected."""
+    from worker.evaluate import select_tasks
+
+    failed_before = _finished("done")
+    with session_scope() as session:
+        job = Job(forge="gitlab", project="acme/calc", issue=2, status="done")
+        session.add(job)
+        session.flush()
+        passed = {"command": "pytest -q", "before": {"exit_code": 0}, "after": {"exit_code": 0}}
+        session.add(JobAttempt(job_id=job.id, number=1, status="verified", tests=passed))
+        passed_before = job.id
+    settings = get_settings()
+    assert [t["key"] for t in select_tasks(parse_selector(""), settings)] == [str(failed_before)]
+    assert select_tasks(parse_selector(str(passed_before)), settings) == []
+    assert select_tasks(parse_selector(f"status=done, {passed_before}"), settings) == []
+
+
+@pytest.mark.bwrap
+def test_local_jobs_are_dated_by_their_id_not_the_files_mtime(local_env: dict[str, Any], tmp_path: Path) -> None:
+    """A trajectory copied, restored or touched keeps its job's date: the UTC stamp in `local-YYYYMMDD-HHMMSS-…`."""
+    from worker.evaluate import local_job_time, select_tasks
+
+    real = recorded_job(tmp_path / "a", solved=True)
+    folder = local_env["data_dir"] / trajectory.DIRECTORY
+    original = json.loads((folder / f"{real}.json").read_text())
+
+    def copy(key: str, change: Callable[[dict[str, Any]], None] = lambda _d: None) -> None:
+        data = json.loads(json.dumps(original))
+        data["job_id"] = key
+        change(data)
+        (folder / f"{key}.json").write_text(json.dumps(data))  # written now: its mtime is today
+
+    copy("local-20200105-101010-aaaaaa")
+    copy("local-20200106-090000-bbbbbb", lambda d: d["fix"]["tests"]["before"].update(exit_code=0))  # passed before
+    copy("local-named-by-hand", lambda d: d.update(started_at="2020-01-07T08:00:00+00:00"))
+    os.utime(folder / f"{real}.json", (0, 0))  # the real job's file claims 1970; its id says today
+
+    def keys(selector: str) -> list[str]:
+        return [t["key"] for t in select_tasks(parse_selector(selector), get_settings())]
+
+    assert sorted(keys("")) == sorted([real, "local-20200105-101010-aaaaaa", "local-named-by-hand"])
+    assert keys("until=2020-01-31") == ["local-20200105-101010-aaaaaa", "local-named-by-hand"]
+    assert keys("since=2020-01-06, until=2020-01-31") == ["local-named-by-hand"]
+    assert keys("until=2020-01-05") == ["local-20200105-101010-aaaaaa"]  # `until` takes the whole day
+    assert keys(f"since={real[6:10]}-{real[10:12]}-{real[12:14]}") == [real]
+    assert local_job_time("local-20200105-101010-aaaaaa", {}) == datetime(2020, 1, 5, 10, 10, 10, tzinfo=UTC)
+    assert local_job_time("local-x", {"started_at": "not a time"}) is None
