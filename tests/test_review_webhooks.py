@@ -18,7 +18,7 @@ from sqlalchemy import select
 from app.db import session_scope
 from app.forge.gitea_webhook import parse_gitea
 from app.forge.gitlab_webhook import parse_gitlab
-from app.forge.reviews import CiJob, command_text, mentions
+from app.forge.reviews import CiJob, about_head, command_text, mentions, merge_ref_mr
 from app.forge.webhook import (
     MAX_COMMENT_CHARS,
     WebhookError,
@@ -209,6 +209,39 @@ def test_gitlab_failed_pipeline_is_a_ci_event_with_its_failed_jobs() -> None:
     assert report.failed_jobs == (
         CiJob("9103", "unit-tests", "failed", "test", "script_failure", "https://git.acme.test/acme/calc/-/jobs/9103"),
     )
+
+
+def test_gitlab_merged_results_pipeline_names_its_mr_and_its_merge_commit() -> None:
+    event = gitlab(payload("gitlab_pipeline_merged_results.json"), event="Pipeline Hook")
+    assert (event.intent, event.mr, event.mr_state, event.source_branch) == ("ci", 12, "open", "frogfix/issue-7")
+    report = event.ci
+    assert report is not None and report.status == "failed"
+    # The merge commit GitLab made of the MR's head and main: on no branch, so triage maps it to the head.
+    assert report.sha == "8c2d4e6f10a3b5c7d9e1f20a4b6c8d0e2f4a6b81" and report.sha != GITLAB_HEAD
+    assert merge_ref_mr(report.ref) == 12
+    assert [job.name for job in report.failed_jobs] == ["unit-tests"]
+
+
+@pytest.mark.parametrize(
+    ("ref", "mr"),
+    [
+        ("refs/merge-requests/12/merge", 12),
+        ("refs/merge-requests/12/head", None),  # an MR pipeline on the head itself
+        ("frogfix/issue-7", None),
+        ("refs/merge-requests/0/merge", None),
+        ("refs/merge-requests/12/merge/x", None),
+        (" refs/merge-requests/12/merge", None),
+        (None, None),
+    ],
+)
+def test_merged_results_refs(ref: str | None, mr: int | None) -> None:
+    assert merge_ref_mr(ref) == mr
+
+
+def test_a_ci_result_is_about_the_head_only_on_that_very_commit() -> None:
+    assert about_head("a" * 40, "a" * 40)
+    assert not about_head("a" * 40, "b" * 40)
+    assert not about_head(None, "a" * 40) and not about_head("a" * 40, None) and not about_head("", "")
 
 
 @pytest.mark.parametrize("status", ["running", "pending", "created", "manual", "waiting_for_resource", None])

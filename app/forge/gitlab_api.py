@@ -35,6 +35,7 @@ from app.forge.api import (
     Redactor,
     basic_auth_header,
     bounded_thread,
+    checked_sha,
     comment_marker,
     draft_prefix,
     error_for_status,
@@ -389,6 +390,24 @@ class GitLabForge:
         failed.sort(key=lambda j: int(j.get("id") or 0))
         return [self._ci_job(project, job, tail_lines) for job in failed[:CI_JOB_LIMIT]]
 
+    def merge_source(self, project: str, sha: str) -> str | None:
+        """The MR head a merged-results pipeline tested: the second parent of its merge commit `sha`.
+
+        GitLab writes `refs/merge-requests/N/merge` as a merge of the target's head (first parent)
+        and the MR's head (second parent); any other shape is no merged result, so None."""
+        commit = checked_sha(sha)
+        data = self._call(
+            f"read commit {commit[:12]} of {project}",
+            lambda: self._project(project).commits.get(commit, **_ONCE).attributes,
+        )
+        parents = data.get("parent_ids")
+        if not isinstance(parents, list) or len(parents) != 2 or not isinstance(parents[1], str):
+            return None
+        try:
+            return checked_sha(parents[1])
+        except ForgeError:
+            return None
+
     def _ci_job(self, project: str, job: dict[str, Any], tail_lines: int) -> CiJob:
         job_id = int(job.get("id") or 0)
         try:
@@ -407,8 +426,10 @@ class GitLabForge:
 
     def _trace_end(self, project: str, job_id: int) -> str:
         """The last CI_TRACE_BYTES of a job's log, read as a stream so a huge log is never held whole."""
-        chunks = self._project(project).jobs.get(job_id, lazy=True).trace(
-            streamed=True, iterator=True, chunk_size=65_536, **_ONCE
+        chunks = (
+            self._project(project)
+            .jobs.get(job_id, lazy=True)
+            .trace(streamed=True, iterator=True, chunk_size=65_536, **_ONCE)
         )
         kept: deque[bytes] = deque()
         size = 0

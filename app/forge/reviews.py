@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 COMMAND = "/frogfix"
 STOP_WORDS = ("stop", "cancel")
@@ -45,8 +45,15 @@ class ReviewComment:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "kind": self.kind, "author": self.author, "body": self.body, "url": self.url,
-            "discussion_id": self.discussion_id, "path": self.path, "line": self.line, "sha": self.sha,
+            "id": self.id,
+            "kind": self.kind,
+            "author": self.author,
+            "body": self.body,
+            "url": self.url,
+            "discussion_id": self.discussion_id,
+            "path": self.path,
+            "line": self.line,
+            "sha": self.sha,
         }
 
     @classmethod
@@ -70,9 +77,15 @@ class ThreadNote:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "author": self.author, "body": self.body, "created_at": self.created_at,
-            "discussion_id": self.discussion_id, "path": self.path, "line": self.line,
-            "resolved": self.resolved, "kind": self.kind,
+            "id": self.id,
+            "author": self.author,
+            "body": self.body,
+            "created_at": self.created_at,
+            "discussion_id": self.discussion_id,
+            "path": self.path,
+            "line": self.line,
+            "resolved": self.resolved,
+            "kind": self.kind,
         }
 
 
@@ -90,8 +103,13 @@ class CiJob:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "name": self.name, "status": self.status, "stage": self.stage,
-            "failure_reason": self.failure_reason, "url": self.url, "log_tail": self.log_tail,
+            "id": self.id,
+            "name": self.name,
+            "status": self.status,
+            "stage": self.stage,
+            "failure_reason": self.failure_reason,
+            "url": self.url,
+            "log_tail": self.log_tail,
         }
 
     @classmethod
@@ -115,8 +133,14 @@ class CiReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "system": self.system, "id": self.id, "sha": self.sha, "status": self.status, "ref": self.ref,
-            "url": self.url, "source": self.source, "description": self.description,
+            "system": self.system,
+            "id": self.id,
+            "sha": self.sha,
+            "status": self.status,
+            "ref": self.ref,
+            "url": self.url,
+            "source": self.source,
+            "description": self.description,
             "failed_jobs": [job.to_dict() for job in self.failed_jobs],
         }
 
@@ -125,6 +149,37 @@ class CiReport:
         values = {k: data.get(k) for k in cls.__dataclass_fields__ if k != "failed_jobs"}
         jobs = tuple(CiJob.from_dict(j) for j in data.get("failed_jobs") or [] if isinstance(j, dict))
         return cls(**values, failed_jobs=jobs)  # type: ignore[arg-type]
+
+
+_MERGE_REF = re.compile(r"refs/merge-requests/([1-9][0-9]{0,9})/merge")
+
+
+def merge_ref_mr(ref: str | None) -> int | None:
+    """The MR a GitLab merged-results pipeline ran for (`refs/merge-requests/N/merge`), else None.
+
+    Such a pipeline tests a merge commit GitLab made of the MR's head and its target, which is on no
+    branch: its result is about the MR's head only when that commit's second parent is the head."""
+    found = _MERGE_REF.fullmatch(ref or "")
+    return int(found.group(1)) if found else None
+
+
+STALE_CI = "stale: the branch moved on"  # a CI result on a commit that is no longer the MR's head
+
+
+def about_head(tested: str | None, head: str | None) -> bool:
+    """Whether a CI result on commit `tested` is about the MR's head `head` (unknown heads never match).
+
+    A result on an older head is stale: the branch moved on, so its failures may be fixed already."""
+    return bool(tested) and bool(head) and tested == head
+
+
+@runtime_checkable
+class MergeCommits(Protocol):
+    """A forge whose CI may test an MR merged into its target (GitLab's merged results pipelines)."""
+
+    def merge_source(self, project: str, sha: str) -> str | None:
+        """The source side (second parent) of merge commit `sha`; None when `sha` is not a two-parent merge."""
+        ...
 
 
 _COMMAND_RE = re.compile(r"^\s*/frogfix(?![\w-])[ \t]*(?P<rest>.*)", re.S | re.I)

@@ -365,6 +365,8 @@ class GitLabDouble(JsonApiDouble):
         ][0]["position"]
         self._pipeline_template = load_fixture(fixtures, docs + "get_single_pipeline.json")
         self._job_template = load_fixture(fixtures, docs + "list_pipeline_jobs.json")[0]
+        self._commit_template = load_fixture(fixtures, "gitlab/go-gitlab/api_responses/get_branch.json")["commit"]
+        self.commits: dict[tuple[int, str], dict[str, Any]] = {}
         self.discussions: dict[tuple[int, int], list[dict[str, Any]]] = {}
         self.pipelines: dict[int, dict[str, Any]] = {}
         self.jobs: dict[int, dict[str, Any]] = {}
@@ -718,6 +720,15 @@ class GitLabDouble(JsonApiDouble):
         self.traces[job_id] = str(spec.get("trace") or "")
         return job
 
+    def add_commit(self, project: str, sha: str, *, parents: list[str], title: str = "a commit") -> dict[str, Any]:
+        """A commit the API shows (GET repository/commits/:sha), e.g. the merge commit GitLab makes for a
+        merged results pipeline: `parents` = [the target's head, the MR's head]."""
+        pid = self._project(project)["id"]
+        commit = copy.deepcopy(self._commit_template)
+        commit.update(id=sha, short_id=sha[:8], title=title, message=title, parent_ids=list(parents))
+        self.commits[(pid, sha)] = commit
+        return commit
+
     # -- lookups ---------------------------------------------------------------------------
 
     def _project(self, ref: str | int) -> dict[str, Any]:
@@ -788,6 +799,9 @@ class GitLabDouble(JsonApiDouble):
             return self._mr_threads(pid, int(rest[1]), method, rest[2:], query, body)
         if rest[:1] == ["pipelines"] or rest[:1] == ["jobs"]:
             return self._ci(pid, method, rest, query)
+        if rest[:2] == ["repository", "commits"] and len(rest) == 3 and method == "GET":
+            commit = self.commits.get((pid, rest[2]))
+            return Answer(200, commit) if commit is not None else Answer(404, {"message": "404 Commit Not Found"})
         if rest[:1] == ["merge_requests"] and len(rest) == 2 and rest[1].isdigit():
             mr = next((m for m in self.mrs if m["project_id"] == pid and m["iid"] == int(rest[1])), None)
             if mr is None:

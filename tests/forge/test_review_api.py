@@ -77,8 +77,9 @@ def test_gitlab_review_thread(gitlab_double: GitLabDouble, retry: RetryPolicy) -
     forge = gitlab(gitlab_double, retry)
     mr = gitlab_double.add_mr(P, BRANCH, title="Draft: Fix")
     gitlab_double.add_mr_note(P, mr["iid"], "/frogfix also round negative amounts", by="dev")
-    line = gitlab_double.add_mr_note(P, mr["iid"], "off by one here", by="maint",
-                                     position={"new_path": "calc.py", "new_line": 12})
+    line = gitlab_double.add_mr_note(
+        P, mr["iid"], "off by one here", by="maint", position={"new_path": "calc.py", "new_line": 12}
+    )
     thread = gitlab_double.mr_notes(P, mr["iid"])[-1]["discussion_id"]
     gitlab_double.add_mr_note(P, mr["iid"], "agreed", by="dev", discussion_id=thread)
     gitlab_double.add_mr_note(P, mr["iid"], "added 1 commit", by="dev", system=True)
@@ -111,8 +112,11 @@ def test_gitlab_review_thread_reads_every_page_and_is_bounded(gitlab_double: Git
 
 def test_gitlab_review_thread_of_a_real_discussions_answer(gitlab_double: GitLabDouble, retry: RetryPolicy) -> None:
     """The danger capture (9 discussions: system notes, individual notes, a DiffNote thread with a reply)."""
-    real = json.loads(shared_fixture("gitlab/danger/api_responses/merge_request_1_discussions_response.json")
-                      .read_text(encoding="utf-8"))
+    real = json.loads(
+        shared_fixture("gitlab/danger/api_responses/merge_request_1_discussions_response.json").read_text(
+            encoding="utf-8"
+        )
+    )
     mr = gitlab_double.add_mr(P, BRANCH, title="Draft: Fix")
     gitlab_double.discussions[(mr["project_id"], mr["iid"])] = real
     notes = gitlab(gitlab_double, retry).review_thread(P, mr["iid"])
@@ -194,14 +198,33 @@ def test_gitlab_ci_failures(gitlab_double: GitLabDouble, retry: RetryPolicy) -> 
 
 
 def test_gitlab_ci_failures_without_a_trace(gitlab_double: GitLabDouble, retry: RetryPolicy) -> None:
-    pipeline = gitlab_double.add_pipeline(P, sha=SHA, ref=BRANCH, status="failed",
-                                          jobs=[{"name": "unit", "status": "failed", "trace": "boom"}])
+    pipeline = gitlab_double.add_pipeline(
+        P, sha=SHA, ref=BRANCH, status="failed", jobs=[{"name": "unit", "status": "failed", "trace": "boom"}]
+    )
     gitlab_double.traces.clear()  # erased or expired: the listing still has the job, its log is gone
     report = CiReport(system="gitlab_pipeline", id=str(pipeline["id"]), sha=SHA, status="failed")
     [job] = gitlab(gitlab_double, retry).ci_failures(P, report, tail_lines=5)
     assert (job.name, job.log_tail) == ("unit", "")
     with pytest.raises(ForgeError, match="not a number"):
         gitlab(gitlab_double, retry).ci_failures(P, CiReport("gitlab_pipeline", "1/../x", SHA, "failed"), 5)
+
+
+def test_gitlab_merge_source_is_the_second_parent_of_a_merge_commit(
+    gitlab_double: GitLabDouble, retry: RetryPolicy
+) -> None:
+    forge = gitlab(gitlab_double, retry)
+    merge, main = "8c2d4e6f10a3b5c7d9e1f20a4b6c8d0e2f4a6b81", "1" * 40
+    gitlab_double.add_commit(P, merge, parents=[main, SHA], title="Merge branch 'frogfix/issue-1' into 'main'")
+    gitlab_double.add_commit(P, main, parents=["2" * 40])
+    assert forge.merge_source(P, merge) == SHA
+    assert forge.merge_source(P, main) is None  # one parent: no merged result
+    gitlab_double.add_commit(P, "3" * 40, parents=["1" * 40, "not a sha"])
+    assert forge.merge_source(P, "3" * 40) is None
+    with pytest.raises(ForgeError, match="not a commit id"):  # checked before it goes into the URL
+        forge.merge_source(P, "../../../user")
+    assert [c.path for c in gitlab_double.calls("GET", "/repository/commits/")] == [
+        f"/api/v4/projects/{P}/repository/commits/{sha}" for sha in (merge, main, "3" * 40)
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -243,10 +266,17 @@ def test_gitea_review_thread(gitea_double: GiteaDouble, retry: RetryPolicy) -> N
     pull = gitea_double.add_pull(P, BRANCH, title="WIP: Fix")
     n = pull["number"]
     gitea_double.add_pr_comment(P, n, "/frogfix also round negative amounts", by="dev")
-    review = gitea_double.add_review(P, n, by="boss", type="REQUEST_CHANGES", body="Not yet.", comments=[
-        {"path": "calc.py", "line": 12, "body": "off by one"},
-        {"path": "old.py", "line": -4, "body": "why removed?"},
-    ])
+    review = gitea_double.add_review(
+        P,
+        n,
+        by="boss",
+        type="REQUEST_CHANGES",
+        body="Not yet.",
+        comments=[
+            {"path": "calc.py", "line": 12, "body": "off by one"},
+            {"path": "old.py", "line": -4, "body": "why removed?"},
+        ],
+    )
     gitea_double.resolve_review_comment(P, n, review["_comments"][1]["id"], by="boss")
     gitea_double.add_review(P, n, by="dev", type="PENDING", body="not submitted yet")
     gitea_double.add_review(P, n, by="dev", type="COMMENT", comments=[{"path": "calc.py", "line": 3, "body": "nit"}])
