@@ -16,6 +16,7 @@ from typing import Any
 
 from app.forge.api import SKIP_CI_MARKER
 from app.patches import escape_hidden, shown_path
+from app.statuses import FINAL_STATUSES
 from worker.leaf.trajectory import HARNESS_VERSION
 
 LOG_EXCERPT = 12_000
@@ -260,41 +261,67 @@ def comment_finished(
 ROUNDS_HEADING = "## Review rounds"
 ROUNDS_END = "<!-- frogfix:rounds-end -->"  # where our section stops, so a human's text after it is kept
 REPLY_SUMMARY_LIMIT = 2_000
+MAX_ROUND_LINES = 50  # the newest rounds of a long thread: the section stays bounded
 _SHORT_SHA = re.compile(r"[0-9a-f]{7,64}")
+# Our words for a job's status, in the rounds section and in the replies.
+ROUND_OUTCOMES = {
+    "done": "pushed", "no_fix": "no fix", "failed": "failed", "cancelled": "cancelled", "rejected": "rejected",
+}  # fmt: skip
+
+
+def round_outcome(status: str) -> str:
+    """A round's job status in our words ("pushed", "no fix", ...); one still on its way is "running"."""
+    return ROUND_OUTCOMES.get(status, "running" if status not in FINAL_STATUSES else status.replace("_", " "))
 
 
 @dataclass(frozen=True)
 class RoundLine:
-    """One round of an MR as the description lists it: who asked for what, and what came of it."""
+    """One round of an MR as the description lists it: who asked for what, and what came of it.
+
+    Round 0 (the job that opened the MR from the issue) is listed too, so its forge CI shows."""
 
     number: int
-    kind: str  # a RoundKind: review, ci
+    kind: str  # a RoundKind (review, ci), or "issue" for round 0
     asked_by: str | None
     commit: str | None  # what the round pushed, if it did
     outcome: str  # our own words: the job's status ("done", "no fix", "running", ...)
     job_url: str | None = None
+    ci: str | None = None  # forge CI on `commit`, a CiStatus (success, failed, ...), when a result came
 
 
-def _without_rounds_section(description: str) -> tuple[str, int | None]:
-    """`description` without any earlier rounds section, and the line index where the first one was."""
+def _section_bounds(lines: list[str]) -> tuple[int, int] | None:
+    """Where the first rounds section is in `lines`: [start, end) up to its end marker or the next heading."""
+    start = next((i for i, line in enumerate(lines) if line.strip() == ROUNDS_HEADING), None)
+    if start is None:
+        return None
+    for i in range(start + 1, len(lines)):
+        if lines[i].strip() == ROUNDS_END:
+            return start, i + 1
+        if lines[i].startswith("## ") or lines[i].startswith("# "):
+            return start, i  # a later heading of someone else's: the section ended before it
+    return start, len(lines)
+
+
+def _without_rounds_section(description: str) -> tuple[list[str], int | None]:
+    """`description`'s lines without any rounds section, and the line index where the first one was."""
     lines = description.replace("\r\n", "\n").split("\n")
-    kept: list[str] = []
     first: int | None = None
-    skipping = False
-    for line in lines:
-        if line.strip() == ROUNDS_HEADING:
-            skipping = True
-            first = len(kept) if first is None else first
-            continue
-        if skipping:
-            if line.strip() == ROUNDS_END:
-                skipping = False
-                continue
-            if not line.startswith("## ") and not line.startswith("# "):
-                continue
-            skipping = False  # a later heading of someone else's: the section ended before it
-        kept.append(line)
-    return "\n".join(kept), first
+    while (bounds := _section_bounds(lines)) is not None:
+        first = bounds[0] if first is None else first
+        del lines[bounds[0] : bounds[1]]
+    return lines, first
+
+
+def _with_section(description: str, section: list[str], redact: Callable[[str], str]) -> str:
+    """`description` with `section` as its one rounds section: where the first one was, else at the end."""
+    lines, at = _without_rounds_section(description)
+    if at is None:
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += ["", *section]
+    else:
+        lines[at:at] = [*section, ""]
+    return redact("\n".join(lines).strip("\n") + "\n")
 
 
 def rounds_section(description: str, rounds: Sequence[RoundLine], redact: Callable[[str], str]) -> str:
@@ -303,23 +330,32 @@ def rounds_section(description: str, rounds: Sequence[RoundLine], redact: Callab
     An earlier section (ours, up to its end marker) is replaced, never followed by a second one;
     the rest of the description, a human's edits included, is kept as it is.
     """
-    body, at = _without_rounds_section(description)
-    section = [ROUNDS_HEADING, "", "| round | kind | asked by | commit | outcome |", "| --: | --- | --- | --- | --- |"]
-    for r in rounds:
+    section = [
+        ROUNDS_HEADING, "",
+        "| round | kind | asked by | commit | outcome | forge CI |", "| --: | --- | --- | --- | --- | --- |",
+    ]  # fmt: skip
+    for r in list(rounds)[-MAX_ROUND_LINES:]:
         number = f"[{r.number}]({r.job_url})" if r.job_url else str(r.number)
         who = _code(redact(r.asked_by)) if r.asked_by else "-"
         commit = f"`{r.commit[:12]}`" if r.commit and _SHORT_SHA.fullmatch(r.commit) else "-"
         kind = inert(escape_hidden(r.kind))
-        section.append(f"| {number} | {kind} | {who} | {commit} | {inert(escape_hidden(redact(r.outcome)))} |")
+        ci = inert(escape_hidden(redact(r.ci)[:20])) if r.ci else "-"
+        section.append(f"| {number} | {kind} | {who} | {commit} | {inert(escape_hidden(redact(r.outcome)))} | {ci} |")
     section += ["", ROUNDS_END]
-    lines = body.split("\n")
-    if at is None:
-        while lines and not lines[-1].strip():
-            lines.pop()
-        lines += ["", *section]
-    else:
-        lines[at:at] = [*section, ""]
-    return redact("\n".join(lines).strip("\n") + "\n")
+    return _with_section(description, section, redact)
+
+
+def keep_rounds_section(old: str, new: str, redact: Callable[[str], str]) -> str:
+    """`new` (round 0's description, written again) with the rounds section `old` had, so a rewrite
+    never loses the MR's history of rounds; `new` as it is when `old` had none."""
+    lines = old.replace("\r\n", "\n").split("\n")
+    bounds = _section_bounds(lines)
+    if bounds is None:
+        return new
+    section = lines[bounds[0] : bounds[1]]
+    if section[-1].strip() != ROUNDS_END:
+        section.append(ROUNDS_END)
+    return _with_section(new, section, redact)
 
 
 def _job_ref(job_id: int, job_url: str | None) -> str:
@@ -342,8 +378,11 @@ def round_reply_pushed(
     fenced (disarmed inside), as in the MR description.
     """
     short = commit[:12] if _SHORT_SHA.fullmatch(commit) else "?"
-    lines = [f"FrogFix pushed `{short}` to this merge request (review round {round_number}, "
-             f"{_job_ref(job_id, job_url)}). Nothing is resolved: that is for the reviewer.", ""]
+    lines = [
+        f"FrogFix pushed `{short}` to this merge request (review round {round_number}, "
+        f"{_job_ref(job_id, job_url)}). Nothing is resolved: that is for the reviewer.",
+        "",
+    ]
     files = [f"{_code(shown_path(redact(path)))} (+{added} -{removed})" for path, added, removed in diffstat[:50]]
     if len(diffstat) > 50:
         files.append(f"and {len(diffstat) - 50} more")
