@@ -27,11 +27,12 @@ from app.forge.api import (
     ForgeError,
     ForgeTransient,
     Issue,
+    MergeRequest,
     ProjectInfo,
     skip_ci_push_options,
     upsert_draft_mr,
 )
-from app.forge.reviews import CiReport, ReviewComment, ThreadNote
+from app.forge.reviews import STALE_CI, CiReport, ReviewComment, ThreadNote, about_head
 from app.jobs import records, rounds, transitions
 from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
@@ -58,8 +59,10 @@ from worker.report import (
     comment_finished,
     comment_started,
     commit_message,
+    keep_rounds_section,
     mr_description,
     mr_title,
+    round_outcome,
     round_reply_ended,
     round_reply_pushed,
     rounds_section,
@@ -70,6 +73,9 @@ from worker.workspaces import PoolSource
 
 log = get_logger("frogfix.pipeline")
 BOT_AUTHOR = ("FrogFix", "frogfix@localhost")
+
+
+BRANCH_MOVED = "the branch moved while the job ran"
 
 
 class Superseded(Exception):
@@ -207,7 +213,9 @@ class Prepared:
     """The repository as `prepare` left it: the mirror, the base commit, and where the MR goes.
 
     `start` is a review round's starting point (the head of the bot's branch); None for round 0,
-    which starts from the base.
+    which starts from the base. `replaces` is the head of the bot's branch that round 0 found and
+    may replace ("" when there was none): its push is leased on it, so it never overwrites a commit
+    pushed meanwhile.
     """
 
     mirror: Path
@@ -215,6 +223,7 @@ class Prepared:
     default_branch: str
     clone_url: str
     start: str | None = None
+    replaces: str = ""
 
 
 class JobObserver:
@@ -459,15 +468,77 @@ class Pipeline:
     def prepare(self) -> Prepared:
         info, mirror = self.fetch_mirror()
         base = repos.resolve(mirror, info.default_branch)
-        branch = f"frogfix/issue-{self.issue}"
+        branch = self.branch = repos.branch_for_issue(self.issue)
+        head = self.remote_head(mirror, branch)
+        self.refuse_to_replace(branch, head)
         self.update(base_commit=base, branch=branch)
         self.event(
             "prepared",
-            f"mirror updated; base {info.default_branch} at {base[:12]}",
-            {"base_commit": base, "default_branch": info.default_branch},
+            f"mirror updated; base {info.default_branch} at {base[:12]}"
+            + (f"; replaces {branch} at {head[:12]}" if head else ""),
+            {"base_commit": base, "default_branch": info.default_branch, "replaces": head},
         )
         self.root.mkdir(parents=True, exist_ok=True)
-        return Prepared(mirror, base, info.default_branch, info.clone_url)
+        return Prepared(mirror, base, info.default_branch, info.clone_url, replaces=head or "")
+
+    def refuse_to_replace(self, branch: str, head: str | None) -> None:
+        """End the job `rejected` when the bot's branch holds work round 0 must not force-push over.
+
+        A re-added label or a retry of round 0 starts from the base and replaces the branch, which is
+        only right while the branch is round 0's own commit on an MR without rounds: a review round's
+        commits, and anyone's pushes, are kept (the MR's reviewers asked for them)."""
+        if head is None:
+            return
+        why = in_transaction(
+            lambda session: rounds.why_not_replace(session, self.forge_kind, self.project, branch, head)
+        )
+        if why is not None:
+            raise JobEnded(
+                JobStatus.rejected,
+                f"FrogFix did not start over: {why}",
+                f"FrogFix did not start over, because {why}, and it never replaces those commits. Ask for "
+                "changes on the merge request with a `/frogfix` comment, or delete the branch to start afresh.",
+            )
+
+    def remote_head(self, mirror: Path, branch: str) -> str | None:
+        """`branch`'s head as the forge had it when the mirror was last fetched; None when it has none."""
+        try:
+            return repos.resolve(mirror, branch)
+        except repos.RepoError:
+            return None
+
+    def branch_head(self, branch: str) -> str | None:
+        """The branch's head on the forge now (the mirror fetched again); None when it is gone."""
+        _, mirror = self.fetch_mirror()
+        return self.remote_head(mirror, branch)
+
+    def push(self, prepared: Prepared, sha: str, *, expect_old: str, fast_forward: bool, skip_ci: bool) -> bool:
+        """Push `sha` to the bot's branch, leased on `expect_old` ("" = the branch must not exist), so it
+        never overwrites a commit someone pushed meanwhile; the job records the commit at once, so a
+        retry knows it as FrogFix's own. False when the branch moved (a retry after a lost answer that
+        meets its own push is no move)."""
+        assert self.forge is not None and self.branch is not None
+        auth, branch = self.forge.git_auth_header(), self.branch
+        options = skip_ci_push_options(self.forge_kind) if skip_ci else ()
+        try:
+            repos.retry_transient(
+                "git push",
+                lambda: repos.push_branch(
+                    prepared.mirror,
+                    prepared.clone_url,
+                    auth,
+                    branch,
+                    sha,
+                    expect_old=expect_old,
+                    push_options=options,
+                    fast_forward=fast_forward,
+                ),
+            )
+        except repos.RepoBranchMoved:
+            if self.branch_head(branch) != sha:
+                return False
+        self.update(pushed_commit=sha)
+        return True
 
     def attempts(self, prepared: Prepared) -> AttemptResult:
         """Run up to FROGFIX_ATTEMPTS independent attempts; the first verified one wins."""
@@ -487,20 +558,26 @@ class Pipeline:
     def task(self) -> str:
         """The agent's first user message: the issue as untrusted data (a round's adds its requests)."""
         return render_task(
-            self.title, sanitize_issue_text(self.body), prompts_dir=self.s.prompts_dir,
-            project=self.project, issue_number=self.issue,
+            self.title,
+            sanitize_issue_text(self.body),
+            prompts_dir=self.s.prompts_dir,
+            project=self.project,
+            issue_number=self.issue,
         )
 
     def one_attempt(
         self, runner: AttemptRunner, observer: JobObserver, prepared: Prepared, number: int
     ) -> AttemptResult:
         """One attempt through the shared runner, recorded as an attempt row of this run."""
-        observer.start(in_transaction(
-            lambda session: records.start_attempt(session, self.job_id, self.run_number, number)
-        ))
+        observer.start(
+            in_transaction(lambda session: records.start_attempt(session, self.job_id, self.run_number, number))
+        )
         fields: dict[str, Any] = {
-            "attempt": number, "run": self.run_number, "forge": self.forge_kind,
-            "project": self.project, "issue": self.issue,
+            "attempt": number,
+            "run": self.run_number,
+            "forge": self.forge_kind,
+            "project": self.project,
+            "issue": self.issue,
         }
         if self.round:
             fields.update(round=self.round, round_kind=self.round_kind, mr=self.mr_number)
@@ -557,7 +634,7 @@ class Pipeline:
         if issue.state != "open" or self.s.trigger_label not in issue.labels:
             raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the job ran", None)
         self.status(JobStatus.publishing, expected=("verifying",))
-        branch = f"frogfix/issue-{self.issue}"
+        branch = self.branch or repos.branch_for_issue(self.issue)
         title = self.redact(self.title)  # before it is disarmed: a zero-width space could hide a secret
         skip_ci = not self.s.allow_forge_ci
         message = self.redact(commit_message(self.issue, title, self.job_id, skip_ci=skip_ci))
@@ -566,29 +643,36 @@ class Pipeline:
         sha = repos.commit_patch(
             mirror, base, result.patch, message, BOT_AUTHOR, self.root / "publish", expect_tree=result.changes.tree
         )
-        auth = self.forge.git_auth_header()
-        options = skip_ci_push_options(self.forge_kind) if skip_ci else ()
-        repos.retry_transient(
-            "git push",
-            lambda: repos.push_branch(mirror, prepared.clone_url, auth, branch, sha, push_options=options),
-        )
+        if not self.push(prepared, sha, expect_old=prepared.replaces, fast_forward=False, skip_ci=skip_ci):
+            raise JobEnded(
+                JobStatus.failed,
+                BRANCH_MOVED,
+                "Someone pushed to the branch while FrogFix worked, so it pushed nothing and kept their commits.",
+            )
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
+        description = self.description(prepared, result)
+        if prepared.replaces:  # an MR on the branch it replaced keeps its rounds section
+            existing = self.forge.find_open_mr(self.project, branch)
+            if existing is not None:
+                description = keep_rounds_section(existing.description, description, self.redact)
         mr, created = upsert_draft_mr(
             self.forge,
             self.project,
             branch,
             prepared.default_branch,
             self.redact(mr_title(self.issue, title)),
-            self.description(prepared, result),
+            description,
         )
         self.finish(
-            mr.web_url, f"{'opened' if created else 'updated'} draft {mr.web_url}", result.flags,
-            {"created": created}, mr_number=mr.number, pushed_commit=sha,
+            mr.web_url,
+            f"{'opened' if created else 'updated'} draft {mr.web_url}",
+            result.flags,
+            {"created": created},
+            mr_number=mr.number,
+            pushed_commit=sha,
         )
         self.comment(
-            comment_finished(
-                "draft merge request ready", "", self.job_id, self.url, self.redact, mr_url=mr.web_url
-            )
+            comment_finished("draft merge request ready", "", self.job_id, self.url, self.redact, mr_url=mr.web_url)
         )
 
     def description(self, prepared: Prepared, result: AttemptResult) -> str:
@@ -613,9 +697,7 @@ class Pipeline:
             redact=self.redact,
         )
 
-    def finish(
-        self, mr_url: str, message: str, flags: list[str], data: dict[str, Any], **recorded: Any
-    ) -> None:
+    def finish(self, mr_url: str, message: str, flags: list[str], data: dict[str, Any], **recorded: Any) -> None:
         """The job is done with its MR, in one transaction with its event, if this run still owns it.
 
         `recorded`: what the job keeps of the publish (the MR's number, the commit pushed).
@@ -640,12 +722,36 @@ class Pipeline:
             raise Superseded(f"the job left 'publishing' in run {self.run_number} while this run published")
 
 
-ROUND_OUTCOMES = {
-    JobStatus.done.value: "pushed", JobStatus.no_fix.value: "no fix", JobStatus.failed.value: "failed",
-    JobStatus.cancelled.value: "cancelled", JobStatus.rejected.value: "rejected",
-}  # fmt: skip
-BRANCH_MOVED = "the branch moved while the round ran"
 MAX_THREAD_NOTES = 200  # the newest notes of a long review thread
+
+
+def thread_round_lines(thread_id: int, settings: Settings, *, pushed: tuple[int, str] | None = None) -> list[RoundLine]:
+    """The thread's rounds as the MR's rounds section lists them, round 0 first, each with its forge CI.
+
+    `pushed` (job id, commit): the round publishing now, shown as pushed (its job row is not finished yet)."""
+    with session_scope() as session:
+        jobs = [
+            (j.id, j.round or 0, j.round_kind, j.trigger_user, j.pushed_commit, j.status, j.ci_status)
+            for j in rounds.thread_jobs(session, thread_id)
+        ]
+    lines = []
+    for job_id, number, kind, who, commit, status, ci in jobs:
+        if pushed is not None and job_id == pushed[0]:
+            commit, status = pushed[1], JobStatus.done.value
+        kind = kind or ("issue" if number == 0 else "review")
+        lines.append(RoundLine(number, kind, who, commit, round_outcome(status), job_url(settings, job_id), ci))
+    return lines
+
+
+def show_rounds(
+    forge: Forge, project: str, mr_number: int, lines: list[RoundLine], redact: Callable[[str], str]
+) -> MergeRequest:
+    """Rewrite the MR's one rounds section from `lines` (its title, the rest of its text and its draft
+    state as they are); an MR a human merged or closed is left alone."""
+    mr = forge.get_mr(project, mr_number)
+    if mr.verdict != "open":
+        return mr
+    return forge.update_mr(project, mr, mr.title, rounds_section(mr.description, lines, redact))
 
 
 class RoundPipeline(Pipeline):
@@ -683,8 +789,8 @@ class RoundPipeline(Pipeline):
         if mr.verdict != "open":
             self.drop_waiting(f"the MR is {mr.verdict}")
             raise JobEnded(JobStatus.cancelled, f"the MR is {mr.verdict}", None)
-        self.taken = in_transaction(self.take_requests)
-        if not self.taken:
+        self.taken = self.drop_stale_ci(in_transaction(self.take_requests), mr.head_sha)
+        if not self.taken:  # ends quietly: no request of this round is left to answer
             raise JobEnded(JobStatus.cancelled, "nothing to do: no accepted request waits for this round", None)
         # The newest request with an author asked last (a CI result may have none: triage checked its commit).
         asker = next((r["author"] for r in reversed(self.taken) if r.get("author")), None) or self.trigger_user
@@ -698,7 +804,10 @@ class RoundPipeline(Pipeline):
         self.title, self.body = issue.title, issue.body or ""
         self.issue_url = issue.web_url or self.issue_url
         self.update(
-            title=issue.title, body=issue.body, trigger_user=asker, issue_url=self.issue_url,
+            title=issue.title,
+            body=issue.body,
+            trigger_user=asker,
+            issue_url=self.issue_url,
             round_input=self.round_input(),
         )
         self.event(
@@ -706,6 +815,19 @@ class RoundPipeline(Pipeline):
             f"round {self.round}: took {len(self.taken)} request(s); {asker or 'CI'} asked last",
             {"requests": [r.get("id") for r in self.taken]},
         )
+
+    def drop_stale_ci(self, taken: list[dict[str, Any]], head: str | None) -> list[dict[str, Any]]:
+        """`taken` without the CI results on a commit that is no longer the MR's head, which are dropped.
+
+        A pipeline may fail on a head while a round works on it; once the round pushed, that failure
+        is about code the MR no longer has (and its logs would mislead the next round)."""
+        ci = [r for r in taken if r.get("kind") == "ci"]
+        stale = [int(r["id"]) for r in ci if not about_head((r.get("data") or {}).get("sha"), head)]
+        if not stale:
+            return taken
+        in_transaction(lambda session: rounds.drop_taken(session, self.job_id, stale, STALE_CI))
+        self.event("stale_ci", f"dropped {len(stale)} CI result(s) on an older head", {"requests": stale})
+        return [r for r in taken if r.get("id") not in stale]
 
     def take_requests(self, session: Session) -> list[dict[str, Any]]:
         """The thread's accepted requests, now this round's, with those an earlier run of it took (a rerun)."""
@@ -749,9 +871,16 @@ class RoundPipeline(Pipeline):
     def task(self) -> str:
         return self.redact(
             render_round_task(
-                self.title, self.body, requests=self.requests(), thread=self.thread, diff=self.diff,
-                prompts_dir=self.s.prompts_dir, project=self.project, issue_number=self.issue,
-                mr_number=self.mr_number or "", round_number=self.round,
+                self.title,
+                self.body,
+                requests=self.requests(),
+                thread=self.thread,
+                diff=self.diff,
+                prompts_dir=self.s.prompts_dir,
+                project=self.project,
+                issue_number=self.issue,
+                mr_number=self.mr_number or "",
+                round_number=self.round,
             )
         )
 
@@ -771,75 +900,50 @@ class RoundPipeline(Pipeline):
         )
         assert result.changes is not None, "only a judged attempt is published"
         sha = repos.commit_patch(
-            prepared.mirror, prepared.start, result.patch, message, BOT_AUTHOR, self.root / "publish",
+            prepared.mirror,
+            prepared.start,
+            result.patch,
+            message,
+            BOT_AUTHOR,
+            self.root / "publish",
             expect_tree=result.changes.tree,
         )
         self.push_round(prepared, sha, skip_ci)
         self.event("pushed", f"pushed {sha[:12]} on {prepared.start[:12]} to {self.branch}", {"commit": sha})
-        mr = self.forge.get_mr(self.project, self.mr_number)
-        description = rounds_section(mr.description, self.round_lines(sha), self.redact)
-        mr = self.forge.update_mr(self.project, mr, mr.title, description)
+        assert self.thread_id is not None
+        lines = thread_round_lines(self.thread_id, self.s, pushed=(self.job_id, sha))
+        mr = show_rounds(self.forge, self.project, self.mr_number, lines, self.redact)
         self.finish(
-            mr.web_url, f"round {self.round} pushed {sha[:12]} to {mr.web_url}", result.flags,
-            {"commit": sha, "round": self.round}, pushed_commit=sha,
+            mr.web_url,
+            f"round {self.round} pushed {sha[:12]} to {mr.web_url}",
+            result.flags,
+            {"commit": sha, "round": self.round},
+            pushed_commit=sha,
         )
         self.reply_all(
             round_reply_pushed(
-                round_number=self.round, commit=sha,
-                diffstat=result.changes.diffstat(), summary=result.leaf.final_answer,
-                job_id=self.job_id, job_url=self.url, redact=self.redact,
+                round_number=self.round,
+                commit=sha,
+                diffstat=result.changes.diffstat(),
+                summary=result.leaf.final_answer,
+                job_id=self.job_id,
+                job_url=self.url,
+                redact=self.redact,
             )
         )
 
     def push_round(self, prepared: Prepared, sha: str, skip_ci: bool) -> None:
-        """Push without force; a branch that moved meanwhile ends the round and gives its requests back."""
-        assert self.forge is not None and prepared.start is not None and self.branch is not None
-        auth, branch, start = self.forge.git_auth_header(), self.branch, prepared.start
-        options = skip_ci_push_options(self.forge_kind) if skip_ci else ()
-        try:
-            repos.retry_transient(
-                "git push",
-                lambda: repos.push_branch(
-                    prepared.mirror, prepared.clone_url, auth, branch, sha,
-                    expect_old=start, push_options=options, fast_forward=True,
-                ),
-            )
-        except repos.RepoBranchMoved as exc:
-            if self.branch_head(branch) == sha:  # a retry after a lost answer met its own push
-                return
+        """A fast-forward from the head the round started on; a branch that moved meanwhile ends the round
+        and gives its requests back."""
+        assert prepared.start is not None
+        if not self.push(prepared, sha, expect_old=prepared.start, fast_forward=True, skip_ci=skip_ci):
             in_transaction(lambda session: rounds.return_requests(session, self.job_id, BRANCH_MOVED))
             raise JobEnded(
                 JobStatus.failed,
                 BRANCH_MOVED,
                 "Someone pushed to the branch while this round ran, so FrogFix pushed nothing; "
                 "the next round takes these requests again on the new head.",
-            ) from exc
-
-    def branch_head(self, branch: str) -> str | None:
-        """The branch's head on the forge now (through the mirror); None when it is gone."""
-        _, mirror = self.fetch_mirror()
-        try:
-            return repos.resolve(mirror, branch)
-        except repos.RepoError:
-            return None
-
-    def round_lines(self, pushed: str) -> list[RoundLine]:
-        """The thread's rounds for the MR description; this round as pushed."""
-        assert self.thread_id is not None
-        thread_id = self.thread_id
-        jobs = in_transaction(lambda session: [
-            (j.id, j.round, j.round_kind, j.trigger_user, j.pushed_commit, j.status)
-            for j in rounds.thread_jobs(session, thread_id)
-        ])  # fmt: skip
-        lines = []
-        for job_id, number, kind, who, commit, status in jobs:
-            if not number:
-                continue
-            if job_id == self.job_id:
-                commit, status = pushed, JobStatus.done.value
-            outcome = ROUND_OUTCOMES.get(status, "running" if status not in FINAL_STATUSES else status)
-            lines.append(RoundLine(number, kind or "review", who, commit, outcome, job_url(self.s, job_id)))
-        return lines
+            )
 
     def reply_all(self, text: str) -> None:
         """One reply per discussion the taken requests came from (comments without one: one reply on the MR).
@@ -862,14 +966,24 @@ class RoundPipeline(Pipeline):
                 self.event("reply_failed", f"could not reply on the MR: {exc}")
 
     def tell_end(self, status: JobStatus, reason: str, comment: str | None, notify: str | None) -> None:
-        """A round that pushed nothing says why in the MR's threads it was asked in, not on the issue."""
+        """A round that pushed nothing says why in the MR's threads it was asked in, not on the issue.
+
+        A round `/frogfix stop` cancelled says nothing: the stop's own reply told the thread."""
         if not self.taken:
             return
-        outcome = ROUND_OUTCOMES.get(status.value, status.value)
+        if status == JobStatus.cancelled and in_transaction(
+            lambda session: rounds.stopped_by_request(session, self.job_id)
+        ):
+            return
+        outcome = round_outcome(status.value)
         self.reply_all(
             round_reply_ended(
-                round_number=self.round, outcome=outcome, detail=comment or reason,
-                job_id=self.job_id, job_url=self.url, redact=self.redact,
+                round_number=self.round,
+                outcome=outcome,
+                detail=comment or reason,
+                job_id=self.job_id,
+                job_url=self.url,
+                redact=self.redact,
             )
         )
 

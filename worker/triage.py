@@ -11,29 +11,38 @@ Everything in a request was typed by people FrogFix does not trust: it is compar
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
 from app.db import session_scope
 from app.forge.api import Forge, ForgeError, ForgeNotFound, ForgeTransient
-from app.forge.reviews import CiReport, ReviewComment, command_text, mentions
+from app.forge.reviews import (
+    STALE_CI,
+    CiReport,
+    MergeCommits,
+    ReviewComment,
+    about_head,
+    command_text,
+    mentions,
+    merge_ref_mr,
+)
 from app.jobs import rounds
 from app.jobs.records import active_job, add_event
 from app.jobs.requeue import send_and_stamp
 from app.jobs.transitions import request_cancel
-from app.logs import get_logger
+from app.logs import SecretRedactor, get_logger
 from app.models import Job, RoundRequest
 from app.settings import Settings
 from app.statuses import RequestStatus, RoundKind
+from worker.pipeline import show_rounds, thread_round_lines
 
 log = get_logger("frogfix.triage")
 
 OWN_COMMENT = "FrogFix's own comment"
 NOT_ADDRESSED = "not addressed to FrogFix"
 NOT_MEMBER = "the author lacks Developer/write access"
-STALE_CI = "stale: the branch moved on"
 NOT_MEMBER_REPLY = (
     "Only members with Developer (GitLab) or write (Gitea/Forgejo) access can ask FrogFix for changes "
     "on this merge request."
@@ -59,8 +68,15 @@ class RequestView:
     @classmethod
     def of(cls, request: RoundRequest, thread: Job) -> RequestView:
         return cls(
-            id=request.id, thread_id=thread.id, forge=request.forge, project=request.project, issue=thread.issue,
-            mr=request.mr_number, kind=request.kind, author=request.author, data=dict(request.data or {}),
+            id=request.id,
+            thread_id=thread.id,
+            forge=request.forge,
+            project=request.project,
+            issue=thread.issue,
+            mr=request.mr_number,
+            kind=request.kind,
+            author=request.author,
+            data=dict(request.data or {}),
         )
 
     def comment(self) -> ReviewComment:
@@ -79,6 +95,8 @@ class Verdict:
     data: dict[str, Any] | None = None
     stop: bool = False  # `/frogfix stop`: cancel the thread's active job and drop what waits
     drop_thread: bool = False  # the issue no longer asks for a fix: drop everything that waits
+    # A CI result to show on the job that pushed the commit it tested, and on the MR (mapped to that commit).
+    ci: CiReport | None = None
 
 
 @dataclass
@@ -89,6 +107,7 @@ class Outcome:
     reply: str | None = None
     round_job: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    shown_ci: bool = False  # a CI result was noted on a job of the thread: the MR's rounds section shows it
 
 
 # -- pure decisions -------------------------------------------------------------------------------
@@ -131,43 +150,73 @@ def issue_still_asks(forge: Forge, view: RequestView, label: str) -> str | None:
 # -- the decision, with the forge ------------------------------------------------------------------
 
 
+def tested_commit(forge: Forge, view: RequestView, report: CiReport) -> str | None:
+    """The commit of the MR's branch a CI result is about: its own commit, or for a GitLab merged-results
+    pipeline of this very MR, the MR head its merge commit was made from; None when that cannot be told."""
+    merged_for = merge_ref_mr(report.ref)
+    if merged_for is None:
+        return report.sha
+    if merged_for != view.mr or not isinstance(forge, MergeCommits):
+        return None
+    return forge.merge_source(view.project, report.sha)
+
+
 def decide(view: RequestView, forge: Forge, settings: Settings) -> Verdict:
     """Judge one request; forge reads only (the caller writes the verdict in one transaction)."""
-    round_kind = RoundKind.ci if view.kind == "ci" else RoundKind.review
-    if view.kind != "ci" and is_own(view.author, forge.bot_username()):
+    if view.kind == "ci":
+        return decide_ci(view, forge, settings)
+    if is_own(view.author, forge.bot_username()):
         return Verdict(RequestStatus.ignored, OWN_COMMENT)
     mr = forge.get_mr(view.project, view.mr)
     if mr.verdict != "open":
         return Verdict(RequestStatus.ignored, f"the MR is {mr.verdict}")
-    if view.kind == "ci":
-        report = CiReport.from_dict(view.data)
-        if report.status != "failed":
-            return Verdict(RequestStatus.ignored, f"forge CI {report.status}: nothing to fix")
-        if not mr.head_sha or report.sha != mr.head_sha:
-            return Verdict(RequestStatus.ignored, STALE_CI)
-    else:
-        comment = view.comment()
-        if view.kind == "review" and not addressed_to_bot(comment, forge.bot_username()):
-            return Verdict(RequestStatus.ignored, NOT_ADDRESSED)
-        if not view.author or not forge.can_trigger(view.project, view.author):
-            reply = f"@{view.author} {NOT_MEMBER_REPLY}" if view.author else NOT_MEMBER_REPLY
-            return Verdict(RequestStatus.ignored, NOT_MEMBER, reply, "author")
-        if view.kind == "stop":
-            return Verdict(RequestStatus.taken, f"{view.author} stopped the rounds on this MR", stop=True)
+    comment = view.comment()
+    if view.kind == "review" and not addressed_to_bot(comment, forge.bot_username()):
+        return Verdict(RequestStatus.ignored, NOT_ADDRESSED)
+    if not view.author or not forge.can_trigger(view.project, view.author):
+        reply = f"@{view.author} {NOT_MEMBER_REPLY}" if view.author else NOT_MEMBER_REPLY
+        return Verdict(RequestStatus.ignored, NOT_MEMBER, reply, "author")
+    if view.kind == "stop":
+        return Verdict(RequestStatus.taken, f"{view.author} stopped the rounds on this MR", stop=True)
+    refused = _capped_or_gone(view, forge, settings, RoundKind.review)
+    return refused or Verdict(RequestStatus.accepted, f"{view.author} asked for changes")
+
+
+def decide_ci(view: RequestView, forge: Forge, settings: Settings) -> Verdict:
+    """A CI result: shown on the job that pushed the commit it tested whatever it says; a failure on the
+    MR's head asks for a CI round (with the failing jobs' log tails), one on an older head is stale."""
+    report = CiReport.from_dict(view.data)
+    tested = tested_commit(forge, view, report)
+    shown = replace(report, sha=tested) if tested else None
+    mr = forge.get_mr(view.project, view.mr)
+    if mr.verdict != "open":
+        return Verdict(RequestStatus.ignored, f"the MR is {mr.verdict}", ci=shown)
+    if report.status != "failed":
+        return Verdict(RequestStatus.ignored, f"forge CI {report.status}: nothing to fix", ci=shown)
+    if not about_head(tested, mr.head_sha):
+        return Verdict(RequestStatus.ignored, STALE_CI, ci=shown)
+    refused = _capped_or_gone(view, forge, settings, RoundKind.ci)
+    if refused is not None:
+        return replace(refused, ci=shown)
+    failures = forge.ci_failures(view.project, report, settings.ci_log_tail_lines)
+    # The request now names the head it is about (a merged result's merge commit is on no branch).
+    data = {**view.data, "sha": tested, "failed_jobs": [job.to_dict() for job in failures]}
+    reason = f"CI failed on the MR's head ({len(failures)} failing job(s))"
+    return Verdict(RequestStatus.accepted, reason, data=data, ci=shown)
+
+
+def _capped_or_gone(view: RequestView, forge: Forge, settings: Settings, kind: RoundKind) -> Verdict | None:
+    """The refusal of a request that would start a round of `kind`: the MR's cap reached, or the issue
+    no longer asking for a fix; None when neither holds."""
     with session_scope() as session:
-        used = rounds.rounds_used(session, view.thread_id, round_kind)
-    capped = cap_reason(round_kind, used, settings)
+        used = rounds.rounds_used(session, view.thread_id, kind)
+    capped = cap_reason(kind, used, settings)
     if capped is not None:
-        return Verdict(RequestStatus.ignored, capped, cap_reply(round_kind, capped), "kind")
+        return Verdict(RequestStatus.ignored, capped, cap_reply(kind, capped), "kind")
     gone = issue_still_asks(forge, view, settings.trigger_label)
     if gone is not None:
         return Verdict(RequestStatus.dropped, gone, drop_thread=True)
-    if view.kind == "ci":
-        failures = forge.ci_failures(view.project, CiReport.from_dict(view.data), settings.ci_log_tail_lines)
-        data = {**view.data, "failed_jobs": [job.to_dict() for job in failures]}
-        reason = f"CI failed on the MR's head ({len(failures)} failing job(s))"
-        return Verdict(RequestStatus.accepted, reason, data=data)
-    return Verdict(RequestStatus.accepted, f"{view.author} asked for changes")
+    return None
 
 
 def _decide_safely(view: RequestView, forge: Forge, settings: Settings) -> Verdict | None:
@@ -201,6 +250,9 @@ def apply(session: Session, view: RequestView, verdict: Verdict) -> Outcome | No
     if not rounds.judge_request(session, view.id, verdict.status, verdict.reason, verdict.data, job_id=job_id):
         return None
     outcome = Outcome(verdict, verdict.reply if reply_due else None)
+    thread = session.get(Job, view.thread_id)
+    if verdict.ci is not None and thread is not None:
+        outcome.shown_ci = rounds.note_ci(session, thread, verdict.ci) is not None
     if verdict.stop:
         if running is not None:
             request_cancel(session, running, verdict.reason)
@@ -257,11 +309,27 @@ def triage(request_id: int, forge_for: Callable[[str], Forge], settings: Setting
         log.info("triage", request_id=view.id, kind=view.kind, status=verdict.status.value, reason=verdict.reason)
         if outcome.reply is not None:
             _reply(forge, view, outcome.reply)
+        if outcome.shown_ci:
+            _show_ci(forge, view, settings)
     finally:
         forge.close()
     if outcome.round_job is not None:
         send_and_stamp(outcome.round_job)
     return verdict.status.value
+
+
+def _show_ci(forge: Forge, view: RequestView, settings: Settings) -> None:
+    """Rewrite the MR's rounds section, which shows each round's forge CI; best effort, like a reply."""
+    try:
+        show_rounds(
+            forge,
+            view.project,
+            view.mr,
+            thread_round_lines(view.thread_id, settings),
+            SecretRedactor(settings.secret_values()).redact,
+        )
+    except ForgeError as exc:
+        log.warning("triage_show_ci_failed", request_id=view.id, error=str(exc)[:300])
 
 
 def _reply(forge: Forge, view: RequestView, text: str) -> None:

@@ -87,11 +87,17 @@ def _act(session: Session, event: WebhookEvent) -> IntakeResult:
     if event.intent == "start":
         return _start(session, event)
     job = active_job(session, event.forge, event.project, event.issue)
+    if event.intent == "cancel":
+        # The issue no longer asks for a fix: what waits for a review round goes too, or the round
+        # after the cancelled one would start for nothing (and spend a round of the MR's cap).
+        dropped = rounds.drop_issue_requests(session, event.forge, event.project, event.issue, event.reason)
+        if job is not None:
+            request_cancel(session, job, f"{event.reason} (delivery {event.delivery_id})")
+            return IntakeResult("cancelled_job", event.reason, job.id)
+        if dropped:
+            return IntakeResult("dropped_requests", f"{event.reason}; dropped {dropped} waiting round request(s)")
     if job is None:
         return IntakeResult("ignored", f"{event.reason}; no active job")
-    if event.intent == "cancel":
-        request_cancel(session, job, f"{event.reason} (delivery {event.delivery_id})")
-        return IntakeResult("cancelled_job", event.reason, job.id)
     add_event(session, job.id, "label_hint", f"{event.reason}; the pipeline re-reads the labels", None)
     return IntakeResult("noted", event.reason, job.id)
 
@@ -149,9 +155,7 @@ def _round_request(session: Session, event: WebhookEvent) -> IntakeResult:
     """
     assert event.project is not None
     sha = event.ci.sha if event.ci is not None else None
-    thread = rounds.find_thread(
-        session, event.forge, event.project, mr=event.mr, branch=event.source_branch, sha=sha
-    )
+    thread = rounds.find_thread(session, event.forge, event.project, mr=event.mr, branch=event.source_branch, sha=sha)
     if thread is None:
         return IntakeResult("ignored", "not an MR FrogFix opened")
     if event.comment is not None and event.comment.body.lstrip().startswith(rounds.OWN_COMMENT_MARKER):
@@ -168,14 +172,16 @@ def _round_request(session: Session, event: WebhookEvent) -> IntakeResult:
 
 
 def _ci_result(session: Session, thread: Job, event: WebhookEvent) -> IntakeResult:
-    """Every final CI result is shown on the job that pushed its commit; only a failure asks for a round."""
+    """Every final CI result is a request for the worker's triage, which shows it on the job that pushed
+    the commit it tested and on the MR (a merged-results pipeline's commit needs the forge's API to map
+    it to the MR's head); only a failure can start a round."""
     report = event.ci
     if report is None or report.status not in CI_FINAL:
         return IntakeResult("ignored", f"{event.reason}; no final CI result", thread.id)
-    noted = rounds.note_ci(session, thread, report)
-    if report.status != "failed":
-        return IntakeResult("noted", f"forge CI {report.status}", noted or thread.id)
-    return _new_request(session, thread, event)
+    result = _new_request(session, thread, event)
+    if report.status != "failed" and result.outcome == "round_request":
+        return IntakeResult("noted", f"forge CI {report.status}", thread.id, request_id=result.request_id)
+    return result
 
 
 def _new_request(session: Session, thread: Job, event: WebhookEvent) -> IntakeResult:

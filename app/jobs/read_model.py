@@ -445,13 +445,15 @@ def job_thread(session: Session, job: Job) -> JobThread | None:
         .order_by(RoundRequest.id.desc())
         .limit(THREAD_REQUESTS_SHOWN)
     ).all()
+    # A CI result that did not fail asks for nothing: the job shows it (ci_status), the requests do not.
+    asking = [r for r in newest if r.kind != "ci" or (r.data or {}).get("status") == "failed"]
     return JobThread(
         current=job.id,
         mr_number=mr_number,
         jobs=jobs,
         requests=[RequestRow.of(r) for r in taken],
-        waiting=[RequestRow.of(r) for r in reversed(newest) if r.status in _WAITING],
-        turned_down=[RequestRow.of(r) for r in newest if r.status in _TURNED_DOWN],
+        waiting=[RequestRow.of(r) for r in reversed(asking) if r.status in _WAITING],
+        turned_down=[RequestRow.of(r) for r in asking if r.status in _TURNED_DOWN],
     )
 
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, cast
 
-from sqlalchemy import Table, func, or_, select, update
+from sqlalchemy import ColumnElement, Table, exists, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
@@ -24,7 +24,7 @@ from app.forge.reviews import CiReport, ReviewComment
 from app.forge.webhook import WebhookEvent
 from app.jobs.records import active_job, add_event, prepared
 from app.models import Job, RoundRequest, utcnow
-from app.statuses import JobStatus, RequestStatus, RoundKind
+from app.statuses import FINAL_STATUSES, JobStatus, RequestStatus, RoundKind
 
 # A comment that starts with this is one FrogFix posted (app/forge/api.py `comment_marker`).
 OWN_COMMENT_MARKER = "<!-- frogfix:"
@@ -113,18 +113,52 @@ def _find_thread(
 
 def thread_jobs(session: Session, thread_id: int) -> list[Job]:
     """Round 0 first, then its rounds in order."""
-    query = (
-        select(Job)
-        .where(or_(Job.id == thread_id, Job.thread_id == thread_id))
-        .order_by(Job.round, Job.id)
-    )
+    query = select(Job).where(or_(Job.id == thread_id, Job.thread_id == thread_id)).order_by(Job.round, Job.id)
     return list(session.execute(query).scalars())
 
 
-def rounds_used(session: Session, thread_id: int, kind: str) -> int:
-    """How many rounds of `kind` the thread has had (every one created counts, whatever its outcome)."""
-    query = select(func.count()).select_from(Job).where(Job.thread_id == thread_id, Job.round_kind == kind)
+def _counts() -> ColumnElement[bool]:
+    """A round that counts towards the caps: still on its way, or one that took a request it worked on.
+
+    A round that ended having taken nothing (cancelled by a removed label or `/frogfix stop` before it
+    began, or left with only stale CI results) did no work for anyone, so it spends no round; the stop
+    request itself names the round it cancelled, so it is not work taken."""
+    took = exists().where(
+        RoundRequest.job_id == Job.id,
+        RoundRequest.status == RequestStatus.taken.value,
+        RoundRequest.kind != "stop",
+    )
+    return or_(Job.status.not_in(FINAL_STATUSES), took)
+
+
+def rounds_used(session: Session, thread_id: int, kind: str | None = None) -> int:
+    """How many rounds (of `kind`, or of any kind) the thread has had that count (`_counts`)."""
+    query = select(func.count()).select_from(Job).where(Job.thread_id == thread_id, _counts())
+    if kind is not None:
+        query = query.where(Job.round_kind == kind)
     return int(session.execute(query).scalar_one())
+
+
+def why_not_replace(session: Session, forge: str, project: str, branch: str, head: str) -> str | None:
+    """Why round 0 may not replace the bot's branch, which the forge shows at `head`; None when it may.
+
+    Round 0 replaces only what it pushed itself: `head` must be a commit a round-0 job recorded
+    pushing to this branch, and that job's MR must have had no rounds (`_counts`). Anything else is
+    someone's work FrogFix must never force-push over: a human's commit, a review round's, or a
+    commit FrogFix has no record of."""
+    pusher = session.execute(
+        select(Job)
+        .where(Job.forge == forge, Job.project == project, Job.branch == branch, Job.pushed_commit == head)
+        .order_by(Job.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    if pusher is None:
+        return f"{branch} ends at {head[:12]}, a commit FrogFix did not push"
+    if pusher.round or pusher.thread_id is not None:
+        return f"{branch} ends at a commit of review round {pusher.round}"
+    if rounds_used(session, pusher.id):
+        return f"its merge request has had review rounds on {branch}"
+    return None
 
 
 def note_ci(session: Session, thread: Job, report: CiReport) -> int | None:
@@ -155,9 +189,12 @@ def dedupe_key(event: WebhookEvent) -> str | None:
     """What makes two deliveries the same request: the CI result on a commit, or the comment / review id.
 
     Gitea numbers reviews and comments separately, so a review's key (`r:`) never meets a comment's (`c:`).
+    A CI result that is not a failure names its status too: a pipeline or status context retried on
+    the same commit passes after it failed, and that is news for the MR (a failure keeps the plain key).
     """
     if event.ci is not None:
-        return f"ci:{event.ci.system}:{event.ci.id}:{event.ci.sha}"[:255]
+        status = "" if event.ci.status == "failed" else f":{event.ci.status}"
+        return f"ci:{event.ci.system}:{event.ci.id}:{event.ci.sha}{status}"[:255]
     if event.comment is not None:
         prefix = "r" if event.comment.kind.startswith("review_") else "c"
         return f"{prefix}:{event.comment.id}"[:255]
@@ -235,8 +272,15 @@ def judge_request(
     return _rowcount(session.execute(guarded.values(**values))) == 1
 
 
-def ignored_before(session: Session, thread_id: int, reason: str, *, author: str | None = None,
-                   kind: str | None = None, besides: int | None = None) -> bool:
+def ignored_before(
+    session: Session,
+    thread_id: int,
+    reason: str,
+    *,
+    author: str | None = None,
+    kind: str | None = None,
+    besides: int | None = None,
+) -> bool:
     """Whether another request of the thread was already ignored for `reason` (one reply per author or kind)."""
     query = select(RoundRequest.id).where(
         RoundRequest.thread_id == thread_id,
@@ -272,6 +316,43 @@ def return_requests(session: Session, job_id: int, reason: str) -> None:
         update(RoundRequest)
         .where(RoundRequest.job_id == job_id, RoundRequest.status == RequestStatus.taken.value)
         .values(status=RequestStatus.accepted.value, job_id=None, reason=reason[:2000], updated_at=utcnow())
+    )
+
+
+def drop_taken(session: Session, job_id: int, request_ids: list[int], reason: str) -> None:
+    """The round let go of some requests it took (stale CI results): dropped, still naming the round."""
+    if request_ids:
+        session.execute(
+            update(RoundRequest)
+            .where(
+                RoundRequest.job_id == job_id,
+                RoundRequest.id.in_(request_ids),
+                RoundRequest.status == RequestStatus.taken.value,
+            )
+            .values(status=RequestStatus.dropped.value, reason=reason[:2000], updated_at=utcnow())
+        )
+
+
+def stopped_by_request(session: Session, job_id: int) -> bool:
+    """Whether a `/frogfix stop` cancelled this round (triage replied for it then)."""
+    query = select(RoundRequest.id).where(
+        RoundRequest.job_id == job_id, RoundRequest.kind == "stop", RoundRequest.status == RequestStatus.taken.value
+    )
+    return session.execute(query.limit(1)).first() is not None
+
+
+def drop_issue_requests(session: Session, forge: str, project: str, issue: int, reason: str) -> int:
+    """Let go of what waits in every thread of the issue (its label removed, or it was closed)."""
+    threads = select(Job.id).where(
+        Job.forge == forge, Job.project == project, Job.issue == issue, Job.thread_id.is_(None), Job.round == 0
+    )
+    return _rowcount(
+        session.execute(
+            update(RoundRequest)
+            .where(RoundRequest.thread_id.in_(threads), RoundRequest.status.in_(WAITING))
+            .values(status=RequestStatus.dropped.value, reason=reason[:2000], updated_at=utcnow())
+            .execution_options(synchronize_session=False)
+        )
     )
 
 

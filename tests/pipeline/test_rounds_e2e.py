@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from app.db import session_scope
-from app.jobs import records, rounds
+from app.forge.reviews import STALE_CI
+from app.jobs import read_model, records, rounds
 from app.models import Job, RoundRequest
 from tests.conftest import GITEA_SECRET, PAYLOADS
 from tests.doubles.openai_server import assistant, text_call, tool_call
-from tests.pipeline.conftest import PROJECT, TRIGGER, World
+from tests.pipeline.conftest import PROJECT, TRIGGER, World, fixing_script
 from tests.servers import wait_until
 from tests.webhook_requests import gitea_headers, gitlab_headers
 from worker.tasks import run_job, triage_request_task
@@ -50,6 +51,65 @@ def git(bare: Path, *args: str) -> str:
 
 def branch_head(world: World, forge: str, branch: str) -> str:
     return git(world.bare(forge), "rev-parse", f"refs/heads/{branch}")
+
+
+def human_push(world: World, forge: str, branch: str, path: str = "NOTES.md", text: str = "by hand\n") -> str:
+    """A reviewer pushes a commit of their own to the bot's branch (adding `path`); its sha."""
+    bare, parent = world.bare(forge), branch_head(world, forge, branch)
+    env = {"GIT_INDEX_FILE": str(world.tmp / "human-index"), "PATH": "/usr/bin:/bin"}
+    for who in ("AUTHOR", "COMMITTER"):
+        env.update({f"GIT_{who}_NAME": "Rev", f"GIT_{who}_EMAIL": "rev@example.test"})
+
+    def run(*args: str, stdin: str | None = None) -> str:
+        done = subprocess.run(
+            ["git", "--git-dir", str(bare), *args], input=stdin, capture_output=True, text=True, check=True, env=env
+        )
+        return done.stdout.strip()
+
+    blob = run("hash-object", "-w", "--stdin", stdin=text)
+    run("read-tree", parent)
+    run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+    theirs = run("commit-tree", run("write-tree"), "-p", parent, "-m", "a reviewer's own commit")
+    run("update-ref", f"refs/heads/{branch}", theirs, parent)
+    return theirs
+
+
+def first_user_message(world: World) -> str:
+    """The newest model call's first user message (the round's task)."""
+    messages = world.model.request_json(world.model.count - 1)["messages"]
+    return str(next(m["content"] for m in messages if m["role"] == "user"))
+
+
+def gated(world: World, script: list[Any]) -> threading.Event:
+    """The model answers `script`, its first turn held until the returned gate is set (a round kept running)."""
+    gate = threading.Event()
+    turns = {"n": 0}
+
+    def respond(index: int, body: bytes) -> Any:
+        n = turns["n"]
+        turns["n"] += 1
+        if n == 0:
+            gate.wait(60)
+        return script[min(n, len(script) - 1)]
+
+    world.model._responder = respond
+    return gate
+
+
+@pytest.fixture
+def prompt_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The running round reads its cancel flag at every check (not once every 2 s), so a test that
+    cancels it while its model turn is held sees the very next check stop it."""
+    from worker import pipeline
+
+    monkeypatch.setattr(pipeline.CancelCheck.__init__, "__defaults__", (0.0,))
+
+
+def run_in_background(job_id: int) -> tuple[threading.Thread, dict[str, str]]:
+    results: dict[str, str] = {}
+    worker = threading.Thread(target=lambda: results.update(status=run_job(job_id)))
+    worker.start()
+    return worker, results
 
 
 def job(job_id: int) -> Job:
@@ -149,12 +209,29 @@ class GitLabMr:
         note = next(n for n in self.world.gitlab.mr_notes(PROJECT, self.iid) if n["id"] == note["id"])
         return self.note_hook(note, author=by)
 
-    def pipeline_hook(self, *, status: str, sha: str, jobs: list[dict[str, Any]]) -> dict[str, Any]:
-        pipeline = self.world.gitlab.add_pipeline(PROJECT, sha=sha, ref=self.branch, status=status, jobs=jobs)
-        payload = json.loads((PAYLOADS / "gitlab_pipeline_failed.json").read_text())
-        payload["object_attributes"].update(id=pipeline["id"], sha=sha, ref=self.branch, status=status)
+    def pipeline_hook(
+        self,
+        *,
+        status: str,
+        sha: str,
+        jobs: list[dict[str, Any]],
+        ref: str | None = None,
+        mr: int | None = None,
+        payload_name: str = "gitlab_pipeline_failed.json",
+    ) -> dict[str, Any]:
+        """A finished pipeline on `sha`: a branch pipeline, or with `mr` one whose hook names that MR
+        (`ref` refs/merge-requests/N/head, or /merge for merged results)."""
+        ref = ref or self.branch
+        source = "merge_request_event" if mr is not None else "push"
+        pipeline = self.world.gitlab.add_pipeline(PROJECT, sha=sha, ref=ref, status=status, jobs=jobs, source=source)
+        payload = json.loads((PAYLOADS / payload_name).read_text())
+        payload["object_attributes"].update(id=pipeline["id"], sha=sha, ref=ref, status=status, source=source)
+        payload["commit"]["id"] = sha
         payload["project"]["path_with_namespace"] = PROJECT
-        payload["merge_request"] = None
+        payload["merge_request"] = None if mr is None else {
+            **payload["merge_request"], "iid": mr, "id": self.mr()["id"], "source_branch": self.branch,
+            "state": "opened",
+        }  # fmt: skip
         payload["builds"] = [
             {**payload["builds"][0], "id": j["id"], "name": j["name"], "status": j["status"], "allow_failure": False}
             for j in self.world.gitlab.jobs.values()
@@ -168,6 +245,30 @@ class GitLabMr:
 
     def bot_notes(self) -> list[dict[str, Any]]:
         return [n for n in self.world.gitlab.mr_notes(PROJECT, self.iid) if n["author"]["username"] == "frogfix-bot"]
+
+    def label_hook(self, *, added: bool) -> dict[str, Any]:
+        """The trigger label added to (or removed from) the issue, and the Issue Hook GitLab sends for it."""
+        if added:
+            self.world.gitlab.add_label(PROJECT, self.issue, TRIGGER, by="dev")
+            body, headers = self.world.gitlab_webhook(self.issue)
+        else:
+            self.world.gitlab.remove_label(PROJECT, self.issue, TRIGGER, by="dev")
+            payload = json.loads((PAYLOADS / "gitlab_label_removed.json").read_text())
+            payload["object_attributes"]["iid"] = self.issue
+            payload["project"]["path_with_namespace"] = PROJECT
+            body, headers = json.dumps(payload).encode(), gitlab_headers()
+        r = self.client.post("/webhooks/gitlab", content=body, headers=headers)
+        assert r.status_code in (200, 202), r.text
+        return dict(r.json())
+
+    def ci_cells(self) -> dict[int, str]:
+        """The forge CI each round shows in the MR description's rounds section (round number: cell)."""
+        cells = {}
+        for line in self.mr()["description"].splitlines():
+            parts = [p.strip() for p in line.strip().strip("|").split("|")]
+            if len(parts) == 6 and parts[0] and parts[0][0] in "[0123456789":
+                cells[int(parts[0].lstrip("[").split("]")[0])] = parts[5]
+        return cells
 
 
 def test_gitlab_review_comment_gives_one_commit_on_the_branch_and_a_reply(client: Any, world: World) -> None:
@@ -193,8 +294,11 @@ def test_gitlab_review_comment_gives_one_commit_on_the_branch_and_a_reply(client
     assert "calc.py" in reply["body"] and "docstring" in reply["body"]
     assert mr.mr()["draft"] is True  # it was a draft and stays one
     assert "Review rounds" in mr.mr()["description"]
-    [(old, _, _)] = [u for p in world.git_gitlab.pushes for u in p.updates if u[1] == after]
-    assert old == before  # the push named the previous head: a fast-forward, never a force
+    [push] = [p for p in world.git_gitlab.pushes if any(u[1] == after for u in p.updates)]
+    assert push.updates == [(before, after, f"refs/heads/{mr.branch}")]  # named the previous head: never a force
+    # forge CI stays off the bot's branch: the push option skips the branch pipeline, the commit
+    # message the merge request pipeline too
+    assert push.options == ["ci.skip"] and "[skip ci]" in git(world.bare("gitlab"), "log", "-1", "--format=%B", after)
     # the round's first user message holds the reviewer's comment and the issue
     first_user = next(
         m["content"] for m in world.model.request_json(world.model.count - 1)["messages"] if m["role"] == "user"
@@ -290,6 +394,7 @@ def test_gitlab_failed_pipeline_gives_one_round_and_the_rounds_stop_at_the_cap(
     )
     assert triage(answer["request_id"]) == "accepted"
     assert job(mr.thread_id).ci_status == "failed"
+    assert mr.ci_cells() == {0: "failed", 1: "-"}  # shown on the MR too (round 1 is queued already)
     round_job = newest_round(mr.thread_id)
     assert round_job.round_kind == "ci"
     assert run_job(round_job.id) == "done"
@@ -306,6 +411,15 @@ def test_gitlab_failed_pipeline_gives_one_round_and_the_rounds_stop_at_the_cap(
     assert triage(again["request_id"]) == "ignored"  # FROGFIX_MAX_CI_ROUNDS=1 reached
     assert [j.round for j in thread(mr.thread_id)] == [0, 1]
     assert any("FROGFIX_MAX_CI_ROUNDS" in n["body"] for n in mr.bot_notes())
+    assert mr.ci_cells() == {0: "failed", 1: "failed"} and job(round_job.id).ci_status == "failed"
+    passed = mr.pipeline_hook(status="success", sha=new_head, jobs=[{"name": "pytest", "status": "success"}])
+    assert passed["outcome"] == "noted" and triage(passed["request_id"]) == "ignored"  # nothing to fix
+    assert mr.ci_cells() == {0: "failed", 1: "success"} and job(round_job.id).ci_status == "success"
+    with session_scope() as s:  # the dashboard's thread: a passing pipeline is no request turned down
+        shown = read_model.job_thread(s, records.get_job(s, round_job.id))
+        assert shown is not None and [r.reason for r in shown.turned_down] == [
+            "the MR reached FROGFIX_MAX_CI_ROUNDS (1)"
+        ]
     # review rounds do not count towards the CI cap
     world.model.add(*round_script('    """Multiply."""\n'))
     asked = mr.comment("/frogfix shorter docstring please")
@@ -327,17 +441,281 @@ def test_gitlab_human_ready_mr_stays_ready(client: Any, world: World) -> None:
     assert all(not n.get("resolved") for n in world.gitlab.mr_notes(PROJECT, mr.iid))
 
 
-def test_gitlab_stop_cancels_and_label_removal_drops_waiting_requests(client: Any, world: World) -> None:
+def test_gitlab_stop_cancels_the_queued_round_and_drops_what_waits(client: Any, world: World) -> None:
     mr = GitLabMr(client, world)
     first = mr.comment("/frogfix please document mul() too")
     triage(first["request_id"])
     queued = newest_round(mr.thread_id)
     stop = mr.comment("/frogfix stop")
-    triage(stop["request_id"])
-    assert job(queued.id).cancel_requested or job(queued.id).status == "cancelled"
-    assert run_job(queued.id) in ("cancelled", "not_claimed")
-    assert job(queued.id).status == "cancelled"
+    assert triage(stop["request_id"]) == "taken"
+    assert job(queued.id).status == "cancelled"  # it had not started: cancelled at once
+    assert run_job(queued.id) == "not_claimed"
     assert [j.round for j in thread(mr.thread_id)] == [0, 1]
+    [reply] = mr.bot_notes()
+    assert reply["body"].endswith("FrogFix stopped: it cancelled the running round and dropped 1 waiting request(s).")
+    assert [r.status for r in requests(mr.thread_id)] == ["dropped", "taken"]
+    with session_scope() as s:
+        assert rounds.rounds_used(s, mr.thread_id) == 0  # the cancelled round did nothing: no round spent
+
+
+def test_gitlab_stop_during_a_round_is_answered_once(client: Any, world: World, prompt_cancel: None) -> None:
+    mr = GitLabMr(client, world)
+    head = mr.sync_head()
+    gate = gated(world, round_script())
+    first = mr.comment("/frogfix please document mul() too")
+    triage(first["request_id"])
+    running = newest_round(mr.thread_id)
+    worker, results = run_in_background(running.id)
+    try:
+        wait_until(lambda: job(running.id).status == "running" and requests(mr.thread_id)[0].status == "taken")
+        waiting = mr.comment("/frogfix and mention the types")
+        assert triage(waiting["request_id"]) == "accepted"
+        stop = mr.comment("/frogfix stop")
+        assert triage(stop["request_id"]) == "taken"
+    finally:
+        gate.set()
+        worker.join(120)
+    assert results["status"] == "cancelled" and branch_head(world, "gitlab", mr.branch) == head
+    # One reply says it all: the stop's; the cancelled round adds no "ended" reply of its own.
+    [reply] = mr.bot_notes()
+    assert "cancelled the running round and dropped 1 waiting request(s)" in reply["body"]
+    assert [r.status for r in requests(mr.thread_id)] == ["taken", "dropped", "taken"]
+    assert [j.round for j in thread(mr.thread_id)] == [0, 1]  # nothing started after it
+
+
+def test_gitlab_label_removal_cancels_the_round_and_drops_waiting_requests(
+    client: Any, world: World, prompt_cancel: None
+) -> None:
+    mr = GitLabMr(client, world)
+    head = mr.sync_head()
+    gate = gated(world, round_script())
+    first = mr.comment("/frogfix please document mul() too")
+    triage(first["request_id"])
+    running = newest_round(mr.thread_id)
+    worker, results = run_in_background(running.id)
+    try:
+        wait_until(lambda: job(running.id).status == "running" and requests(mr.thread_id)[0].status == "taken")
+        second = mr.comment("/frogfix and mention the types")
+        assert triage(second["request_id"]) == "accepted"  # waits for the next round
+        removed = mr.label_hook(added=False)
+        assert (removed["outcome"], removed["job_id"]) == ("cancelled_job", running.id)
+        assert requests(mr.thread_id)[1].status == "dropped"  # at once, not when the round ends
+    finally:
+        gate.set()
+        worker.join(120)
+    assert results["status"] == "cancelled" and branch_head(world, "gitlab", mr.branch) == head
+    assert [j.round for j in thread(mr.thread_id)] == [0, 1]  # no next round for the dropped request
+    assert [(r.status, r.reason) for r in requests(mr.thread_id)] == [
+        ("taken", "dev asked for changes"), ("dropped", "label 'frognano-fix' was removed"),
+    ]  # fmt: skip
+    [reply] = mr.bot_notes()  # the round says it ended; nobody else is told twice
+    assert "ended: **cancelled**; nothing was pushed" in reply["body"]
+    with session_scope() as s:
+        assert rounds.rounds_used(s, mr.thread_id, "review") == 1  # it took a request, so it counts
+
+    # A round still queued when the label goes does nothing, and spends nothing of the cap.
+    world.gitlab.add_label(PROJECT, mr.issue, TRIGGER, by="dev")  # back (its hook would start a new job 0)
+    queued_ask = mr.comment("/frogfix once more")
+    assert triage(queued_ask["request_id"]) == "accepted"
+    queued = newest_round(mr.thread_id)
+    assert queued.round == 2 and queued.status == "queued"
+    assert mr.label_hook(added=False)["outcome"] == "cancelled_job"
+    assert job(queued.id).status == "cancelled" and requests(mr.thread_id)[-1].status == "dropped"
+    with session_scope() as s:
+        assert rounds.rounds_used(s, mr.thread_id, "review") == 1
+
+
+def test_gitlab_label_readded_after_a_round_and_a_human_push_keeps_both_commits(client: Any, world: World) -> None:
+    mr = GitLabMr(client, world)
+    world.model.add(*round_script())
+    asked = mr.comment("/frogfix please document mul() too")
+    triage(asked["request_id"])
+    assert run_job(newest_round(mr.thread_id).id) == "done"
+    ours = mr.sync_head()
+    theirs = human_push(world, "gitlab", mr.branch)
+    mr.sync_head()
+    description = mr.mr()["description"]
+    pushes = len(world.git_gitlab.pushes)
+
+    mr.label_hook(added=False)
+    readded = mr.label_hook(added=True)
+    assert readded["outcome"] == "job_created"
+    world.model.add(*fixing_script())
+    assert run_job(int(readded["job_id"])) == "rejected"
+
+    assert branch_head(world, "gitlab", mr.branch) == theirs  # nothing was force-pushed over them
+    assert git(world.bare("gitlab"), "rev-parse", f"{theirs}^") == ours  # and the round's commit is under theirs
+    assert len(world.git_gitlab.pushes) == pushes
+    assert mr.mr()["description"] == description and len(world.gitlab.open_mrs(PROJECT)) == 1
+    refused = job(int(readded["job_id"]))
+    why = f"{mr.branch} ends at {theirs[:12]}, a commit FrogFix did not push"
+    assert refused.error == f"FrogFix did not start over: {why}"
+    told = world.gitlab.notes[-1]["body"]
+    assert "did not start over" in told and "`/frogfix`" in told and "never replaces those commits" in told
+    assert not refused.steps  # refused before any attempt: the model was never asked
+
+
+def test_gitlab_label_readded_on_round_zeros_own_commit_replaces_it_under_a_lease(client: Any, world: World) -> None:
+    mr = GitLabMr(client, world)
+    old = mr.sync_head()
+    # a passing pipeline on round 0's commit: the MR's rounds section shows it
+    passed = mr.pipeline_hook(status="success", sha=old, jobs=[{"name": "pytest", "status": "success"}])
+    assert triage(passed["request_id"]) == "ignored" and mr.ci_cells() == {0: "success"}
+
+    mr.label_hook(added=False)
+    readded = mr.label_hook(added=True)
+    world.model.add(*fixing_script())
+    assert run_job(int(readded["job_id"])) == "done"
+    new = branch_head(world, "gitlab", mr.branch)
+    assert new != old and git(world.bare("gitlab"), "rev-parse", f"{new}^") != old  # started from the base again
+    [push] = [p for p in world.git_gitlab.pushes if any(u[1] == new for u in p.updates)]
+    assert push.updates == [(old, new, f"refs/heads/{mr.branch}")]  # leased on round 0's commit, nothing else
+    [only] = world.gitlab.open_mrs(PROJECT)
+    assert only["iid"] == mr.iid and "python3 -m pytest -q" in only["description"]
+    assert mr.ci_cells() == {0: "success"}  # the rewritten description kept the rounds section
+    assert job(int(readded["job_id"])).pushed_commit == new
+
+
+def test_gitlab_stale_ci_result_behind_a_review_round_ends_quietly(client: Any, world: World) -> None:
+    mr = GitLabMr(client, world)
+    head = mr.sync_head()
+    gate = gated(world, round_script())
+    first = mr.comment("/frogfix please document mul() too")
+    triage(first["request_id"])
+    running = newest_round(mr.thread_id)
+    worker, results = run_in_background(running.id)
+    try:
+        wait_until(lambda: job(running.id).status == "running" and requests(mr.thread_id)[0].status == "taken")
+        failed = mr.pipeline_hook(
+            status="failed", sha=head, jobs=[{"name": "pytest", "status": "failed", "trace": "E  old failure\n"}]
+        )
+        assert triage(failed["request_id"]) == "accepted"  # on the head, for now
+    finally:
+        gate.set()
+        worker.join(120)
+    assert results["status"] == "done"
+    new_head = mr.sync_head()
+    follow = newest_round(mr.thread_id)
+    assert (follow.round, follow.round_kind, follow.status) == (2, "ci", "queued")
+    calls = world.model.count
+    assert run_job(follow.id) == "cancelled"
+
+    assert branch_head(world, "gitlab", mr.branch) == new_head and world.model.count == calls  # no model call
+    ci = requests(mr.thread_id)[-1]
+    assert (ci.kind, ci.status, ci.reason, ci.job_id) == ("ci", "dropped", "stale: the branch moved on", follow.id)
+    assert len(mr.bot_notes()) == 1  # round 1's reply only: the empty round says nothing
+    with session_scope() as s:
+        assert rounds.rounds_used(s, mr.thread_id, "ci") == 0  # FROGFIX_MAX_CI_ROUNDS is not spent on it
+
+
+def test_gitlab_merged_results_pipeline_gives_a_round_on_the_mr_head(client: Any, world: World) -> None:
+    mr = GitLabMr(client, world)
+    head = mr.sync_head()
+    main = git(world.bare("gitlab"), "rev-parse", "refs/heads/main")
+    merge, stale = "8c2d4e6f10a3b5c7d9e1f20a4b6c8d0e2f4a6b81", "9d3e5f7a21b4c6d8e0f2a31b5c7d9e1f3a5b7c92"
+    world.gitlab.add_commit(PROJECT, merge, parents=[main, head], title="Merge branch into 'main'")
+    world.gitlab.add_commit(PROJECT, stale, parents=[main, main], title="an older merged result")
+    merged_ref = f"refs/merge-requests/{mr.iid}/merge"
+
+    def merged(sha: str, trace: str, *, for_mr: int = mr.iid) -> dict[str, Any]:
+        return mr.pipeline_hook(
+            status="failed",
+            sha=sha,
+            ref=merged_ref,
+            mr=for_mr,
+            payload_name="gitlab_pipeline_merged_results.json",
+            jobs=[{"name": "pytest", "status": "failed", "trace": trace}],
+        )
+
+    # A merged result of an older head, and one whose hook names another MR, are about no head of this MR.
+    older = merged(stale, "E   old\n")
+    assert triage(older["request_id"]) == "ignored"
+    other = world.gitlab.add_mr(PROJECT, "feature/x")
+    assert merged(merge, "E   x\n", for_mr=other["iid"])["outcome"] == "ignored"  # not an MR FrogFix opened
+    world.model.add(*round_script())
+    answer = merged(merge, "E   AssertionError: mul() has no docstring\n")
+    assert answer["outcome"] == "round_request"
+    assert triage(answer["request_id"]) == "accepted"
+    ci = requests(mr.thread_id)[-1]
+    assert ci.data["sha"] == head and ci.data["ref"] == merged_ref  # mapped to the MR's head
+    assert (requests(mr.thread_id)[0].status, requests(mr.thread_id)[0].reason) == ("ignored", STALE_CI)
+    assert job(mr.thread_id).ci_status == "failed" and mr.ci_cells() == {0: "failed", 1: "-"}  # on round 0's commit
+    round_job = newest_round(mr.thread_id)
+    assert round_job.round_kind == "ci" and run_job(round_job.id) == "done"
+    assert "mul() has no docstring" in first_user_message(world)
+    assert git(world.bare("gitlab"), "rev-parse", f"{branch_head(world, 'gitlab', mr.branch)}^") == head
+
+
+def test_gitlab_mr_pipeline_on_the_head_ref_gives_a_round(client: Any, world: World) -> None:
+    mr = GitLabMr(client, world)
+    head = mr.sync_head()
+    world.model.add(*round_script())
+    answer = mr.pipeline_hook(
+        status="failed",
+        sha=head,
+        ref=f"refs/merge-requests/{mr.iid}/head",
+        mr=mr.iid,
+        jobs=[{"name": "pytest", "status": "failed", "trace": "E   boom in mul\n"}],
+    )
+    assert answer["outcome"] == "round_request" and triage(answer["request_id"]) == "accepted"
+    [ci] = requests(mr.thread_id)
+    assert ci.data["failed_jobs"][0]["log_tail"] == "E   boom in mul"  # fetched by FrogFix: the hook has no logs
+    round_job = newest_round(mr.thread_id)
+    assert round_job.round_kind == "ci" and run_job(round_job.id) == "done"
+    assert "boom in mul" in first_user_message(world)
+
+
+def test_gitlab_plain_line_comment_starts_a_round(client: Any, world: World) -> None:
+    mr = GitLabMr(client, world)
+    world.model.add(*round_script())
+    answer = mr.comment("please document mul() too", position={"new_path": "calc.py", "new_line": 5})
+    assert answer["outcome"] == "round_request"
+    assert triage(answer["request_id"]) == "accepted"  # a line comment on its MR is addressed to FrogFix
+    assert run_job(newest_round(mr.thread_id).id) == "done"
+    task = first_user_message(world)
+    assert "please document mul() too" in task and "calc.py:5" in task and "unresolved" in task
+    plain = mr.comment("looks fine to me")  # a plain comment that neither says /frogfix nor mentions it
+    assert triage(plain["request_id"]) == "ignored"
+    assert [j.round for j in thread(mr.thread_id)] == [0, 1]
+
+
+def test_gitlab_round_builds_on_a_humans_push(client: Any, world: World) -> None:
+    mr = GitLabMr(client, world)
+    theirs = human_push(world, "gitlab", mr.branch, "NOTES.md", "keep me\n")
+    mr.sync_head()
+    world.model.add(*round_script())
+    answer = mr.comment("/frogfix please document mul() too")
+    assert triage(answer["request_id"]) == "accepted"
+    round_job = newest_round(mr.thread_id)
+    assert run_job(round_job.id) == "done"
+    after = branch_head(world, "gitlab", mr.branch)
+    assert git(world.bare("gitlab"), "rev-parse", f"{after}^") == theirs and job(round_job.id).start_commit == theirs
+    assert git(world.bare("gitlab"), "show", f"{after}:NOTES.md") == "keep me"
+    assert '"""The product of a and b."""' in git(world.bare("gitlab"), "show", f"{after}:calc.py")
+
+
+def test_gitlab_round_that_breaks_a_passing_test_pushes_nothing_and_says_why(
+    client: Any, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import configure
+
+    configure(monkeypatch, attempts="1")
+    mr = GitLabMr(client, world)
+    head = mr.sync_head()
+    world.model.add(
+        assistant(text_call("Edit", file_path="calc.py", old_string="return a * b", new_string="return a ** b")),
+        assistant("mul() now raises to the power, as asked."),
+    )
+    answer = mr.comment("/frogfix make mul() faster")
+    assert triage(answer["request_id"]) == "accepted"
+    round_job = newest_round(mr.thread_id)
+    assert run_job(round_job.id) == "no_fix"
+    assert branch_head(world, "gitlab", mr.branch) == head  # test_mul passed on the head: nothing pushed
+    assert not any(u[1] != head and u[0] == head for p in world.git_gitlab.pushes for u in p.updates)
+    [reply] = mr.bot_notes()
+    assert "ended: **no fix**; nothing was pushed." in reply["body"]
+    assert "did not pass the tests" in reply["body"]
+    assert job(round_job.id).pushed_commit is None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -357,6 +735,7 @@ class GiteaPr:
         assert r.status_code == 202, r.text
         self.thread_id = int(r.json()["job_id"])
         assert run_job(self.thread_id) == "done"
+        self.issue = int(issue["number"])
         [pull] = world.gitea.open_pulls(PROJECT)
         self.number = int(pull["number"])
         self.branch = str(pull["head"]["ref"])
@@ -414,11 +793,11 @@ class GiteaPr:
 
         return self._post("gitea_review_rejected.json", "pull_request_rejected", "pull_request_review_rejected", fill)
 
-    def status(self, sha: str, state: str, description: str) -> dict[str, Any]:
-        self.world.gitea.add_status(PROJECT, sha, "ci/tests", state, description, "https://ci.example/1")
+    def status(self, sha: str, state: str, description: str, context: str = "ci/tests") -> dict[str, Any]:
+        self.world.gitea.add_status(PROJECT, sha, context, state, description, "https://ci.example/1")
 
         def fill(p: dict[str, Any]) -> None:
-            p.update(sha=sha, state=state, context="ci/tests", description=description)
+            p.update(sha=sha, state=state, context=context, description=description)
             if p.get("branches"):
                 p["branches"][0]["name"] = self.branch
 
@@ -426,6 +805,17 @@ class GiteaPr:
 
     def bot_comments(self) -> list[dict[str, Any]]:
         return [c for c in self.world.gitea.pr_comments(PROJECT, self.number) if c["user"]["login"] == "frogfix-bot"]
+
+    def label_removed(self) -> dict[str, Any]:
+        """A member takes the trigger label off the issue: Gitea's label_updated names the labels left
+        (it does not say which one went, so it is a hint the worker checks with the API)."""
+        self.world.gitea.remove_label(PROJECT, self.issue, TRIGGER, by="dev")
+
+        def fill(p: dict[str, Any]) -> None:
+            p["issue"]["number"] = p["number"] = self.issue
+            p["sender"]["login"] = p["sender"]["username"] = "dev"
+
+        return self._post("gitea_label_updated_without.json", "issues", "issue_label", fill)
 
 
 def test_gitea_review_comment_gives_one_commit_on_the_branch_and_a_reply(client: Any, world: World) -> None:
@@ -442,6 +832,9 @@ def test_gitea_review_comment_gives_one_commit_on_the_branch_and_a_reply(client:
     replies = pr.bot_comments()
     assert any("calc.py" in c["body"] for c in replies)
     assert pr.pull()["draft"] is True if "draft" in pr.pull() else pr.pull()["title"].startswith("WIP")
+    # Gitea has no push option for CI: the commit message's marker keeps Actions off the branch
+    [push] = [p for p in world.git_gitea.pushes if any(u[1] == after for u in p.updates)]
+    assert push.options == [] and "[skip ci]" in git(world.bare("gitea"), "log", "-1", "--format=%B", after)
 
 
 def test_gitea_request_changes_review_and_non_member_and_bot(client: Any, world: World) -> None:
@@ -476,4 +869,70 @@ def test_gitea_failed_status_gives_one_ci_round(client: Any, world: World) -> No
     assert run_job(round_job.id) == "done"
     redelivered = pr.status(head, "failure", "pytest: 1 failed (mul has no docstring)")
     assert redelivered["outcome"] != "round_request" or triage(redelivered["request_id"]) == "ignored"
+    assert [j.round for j in thread(pr.thread_id)] == [0, 1]
+
+
+def test_gitea_failed_statuses_stop_at_the_ci_cap(client: Any, world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.conftest import configure
+
+    configure(monkeypatch, max_ci_rounds="1")
+    pr = GiteaPr(client, world)
+    head = pr.sync_head()
+    world.model.add(*round_script())
+    assert triage(pr.status(head, "failure", "pytest: mul has no docstring")["request_id"]) == "accepted"
+    assert run_job(newest_round(pr.thread_id).id) == "done"
+    new_head = pr.sync_head()
+    # Gitea Actions posts one status per job: two jobs fail on the new head, and the cap holds.
+    for context in ("ci/tests", "ci/lint"):
+        answer = pr.status(new_head, "failure", f"{context} failed", context=context)
+        assert triage(answer["request_id"]) == "ignored"
+    assert [j.round for j in thread(pr.thread_id)] == [0, 1]
+    capped = [c["body"] for c in pr.bot_comments() if "FROGFIX_MAX_CI_ROUNDS" in c["body"]]
+    assert len(capped) == 1  # said once
+    row = next(line for line in pr.pull()["body"].splitlines() if line.startswith("| [1]"))
+    assert row.endswith("| ci | `dev` | `" + new_head[:12] + "` | pushed | failed |")  # its CI, on the PR
+    assert job(newest_round(pr.thread_id).id).ci_status == "failed"
+
+
+def test_gitea_stop_during_a_round_is_answered_once(client: Any, world: World, prompt_cancel: None) -> None:
+    pr = GiteaPr(client, world)
+    head = pr.sync_head()
+    gate = gated(world, round_script())
+    first = pr.comment("/frogfix please document mul() too")
+    triage(first["request_id"])
+    running = newest_round(pr.thread_id)
+    worker, results = run_in_background(running.id)
+    try:
+        wait_until(lambda: job(running.id).status == "running" and requests(pr.thread_id)[0].status == "taken")
+        stop = pr.comment("/frogfix stop")
+        assert stop["outcome"] == "round_request" and triage(stop["request_id"]) == "taken"
+    finally:
+        gate.set()
+        worker.join(120)
+    assert results["status"] == "cancelled" and branch_head(world, "gitea", pr.branch) == head
+    [reply] = pr.bot_comments()
+    assert "FrogFix stopped: it cancelled the running round" in reply["body"]
+    assert [j.round for j in thread(pr.thread_id)] == [0, 1]
+
+
+def test_gitea_label_removed_during_a_round_drops_waiting_requests(client: Any, world: World) -> None:
+    pr = GiteaPr(client, world)
+    head = pr.sync_head()
+    gate = gated(world, round_script())
+    first = pr.comment("/frogfix please document mul() too")
+    triage(first["request_id"])
+    running = newest_round(pr.thread_id)
+    worker, results = run_in_background(running.id)
+    try:
+        wait_until(lambda: job(running.id).status == "running" and requests(pr.thread_id)[0].status == "taken")
+        second = pr.comment("/frogfix and mention the types")
+        assert triage(second["request_id"]) == "accepted"
+        hint = pr.label_removed()
+        assert (hint["outcome"], hint["job_id"]) == ("noted", running.id)  # a hint: the round asks the API
+    finally:
+        gate.set()
+        worker.join(120)
+    # The round found the label gone before it published: nothing pushed, the waiting request dropped.
+    assert results["status"] == "cancelled" and branch_head(world, "gitea", pr.branch) == head
+    assert [r.status for r in requests(pr.thread_id)] == ["taken", "dropped"]
     assert [j.round for j in thread(pr.thread_id)] == [0, 1]

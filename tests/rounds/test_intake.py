@@ -101,7 +101,7 @@ def test_a_comment_delivered_twice_is_one_request(database: str) -> None:
     assert len(_requests()) == 1
 
 
-def test_a_failed_pipeline_on_the_bots_branch_is_a_request_and_shown_on_the_job(database: str) -> None:
+def test_a_failed_pipeline_on_the_bots_branch_is_a_request_for_triage(database: str) -> None:
     thread = make_thread()
     result = _deliver(ci_event("p-1", mr=None))  # a branch pipeline: found by its ref
     assert result.outcome == "round_request"
@@ -109,26 +109,57 @@ def test_a_failed_pipeline_on_the_bots_branch_is_a_request_and_shown_on_the_job(
     # a CI result has no asker: its round acts for whoever started the thread
     assert (request.kind, request.author, request.dedupe_key) == ("ci", None, f"ci:gitlab_pipeline:501:{HEAD}")
     assert request.data["failed_jobs"][0]["name"] == "unit" and request.data["sha"] == HEAD
-    with session_scope() as s:
-        assert records.get_job(s, thread).ci_status == "failed"
-        (event,) = [e for e in records.job_events(s, thread) if e.kind == "ci_result"]
-        assert event.data is not None and event.data["status"] == "failed"
+    with session_scope() as s:  # triage shows it on the job, once it knows which commit it tested
+        assert records.get_job(s, thread).ci_status is None
     assert _deliver(ci_event("p-2", mr=7)).outcome == "duplicate"  # the MR pipeline hook of the same pipeline
 
 
-def test_a_passing_pipeline_is_noted_on_the_round_that_pushed_its_commit(database: str) -> None:
+def test_a_passing_pipeline_is_a_request_too_so_triage_shows_it_on_the_mr(database: str) -> None:
     thread = make_thread()
+    result = _deliver(ci_event("p-1", "success", sha="f" * 40, branch=None, mr=7))
+    assert (result.outcome, result.reason, result.job_id) == ("noted", "forge CI success", thread)
+    assert result.request_id is not None
+    # The same pipeline retried on the same commit: it failed first, then passed; both are news.
+    failed = _deliver(ci_event("p-2", "failed", sha="f" * 40, branch=None, mr=7))
+    assert failed.outcome == "round_request" and failed.request_id not in (None, result.request_id)
+    assert _deliver(ci_event("p-3", "success", sha="f" * 40, branch=None, mr=7)).outcome == "duplicate"
+    keys = [r.dedupe_key for r in _requests()]
+    assert keys == [f"ci:gitlab_pipeline:501:{'f' * 40}:success", f"ci:gitlab_pipeline:501:{'f' * 40}"]
+
+
+def test_a_removed_label_cancels_the_round_and_drops_what_waits(database: str) -> None:
+    thread = make_thread()
+    waiting = _deliver(comment_event("d-1", "301")).request_id
     with session_scope() as s:
-        s.add(Job(forge="gitlab", project="grp/app", issue=1, status="done", thread_id=thread, round=1,
-                  round_kind="review", pushed_commit="f" * 40))
-    result = _deliver(ci_event("p-1", "success", sha="f" * 40, branch=None))  # found by the pushed commit
-    assert result.outcome == "noted" and result.request_id is None
+        rounds.judge_request(s, waiting, RequestStatus.accepted, "bob asked")  # type: ignore[arg-type]
+        round_job = rounds.start_round_if_idle(s, thread)
+    pending = _deliver(comment_event("d-2", "302")).request_id
+    other = make_thread(mr=8, issue=2, branch="frogfix/issue-2")  # another issue's thread keeps its requests
+    kept = _deliver(comment_event("d-3", "303", mr=8)).request_id
+    removed = WebhookEvent(
+        "gitlab", "d-4", "Issue Hook", "cancel", "label 'frognano-fix' was removed", project="grp/app", issue=1
+    )
+    result = _deliver(removed)
+    assert (result.outcome, result.job_id) == ("cancelled_job", round_job)
+    statuses = {r.id: (r.status, r.reason) for r in _requests()}
+    assert statuses[waiting] == statuses[pending] == ("dropped", "label 'frognano-fix' was removed")  # type: ignore[index]
+    assert statuses[kept][0] == "pending"  # type: ignore[index]
     with session_scope() as s:
-        round_one = s.execute(select(Job).where(Job.thread_id == thread)).scalar_one()
-        assert result.job_id == round_one.id and round_one.ci_status == "success"
-        assert records.get_job(s, thread).ci_status is None
-    assert _deliver(ci_event("p-2", "canceled", sha="9" * 40)).outcome == "noted"  # found by branch, no job pushed it
-    assert _requests() == []
+        assert records.get_job(s, round_job).status == "cancelled"  # type: ignore[arg-type]
+        assert rounds.follow_up(s) == []  # no round after it: nothing waits
+        assert rounds.rounds_used(s, thread) == 0  # it took nothing, so it spends no round
+        assert rounds.thread_mr_number(records.get_job(s, other)) == 8
+
+
+def test_a_removed_label_with_no_job_running_still_drops_what_waits(database: str) -> None:
+    make_thread()
+    pending = _deliver(comment_event("d-1", "301")).request_id
+    removed = WebhookEvent("gitlab", "d-2", "Issue Hook", "cancel", "the issue is closed", project="grp/app", issue=1)
+    result = _deliver(removed)
+    assert result.outcome == "dropped_requests" and "dropped 1 waiting" in result.reason
+    assert [(r.id, r.status) for r in _requests()] == [(pending, "dropped")]
+    again = WebhookEvent("gitlab", "d-3", "Issue Hook", "cancel", "the issue is closed", project="grp/app", issue=1)
+    assert _deliver(again).outcome == "ignored"  # nothing left to drop, no job to cancel
 
 
 def test_ci_on_a_branch_frogfix_did_not_push_is_ignored(database: str) -> None:

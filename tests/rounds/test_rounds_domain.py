@@ -112,7 +112,9 @@ def test_the_same_ci_result_is_one_request_per_commit(database: str) -> None:
     with session_scope() as s:
         keys = [r.dedupe_key for r in rounds.requests_of(s, thread_id=thread)]
     assert keys == [
-        f"ci:gitlab_pipeline:501:{HEAD}", f"ci:gitlab_pipeline:501:{'e' * 40}", f"ci:gitlab_pipeline:502:{HEAD}"
+        f"ci:gitlab_pipeline:501:{HEAD}",
+        f"ci:gitlab_pipeline:501:{'e' * 40}",
+        f"ci:gitlab_pipeline:502:{HEAD}",
     ]
 
 
@@ -197,21 +199,96 @@ def test_no_round_starts_while_round_zero_or_another_job_of_the_issue_is_active(
         assert len(rounds.follow_up(s)) == 1
 
 
-def test_rounds_used_counts_each_kind_apart(database: str) -> None:
+def _round(thread: int, number: int, kind: str, status: str = "done", pushed: str | None = None) -> int:
+    with session_scope() as s:
+        job = Job(
+            forge="gitlab",
+            project="grp/app",
+            issue=1,
+            status=status,
+            thread_id=thread,
+            round=number,
+            round_kind=kind,
+            branch=BRANCH,
+            pushed_commit=pushed,
+        )
+        s.add(job)
+        s.flush()
+        return job.id
+
+
+def _took(job_id: int, thread: int, delivery: str, comment_id: str, *, stop: bool = False) -> None:
+    """A request the round took (a stop names the round it cancelled the same way)."""
+    body, intent = ("/frogfix stop", "stop") if stop else ("/frogfix more", "review")
+    event = comment_event(delivery, comment_id, body, intent=intent)  # type: ignore[arg-type]
+    request_id = _record(thread, event)
+    assert request_id is not None
+    with session_scope() as s:
+        assert rounds.judge_request(s, request_id, RequestStatus.taken, "taken", job_id=job_id)
+
+
+def test_rounds_used_counts_each_kind_apart_and_only_rounds_that_worked(database: str) -> None:
     thread = make_thread()
     for number, kind in enumerate(["review", "ci", "review"], start=1):
-        with session_scope() as s:
-            s.add(Job(forge="gitlab", project="grp/app", issue=1, status="done", thread_id=thread, round=number,
-                      round_kind=kind))
+        _took(_round(thread, number, kind), thread, f"d-{number}", str(300 + number))
+    _round(thread, 4, "review", status="cancelled")  # the label went before it took anything
+    _took(_round(thread, 5, "review", status="cancelled"), thread, "d-5", "305", stop=True)  # stopped, took nothing
+    queued = _round(thread, 6, "review", status="queued")  # on its way: it will take what waits
     with session_scope() as s:
-        assert rounds.rounds_used(s, thread, "review") == 2
+        assert rounds.rounds_used(s, thread, "review") == 3
         assert rounds.rounds_used(s, thread, "ci") == 1
-        assert [j.round for j in rounds.thread_jobs(s, thread)] == [0, 1, 2, 3]
+        assert rounds.rounds_used(s, thread) == 4
+        assert [j.round for j in rounds.thread_jobs(s, thread)] == [0, 1, 2, 3, 4, 5, 6]
         assert rounds.thread_jobs(s, thread)[0].id == thread
+        s.execute(update(Job).where(Job.id == queued).values(status="cancelled"))
+        assert rounds.rounds_used(s, thread, "review") == 2
     settings = get_settings().model_copy(update={"max_review_rounds": 2, "max_ci_rounds": 2})
     assert triage.cap_reason("review", 2, settings) == "the MR reached FROGFIX_MAX_REVIEW_ROUNDS (2)"
     assert triage.cap_reason("ci", 1, settings) is None  # review rounds do not count toward the CI cap
     assert triage.cap_reason("ci", 2, settings) == "the MR reached FROGFIX_MAX_CI_ROUNDS (2)"
+
+
+def test_round_zero_replaces_only_its_own_commit_on_an_mr_without_rounds(database: str) -> None:
+    thread = make_thread(pushed=HEAD)
+    with session_scope() as s:
+        assert rounds.why_not_replace(s, "gitlab", "grp/app", BRANCH, HEAD) is None
+        theirs = rounds.why_not_replace(s, "gitlab", "grp/app", BRANCH, "e" * 40)
+        assert theirs == f"{BRANCH} ends at eeeeeeeeeeee, a commit FrogFix did not push"
+        assert rounds.why_not_replace(s, "gitea", "grp/app", BRANCH, HEAD) is not None  # another forge's record
+    _round(thread, 1, "review", status="cancelled")  # a round that did nothing changes nothing
+    with session_scope() as s:
+        assert rounds.why_not_replace(s, "gitlab", "grp/app", BRANCH, HEAD) is None
+    worked = _round(thread, 2, "review", status="no_fix")
+    _took(worked, thread, "d-1", "301")
+    with session_scope() as s:  # the MR had a round: its reviewers' thread is about this branch now
+        assert rounds.why_not_replace(s, "gitlab", "grp/app", BRANCH, HEAD) == (
+            f"its merge request has had review rounds on {BRANCH}"
+        )
+    _round(thread, 3, "review", pushed="d" * 40)
+    with session_scope() as s:
+        assert rounds.why_not_replace(s, "gitlab", "grp/app", BRANCH, "d" * 40) == (
+            f"{BRANCH} ends at a commit of review round 3"
+        )
+
+
+def test_a_round_drops_the_stale_ci_it_took_and_a_stop_is_known(database: str) -> None:
+    thread = make_thread()
+    job_id = _round(thread, 1, "ci", status="running")
+    ci = _record(thread, ci_event("p-1"))
+    assert ci is not None
+    with session_scope() as s:
+        assert rounds.judge_request(s, ci, RequestStatus.accepted, "CI failed")
+        assert [r.id for r in rounds.take_requests(s, job_id)] == [ci]
+        rounds.drop_taken(s, job_id, [ci], "stale: the branch moved on")
+        dropped = s.get(RoundRequest, ci)
+        assert dropped is not None and (dropped.status, dropped.job_id) == ("dropped", job_id)
+        assert rounds.rounds_used(s, thread, "ci") == 1  # still running
+        s.execute(update(Job).where(Job.id == job_id).values(status="cancelled"))
+        assert rounds.rounds_used(s, thread, "ci") == 0  # it ended having worked on nothing
+        assert not rounds.stopped_by_request(s, job_id)
+    _took(job_id, thread, "d-1", "301", stop=True)
+    with session_scope() as s:
+        assert rounds.stopped_by_request(s, job_id)
 
 
 def test_a_round_whose_branch_moved_gives_its_requests_back(database: str) -> None:
@@ -227,7 +304,9 @@ def test_a_round_whose_branch_moved_gives_its_requests_back(database: str) -> No
         returned = s.get(RoundRequest, first)
         assert returned is not None
         assert (returned.status, returned.job_id, returned.reason) == (
-            "accepted", None, "the branch moved while the round ran"
+            "accepted",
+            None,
+            "the branch moved while the round ran",
         )
         s.execute(update(Job).where(Job.id == job_id).values(status="failed"))
     with session_scope() as s:
@@ -383,3 +462,37 @@ def test_triage_judges_each_request_once_and_is_a_registered_task(database: str)
     assert triage.triage(judged, no_forge, get_settings()) == "already accepted"
     assert triage.triage(judged + 100, no_forge, get_settings()) == "unknown"
     assert tasks.triage_request_task.name == TRIAGE and TRIAGE in celery_app.tasks
+
+
+class _Merges:
+    """A forge that answers merge commits' parents (GitLab's merged results pipelines)."""
+
+    def __init__(self, sources: dict[str, str]) -> None:
+        self.sources, self.asked = sources, []
+
+    def merge_source(self, project: str, sha: str) -> str | None:
+        self.asked.append(sha)
+        return self.sources.get(sha)
+
+
+def test_the_commit_a_ci_result_tested_is_its_own_or_a_merged_results_head(database: str) -> None:
+    from app.forge.reviews import CiReport
+
+    thread = make_thread(mr=7)
+    request_id = _record(thread, ci_event("p-1"))
+    assert request_id is not None
+    view = _view(request_id)
+    merge, head = "m" * 40, "a" * 40
+    forge = _Merges({merge: head})
+
+    def report(ref: str | None, sha: str = merge) -> CiReport:
+        return CiReport(system="gitlab_pipeline", id="1", sha=sha, status="failed", ref=ref)
+
+    assert triage.tested_commit(forge, view, report(BRANCH, HEAD)) == HEAD  # type: ignore[arg-type]
+    assert triage.tested_commit(forge, view, report("refs/merge-requests/7/head", HEAD)) == HEAD  # type: ignore[arg-type]
+    assert forge.asked == []  # a commit on the branch needs no question
+    assert triage.tested_commit(forge, view, report("refs/merge-requests/7/merge")) == head  # type: ignore[arg-type]
+    # Another MR's merged result, or a forge that cannot say, tells nothing about this MR's head.
+    assert triage.tested_commit(forge, view, report("refs/merge-requests/8/merge")) is None  # type: ignore[arg-type]
+    assert triage.tested_commit(object(), view, report("refs/merge-requests/7/merge")) is None  # type: ignore[arg-type]
+    assert forge.asked == [merge]
