@@ -520,6 +520,8 @@ class Pipeline:
         assert self.forge is not None and self.branch is not None
         auth, branch = self.forge.git_auth_header(), self.branch
         options = skip_ci_push_options(self.forge_kind) if skip_ci else ()
+        # Named before the push: if its answer is lost, a retry still knows the commit as its own.
+        self.event(rounds.PUSHING, f"pushing {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
         try:
             repos.retry_transient(
                 "git push",

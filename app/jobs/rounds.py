@@ -23,7 +23,7 @@ from app.forge.api import mr_number_from_url
 from app.forge.reviews import CiReport, ReviewComment
 from app.forge.webhook import WebhookEvent
 from app.jobs.records import active_job, add_event, prepared
-from app.models import Job, RoundRequest, utcnow
+from app.models import Job, JobEvent, RoundRequest, utcnow
 from app.statuses import FINAL_STATUSES, JobStatus, RequestStatus, RoundKind
 
 # A comment that starts with this is one FrogFix posted (app/forge/api.py `comment_marker`).
@@ -153,11 +153,33 @@ def why_not_replace(session: Session, forge: str, project: str, branch: str, hea
         .limit(1)
     ).scalar_one_or_none()
     if pusher is None:
+        pusher = _announced_pusher(session, forge, project, branch, head)
+    if pusher is None:
         return f"{branch} ends at {head[:12]}, a commit FrogFix did not push"
     if pusher.round or pusher.thread_id is not None:
         return f"{branch} ends at a commit of review round {pusher.round}"
     if rounds_used(session, pusher.id):
         return f"its merge request has had review rounds on {branch}"
+    return None
+
+
+PUSHING = "pushing"  # the event a job writes, naming the commit, just before it pushes it
+
+
+def _announced_pusher(session: Session, forge: str, project: str, branch: str, head: str) -> Job | None:
+    """The job that announced pushing `head` to `branch` (a `pushing` event), newest first.
+
+    A push whose answer was lost (the worker killed, the connection cut) landed with no
+    `pushed_commit` recorded; the announcement, written before the push, still names it."""
+    rows = session.execute(
+        select(Job, JobEvent.data)
+        .join(JobEvent, JobEvent.job_id == Job.id)
+        .where(Job.forge == forge, Job.project == project, Job.branch == branch, JobEvent.kind == PUSHING)
+        .order_by(JobEvent.id.desc())
+    )
+    for job, data in rows:
+        if isinstance(data, dict) and data.get("commit") == head and data.get("branch") == branch:
+            return job
     return None
 
 
