@@ -118,9 +118,7 @@ class SandboxCgroup:
 
     def enter_argv(self, argv: list[str], host_ids: tuple[int, int] | None) -> list[str]:
         """`argv` (bwrap's) behind the exec wrapper that joins these cgroups first."""
-        drop = ["--uid", str(host_ids[0]), "--gid", str(host_ids[1])] if host_ids else []
-        parent = ["--parent", str(os.getpid())]
-        return [sys.executable, "-I", "-S", ENTER_SCRIPT, *parent, *drop, *self.procs_files(), "--", *argv]
+        return wrapped_argv(argv, host_ids, self.procs_files())
 
     def kill_and_remove(self, wait_s: float = 10.0) -> list[str]:
         """SIGKILL whatever is still inside, then remove the directories; returns those left."""
@@ -129,6 +127,15 @@ class SandboxCgroup:
         left = _kill_and_remove([path for _, path in self.paths()], wait_s)
         self.removed = not left
         return left
+
+
+def wrapped_argv(argv: list[str], host_ids: tuple[int, int] | None, procs_files: list[str]) -> list[str]:
+    """`argv` (bwrap's) behind the exec wrapper (cgroup_enter.py): it joins `procs_files` (none
+    where the host gives no cgroup), drops to `host_ids`, ties bwrap to this worker's life and
+    leaves the watchdog that kills what bwrap's own death signal misses."""
+    drop = ["--uid", str(host_ids[0]), "--gid", str(host_ids[1])] if host_ids else []
+    parent = ["--parent", str(os.getpid())]
+    return [sys.executable, "-I", "-S", ENTER_SCRIPT, *parent, *drop, *procs_files, "--", *argv]
 
 
 # ----------------------------------------------------------------------------- detection

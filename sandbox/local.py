@@ -276,15 +276,14 @@ class LocalSandbox(RunnerClient):
             raise SandboxUnavailable(f"the sandbox runner did not start: {exc}") from None
 
     def _in_cgroup(self, argv: list[str]) -> tuple[list[str], dict[str, Any]]:
-        """bwrap's argv behind the cgroup exec wrapper, which also drops to `host_ids` (see
-        sandbox/cgroups.py); without cgroups, bwrap itself with Popen's options to drop."""
+        """bwrap's argv behind the exec wrapper, which joins the sandbox's cgroups where the host
+        gives them, drops to `host_ids` and leaves a watchdog for the worker's death (see
+        sandbox/cgroup_enter.py)."""
         cgroup = cgroups.create(self.cgroup_limits, cgroups.host_support()) if self._use_cgroups else None
         self._res.cgroup = cgroup
         if cgroup is not None:
             return cgroup.enter_argv(argv, self.host_ids), {}
-        if self.host_ids is None:
-            return argv, {}
-        return argv, {"user": self.host_ids[0], "group": self.host_ids[1], "extra_groups": []}
+        return cgroups.wrapped_argv(argv, self.host_ids, []), {}
 
     def _bwrap_argv(
         self,

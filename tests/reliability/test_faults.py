@@ -293,7 +293,13 @@ def test_sigkill_at_each_stage_twice_then_one_mr(system: System, stage: str, tmp
         try:
             wait_until(lambda: not sandboxes_running(system.workspaces), timeout=15, interval=0.1)
         except TimeoutError:
-            raise AssertionError(f"the sandbox outlived its worker: {sandboxes_running(system.workspaces)}") from None
+            left = [line.split()[0] for line in sandboxes_running(system.workspaces)]
+            table = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:32,args"], capture_output=True, text=True).stdout
+            tree, rows = set(left), table.splitlines()
+            for _ in range(4):
+                tree |= {r.split()[0] for r in rows[1:] if r.split()[1] in tree}
+            states = "\n".join([rows[0]] + [r[:300] for r in rows[1:] if r.split()[0] in tree])
+            raise AssertionError(f"the sandbox outlived its worker:\n{states}") from None
         if run == 1:
             there = _hold(system, stage, 2, iid, lambda: job_id)
         proc = system.workers.start()
