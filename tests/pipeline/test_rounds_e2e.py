@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,24 @@ def run_in_background(job_id: int) -> tuple[threading.Thread, dict[str, str]]:
     worker = threading.Thread(target=lambda: results.update(status=run_job(job_id)))
     worker.start()
     return worker, results
+
+
+@contextmanager
+def round_held_running(mr: GitLabMr | GiteaPr, world: World) -> Iterator[tuple[Job, dict[str, str]]]:
+    """Round 1, asked for by one `/frogfix` comment, running in the background with its first model
+    turn held (its request taken) until the block ends; yields its job and the dict where its run's
+    status lands under "status" once the block ended and the round finished."""
+    gate = gated(world, round_script())
+    first = mr.comment("/frogfix please document mul() too")
+    triage(first["request_id"])
+    running = newest_round(mr.thread_id)
+    worker, results = run_in_background(running.id)
+    try:
+        wait_until(lambda: job(running.id).status == "running" and requests(mr.thread_id)[0].status == "taken")
+        yield running, results
+    finally:
+        gate.set()
+        worker.join(120)
 
 
 def job(job_id: int) -> Job:
@@ -461,20 +480,11 @@ def test_gitlab_stop_cancels_the_queued_round_and_drops_what_waits(client: Any, 
 def test_gitlab_stop_during_a_round_is_answered_once(client: Any, world: World, prompt_cancel: None) -> None:
     mr = GitLabMr(client, world)
     head = mr.sync_head()
-    gate = gated(world, round_script())
-    first = mr.comment("/frogfix please document mul() too")
-    triage(first["request_id"])
-    running = newest_round(mr.thread_id)
-    worker, results = run_in_background(running.id)
-    try:
-        wait_until(lambda: job(running.id).status == "running" and requests(mr.thread_id)[0].status == "taken")
+    with round_held_running(mr, world) as (_, results):
         waiting = mr.comment("/frogfix and mention the types")
         assert triage(waiting["request_id"]) == "accepted"
         stop = mr.comment("/frogfix stop")
         assert triage(stop["request_id"]) == "taken"
-    finally:
-        gate.set()
-        worker.join(120)
     assert results["status"] == "cancelled" and branch_head(world, "gitlab", mr.branch) == head
     # One reply says it all: the stop's; the cancelled round adds no "ended" reply of its own.
     [reply] = mr.bot_notes()
@@ -488,21 +498,12 @@ def test_gitlab_label_removal_cancels_the_round_and_drops_waiting_requests(
 ) -> None:
     mr = GitLabMr(client, world)
     head = mr.sync_head()
-    gate = gated(world, round_script())
-    first = mr.comment("/frogfix please document mul() too")
-    triage(first["request_id"])
-    running = newest_round(mr.thread_id)
-    worker, results = run_in_background(running.id)
-    try:
-        wait_until(lambda: job(running.id).status == "running" and requests(mr.thread_id)[0].status == "taken")
+    with round_held_running(mr, world) as (running, results):
         second = mr.comment("/frogfix and mention the types")
         assert triage(second["request_id"]) == "accepted"  # waits for the next round
         removed = mr.label_hook(added=False)
         assert (removed["outcome"], removed["job_id"]) == ("cancelled_job", running.id)
         assert requests(mr.thread_id)[1].status == "dropped"  # at once, not when the round ends
-    finally:
-        gate.set()
-        worker.join(120)
     assert results["status"] == "cancelled" and branch_head(world, "gitlab", mr.branch) == head
     assert [j.round for j in thread(mr.thread_id)] == [0, 1]  # no next round for the dropped request
     assert [(r.status, r.reason) for r in requests(mr.thread_id)] == [
@@ -579,20 +580,11 @@ def test_gitlab_label_readded_on_round_zeros_own_commit_replaces_it_under_a_leas
 def test_gitlab_stale_ci_result_behind_a_review_round_ends_quietly(client: Any, world: World) -> None:
     mr = GitLabMr(client, world)
     head = mr.sync_head()
-    gate = gated(world, round_script())
-    first = mr.comment("/frogfix please document mul() too")
-    triage(first["request_id"])
-    running = newest_round(mr.thread_id)
-    worker, results = run_in_background(running.id)
-    try:
-        wait_until(lambda: job(running.id).status == "running" and requests(mr.thread_id)[0].status == "taken")
+    with round_held_running(mr, world) as (_, results):
         failed = mr.pipeline_hook(
             status="failed", sha=head, jobs=[{"name": "pytest", "status": "failed", "trace": "E  old failure\n"}]
         )
         assert triage(failed["request_id"]) == "accepted"  # on the head, for now
-    finally:
-        gate.set()
-        worker.join(120)
     assert results["status"] == "done"
     new_head = mr.sync_head()
     follow = newest_round(mr.thread_id)
@@ -897,18 +889,9 @@ def test_gitea_failed_statuses_stop_at_the_ci_cap(client: Any, world: World, mon
 def test_gitea_stop_during_a_round_is_answered_once(client: Any, world: World, prompt_cancel: None) -> None:
     pr = GiteaPr(client, world)
     head = pr.sync_head()
-    gate = gated(world, round_script())
-    first = pr.comment("/frogfix please document mul() too")
-    triage(first["request_id"])
-    running = newest_round(pr.thread_id)
-    worker, results = run_in_background(running.id)
-    try:
-        wait_until(lambda: job(running.id).status == "running" and requests(pr.thread_id)[0].status == "taken")
+    with round_held_running(pr, world) as (_, results):
         stop = pr.comment("/frogfix stop")
         assert stop["outcome"] == "round_request" and triage(stop["request_id"]) == "taken"
-    finally:
-        gate.set()
-        worker.join(120)
     assert results["status"] == "cancelled" and branch_head(world, "gitea", pr.branch) == head
     [reply] = pr.bot_comments()
     assert "FrogFix stopped: it cancelled the running round" in reply["body"]
@@ -918,20 +901,11 @@ def test_gitea_stop_during_a_round_is_answered_once(client: Any, world: World, p
 def test_gitea_label_removed_during_a_round_drops_waiting_requests(client: Any, world: World) -> None:
     pr = GiteaPr(client, world)
     head = pr.sync_head()
-    gate = gated(world, round_script())
-    first = pr.comment("/frogfix please document mul() too")
-    triage(first["request_id"])
-    running = newest_round(pr.thread_id)
-    worker, results = run_in_background(running.id)
-    try:
-        wait_until(lambda: job(running.id).status == "running" and requests(pr.thread_id)[0].status == "taken")
+    with round_held_running(pr, world) as (running, results):
         second = pr.comment("/frogfix and mention the types")
         assert triage(second["request_id"]) == "accepted"
         hint = pr.label_removed()
         assert (hint["outcome"], hint["job_id"]) == ("noted", running.id)  # a hint: the round asks the API
-    finally:
-        gate.set()
-        worker.join(120)
     # The round found the label gone before it published: nothing pushed, the waiting request dropped.
     assert results["status"] == "cancelled" and branch_head(world, "gitea", pr.branch) == head
     assert [r.status for r in requests(pr.thread_id)] == ["taken", "dropped"]
