@@ -341,17 +341,26 @@ def return_requests(session: Session, job_id: int, reason: str) -> None:
     )
 
 
+def _drop(session: Session, reason: str, *where: ColumnElement[bool]) -> int:
+    """Mark the requests `where` selects dropped, for `reason`; how many were."""
+    return _rowcount(
+        session.execute(
+            update(RoundRequest)
+            .where(*where)
+            .values(status=RequestStatus.dropped.value, reason=reason[:2000], updated_at=utcnow())
+        )
+    )
+
+
 def drop_taken(session: Session, job_id: int, request_ids: list[int], reason: str) -> None:
     """The round let go of some requests it took (stale CI results): dropped, still naming the round."""
     if request_ids:
-        session.execute(
-            update(RoundRequest)
-            .where(
-                RoundRequest.job_id == job_id,
-                RoundRequest.id.in_(request_ids),
-                RoundRequest.status == RequestStatus.taken.value,
-            )
-            .values(status=RequestStatus.dropped.value, reason=reason[:2000], updated_at=utcnow())
+        _drop(
+            session,
+            reason,
+            RoundRequest.job_id == job_id,
+            RoundRequest.id.in_(request_ids),
+            RoundRequest.status == RequestStatus.taken.value,
         )
 
 
@@ -368,25 +377,12 @@ def drop_issue_requests(session: Session, forge: str, project: str, issue: int, 
     threads = select(Job.id).where(
         Job.forge == forge, Job.project == project, Job.issue == issue, Job.thread_id.is_(None), Job.round == 0
     )
-    return _rowcount(
-        session.execute(
-            update(RoundRequest)
-            .where(RoundRequest.thread_id.in_(threads), RoundRequest.status.in_(WAITING))
-            .values(status=RequestStatus.dropped.value, reason=reason[:2000], updated_at=utcnow())
-            .execution_options(synchronize_session=False)
-        )
-    )
+    return _drop(session, reason, RoundRequest.thread_id.in_(threads), RoundRequest.status.in_(WAITING))
 
 
 def drop_requests(session: Session, thread_id: int, reason: str) -> int:
     """Let go of every request of the thread not yet taken (`/frogfix stop`, a removed label, a closed MR)."""
-    return _rowcount(
-        session.execute(
-            update(RoundRequest)
-            .where(RoundRequest.thread_id == thread_id, RoundRequest.status.in_(WAITING))
-            .values(status=RequestStatus.dropped.value, reason=reason[:2000], updated_at=utcnow())
-        )
-    )
+    return _drop(session, reason, RoundRequest.thread_id == thread_id, RoundRequest.status.in_(WAITING))
 
 
 def stale_pending(session: Session, older_than: datetime, limit: int = 500) -> list[int]:
