@@ -514,9 +514,10 @@ class Pipeline:
 
     def push(self, prepared: Prepared, sha: str, *, expect_old: str, fast_forward: bool, skip_ci: bool) -> bool:
         """Push `sha` to the bot's branch, leased on `expect_old` ("" = the branch must not exist), so it
-        never overwrites a commit someone pushed meanwhile; the job records the commit at once, so a
-        retry knows it as FrogFix's own. False when the branch moved (a retry after a lost answer that
-        meets its own push is no move)."""
+        never overwrites a commit someone pushed meanwhile. The job names the commit before the push
+        (a `pushing` event, so a retry after a lost answer knows it as FrogFix's own) and records it as
+        its `pushed_commit` once it landed. False when the branch moved (a retry after a lost answer
+        that meets its own push is no move)."""
         assert self.forge is not None and self.branch is not None
         auth, branch = self.forge.git_auth_header(), self.branch
         options = skip_ci_push_options(self.forge_kind) if skip_ci else ()
@@ -671,7 +672,6 @@ class Pipeline:
             result.flags,
             {"created": created},
             mr_number=mr.number,
-            pushed_commit=sha,
         )
         self.comment(
             comment_finished("draft merge request ready", "", self.job_id, self.url, self.redact, mr_url=mr.web_url)
@@ -702,7 +702,7 @@ class Pipeline:
     def finish(self, mr_url: str, message: str, flags: list[str], data: dict[str, Any], **recorded: Any) -> None:
         """The job is done with its MR, in one transaction with its event, if this run still owns it.
 
-        `recorded`: what the job keeps of the publish (the MR's number, the commit pushed).
+        `recorded`: what the job keeps of the publish (the MR's number; `push` recorded the commit).
         """
 
         def finish(session: Session) -> bool:
@@ -920,7 +920,6 @@ class RoundPipeline(Pipeline):
             f"round {self.round} pushed {sha[:12]} to {mr.web_url}",
             result.flags,
             {"commit": sha, "round": self.round},
-            pushed_commit=sha,
         )
         self.reply_all(
             round_reply_pushed(

@@ -16,7 +16,7 @@ from typing import Any
 
 from app.forge.api import SKIP_CI_MARKER
 from app.patches import escape_hidden, shown_path
-from app.statuses import FINAL_STATUSES
+from app.statuses import FINAL_STATUSES, JobStatus
 from worker.leaf.trajectory import HARNESS_VERSION
 
 LOG_EXCERPT = 12_000
@@ -265,7 +265,8 @@ MAX_ROUND_LINES = 50  # the newest rounds of a long thread: the section stays bo
 _SHORT_SHA = re.compile(r"[0-9a-f]{7,64}")
 # Our words for a job's status, in the rounds section and in the replies.
 ROUND_OUTCOMES = {
-    "done": "pushed", "no_fix": "no fix", "failed": "failed", "cancelled": "cancelled", "rejected": "rejected",
+    JobStatus.done.value: "pushed", JobStatus.no_fix.value: "no fix", JobStatus.failed.value: "failed",
+    JobStatus.cancelled.value: "cancelled", JobStatus.rejected.value: "rejected",
 }  # fmt: skip
 
 
