@@ -268,6 +268,8 @@ def test_the_images_are_described() -> None:
     frogfix = (DEPLOY / "Dockerfile").read_text()
     sandbox = (DEPLOY / "sandbox" / "Dockerfile").read_text()
     assert "USER 10001" in frogfix
+    # pid 1 reaps: each local sandbox's watchdog is re-parented to it when it exits
+    assert " tini " in frogfix and 'ENTRYPOINT ["/usr/bin/tini", "--"]' in frogfix
     assert "FROM python:3.12" in sandbox and "git" in sandbox and "pytest" in sandbox and "USER 1000" in sandbox
 
 
