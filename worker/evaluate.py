@@ -186,6 +186,11 @@ def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress 
 # -- production first ---------------------------------------------------------------------------
 
 
+def _count(n: int, noun: str) -> str:
+    """`1 task`, `3 tasks`: progress lines a person reads."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class SlotGate:
     """Model slots shared with production and with every other evaluation, counted in the database.
 
@@ -229,9 +234,9 @@ class SlotGate:
 
     def _waiting(self, seen: ev_records.SlotAnswer) -> str:
         if seen.queued:
-            return f"waiting for a model slot ({seen.queued} production jobs queued)"
-        return (f"waiting for a model slot ({seen.busy} production jobs and {seen.evaluations} evaluation "
-                f"attempts hold all {self.slots})")
+            return f"waiting for a model slot ({_count(seen.queued, 'production job')} queued)"
+        return (f"waiting for a model slot ({_count(seen.busy, 'production job')} and "
+                f"{_count(seen.evaluations, 'evaluation attempt')} hold all {self.slots})")
 
     def release(self) -> None:
         """Give the slot back; retried while the database is unreachable, so a blip cannot leak it."""
@@ -284,7 +289,7 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
             session, model=options.model, base_url=options.base_url, selector=options.selector,
             attempts=options.attempts, tasks=tasks, who=options.who,
         )
-    progress(f"evaluation {evaluation_id}: {len(tasks)} tasks x {options.attempts} attempts")
+    progress(f"evaluation {evaluation_id}: {_count(len(tasks), 'task')} x {_count(options.attempts, 'attempt')}")
     return evaluation_id
 
 
@@ -416,7 +421,7 @@ class Evaluator:
         raises ClaimLost.
         """
         pending = self.pending()
-        self.progress(f"evaluation {self.evaluation_id}: {len(pending)} attempts to run")
+        self.progress(f"evaluation {self.evaluation_id}: {_count(len(pending), 'attempt')} to run")
         sources = _Sources(self.settings, self.redactor, self.progress)
         status = "stopped"
         try:

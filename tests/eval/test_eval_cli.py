@@ -59,7 +59,8 @@ def test_a_killed_eval_resumes_from_its_finished_attempts(local_env: dict[str, A
     assert report["lost"] == [] and report["gained"] == [] and report["gate_failures"] == []
     after = _rows()
     assert len(after) == 3 and set(before) <= set(after)  # the finished attempts were kept, not run again
-    assert f"{3 - len(before)} attempts to run" in done.stderr
+    left = 3 - len(before)
+    assert f"{left} attempt{'' if left == 1 else 's'} to run" in done.stderr
 
     # Each eval attempt is a replayable trajectory: `manage.py replay TASK --trajectory PATH` reproduces it.
     task, stored = report["tasks"][0]["task"], report["tasks"][0]["attempts"][-1]["trajectory"]

@@ -116,7 +116,7 @@ def test_a_production_job_queued_stops_every_evaluation(frogfix_env: dict[str, A
 
     b.stop = stop
     assert not b.acquire()
-    assert said == ["waiting for a model slot (1 production jobs queued)"]
+    assert said == ["waiting for a model slot (1 production job queued)"]
     _set(job, "running")
     assert a.try_acquire() and not b.try_acquire()  # 1 production + 3 eval = 4
 
@@ -142,10 +142,15 @@ def database(request: pytest.FixtureRequest, frogfix_env: dict[str, Any]) -> str
 
 
 def test_racing_gates_never_hold_more_than_the_slots(database: str) -> None:
-    """Eight threads over three evaluations take and give slots as fast as they can: never more than two at once."""
+    """Eight threads over three evaluations take and give slots as fast as they can: never more than two at once.
+
+    A holder waits (briefly) for a second holder before it gives its slot back, so the race reaches
+    the limit however slow the machine is; only the gates decide whether a third can join.
+    """
     slots = 2
     gates = [_gate(slots), _gate(slots), _gate(slots, ev_records.Runner("gpu-host-2.example", 1, "1"))]
-    lock, state = threading.Lock(), {"now": 0, "most": 0, "taken": 0}
+    held = threading.Condition()
+    state = {"now": 0, "most": 0, "taken": 0}
     errors: list[BaseException] = []
 
     def work(gate: SlotGate) -> None:
@@ -154,12 +159,14 @@ def test_racing_gates_never_hold_more_than_the_slots(database: str) -> None:
             while time.monotonic() < deadline:
                 if not gate.try_acquire():
                     continue
-                with lock:
+                with held:
                     state["now"] += 1
                     state["most"] = max(state["most"], state["now"])
                     state["taken"] += 1
-                time.sleep(0.005)
-                with lock:
+                    held.notify_all()
+                    held.wait_for(lambda: state["now"] >= slots, timeout=0.5)
+                time.sleep(0.005)  # both held: room for a third to (wrongly) get in
+                with held:
                     state["now"] -= 1
                 gate.release()
         except BaseException as exc:  # a database error must fail the test, not vanish in the thread
