@@ -672,23 +672,21 @@ def cancel(
     wait: Annotated[bool, typer.Option("--wait", help="Wait until a running job has stopped.")] = False,
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 600,
 ) -> None:
-    """Cancel a job: a queued one ends now, a running one stops at its next check."""
+    """Cancel a job: a queued one ends now, a running one stops at its next check; a publishing one is past stopping."""
     from app.db import session_scope
-    from app.jobs.records import get_job
-    from app.jobs.transitions import cancel_job
+    from app.jobs.transitions import TOO_LATE, cancel_job
 
     with _job_errors("cancel"):
         job_id = _forge_job_id("cancel", job)
         last = _last_event_id(job_id)
         with session_scope() as session:
-            cancel_job(session, job_id, _who())
-        # Read back rather than trust cancel_job's answer: its ORM update refreshes the job it
-        # inspects, so it says "cancel_requested" even for a queued job it cancelled.
-        with session_scope() as session:
-            status = get_job(session, job_id).status
-        if status == _statuses.JobStatus.cancelled:
+            outcome = cancel_job(session, job_id, _who())
+        if outcome == "cancelled":
             typer.echo(f"job {job_id} cancelled")
             return
+        if outcome == "too_late":
+            typer.echo(f"job {job_id} not cancelled: {TOO_LATE}", err=True)
+            raise typer.Exit(1)
         typer.echo(f"job {job_id}: asked the worker to stop at its next check")
         if wait:
             status = _follow("cancel", job_id, last, timeout)

@@ -96,6 +96,9 @@ FINAL_STATUSES: Final[tuple[str, ...]] = _values(
 )
 # A claimed job's statuses while the run that claimed it owns it.
 RUN_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.running, JobStatus.verifying, JobStatus.publishing)
+# A claimed job's statuses a cancel can still stop: once `publishing`, the push goes ahead (the move to
+# publishing is guarded on no cancel having been asked, so a cancel lands on one side of it).
+CANCELLABLE_RUN_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.running, JobStatus.verifying)
 # Finished jobs whose recorded run is a model's verdict (its tests ran; with or without a fix): what
 # `manage.py eval` takes by default. failed / cancelled / rejected have none (crash, outage, operator).
 VERDICT_STATUSES: Final[tuple[str, ...]] = _values(JobStatus.done, JobStatus.no_fix)

@@ -143,3 +143,42 @@ def test_a_claim_starts_the_next_run(frogfix_env: dict[str, Any]) -> None:
     with session_scope() as s:
         assert records.run_states(s, {job_id}) == {job_id: ("running", 1)}
         assert records.get_job(s, job_id).to_dict()["run"] == 1
+
+
+def test_cancel_lands_on_one_side_of_the_move_to_publishing(frogfix_env: dict[str, Any]) -> None:
+    """Asked before the move, a cancel stops the push (the move refuses); asked after, it says too late
+    and asks nothing the worker would never read."""
+    asked, late = _job(), _job(project="a/c", delivery="d-2")
+    with session_scope() as s:
+        for job_id in (asked, late):
+            assert transitions.claim_job(s, job_id)
+            s.execute(update(Job).where(Job.id == job_id).values(status="verifying"))
+    with session_scope() as s:
+        assert transitions.cancel_job(s, asked, "alice") == "cancel_requested"
+        assert not transitions.begin_publishing(s, asked, 1)  # the cancel came first: no publishing
+        assert transitions.begin_publishing(s, late, 1)
+        assert not transitions.begin_publishing(s, late, 1)  # only from verifying, once
+    with session_scope() as s:
+        assert transitions.cancel_job(s, late, "alice") == "too_late"
+    with session_scope() as s:
+        assert records.get_job(s, asked).status == "verifying"
+        job = records.get_job(s, late)
+        last = records.job_events(s, late)[-1]
+    assert job.status == "publishing" and job.cancel_requested is False
+    assert last.kind == "cancel_too_late" and "cancelled by alice" in last.message
+    assert transitions.TOO_LATE in last.message
+    with session_scope() as s:
+        assert not transitions.begin_publishing(s, asked, 2)  # another run's move: never this one's
+
+
+def test_cancel_of_a_job_requeued_meanwhile_cancels_it(frogfix_env: dict[str, Any]) -> None:
+    """The row read says running, the sweep queued it again since: the cancel ends it, not an error."""
+    job_id = _job()
+    with session_scope() as s:
+        assert transitions.claim_job(s, job_id)
+    with session_scope() as s:
+        job = records.get_job(s, job_id)  # read while running...
+        s.execute(update(Job).where(Job.id == job_id).values(status="queued"))  # ...then re-queued
+        assert transitions.request_cancel(s, job, "label removed") == "cancelled"
+    with session_scope() as s:
+        assert records.get_job(s, job_id).status == "cancelled"

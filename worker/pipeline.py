@@ -188,6 +188,11 @@ class Heartbeat:
         self._thread.join(5)
 
 
+def cancelled_on_request() -> JobEnded:
+    """The end of a job a cancel stopped (the dashboard, `manage.py cancel`, a removed label, `/frogfix stop`)."""
+    return JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+
+
 class CancelCheck:
     """Reads the job's cancel flag, at most once every `every` seconds (it is asked between tool calls)."""
 
@@ -306,7 +311,16 @@ class Pipeline:
 
     def check_cancel(self) -> None:
         if self.cancelled():
-            raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+            raise cancelled_on_request()
+
+    def begin_publishing(self) -> None:
+        """verifying -> publishing, unless a cancel was asked: `check_cancel` reads a flag up to two
+        seconds old, this reads it in the same UPDATE, so a cancel asked before it always stops the push."""
+        if in_transaction(lambda session: transitions.begin_publishing(session, self.job_id, self.run_number)):
+            return
+        if in_transaction(lambda session: records.cancel_requested(session, self.job_id)):
+            raise cancelled_on_request()
+        raise Superseded(f"the job is no longer verifying in run {self.run_number}")
 
     def comment(self, body: str) -> bool:
         """Best effort: a comment that cannot be posted is noted on the timeline, never fatal."""
@@ -601,7 +615,7 @@ class Pipeline:
         result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s))
         self._record_attempt(observer.attempt_id, result)  # before any status change that may find us superseded
         if result.outcome == AttemptOutcome.cancelled:
-            raise JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+            raise cancelled_on_request()
         if result.outcome == AttemptOutcome.not_verified:
             self.status(JobStatus.running, expected=("verifying",))
         return result
@@ -636,7 +650,7 @@ class Pipeline:
         self.refuse_confidential(issue, "published nothing")
         if issue.state != "open" or self.s.trigger_label not in issue.labels:
             raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the job ran", None)
-        self.status(JobStatus.publishing, expected=("verifying",))
+        self.begin_publishing()
         branch = self.branch or repos.branch_for_issue(self.issue)
         title = self.redact(self.title)  # before it is disarmed: a zero-width space could hide a secret
         skip_ci = not self.s.allow_forge_ci
@@ -895,7 +909,7 @@ class RoundPipeline(Pipeline):
         if issue.state != "open" or self.s.trigger_label not in issue.labels:
             self.drop_waiting("the issue was closed or the label removed")
             raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the round ran", None)
-        self.status(JobStatus.publishing, expected=("verifying",))
+        self.begin_publishing()
         skip_ci = not self.s.allow_forge_ci
         message = self.redact(
             commit_message(self.issue, self.redact(self.title), self.job_id, skip_ci=skip_ci, round_number=self.round)

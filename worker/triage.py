@@ -254,10 +254,9 @@ def apply(session: Session, view: RequestView, verdict: Verdict) -> Outcome | No
     if verdict.ci is not None and thread is not None:
         outcome.shown_ci = rounds.note_ci(session, thread, verdict.ci) is not None
     if verdict.stop:
-        if running is not None:
-            request_cancel(session, running, verdict.reason)
+        cancel = request_cancel(session, running, verdict.reason) if running is not None else None
         dropped = rounds.drop_requests(session, view.thread_id, verdict.reason)
-        said = "cancelled the running round" if running is not None else "had no round running"
+        said = STOP_SAID[cancel]
         outcome.reply = f"FrogFix stopped: it {said} and dropped {dropped} waiting request(s)."
         outcome.extra = {"cancelled_job": job_id, "dropped": dropped}
     elif verdict.drop_thread:
@@ -272,6 +271,15 @@ def apply(session: Session, view: RequestView, verdict: Verdict) -> Outcome | No
         {"request_id": view.id, "kind": view.kind, "author": view.author, **outcome.extra},
     )
     return outcome
+
+
+# What `/frogfix stop` did to the thread's active job, in its reply (None: no job was active).
+STOP_SAID: dict[str | None, str] = {
+    None: "had no round running",
+    "cancelled": "cancelled the queued round",
+    "cancel_requested": "cancelled the running round",
+    "too_late": "was already pushing the running round, so that push goes ahead,",
+}
 
 
 def _active_in_thread(session: Session, thread_id: int) -> Job | None:

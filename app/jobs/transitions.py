@@ -8,7 +8,7 @@ never both win. Callers own the transaction.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import CursorResult
@@ -19,6 +19,7 @@ from app.jobs.records import active_job, add_event, close_open_attempts, get_job
 from app.models import Job, utcnow
 from app.statuses import (
     ACTIVE_STATUSES,
+    CANCELLABLE_RUN_STATUSES,
     FINAL_STATUSES,
     RETRYABLE_STATUSES,
     RUN_STATUSES,
@@ -36,33 +37,43 @@ def _changed(session: Session, statement: Any) -> bool:
     return bool(cast(CursorResult[Any], session.execute(statement)).rowcount)
 
 
-def request_cancel(session: Session, job: Job, why: str) -> None:
-    """A queued job is cancelled at once; a running one is asked to stop at its next check.
+CancelOutcome = Literal["cancelled", "cancel_requested", "too_late"]
+TOO_LATE = "the job was already publishing its merge request; the push goes ahead"
 
-    The queued case is guarded: if a worker claimed the job meanwhile, it is asked to stop instead.
+
+def request_cancel(session: Session, job: Job, why: str) -> CancelOutcome:
+    """A queued job is cancelled at once; a running one is asked to stop at its next check; one already
+    publishing is not stopped (`too_late`: its move to publishing saw no cancel, so the push goes ahead).
+
+    Each case is guarded: if a worker claimed the job meanwhile, it is asked to stop instead; if it
+    reached publishing meanwhile, the answer is `too_late`, never a cancel that will not happen.
     """
-    was = job.status
-    if was == JobStatus.queued:
-        now = utcnow()
-        cancelled = update(Job).where(Job.id == job.id, Job.status == JobStatus.queued.value)
-        if _changed(
-            session,
-            cancelled.values(
-                status=JobStatus.cancelled.value, finished_at=now, updated_at=now, error=why[:2000], hold_reason=None
-            ),
-        ):
-            add_event(session, job.id, "cancelled", why)
-            return
-        was = JobStatus.running.value  # claimed between our read and our update
-    if was in ACTIVE_STATUSES:
-        session.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status.in_(ACTIVE_STATUSES))
-            .values(cancel_requested=True, updated_at=utcnow())
-        )
+    now = utcnow()  # each step re-reads the row in its WHERE: `job` may be stale (claimed, re-queued)
+    cancelled = update(Job).where(Job.id == job.id, Job.status == JobStatus.queued.value)
+    if _changed(
+        session,
+        cancelled.values(
+            status=JobStatus.cancelled.value, finished_at=now, updated_at=now, error=why[:2000], hold_reason=None
+        ),
+    ):
+        add_event(session, job.id, "cancelled", why)
+        return "cancelled"
+    asked = update(Job).where(Job.id == job.id, Job.status.in_(CANCELLABLE_RUN_STATUSES))
+    if _changed(session, asked.values(cancel_requested=True, updated_at=now)):
         add_event(session, job.id, "cancel_requested", why)
-    else:
-        raise InvalidTransition(f"job {job.id} is already {job.status}")
+        return "cancel_requested"
+    now_status = session.scalar(select(Job.status).where(Job.id == job.id))
+    if now_status == JobStatus.publishing.value:
+        add_event(session, job.id, "cancel_too_late", f"{why}: {TOO_LATE}")
+        return "too_late"
+    raise InvalidTransition(f"job {job.id} is already {now_status}")
+
+
+def begin_publishing(session: Session, job_id: int, run: int) -> bool:
+    """verifying -> publishing for `run`, only if no cancel was asked: the point after which a cancel
+    is too late (`request_cancel` stops asking once the job is publishing)."""
+    where = [*job_of_run(job_id, run), Job.status == JobStatus.verifying.value, Job.cancel_requested.is_(False)]
+    return _changed(session, update(Job).where(*where).values(status=JobStatus.publishing.value, updated_at=utcnow()))
 
 
 def claim_job(session: Session, job_id: int) -> bool:
@@ -139,12 +150,10 @@ def recover_stale_jobs(session: Session, stale_after: timedelta, max_runs: int) 
     return outcomes
 
 
-def cancel_job(session: Session, job_id: int, who: str) -> str:
-    """An operator's cancel: queued jobs end now, running ones stop at their next check."""
-    job = get_job(session, job_id)
-    was_queued = job.status == JobStatus.queued  # read before the update refreshes the object
-    request_cancel(session, job, f"cancelled by {who}")
-    return "cancelled" if was_queued else "cancel_requested"
+def cancel_job(session: Session, job_id: int, who: str) -> CancelOutcome:
+    """An operator's cancel: queued jobs end now, running ones stop at their next check, publishing
+    ones finish (`too_late`)."""
+    return request_cancel(session, get_job(session, job_id), f"cancelled by {who}")
 
 
 def retry_job(session: Session, job_id: int, who: str) -> None:

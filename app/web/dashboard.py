@@ -22,7 +22,7 @@ from app import auth, statuses
 from app.db import session_scope
 from app.jobs import evaluations, read_model, records
 from app.jobs.requeue import requeue_and_send
-from app.jobs.transitions import InvalidTransition, cancel_job
+from app.jobs.transitions import TOO_LATE, InvalidTransition, cancel_job
 from app.logs import get_logger
 from app.models import utcnow
 from app.queue import send_replay_job
@@ -503,17 +503,17 @@ def trajectory_file(job_id: JobId, attempt_id: AttemptId) -> Response:
 def cancel(request: Request, job_id: JobId) -> Response:
     try:
         with session_scope() as session:
-            cancel_job(session, job_id, _who(request))
-            # Read the outcome back from the row: what the operator sees is what the database holds.
-            outcome = records.get_job(session, job_id).status
+            outcome = cancel_job(session, job_id, _who(request))
     except records.UnknownJob as exc:
         raise HTTPException(404, str(exc)) from exc
     except InvalidTransition as exc:
         return _redirect_with_flash(f"/jobs/{job_id}", f"Not cancelled: {exc}.", "error")
     log.info("job_cancel", job_id=job_id, by=_who(request), outcome=outcome)
+    if outcome == "too_late":
+        return _redirect_with_flash(f"/jobs/{job_id}", f"Not cancelled: {TOO_LATE}.", "error")
     message = (
         "Cancelled."
-        if outcome == JobStatus.cancelled
+        if outcome == "cancelled"
         else "Cancel requested: the worker stops the job at its next check (after the current step)."
     )
     return _redirect_with_flash(f"/jobs/{job_id}", message)

@@ -155,6 +155,12 @@ def test_cancel_and_retry(three_jobs: dict[str, int]) -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == f"job {queued} cancelled"
     again = manage("cancel", str(queued))
     assert again.returncode == 1 and again.stderr.strip() == f"frogfix cancel: job {queued} is already cancelled"
+    with session_scope() as s:
+        s.get(Job, done).status = "publishing"  # type: ignore[union-attr]
+    late = manage("cancel", str(done))
+    assert late.returncode == 1 and "not cancelled: the job was already publishing" in late.stderr, late.stderr
+    with session_scope() as s:
+        s.get(Job, done).status = "done"  # type: ignore[union-attr]
 
     proc = manage("retry", str(failed))
     assert proc.returncode == 0, proc.stderr

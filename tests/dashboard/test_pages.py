@@ -367,6 +367,12 @@ def test_cancel_and_retry_refuse_the_wrong_state_with_a_message(signed_in: Any, 
     assert "Not cancelled: job" in signed_in.post(f"/jobs/{done}/cancel", data={"csrf_token": token}).text
     assert "Not retried: job" in signed_in.post(f"/jobs/{done}/retry", data={"csrf_token": token}).text
     assert signed_in.post("/jobs/424242/cancel", data={"csrf_token": token}).status_code == 404
+    pushing = new_job(issue=98)
+    with session_scope() as s:
+        s.get(Job, pushing).status = "publishing"  # type: ignore[union-attr]
+    page = signed_in.post(f"/jobs/{pushing}/cancel", data={"csrf_token": token}).text
+    assert f"Not cancelled: {html.escape(transitions.TOO_LATE)}" in page
+    assert job_status(pushing) == "publishing"
 
 
 # -- the list and the overview ---------------------------------------------------------------------

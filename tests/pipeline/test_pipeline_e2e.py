@@ -7,9 +7,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from app import trajectory
 from app.db import session_scope
-from app.jobs import records
+from app.jobs import records, transitions
 from tests.doubles.openai_server import Status
 from tests.pipeline.conftest import (
     GITEA_TOKEN,
@@ -151,6 +153,36 @@ def test_label_gone_by_admission_cancels(client: Any, world: World) -> None:
     world.gitlab.remove_label(PROJECT, iid, TRIGGER, by="dev")
     assert run_job(job_id) == "cancelled"
     assert world.model.count == 0 and world.gitlab.open_mrs(PROJECT) == []
+
+
+def test_a_cancel_the_cached_check_missed_still_stops_the_push(
+    client: Any, world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker reads its cancel flag at most every 2 s; a cancel asked inside that window, after the
+    last read, must still stop the push: the move to publishing reads the flag in its UPDATE."""
+    from worker import pipeline
+
+    monkeypatch.setattr(pipeline.CancelCheck.__init__, "__defaults__", (1e12,))  # the cached check never reads
+    job_id = _gitlab_job(client, world)
+    script, turns, said = fixing_script(), {"n": 0}, {}
+
+    def respond(_index: int, _body: bytes) -> Any:
+        n = turns["n"]
+        turns["n"] += 1
+        if n == len(script) - 1:  # the model's last turn: the operator cancels now
+            with session_scope() as s:
+                said["outcome"] = transitions.cancel_job(s, job_id, "alice")
+        return script[min(n, len(script) - 1)]
+
+    world.model._responder = respond
+    assert run_job(job_id) == "cancelled"
+    job, kinds, attempts = _job(job_id)
+    assert said["outcome"] == "cancel_requested" and job.status == "cancelled"
+    assert [a.status for a in attempts] == ["verified"], kinds  # the fix was verified: only the cancel held it back
+    assert "pushing" not in kinds and "pushed" not in kinds and world.gitlab.open_mrs(PROJECT) == []
+    refs = subprocess.run(["git", "--git-dir", str(world.bare("gitlab")), "for-each-ref", "--format=%(refname)"],
+                          capture_output=True, text=True, check=True).stdout
+    assert "frogfix/" not in refs
 
 
 def test_repository_unreachable_fails_the_job(client: Any, world: World) -> None:

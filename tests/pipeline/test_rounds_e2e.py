@@ -471,7 +471,7 @@ def test_gitlab_stop_cancels_the_queued_round_and_drops_what_waits(client: Any, 
     assert run_job(queued.id) == "not_claimed"
     assert [j.round for j in thread(mr.thread_id)] == [0, 1]
     [reply] = mr.bot_notes()
-    assert reply["body"].endswith("FrogFix stopped: it cancelled the running round and dropped 1 waiting request(s).")
+    assert reply["body"].endswith("FrogFix stopped: it cancelled the queued round and dropped 1 waiting request(s).")
     assert [r.status for r in requests(mr.thread_id)] == ["dropped", "taken"]
     with session_scope() as s:
         assert rounds.rounds_used(s, mr.thread_id) == 0  # the cancelled round did nothing: no round spent

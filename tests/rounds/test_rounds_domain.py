@@ -341,14 +341,20 @@ def _apply(request_id: int, verdict: triage.Verdict) -> triage.Outcome | None:
         return triage.apply(s, view, verdict)
 
 
-def test_stop_cancels_the_running_round_and_drops_what_waits(database: str) -> None:
-    thread = make_thread()
+def _round_that_took_a_request(thread: int, status: str) -> int:
+    """Round 1 of `thread`, started for one accepted comment it took, now `status`."""
     _accept(thread, "d-1", "301")
     with session_scope() as s:
         running = rounds.start_round_if_idle(s, thread)
         assert running is not None
         rounds.take_requests(s, running)
-        s.execute(update(Job).where(Job.id == running).values(status="running"))
+        s.execute(update(Job).where(Job.id == running).values(status=status))
+    return running
+
+
+def test_stop_cancels_the_running_round_and_drops_what_waits(database: str) -> None:
+    thread = make_thread()
+    running = _round_that_took_a_request(thread, "running")
     waiting = _accept(thread, "d-2", "302")
     pending = _record(thread, comment_event("d-3", "303"))
     stop = _record(thread, comment_event("d-4", "304", "/frogfix stop", intent="stop"))
@@ -364,6 +370,26 @@ def test_stop_cancels_the_running_round_and_drops_what_waits(database: str) -> N
         assert s.get(RoundRequest, stop).job_id == running  # type: ignore[union-attr]
         assert rounds.follow_up(s) == []
     assert _apply(stop, triage.Verdict(RequestStatus.taken, "again", stop=True)) is None  # judged once
+
+
+def test_stop_while_the_round_pushes_says_the_push_goes_ahead(database: str) -> None:
+    """A round already publishing is not stopped (its move to publishing saw no cancel): the reply says
+    so rather than claim a cancel, and what waits is still dropped."""
+    thread = make_thread()
+    running = _round_that_took_a_request(thread, "publishing")
+    _accept(thread, "d-2", "302")
+    stop = _record(thread, comment_event("d-3", "303", "/frogfix stop", intent="stop"))
+    assert stop is not None
+    outcome = _apply(stop, triage.Verdict(RequestStatus.taken, "bob stopped the rounds on this MR", stop=True))
+    assert outcome is not None and outcome.reply == (
+        "FrogFix stopped: it was already pushing the running round, so that push goes ahead, "
+        "and dropped 1 waiting request(s)."
+    )
+    with session_scope() as s:
+        job = records.get_job(s, running)
+        assert job.cancel_requested is False and job.status == "publishing"
+        assert records.job_events(s, running)[-1].kind == "cancel_too_late"
+        assert rounds.follow_up(s) == []
 
 
 def test_an_accepted_request_starts_a_round_only_when_idle(database: str) -> None:
