@@ -14,7 +14,7 @@ from app.forge.reviews import CI_FINAL
 from app.forge.webhook import WebhookEvent
 from app.jobs import rounds
 from app.jobs.records import active_job, add_event, prepared
-from app.jobs.transitions import request_cancel
+from app.jobs.transitions import TOO_LATE, request_cancel
 from app.models import Job, utcnow
 from app.statuses import JobStatus
 
@@ -92,7 +92,8 @@ def _act(session: Session, event: WebhookEvent) -> IntakeResult:
         # after the cancelled one would start for nothing (and spend a round of the MR's cap).
         dropped = rounds.drop_issue_requests(session, event.forge, event.project, event.issue, event.reason)
         if job is not None:
-            request_cancel(session, job, f"{event.reason} (delivery {event.delivery_id})")
+            if request_cancel(session, job, f"{event.reason} (delivery {event.delivery_id})") == "too_late":
+                return IntakeResult("cancel_too_late", f"{event.reason}; {TOO_LATE}", job.id)
             return IntakeResult("cancelled_job", event.reason, job.id)
         if dropped:
             return IntakeResult("dropped_requests", f"{event.reason}; dropped {dropped} waiting round request(s)")

@@ -127,6 +127,25 @@ def test_a_passing_pipeline_is_a_request_too_so_triage_shows_it_on_the_mr(databa
     assert keys == [f"ci:gitlab_pipeline:501:{'f' * 40}:success", f"ci:gitlab_pipeline:501:{'f' * 40}"]
 
 
+def test_a_removed_label_while_the_round_pushes_says_too_late(database: str) -> None:
+    """The round already publishing goes ahead; the delivery's outcome says so rather than "cancelled"."""
+    thread = make_thread()
+    waiting = _deliver(comment_event("d-1", "301")).request_id
+    with session_scope() as s:
+        rounds.judge_request(s, waiting, RequestStatus.accepted, "bob asked")  # type: ignore[arg-type]
+        round_job = rounds.start_round_if_idle(s, thread)
+        s.execute(update(Job).where(Job.id == round_job).values(status="publishing"))
+    removed = WebhookEvent(
+        "gitlab", "d-2", "Issue Hook", "cancel", "label 'frognano-fix' was removed", project="grp/app", issue=1
+    )
+    result = _deliver(removed)
+    assert (result.outcome, result.job_id) == ("cancel_too_late", round_job)
+    assert "the push goes ahead" in result.reason and _delivery("d-2").outcome == "cancel_too_late"
+    with session_scope() as s:
+        job = records.get_job(s, round_job)  # type: ignore[arg-type]
+        assert (job.status, job.cancel_requested) == ("publishing", False)
+
+
 def test_a_removed_label_cancels_the_round_and_drops_what_waits(database: str) -> None:
     thread = make_thread()
     waiting = _deliver(comment_event("d-1", "301")).request_id
