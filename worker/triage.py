@@ -31,7 +31,7 @@ from app.forge.reviews import (
 from app.jobs import rounds
 from app.jobs.records import active_job, add_event
 from app.jobs.requeue import send_and_stamp
-from app.jobs.transitions import request_cancel
+from app.jobs.transitions import CancelOutcome, request_cancel
 from app.logs import SecretRedactor, get_logger
 from app.models import Job, RoundRequest
 from app.settings import Settings
@@ -274,7 +274,7 @@ def apply(session: Session, view: RequestView, verdict: Verdict) -> Outcome | No
 
 
 # What `/frogfix stop` did to the thread's active job, in its reply (None: no job was active).
-STOP_SAID: dict[str | None, str] = {
+STOP_SAID: dict[CancelOutcome | None, str] = {
     None: "had no round running",
     "cancelled": "cancelled the queued round",
     "cancel_requested": "cancelled the running round",

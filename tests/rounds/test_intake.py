@@ -127,44 +127,51 @@ def test_a_passing_pipeline_is_a_request_too_so_triage_shows_it_on_the_mr(databa
     assert keys == [f"ci:gitlab_pipeline:501:{'f' * 40}:success", f"ci:gitlab_pipeline:501:{'f' * 40}"]
 
 
+LABEL_REMOVED = "label 'frognano-fix' was removed"
+
+
+def _issue_cancel(delivery_id: str, reason: str = LABEL_REMOVED) -> WebhookEvent:
+    """An issue hook that no longer asks for a fix (label removed, issue closed) for the threads' issue 1."""
+    return WebhookEvent("gitlab", delivery_id, "Issue Hook", "cancel", reason, project="grp/app", issue=1)
+
+
+def _round_for_a_comment(thread: int) -> tuple[int, int]:
+    """Round 1 of `thread`, queued for one accepted comment (delivery d-1): (the request, the round's job)."""
+    waiting = _deliver(comment_event("d-1", "301")).request_id
+    assert waiting is not None
+    with session_scope() as s:
+        rounds.judge_request(s, waiting, RequestStatus.accepted, "bob asked")
+        round_job = rounds.start_round_if_idle(s, thread)
+    assert round_job is not None
+    return waiting, round_job
+
+
 def test_a_removed_label_while_the_round_pushes_says_too_late(database: str) -> None:
     """The round already publishing goes ahead; the delivery's outcome says so rather than "cancelled"."""
-    thread = make_thread()
-    waiting = _deliver(comment_event("d-1", "301")).request_id
+    _, round_job = _round_for_a_comment(make_thread())
     with session_scope() as s:
-        rounds.judge_request(s, waiting, RequestStatus.accepted, "bob asked")  # type: ignore[arg-type]
-        round_job = rounds.start_round_if_idle(s, thread)
         s.execute(update(Job).where(Job.id == round_job).values(status="publishing"))
-    removed = WebhookEvent(
-        "gitlab", "d-2", "Issue Hook", "cancel", "label 'frognano-fix' was removed", project="grp/app", issue=1
-    )
-    result = _deliver(removed)
+    result = _deliver(_issue_cancel("d-2"))
     assert (result.outcome, result.job_id) == ("cancel_too_late", round_job)
     assert "the push goes ahead" in result.reason and _delivery("d-2").outcome == "cancel_too_late"
     with session_scope() as s:
-        job = records.get_job(s, round_job)  # type: ignore[arg-type]
+        job = records.get_job(s, round_job)
         assert (job.status, job.cancel_requested) == ("publishing", False)
 
 
 def test_a_removed_label_cancels_the_round_and_drops_what_waits(database: str) -> None:
     thread = make_thread()
-    waiting = _deliver(comment_event("d-1", "301")).request_id
-    with session_scope() as s:
-        rounds.judge_request(s, waiting, RequestStatus.accepted, "bob asked")  # type: ignore[arg-type]
-        round_job = rounds.start_round_if_idle(s, thread)
+    waiting, round_job = _round_for_a_comment(thread)
     pending = _deliver(comment_event("d-2", "302")).request_id
     other = make_thread(mr=8, issue=2, branch="frogfix/issue-2")  # another issue's thread keeps its requests
     kept = _deliver(comment_event("d-3", "303", mr=8)).request_id
-    removed = WebhookEvent(
-        "gitlab", "d-4", "Issue Hook", "cancel", "label 'frognano-fix' was removed", project="grp/app", issue=1
-    )
-    result = _deliver(removed)
+    result = _deliver(_issue_cancel("d-4"))
     assert (result.outcome, result.job_id) == ("cancelled_job", round_job)
     statuses = {r.id: (r.status, r.reason) for r in _requests()}
-    assert statuses[waiting] == statuses[pending] == ("dropped", "label 'frognano-fix' was removed")  # type: ignore[index]
+    assert statuses[waiting] == statuses[pending] == ("dropped", LABEL_REMOVED)  # type: ignore[index]
     assert statuses[kept][0] == "pending"  # type: ignore[index]
     with session_scope() as s:
-        assert records.get_job(s, round_job).status == "cancelled"  # type: ignore[arg-type]
+        assert records.get_job(s, round_job).status == "cancelled"
         assert rounds.follow_up(s) == []  # no round after it: nothing waits
         assert rounds.rounds_used(s, thread) == 0  # it took nothing, so it spends no round
         assert rounds.thread_mr_number(records.get_job(s, other)) == 8
@@ -173,12 +180,11 @@ def test_a_removed_label_cancels_the_round_and_drops_what_waits(database: str) -
 def test_a_removed_label_with_no_job_running_still_drops_what_waits(database: str) -> None:
     make_thread()
     pending = _deliver(comment_event("d-1", "301")).request_id
-    removed = WebhookEvent("gitlab", "d-2", "Issue Hook", "cancel", "the issue is closed", project="grp/app", issue=1)
-    result = _deliver(removed)
+    result = _deliver(_issue_cancel("d-2", "the issue is closed"))
     assert result.outcome == "dropped_requests" and "dropped 1 waiting" in result.reason
     assert [(r.id, r.status) for r in _requests()] == [(pending, "dropped")]
-    again = WebhookEvent("gitlab", "d-3", "Issue Hook", "cancel", "the issue is closed", project="grp/app", issue=1)
-    assert _deliver(again).outcome == "ignored"  # nothing left to drop, no job to cancel
+    again = _deliver(_issue_cancel("d-3", "the issue is closed"))
+    assert again.outcome == "ignored"  # nothing left to drop, no job to cancel
 
 
 def test_ci_on_a_branch_frogfix_did_not_push_is_ignored(database: str) -> None:
