@@ -58,7 +58,7 @@ def test_worker_receives_the_task_for_a_committed_job(client: Any, worker_proces
     r = client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
     assert r.status_code == 202
     job_id = r.json()["job_id"]
-    wait_until(lambda: _job(job_id)[0].status in FINAL_STATUSES, timeout=30)
+    wait_until(lambda: _job(job_id)[0].status in FINAL_STATUSES, timeout=90)  # the worker may still be starting
     job, kinds = _job(job_id)
     assert kinds[:2] == ["created", "claimed"]
     # No forge is configured here, so the pipeline ends the job with a clear reason.
@@ -73,7 +73,8 @@ def test_broker_outage_keeps_the_job_queued_and_the_sweep_sends_it_later(
         started = time.monotonic()
         r = client.post("/webhooks/gitlab", content=payload("gitlab_label_added.json"), headers=gitlab_headers())
         assert r.status_code == 202, r.text  # the delivery is accepted: the job is safe in the database
-        assert time.monotonic() - started < 2, "a broker outage must not stall webhook answers"
+        # the bounded publish (app/queue.py) gives up in well under a second; 5 s leaves a loaded runner room
+        assert time.monotonic() - started < 5, "a broker outage must not stall webhook answers"
         job_id = r.json()["job_id"]
         job, _ = _job(job_id)
         assert job.status == "queued" and job.last_enqueued_at is None and job.enqueue_count == 0

@@ -119,7 +119,7 @@ def test_runner_bounds_hangs_and_crashes_and_scrubs(frogfix_env: dict[str, Any])
     ]
     started = time.monotonic()
     results = run_doctor(get_settings(), groups=groups)
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # the slow group's 0.5 s bound, not its 30 s hang
     lines = by_name(results)
     assert lines["slow"].outcome == "fail" and "no answer within 0.5 s" in lines["slow"].detail
     assert lines["slow"].fix == "look at the slow thing"

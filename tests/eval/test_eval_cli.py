@@ -15,6 +15,7 @@ import pytest
 
 from app.db import session_scope
 from app.jobs import evaluations as ev_records
+from tests.servers import wait_until
 
 pytestmark = pytest.mark.bwrap
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,7 +142,7 @@ def test_a_second_run_of_a_running_evaluation_exits_2_and_names_the_process(loca
 
 def test_a_claim_from_another_host_lives_while_its_heartbeat_beats(frogfix_env: dict[str, Any]) -> None:
     """A pid on another host cannot be checked: its claim holds while the run's Heartbeat keeps it fresh."""
-    from datetime import timedelta
+    from datetime import UTC, timedelta
 
     from app.models import Evaluation, utcnow
     from worker.evaluate import Heartbeat
@@ -155,7 +156,13 @@ def test_a_claim_from_another_host_lives_while_its_heartbeat_beats(frogfix_env: 
     with Heartbeat(eid, elsewhere, stale_seconds=4):  # beats every second (stale / 4)
         with session_scope() as session:  # make the last beat look old: the heartbeat must refresh it
             session.get(Evaluation, eid).heartbeat_at = utcnow() - timedelta(seconds=60)  # type: ignore[union-attr]
-        time.sleep(2.5)
+
+        def beaten() -> bool:  # the 60 s old beat was refreshed
+            with session_scope() as session:
+                beat = ev_records.get_evaluation(session, eid).heartbeat_at
+            return beat is not None and utcnow() - beat.replace(tzinfo=beat.tzinfo or UTC) < timedelta(seconds=2)
+
+        wait_until(beaten, timeout=20)  # the first beat is due after a second; a loaded runner may take longer
         with session_scope() as session, pytest.raises(ev_records.EvaluationBusy, match="process 4242 on other-host"):
             ev_records.claim(session, eid, here, stale_seconds=4)
     time.sleep(4.5)  # that run died: no beat for longer than stale_seconds

@@ -256,8 +256,8 @@ def test_a_queued_production_job_waits_for_at_most_the_one_running_eval_attempt(
         _set(job_id, "running")
         production["claimed"] = time.monotonic()
         time.sleep(2.0)
+        production["done"] = time.monotonic()  # before the commit: the eval may see "done" the moment it lands
         _set(job_id, "done")
-        production["done"] = time.monotonic()
 
     def on_attempt(_key: str, attempt: int) -> None:
         started[attempt] = time.monotonic()

@@ -305,7 +305,7 @@ def test_5xx_then_success(gitea_double: GiteaDouble, retry: RetryPolicy, fake_cl
 
 def test_timeout_is_transient(gitea_double: GiteaDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:
     gitea_double.hang_next(1, seconds=3.0)
-    assert make(gitea_double, retry, timeout=0.3).project_info(P).default_branch == "main"
+    assert make(gitea_double, retry, timeout=1.0).project_info(P).default_branch == "main"
     assert len(fake_clock.sleeps) == 1
 
 

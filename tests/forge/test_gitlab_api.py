@@ -163,7 +163,7 @@ def test_5xx_then_success(gitlab_double: GitLabDouble, retry: RetryPolicy, fake_
 
 def test_timeout_is_transient(gitlab_double: GitLabDouble, retry: RetryPolicy, fake_clock: FakeClock) -> None:
     gitlab_double.hang_next(1, seconds=3.0)
-    assert make(gitlab_double, retry, timeout=0.3).project_info(P).default_branch == "main"
+    assert make(gitlab_double, retry, timeout=1.0).project_info(P).default_branch == "main"
     assert len(fake_clock.sleeps) == 1
 
 

@@ -451,9 +451,12 @@ def test_the_pods_init_is_not_dumpable_either() -> None:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and Path(f"/proc/{init.pid}/status").read_text().count("python") == 0:
             time.sleep(0.05)  # until it has exec'd python
-        time.sleep(0.5)  # and run its first line
+        # and until its first lines ran (a loaded machine may take seconds): a dumpable process's /proc
+        # is its own uid's, so this waits out the deadline and fails if the init never drops it
+        while time.monotonic() < deadline and init.poll() is None and os.stat(f"/proc/{init.pid}/fd").st_uid != 0:
+            time.sleep(0.05)
         assert init.poll() is None, "the init exited"
-        assert os.stat(f"/proc/{init.pid}/fd").st_uid == 0  # a dumpable process's /proc is its own uid's
+        assert os.stat(f"/proc/{init.pid}/fd").st_uid == 0
     finally:
         init.terminate()
         init.wait(timeout=10)

@@ -319,7 +319,7 @@ def test_server_that_never_answers_ends_with_llm_query_error(serve: Serve, clien
     result = run(client_for(server, timeout=0.3, max_retries=1))
     assert result.exit_reason == "llm_query_error"
     assert result.error and "timed out" in result.error
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 10  # two 0.3 s tries, not the double's hour-long hang
     # "steps" are replies (trajectory, job page, fix --json agree); the call without one is still a call made.
     assert (result.steps, result.model_calls_made, result.records) == (0, 1, [])
 
@@ -370,7 +370,7 @@ def test_model_call_cut_by_the_run_deadline_is_max_time(serve: Serve, client_for
     started = time.monotonic()
     result = run(client_for(server, timeout=30.0), limits=LeafLimits(max_seconds=0.4))
     assert result.exit_reason == "max_time"
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 10  # the run's 0.4 s, not the call's 30 s
 
 
 def test_sandbox_failure_is_tool_error(serve: Serve, client_for: ClientFor) -> None:

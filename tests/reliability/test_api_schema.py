@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(180)
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 EXAMPLES_PER_OPERATION = 100
-BUDGET_S = 90.0  # all operations together; an operation that would start after this is skipped
+BUDGET_S = 90.0  # all operations together (about 10 s on a quiet runner); running past it fails the test, never skips
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -440,7 +440,7 @@ def test_a_test_command_that_never_ends_times_out_and_leaves_no_process(client: 
 
     started = time.monotonic()
     assert run_job(job_id) == "no_fix"
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 90  # the 1 s test timeouts, not the command's 100000 s
 
     job, events, [attempt] = load(job_id)
     reason = "attempt 1's patch did not pass the tests (timed out after 1 s)"

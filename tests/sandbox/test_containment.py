@@ -215,7 +215,7 @@ def test_detached_fork_bomb_is_reclaimed(sb: LocalSandbox) -> None:
     out = bash(sb, "echo alive $(ps -e | wc -l)")  # needs forks: the bomb must be gone
     match = re.fullmatch(r"Exit code: 0\nSTDOUT:\nalive (\d+)\n\nSTDERR:\n", out)
     assert match and int(match.group(1)) < 10, out
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # reclaimed at once, not after the tool's timeout
 
 
 def test_file_size_limit_stops_a_disk_filler(sb: LocalSandbox, workspace: Path) -> None:
@@ -234,15 +234,17 @@ def test_private_tmp_is_bounded(workspace: Path, make_sandbox: Callable[..., Loc
 
 
 def test_endless_printer_is_cut_and_costs_no_memory(workspace: Path, make_sandbox: Callable[..., LocalSandbox]) -> None:
-    # 192 MiB of address space for the runner: `yes` prints far more than that in two seconds,
-    # so a runner that held the output would fail with MemoryError.
-    sb = make_sandbox(workspace, limits=dataclasses.replace(TEST_LIMITS, memory_bytes=192 * 1024**2))
-    out = bash(sb, "yes", timeout=2)
-    assert out.startswith("Timed out after 2.0s\nSTDOUT:\ny\ny\n")
+    # 192 MiB of address space for the runner: `yes` prints far more than that in four seconds (at
+    # 48 MiB/s, a fraction of its speed on a loaded runner), so a runner that held the output would
+    # fail with MemoryError.
+    memory = 192 * 1024**2
+    sb = make_sandbox(workspace, limits=dataclasses.replace(TEST_LIMITS, memory_bytes=memory))
+    out = bash(sb, "yes", timeout=4)
+    assert out.startswith("Timed out after 4.0s\nSTDOUT:\ny\ny\n")
     head, trailer = out.rsplit("\n", 1)
     assert len(head) == 30_000
     match = re.fullmatch(r"\[truncated (\d+) chars\]", trailer)
-    assert match and int(match.group(1)) > 256 * 1024**2
+    assert match and int(match.group(1)) > memory  # more than the runner could have held
     assert bash(sb, "echo alive") == leaf_bash(0, "alive\n", "")
     # The pipeline's commands too: a test run that prints forever keeps only a head and a tail.
     result = sb.run_command("yes", timeout=2)
