@@ -258,7 +258,7 @@ def apply(session: Session, view: RequestView, verdict: Verdict) -> Outcome | No
         dropped = rounds.drop_requests(session, view.thread_id, verdict.reason)
         said = STOP_SAID[cancel]
         outcome.reply = f"FrogFix stopped: it {said} and dropped {dropped} waiting request(s)."
-        outcome.extra = {"cancelled_job": job_id, "dropped": dropped}
+        outcome.extra = {"stopped_job": job_id, "cancel": cancel, "dropped": dropped}  # cancel: what it did
     elif verdict.drop_thread:
         outcome.extra["dropped"] = rounds.drop_requests(session, view.thread_id, verdict.reason)
     elif verdict.status == RequestStatus.accepted:

@@ -369,6 +369,10 @@ def test_stop_cancels_the_running_round_and_drops_what_waits(database: str) -> N
         assert job.cancel_requested is True and job.status == "running"
         assert s.get(RoundRequest, stop).job_id == running  # type: ignore[union-attr]
         assert rounds.follow_up(s) == []
+        said = records.job_events(s, thread)[-1]
+        assert (said.kind, said.data) == ("request_taken", {"request_id": stop, "kind": "stop", "author": "bob",
+                                                           "stopped_job": running, "cancel": "cancel_requested",
+                                                           "dropped": 2})  # fmt: skip
     assert _apply(stop, triage.Verdict(RequestStatus.taken, "again", stop=True)) is None  # judged once
 
 
@@ -390,6 +394,8 @@ def test_stop_while_the_round_pushes_says_the_push_goes_ahead(database: str) -> 
         assert job.cancel_requested is False and job.status == "publishing"
         assert records.job_events(s, running)[-1].kind == "cancel_too_late"
         assert rounds.follow_up(s) == []
+        said = records.job_events(s, thread)[-1].data or {}
+        assert (said["stopped_job"], said["cancel"], said["dropped"]) == (running, "too_late", 1)  # not "cancelled"
 
 
 def test_an_accepted_request_starts_a_round_only_when_idle(database: str) -> None:
