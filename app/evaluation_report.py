@@ -80,8 +80,8 @@ class Figure:
         return f"{self.value:.2f}{ci}"
 
 
-def _count(n: int, word: str) -> str:
-    """`1 task`, `2 tasks`: the report's counts read as sentences."""
+def counted(n: int, word: str) -> str:
+    """`1 task`, `2 tasks`: counts that read as words, in the report and in eval's progress lines."""
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
@@ -246,7 +246,7 @@ def _like_with_like(counts: Sequence[int]) -> str:
     """How gained and lost were judged, in plain sentences, with the recorded run's n."""
     if len(counts) == 1:
         n = f"n = {counts[0]}"
-        made = f"The recorded run made {_count(counts[0], 'attempt')} per task ({n})"
+        made = f"The recorded run made {counted(counts[0], 'attempt')} per task ({n})"
     else:
         n = "n = the recorded run's attempts on that task"
         made = f"The recorded run made {counts[0]} to {counts[-1]} attempts per task ({n})"
@@ -262,7 +262,7 @@ def _like_with_like(counts: Sequence[int]) -> str:
 def _limits_line(counts: Mapping[str, int]) -> str:
     recorded, settings = counts.get("recorded", 0), counts.get("settings", 0)
     return (
-        f"Limits: {_count(recorded, 'task')} ran under the recorded job's Leaf limits (steps, context and "
+        f"Limits: {counted(recorded, 'task')} ran under the recorded job's Leaf limits (steps, context and "
         f"completion tokens), {settings} under today's settings (a trajectory saved before FrogFix recorded "
         "them); the time limit is today's FROGFIX_JOB_TIMEOUT_SECONDS."
     )
@@ -276,9 +276,9 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     lines = [
         f"# Evaluation {report['evaluation']}: {report['model']}",
         "",
-        f"{report['tasks_evaluated']} of {_count(report['tasks_total'], 'task')} evaluated "
+        f"{report['tasks_evaluated']} of {counted(report['tasks_total'], 'task')} evaluated "
         f"({report['tasks_complete']} with {complete}); "
-        f"{report['attempts_solved']} of {_count(report['attempts_finished'], 'attempt')} solved. "
+        f"{report['attempts_solved']} of {counted(report['attempts_finished'], 'attempt')} solved. "
         f"Status: {report['status']}. Selector: `{report['selector'] or '(default)'}`.",
         "",
         "| figure | candidate | recorded run |",
@@ -311,7 +311,7 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     lines += [
         f"Human verdicts: {human['merged_solved']} of {human['merged']} merged MRs solved; "
         f"{human['closed_unmerged_solved']} of {human['closed_unmerged']} closed-unmerged MRs \"solved\"; "
-        f"{_count(open_mrs, 'MR')} still open; {_count(human['unknown'], 'task')} with no known verdict.",
+        f"{counted(open_mrs, 'MR')} still open; {counted(human['unknown'], 'task')} with no known verdict.",
         "",
         _limits_line(report.get("limits") or {}),
         "",

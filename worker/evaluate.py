@@ -37,7 +37,7 @@ from pydantic import SecretStr
 
 from app import trajectory
 from app.db import in_transaction, session_scope
-from app.evaluation_report import UNRUNNABLE
+from app.evaluation_report import UNRUNNABLE, counted
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
@@ -186,11 +186,6 @@ def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress 
 # -- production first ---------------------------------------------------------------------------
 
 
-def _count(n: int, noun: str) -> str:
-    """`1 task`, `3 tasks`: progress lines a person reads."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
-
-
 class SlotGate:
     """Model slots shared with production and with every other evaluation, counted in the database.
 
@@ -234,9 +229,9 @@ class SlotGate:
 
     def _waiting(self, seen: ev_records.SlotAnswer) -> str:
         if seen.queued:
-            return f"waiting for a model slot ({_count(seen.queued, 'production job')} queued)"
-        return (f"waiting for a model slot ({_count(seen.busy, 'production job')} and "
-                f"{_count(seen.evaluations, 'evaluation attempt')} hold all {self.slots})")
+            return f"waiting for a model slot ({counted(seen.queued, 'production job')} queued)"
+        return (f"waiting for a model slot ({counted(seen.busy, 'production job')} and "
+                f"{counted(seen.evaluations, 'evaluation attempt')} hold all {self.slots})")
 
     def release(self) -> None:
         """Give the slot back; retried while the database is unreachable, so a blip cannot leak it."""
@@ -289,7 +284,7 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
             session, model=options.model, base_url=options.base_url, selector=options.selector,
             attempts=options.attempts, tasks=tasks, who=options.who,
         )
-    progress(f"evaluation {evaluation_id}: {_count(len(tasks), 'task')} x {_count(options.attempts, 'attempt')}")
+    progress(f"evaluation {evaluation_id}: {counted(len(tasks), 'task')} x {counted(options.attempts, 'attempt')}")
     return evaluation_id
 
 
@@ -421,7 +416,7 @@ class Evaluator:
         raises ClaimLost.
         """
         pending = self.pending()
-        self.progress(f"evaluation {self.evaluation_id}: {_count(len(pending), 'attempt')} to run")
+        self.progress(f"evaluation {self.evaluation_id}: {counted(len(pending), 'attempt')} to run")
         sources = _Sources(self.settings, self.redactor, self.progress)
         status = "stopped"
         try:
