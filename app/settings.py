@@ -111,6 +111,17 @@ class Settings(BaseSettings):
     kubeconfig: str = ""  # empty: in-cluster service account, else ~/.kube/config
     kube_context: str = ""
     trigger_label: str = "frognano-fix"
+    # The company's package mirror: a PEP 503 simple index URL (devpi `.../+simple/`, Nexus, Artifactory),
+    # `user:password@` allowed. Set, a Python repository's test environment is built from what it declares,
+    # in a setup sandbox that reaches this index (through FrogFix's relay, which adds the credentials) and
+    # nothing else. Empty: no environment is built; the tests run with the sandbox image's Python.
+    pip_index_url: SecretStr = SecretStr("")
+    # Built environments, cached by what determines them. Empty: `.environments` beside the job workspaces
+    # (every folder above must be searchable by the sandbox's unprivileged uid, as for workspaces).
+    environment_dir: Path | None = None
+    environment_size: str = "2Gi"  # the largest environment a setup phase may build (RAM while it builds)
+    environment_timeout_seconds: float = Field(default=1200.0, gt=0)  # one setup phase, setup_command included
+    environment_cache_entries: int = Field(default=50, ge=1)  # the least recently used beyond this are removed
 
     attempts: int = Field(default=1, ge=1, le=10)  # independent attempts; the first that verifies is published
     verify_runs: int = Field(default=2, ge=1, le=10)  # patched test runs; differing results are flaky
@@ -146,7 +157,7 @@ class Settings(BaseSettings):
     sweep_interval_seconds: float = 30.0
     log_level: str = "INFO"
 
-    @field_validator("sandbox_workspace_size", "sandbox_tmp_size", "sandbox_ephemeral_storage")
+    @field_validator("sandbox_workspace_size", "sandbox_tmp_size", "sandbox_ephemeral_storage", "environment_size")
     @classmethod
     def _byte_quantity(cls, value: str) -> str:
         """Refused at load, with the syntax to use, instead of failing the first job."""
@@ -215,6 +226,26 @@ class Settings(BaseSettings):
             path.chmod(0o711)
         return folder
 
+    def resolved_environment_dir(self) -> Path:
+        """The environment cache, created with mode 0711 like the workspaces (reachable, not listable)."""
+        folder = self.environment_dir or self.resolved_workspace_dir() / ".environments"
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o711)
+        return folder
+
+    def index_secrets(self) -> list[str]:
+        """The mirror URL and its password, for the redactor (the URL alone is redacted with `secret_values`)."""
+        from urllib.parse import unquote, urlsplit
+
+        url = self.pip_index_url.get_secret_value()
+        if not url:
+            return []
+        try:
+            password = unquote(urlsplit(url).password or "")
+        except ValueError:
+            password = ""
+        return [value for value in (url, password) if len(value) >= 4] if password else []
+
     def resolved_broker_url(self) -> str:
         return self.broker_url or "filesystem://"
 
@@ -236,9 +267,10 @@ class Settings(BaseSettings):
             self.metrics_token,
             self.secret_key,
         ]
-        return [
+        found = [
             v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6 and v.get_secret_value() != "EMPTY"
         ]
+        return found + self.index_secrets()
 
 
 @lru_cache(maxsize=1)

@@ -52,6 +52,7 @@ class ExitReason(StrEnum):
     cancelled = "cancelled"
     git_error = "git_error"
     config_error = "config_error"
+    environment_error = "environment_error"  # the environment or the base commit's tests (no model call)
 
 
 class FixStatus(StrEnum):
@@ -60,6 +61,7 @@ class FixStatus(StrEnum):
     fixed = "fixed"
     no_fix = "no_fix"
     failed = "failed"
+    environment_error = "environment_error"  # the tests could not run: no model call was made
 
 
 class RoundKind(StrEnum):

@@ -55,15 +55,51 @@ class CommandResult:
     duration_s: float = 0.0
 
 
+# Where a job's built test environment (a virtual environment) is, in every sandbox of the job.
+ENV_DIR = "/frogfix/env"
+# The setup phase only: its files (build script, pump, plan), the relay's socket folder, the copy-out folder.
+SETUP_FILES_DIR = "/frogfix/setup"
+RELAY_DIR = "/frogfix/relay"
+OUT_DIR = "/frogfix/out"
+# Files the setup phase's build wrote into the checkout that git ignores (hatch-vcs's and setuptools-scm's
+# `_version.py`): kept in the environment, copied into every later sandbox's workspace at its start.
+GENERATED_DIR = f"{ENV_DIR}/.frogfix-workspace"
+TOOLS_DIR = "/frogfix/bin"
+
+
+@dataclass(frozen=True)
+class SetupMounts:
+    """What a setup-phase sandbox has besides the workspace (worker/environment/builder.py).
+
+    ENV_DIR starts empty and writable, `env_size_bytes` large (in RAM, so a build cannot fill the
+    host's disk); `files` (read-only at SETUP_FILES_DIR) holds the build script and the plan;
+    `relay` (read-only at RELAY_DIR) holds the index relay's unix socket, the sandbox's only way
+    out; `out` (writable at OUT_DIR) receives the finished environment, copied by a command that
+    runs after every process of the build is gone; `tools` are read-only files at TOOLS_DIR/<name>.
+    """
+
+    env_size_bytes: int
+    files: str
+    relay: str
+    out: str
+    tools: tuple[tuple[str, str], ...] = ()
+
+
 @dataclass
 class SandboxSpec:
-    """What a backend needs to start: the prepared workspace and the environment the job allows."""
+    """What a backend needs to start: the prepared workspace and the environment the job allows.
+
+    `environment` is a built test environment on the host, read-only at ENV_DIR; `setup` makes the
+    sandbox a setup-phase one instead (see SetupMounts).
+    """
 
     workspace: str
     env: dict[str, str] = field(default_factory=dict)
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     image: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    environment: str | None = None
+    setup: SetupMounts | None = None
 
 
 class Sandbox(Protocol):

@@ -58,7 +58,17 @@ from collections.abc import Iterable
 from typing import IO, Any
 
 from sandbox import cgroups
-from sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
+from sandbox.base import (
+    ENV_DIR,
+    GENERATED_DIR,
+    OUT_DIR,
+    RELAY_DIR,
+    SETUP_FILES_DIR,
+    TOOLS_DIR,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailable,
+)
 from sandbox.quantity import SHM_SIZE_BYTES
 from sandbox.runner_client import (
     RunnerBroken,
@@ -76,8 +86,12 @@ DEFAULT_HOST_GID = 65534
 MOUNT_POINT = "/workspace"
 RUNNER_IN_SANDBOX = "/frogfix/runner.py"
 SEED_IN_SANDBOX = "/frogfix/seed"  # the host workspace, read-only: copied into the sandbox's own at start
-# Copies the checkout into the size-limited workspace, then becomes the runner (same pid).
-SEED_SCRIPT = f'cp -a {SEED_IN_SANDBOX}/. "$0"/ && exec "$@"'
+# Copies the checkout into the size-limited workspace (and, over it, the files a built environment's
+# setup phase generated there), then becomes the runner (same pid).
+SEED_SCRIPT = (
+    f'cp -a {SEED_IN_SANDBOX}/. "$0"/ && {{ [ ! -d {GENERATED_DIR} ] || cp -a {GENERATED_DIR}/. "$0"/; }}'
+    ' && exec "$@"'
+)
 HOME_IN_SANDBOX = "/tmp/home"
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -192,11 +206,18 @@ class LocalSandbox(RunnerClient):
 
         # Runs once: on close(), or at interpreter exit if the caller never closed the sandbox.
         self._finalizer = weakref.finalize(self, _release, self._res)
+        binds += _environment_binds(spec)
         try:
             if self.host_ids is not None:
                 st = os.lstat(self.workspace)
                 self._res.workspace, self._res.owner = self.workspace, (st.st_uid, st.st_gid)
                 _chown_tree(self.workspace, *self.host_ids)
+                if spec.setup is not None:  # the copy-out folder is the sandbox's while it lives
+                    out = os.lstat(spec.setup.out)
+                    self._res.handed.append((spec.setup.out, (out.st_uid, out.st_gid)))
+                    _chown_tree(spec.setup.out, *self.host_ids)
+                for src, _ in binds:
+                    _check_reachable(src, *self.host_ids)
             self._start(env, binds, runner_source, tmp_size_bytes, start_timeout_s)
         except BaseException:
             self._closed = True
@@ -315,6 +336,9 @@ class LocalSandbox(RunnerClient):
             argv += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
         for src, dest in binds:
             argv += ["--ro-bind", src, dest]
+        setup = self.spec.setup
+        if setup is not None:  # an empty, size-bounded environment folder to fill, and the copy-out folder
+            argv += ["--size", str(setup.env_size_bytes), "--tmpfs", ENV_DIR, "--bind", setup.out, OUT_DIR]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         argv += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
@@ -413,6 +437,7 @@ class _Resources:
         self.cgroup: cgroups.SandboxCgroup | None = None
         self.workspace = ""
         self.owner: tuple[int, int] | None = None
+        self.handed: list[tuple[str, tuple[int, int]]] = []  # other host folders handed to the sandbox's uid
         self.lock = threading.Lock()  # the wall-clock timer may kill while close() releases
 
 
@@ -460,6 +485,9 @@ def _release(res: _Resources) -> None:
     if res.owner is not None:
         owner, res.owner = res.owner, None
         _chown_tree(res.workspace, *owner, strip_setid=True)
+    while res.handed:
+        path, owner = res.handed.pop()
+        _chown_tree(path, *owner, strip_setid=True)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -555,6 +583,19 @@ def _binds_with_python(
         binds.append((prefix, prefix))
         env["PATH"] = env["PATH"] if "PATH" in extra else f"{os.path.dirname(python)}:{env['PATH']}"
     return binds
+
+
+def _environment_binds(spec: SandboxSpec) -> list[tuple[str, str]]:
+    """The read-only binds of a built environment, or of a setup phase's files, relay and tools."""
+    if spec.setup is not None and spec.environment is not None:
+        raise SandboxError("a sandbox is either a setup phase or has a built environment, not both")
+    if spec.environment is not None:
+        return [_bind_pair((os.path.realpath(spec.environment), ENV_DIR))]
+    if spec.setup is None:
+        return []
+    setup = spec.setup
+    binds = [_bind_pair((setup.files, SETUP_FILES_DIR)), _bind_pair((setup.relay, RELAY_DIR))]
+    return binds + [_bind_pair((src, f"{TOOLS_DIR}/{name}")) for name, src in setup.tools]
 
 
 def _host_ids(workspace: str, host_uid: int | None, host_gid: int | None) -> tuple[int, int] | None:

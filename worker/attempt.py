@@ -27,14 +27,16 @@ from app.statuses import INFRA_EXITS, AttemptStatus, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import PatchTooLarge, SandboxError
 from worker import repos
+from worker.environment.builder import EnvironmentReport, Environments, EnvironmentUnusable, failed
+from worker.environment.readiness import could_not_start, hint
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
-from worker.leaf.prompts import RepoGuidance, add_guidance
+from worker.leaf.prompts import RepoGuidance, add_guidance, add_test_command
 from worker.leaf.trajectory import TrajectoryWriter
 from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.report import TestEvidence
-from worker.wiring import open_job_sandbox, sandbox_limits
+from worker.wiring import open_job_sandbox, open_setup_sandbox, sandbox_limits
 from worker.workspaces import WorkspaceSource
 
 LOG_LIMIT = 60_000
@@ -241,14 +243,22 @@ def apply_patch(workspace: Path, patch: str) -> str | None:
 
 
 def run_tests(
-    workspace: Path, config: RepoConfig, settings: Settings, redact: Callable[[str], str], image: str | None = None
+    workspace: Path,
+    config: RepoConfig,
+    settings: Settings,
+    redact: Callable[[str], str],
+    image: str | None = None,
+    environment: Path | None = None,
 ) -> TestRun:
-    """The repository's test command in a fresh sandbox over `workspace` (which is then removed)."""
+    """The repository's test command in a fresh sandbox over `workspace` (which is then removed).
+
+    With a built `environment`, `setup_command` already ran in its setup phase; without one it runs
+    before the tests, in the same sandbox."""
     command = config.test_command or ""
-    if config.setup_command:
+    if config.setup_command and environment is None:
         command = f"{config.setup_command} && {command}"
     try:
-        with closing(open_job_sandbox(workspace, settings, image)) as box:
+        with closing(open_job_sandbox(workspace, settings, image, environment=environment)) as box:
             res = box.run_command(command, timeout=config.test_timeout)
     except SandboxError as exc:
         return TestRun(None, f"sandbox failure while running the tests: {exc}")
@@ -266,6 +276,7 @@ class AttemptContext:
     source: WorkspaceSource
     root: Path
     observer: AttemptObserver
+    environments: Environments
 
 
 class Verifier:
@@ -274,11 +285,18 @@ class Verifier:
     def __init__(self, context: AttemptContext) -> None:
         self.context = context
         self._before: TestRun | None = None
+        self.command: str | None = None  # the test command of the base run, once it ran
         self.seconds = 0.0  # wall time of every test run so far, sandbox start and checkout included
+
+    @property
+    def base_run(self) -> TestRun | None:
+        """The base commit's run, if it was made (before the first attempt's agent, in every job)."""
+        return self._before
 
     def before(self, config: RepoConfig, base: str) -> TestRun:
         if self._before is None:
             self._before = self._run(config, base, None, "before the patch")
+            self.command = config.test_command
         return self._before
 
     def verify(self, config: RepoConfig, base: str, patch: str, runs: int, start: str | None = None) -> Verification:
@@ -289,6 +307,8 @@ class Verifier:
         return Verification(config.test_command or "", before, after)
 
     def _run(self, config: RepoConfig, base: str, patch: str | None, label: str) -> TestRun:
+        """One test run over a fresh checkout; the base run raises EnvironmentUnusable when its tests
+        cannot run, a patched run whose dependency files cannot be built fails as a run."""
         c = self.context
         ws = c.root / ("tests-" + re.sub(r"[^a-z0-9]+", "-", label))
         c.source.checkout(ws, base)
@@ -297,10 +317,21 @@ class Verifier:
             if problem:
                 repos.remove_workspace(ws)
                 return TestRun(None, problem)
-        c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
         started = time.monotonic()
         try:
-            run = run_tests(ws, config, c.settings, c.redact, image=config.image)
+            env = environment_for(c, ws, config, base)
+        except BaseException:
+            repos.remove_workspace(ws)
+            raise
+        if not env.ok:
+            repos.remove_workspace(ws)
+            self.seconds += time.monotonic() - started
+            if patch is None:
+                raise EnvironmentUnusable(env)
+            return TestRun(None, f"the environment for the patched dependency files could not be built: {env.reason}")
+        c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
+        try:
+            run = run_tests(ws, config, c.settings, c.redact, image=config.image, environment=env.path)
         finally:
             self.seconds += time.monotonic() - started
         timed_out = " (timed out)" if run.timed_out else ""
@@ -318,9 +349,22 @@ class AttemptRunner:
         source: WorkspaceSource,
         root: Path,
         observer: AttemptObserver,
+        *,
+        scope: str = "local",
     ) -> None:
+        """`scope` names the project, so environments are cached per project (see worker/environment/builder.py)."""
         self.settings, self.redact, self.source, self.root, self.observer = settings, redact, source, root, observer
-        self.verifier = Verifier(AttemptContext(settings, redact, source, root, observer))
+        environments = Environments(
+            settings,
+            redact,
+            lambda ws, mounts, env: open_setup_sandbox(ws, settings, mounts, env),
+            scope=scope,
+            source_repository=source.repository,
+            on_stage=observer.stage,
+        )
+        self.context = AttemptContext(settings, redact, source, root, observer, environments)
+        self.verifier = Verifier(self.context)
+        self.environment: EnvironmentReport | None = None  # the base commit's, once the first attempt checked it
 
     def run(self, spec: AttemptSpec, model: ModelClient, review: ReviewPolicy | None) -> AttemptResult:
         """One attempt to its outcome. `review=None` (a plain replay) stops after the agent's patch.
@@ -332,6 +376,11 @@ class AttemptRunner:
         config, guidance = self._base_config(spec, ws)
         if spec.start != spec.base_commit:
             self.source.checkout(ws, spec.start)
+        try:
+            environment = self._ready(spec, ws, config, tests=review is not None)
+        except BaseException:
+            repos.remove_workspace(ws)
+            raise
         try:
             self.observer.stage(
                 "agent_started",
@@ -346,7 +395,7 @@ class AttemptRunner:
                     "guidance": [self.redact(f.source) for f in guidance.files] if guidance else [],
                 },
             )
-            leaf, patch, too_large = self._agent(spec, model, ws, config, guidance)
+            leaf, patch, too_large = self._agent(spec, model, ws, config, guidance, environment)
         finally:
             repos.remove_workspace(ws)
         self.observer.stage(
@@ -372,6 +421,25 @@ class AttemptRunner:
         finally:
             result.test_seconds = self.verifier.seconds - tested_before
 
+    def _ready(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+        """Before any model call: the environment (built or cached), then, once per job, the base
+        commit's tests. Raises EnvironmentUnusable when either says the tests cannot run here.
+        Returns the environment folder for the agent's sandbox (the checkout at `ws`'s own)."""
+        if self.environment is None:
+            report = environment_for(self.context, ws, config, spec.start)
+            if not report.ok:
+                raise EnvironmentUnusable(report)
+            if tests and config.test_command:
+                before = self.verifier.before(config, spec.base_commit)
+                why = could_not_start(config.test_command, before.exit_code, before.timed_out)
+                if why is not None:
+                    found = hint(before.log)
+                    reason = f"the tests could not start on the base commit: {why}" + (f"; {found}" if found else "")
+                    raise EnvironmentUnusable(failed(self.redact(reason), before.log, built=report.built))
+            self.environment = report
+            return report.path
+        return environment_for(self.context, ws, config, spec.start).path
+
     def _base_config(self, spec: AttemptSpec, ws: Path) -> tuple[RepoConfig, RepoGuidance | None]:
         """`.frogfix.yml` and the guidance from the base commit's checkout at `ws`, which the agent
         then uses when it starts from the base (else the caller checks the start out there)."""
@@ -387,7 +455,13 @@ class AttemptRunner:
         return config, guidance
 
     def _agent(
-        self, spec: AttemptSpec, model: ModelClient, ws: Path, config: RepoConfig, guidance: RepoGuidance | None
+        self,
+        spec: AttemptSpec,
+        model: ModelClient,
+        ws: Path,
+        config: RepoConfig,
+        guidance: RepoGuidance | None,
+        environment: Path | None,
     ) -> tuple[LeafResult, str, PatchTooLarge | None]:
         """Leaf in a fresh sandbox over `ws`, then the patch against the base; an oversized patch is kept out.
 
@@ -412,9 +486,12 @@ class AttemptRunner:
             writer.on_step(record)
             self.observer.on_step(record)
 
-        with closing(open_job_sandbox(ws, self.settings, config.image, spec.labels)) as box:
+        task = spec.task
+        if spec.read_guidance:  # a plain replay sends the recorded task as it is
+            task = add_guidance(add_test_command(task, config.test_command), guidance)
+        with closing(open_job_sandbox(ws, self.settings, config.image, spec.labels, environment)) as box:
             leaf = run_leaf(
-                model, box, add_guidance(spec.task, guidance), system_prompt=spec.system_prompt, limits=spec.limits,
+                model, box, task, system_prompt=spec.system_prompt, limits=spec.limits,
                 on_step=on_step, cancel=self.observer.cancelled,
             )
             try:
@@ -490,6 +567,13 @@ class AttemptRunner:
         why = verification.why_not(config.test_timeout)
         reason = f"attempt {result.number}'s patch did not pass the tests ({why})"
         return _ended(result, AttemptOutcome.not_verified, reason)
+
+
+def environment_for(context: AttemptContext, ws: Path, config: RepoConfig, commit: str) -> EnvironmentReport:
+    """The environment for the checkout at `ws` (one build per distinct declaration; see worker/environment)."""
+    return context.environments.for_checkout(
+        ws, config.test_command, config.setup_command, config.environment, commit=commit
+    )
 
 
 def _ended(result: AttemptResult, outcome: AttemptOutcome, reason: str) -> AttemptResult:

@@ -24,6 +24,7 @@ from app.usage import UsageFigures, usage_table
 from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun
+from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord
 from worker.leaf.model import ModelClient
@@ -53,6 +54,7 @@ class FixOutcome:
     flags: list[str] = field(default_factory=list)
     final_answer: str = ""
     usage: UsageFigures = field(default_factory=UsageFigures)
+    environment: EnvironmentReport | None = None
 
     @property
     def flaky(self) -> bool:
@@ -78,6 +80,7 @@ class FixOutcome:
             "flags": self.flags,
             "summary": self.final_answer,
             "usage": self.usage.to_dict(),
+            "environment": self.environment.to_dict() if self.environment else None,
         }
 
 
@@ -149,7 +152,10 @@ class LocalFix:
         return base
 
     def _run(self, base: str) -> FixOutcome:
-        runner = AttemptRunner(self.settings, self.redactor.redact, CheckoutSource(self.repo_dir), self.root, self)
+        runner = AttemptRunner(
+            self.settings, self.redactor.redact, CheckoutSource(self.repo_dir), self.root, self,
+            scope=f"local:{self.repo_dir}",
+        )
         if self._model is None:
             self.say(f"running the agent with {self.settings.model_name} at {self.settings.model_base_url}")
         else:
@@ -160,12 +166,15 @@ class LocalFix:
             return self._failed(ExitReason.config_error, str(exc))
         except SandboxError as exc:
             return self._failed(ExitReason.tool_error, f"sandbox failure: {exc}", trajectory=True)
+        except EnvironmentUnusable as exc:
+            return self._environment_error(runner, exc.report)
         for reason in result.refused:
             self.say(f"refused: {reason}")
         before = runner.verifier.before(result.config, base) if result.config.test_command else None
         outcome = self.outcome(result, before)
         # Every test run of this one-attempt job, including a base run made only for the report.
         outcome.usage = result.leaf.figures() + UsageFigures(sandbox_seconds=runner.verifier.seconds)
+        outcome.environment = runner.environment
         self.amend_trajectory({"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}})
         return outcome
 
@@ -210,6 +219,27 @@ class LocalFix:
             final_answer=leaf.final_answer,
         )
 
+    def _environment_error(self, runner: AttemptRunner, report: EnvironmentReport) -> FixOutcome:
+        """The tests cannot run: the job ends before any model call, saying why and what the log ends with."""
+        self.say(report.line())
+        if report.log_tail:
+            self.say("the log ends:\n" + report.log_tail)
+        before = runner.verifier.base_run
+        return FixOutcome(
+            job_id=self.job_id,
+            status=FixStatus.environment_error,
+            exit_reason=ExitReason.environment_error,
+            steps=0,
+            patch="",
+            test_command=None if before is None else runner.verifier.command,
+            before=before,
+            after=[],
+            trajectory="",
+            error=report.reason,
+            usage=UsageFigures(sandbox_seconds=runner.verifier.seconds),
+            environment=report,
+        )
+
     def amend_trajectory(self, fields: dict[str, Any]) -> None:
         """Add `fix`'s verdict to the finished trajectory, atomically (readers see the old or the new file)."""
         # Redacted string by string, as the writer redacts.
@@ -225,7 +255,11 @@ class LocalFix:
         return False
 
     def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        if kind == "agent_started":
+        if kind in ("environment", "environment_building"):
+            self.say(message)
+            for line in data.get("detected", []) if kind == "environment" and not data.get("cached") else []:
+                self.say(f"  from {line}")
+        elif kind == "agent_started":
             self.say(f"workspace ready at base commit {data['base_commit'][:12]}")
             source = data.get("test_command_source")
             self.say(f"test command: {data.get('test_command') or '(none found)'} ({source})")
@@ -253,7 +287,9 @@ class LocalFix:
         )
 
 
-EXIT_CODES: dict[str, int] = {FixStatus.fixed: 0, FixStatus.no_fix: 1, FixStatus.failed: 2}
+EXIT_CODES: dict[str, int] = {
+    FixStatus.fixed: 0, FixStatus.no_fix: 1, FixStatus.failed: 2, FixStatus.environment_error: 3,
+}
 
 
 def run_fix_command(repo_dir: Path, issue_file: Path, as_json: bool) -> int:
@@ -296,6 +332,8 @@ def run_and_report(repo_dir: Path, title: str, body: str, as_json: bool, model: 
             f"status: {outcome.status} ({outcome.exit_reason}, {outcome.steps} steps, "
             f"{time.monotonic() - started:.1f}s)"
         )
+        if outcome.environment is not None:
+            print(outcome.environment.line())
         if outcome.test_command:
             b = outcome.before.exit_code if outcome.before else None
             a = ", ".join(str(run.exit_code) for run in outcome.after) or None

@@ -3,7 +3,15 @@
 `.frogfix.yml` (all keys optional):
 
     test_command: python -m pytest -q      # how to run the tests (no network in the sandbox)
-    setup_command: python -m compileall -q .  # run before the tests, also without network
+    setup_command: make generated-files    # with FROGFIX_PIP_INDEX_URL: once, in the setup phase, after the
+                                           # environment is installed (reaches the mirror only); without a
+                                           # mirror: before each test run, without network
+    environment:                           # what to install where detection guesses wrong (each key replaces
+      extras: [tests]                      # what was detected for it; see worker/environment/declared.py)
+      groups: [test]
+      requirements: [requirements/test.txt]
+      packages: ["pytest<9"]
+      project: true
     image: registry.example/python:3.12     # sandbox image (Kubernetes backend)
     protected_paths: ["migrations/**"]      # paths the bot may not change
     test_timeout: 900                       # seconds
@@ -18,10 +26,12 @@ flagged for the reviewer instead.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import json
 import os
 import posixpath
+import re
 import subprocess
 import tomllib
 from dataclasses import dataclass, field
@@ -32,6 +42,7 @@ import yaml
 
 from app.patches import shown_path
 from worker.ci_config import ANY_YAML_FILE
+from worker.environment.declared import Overrides, is_dependency_file
 from worker.leaf.prompts import GuidanceFile, RepoGuidance
 from worker.patch_evidence import ChangedFile, PatchEvidence
 from worker.repos import git_environment
@@ -44,7 +55,12 @@ MAX_INSTRUCTIONS_CHARS = 4_000
 MAX_AGENTS_FILE_CHARS = 8_000
 MAX_AGENTS_TOTAL_CHARS = 24_000
 MAX_AGENTS_FILES = 32
-_KNOWN_KEYS = {"test_command", "setup_command", "image", "protected_paths", "test_timeout", "instructions"}
+_KNOWN_KEYS = {
+    "test_command", "setup_command", "image", "protected_paths", "test_timeout", "instructions", "environment",
+}
+DEPENDENCY_NOTE = "a dependency file: the tests ran in an environment built from the patched one"
+_ENVIRONMENT_KEYS = {"extras", "groups", "requirements", "packages", "project"}
+_EXTRA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Paths whose change is always flagged for the reviewer: tests and the test runners' configuration.
 # CI configuration has its own home (worker/ci_config.py) and is refused unless FROGFIX_ALLOW_CI_CHANGES.
 ALWAYS_FLAGGED = (
@@ -78,6 +94,7 @@ class RepoConfig:
     test_timeout: float = DEFAULT_TEST_TIMEOUT
     test_command_source: str = "none"  # ".frogfix.yml", "detected: <why>" or "none"
     instructions: str | None = None
+    environment: Overrides | None = None  # `environment:`: what to install where detection guesses wrong
 
 
 def _text(data: dict[str, Any], key: str) -> str | None:
@@ -103,9 +120,7 @@ def load_repo_config(workspace: Path) -> RepoConfig:
         if loaded is not None and not isinstance(loaded, dict):
             raise RepoConfigError(f"{CONFIG_FILE} must be a mapping of keys to values")
         data = loaded or {}
-        unknown = set(data) - _KNOWN_KEYS
-        if unknown:
-            raise RepoConfigError(f"{CONFIG_FILE}: unknown keys {sorted(unknown)}")
+        _refuse_unknown(data, _KNOWN_KEYS, "")
     protected = data.get("protected_paths") or []
     if not isinstance(protected, list) or not all(isinstance(p, str) and p for p in protected):
         raise RepoConfigError(f"{CONFIG_FILE}: protected_paths must be a list of path patterns")
@@ -127,6 +142,59 @@ def load_repo_config(workspace: Path) -> RepoConfig:
         test_timeout=float(timeout),
         test_command_source=source,
         instructions=_instructions(data),
+        environment=_environment(data.get("environment")),
+    )
+
+
+def _refuse_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
+    """An unknown key is an error that names the key it most likely meant."""
+    for key in sorted(map(str, data)):
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {where}{close[0]}?" if close else f"; known keys: {', '.join(sorted(known))}"
+        raise RepoConfigError(f"{CONFIG_FILE}: unknown key {where}{key}{hint}")
+
+
+def _names_list(data: dict[str, Any], key: str, pattern: re.Pattern[str] | None) -> tuple[str, ...] | None:
+    value = data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} must be a list of strings")
+    if pattern is not None:
+        bad = [v for v in value if not pattern.fullmatch(v)]
+        if bad:
+            raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} has a name that is not one: {bad[0][:80]!r}")
+    return tuple(v.strip() for v in value)
+
+
+def _environment(value: Any) -> Overrides | None:
+    """`environment:` (see worker/environment/declared.py `Overrides`)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        keys = ", ".join(sorted(_ENVIRONMENT_KEYS))
+        raise RepoConfigError(f"{CONFIG_FILE}: environment must be a mapping ({keys})")
+    _refuse_unknown(value, _ENVIRONMENT_KEYS, "environment.")
+    requirements = _names_list(value, "requirements", None)
+    for path in requirements or ():
+        if path.startswith(("/", "-")) or ".." in path.split("/"):
+            raise RepoConfigError(
+                f"{CONFIG_FILE}: environment.requirements names a path outside the repository: {path[:80]!r}"
+            )
+    packages = _names_list(value, "packages", None) or ()
+    if any(p.startswith("-") or "\n" in p for p in packages):
+        raise RepoConfigError(f"{CONFIG_FILE}: environment.packages takes requirement strings, not installer options")
+    project = value.get("project")
+    if project is not None and not isinstance(project, bool):
+        raise RepoConfigError(f"{CONFIG_FILE}: environment.project must be true or false")
+    return Overrides(
+        extras=_names_list(value, "extras", _EXTRA_NAME),
+        groups=_names_list(value, "groups", _EXTRA_NAME),
+        requirements=requirements,
+        packages=packages,
+        project=project,
     )
 
 
@@ -302,7 +370,10 @@ def review_flags(changes: PatchEvidence, config: RepoConfig) -> list[str]:
         elif _ci_note(changes, path) is not None:
             flags.append(f"changes CI configuration {shown}")
         elif matches(path, ALWAYS_FLAGGED):
-            flags.append(f"changes test file or test-runner configuration {shown}")
+            note = f" ({DEPENDENCY_NOTE})" if is_dependency_file(path) else ""
+            flags.append(f"changes test file or test-runner configuration {shown}{note}")
+        elif is_dependency_file(path):
+            flags.append(f"changes dependency file {shown} ({DEPENDENCY_NOTE})")
     return flags
 
 

@@ -547,6 +547,24 @@ def resolve(mirror: Path, ref: str) -> str:
     return done.stdout.decode().strip()
 
 
+def describe(mirror: Path, commit: str) -> tuple[str, int] | None:
+    """The last tag reachable from `commit` and how many commits lie past it, or None (no tag, a shallow
+    history, or anything git will not say): what setuptools-scm and hatch-vcs would read from a full clone."""
+    check_sha(commit)
+    with reading_lock(mirror):
+        done = run_git(
+            [*git_dir_args(mirror), "describe", "--tags", "--long", "--end-of-options", commit],
+            env=git_environment(),
+            what="git describe",
+            timeout=LOCAL_TIMEOUT,
+            check=False,
+        )
+    match = re.fullmatch(r"(.+)-(\d+)-g[0-9a-f]+", done.stdout.decode("utf-8", "replace").strip())
+    if done.returncode != 0 or match is None:
+        return None
+    return match.group(1), int(match.group(2))
+
+
 def has_uncommitted_changes(checkout: Path) -> bool:
     """Whether a user's checkout differs from its HEAD (for a note only): isolated, and writes nothing there."""
     done = run_git(

@@ -13,7 +13,7 @@ from typing import Any
 from app.forge.api import Forge, ForgeError
 from app.forge.retry import RetryPolicy
 from app.settings import Settings
-from sandbox.base import Sandbox, SandboxLimits, SandboxSpec
+from sandbox.base import ENV_DIR, Sandbox, SandboxLimits, SandboxSpec, SetupMounts
 from sandbox.factory import open_sandbox
 from sandbox.quantity import parse_cpus, parse_quantity
 from worker.leaf.loop import LeafLimits
@@ -21,6 +21,11 @@ from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
 
 # Bytecode caches would otherwise land in `git add -A` and so in the patch.
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
+# A sandbox with a built environment (worker/environment) has it active, as `source bin/activate` would.
+ENVIRONMENT_ENV = {
+    "VIRTUAL_ENV": ENV_DIR,
+    "PATH": f"{ENV_DIR}/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+}
 
 
 def sampling_from(settings: Settings) -> SamplingParams:
@@ -65,14 +70,19 @@ def sandbox_limits(settings: Settings) -> SandboxLimits:
 
 
 def sandbox_spec(
-    workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
+    workspace: Path,
+    settings: Settings,
+    image: str | None = None,
+    labels: dict[str, str] | None = None,
+    environment: Path | None = None,
 ) -> SandboxSpec:
     return SandboxSpec(
         workspace=str(workspace),
-        env=dict(SANDBOX_ENV),
+        env={**SANDBOX_ENV, **(ENVIRONMENT_ENV if environment is not None else {})},
         limits=sandbox_limits(settings),
         image=image,
         labels=labels or {},
+        environment=str(environment) if environment is not None else None,
     )
 
 
@@ -107,11 +117,43 @@ def sandbox_options(settings: Settings) -> dict[str, Any]:
 
 
 def open_job_sandbox(
-    workspace: Path, settings: Settings, image: str | None = None, labels: dict[str, str] | None = None
+    workspace: Path,
+    settings: Settings,
+    image: str | None = None,
+    labels: dict[str, str] | None = None,
+    environment: Path | None = None,
 ) -> Sandbox:
-    """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox."""
+    """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox.
+
+    `environment` is the job's built test environment (worker/environment), mounted read-only and active."""
     options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
-    return open_sandbox(sandbox_spec(workspace, settings, image, labels), settings.sandbox, **options)
+    return open_sandbox(sandbox_spec(workspace, settings, image, labels, environment), settings.sandbox, **options)
+
+
+def open_setup_sandbox(
+    workspace: Path,
+    settings: Settings,
+    mounts: SetupMounts,
+    env: dict[str, str],
+    image: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> Sandbox:
+    """A setup phase's sandbox (worker/environment/builder.py): the job's bounds, plus room for the
+    environment it builds (in RAM locally, so its memory total grows by that size), and the relay."""
+    limits = sandbox_limits(settings)
+    limits = SandboxLimits(
+        wall_seconds=settings.environment_timeout_seconds + 600,
+        memory_bytes=limits.memory_bytes + mounts.env_size_bytes,
+    )
+    spec = SandboxSpec(
+        workspace=str(workspace),
+        env={**SANDBOX_ENV, **env},
+        limits=limits,
+        image=image,
+        labels=labels or {},
+        setup=mounts,
+    )
+    return open_sandbox(spec, settings.sandbox, **sandbox_options(settings))
 
 
 def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:

@@ -264,6 +264,22 @@ def render_guidance(guidance: RepoGuidance) -> str:
     return f"{GUIDANCE_INTRO}\n\n{GUIDANCE_BEGIN}\n{body}\n{GUIDANCE_END}"
 
 
+def test_command_line(command: str) -> str:
+    """The task's line naming the test command FrogFix verifies with (from .frogfix.yml or detected)."""
+    return (
+        f"FrogFix verifies the fix by running `{_defang(' '.join(command.split()))}` in the repository, before and"
+        " after your change; you can run it too."
+    )
+
+
+def add_test_command(task: str, command: str | None) -> str:
+    """The task with the test command line after it (once: a recorded task that has it keeps one)."""
+    if not command:
+        return task
+    line = test_command_line(command)
+    return task if line in task else f"{task}\n\n{line}"
+
+
 def add_guidance(task: str, guidance: RepoGuidance | None) -> str:
     """The task with the guidance section after it; the task alone when there is no guidance."""
     if guidance is None or not (guidance.files or guidance.omitted):
