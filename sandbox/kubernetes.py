@@ -320,6 +320,13 @@ class KubernetesSandbox(RunnerClient):
         self.workspace = os.path.realpath(spec.workspace)
         if not os.path.isdir(self.workspace):
             raise SandboxError(f"workspace {spec.workspace} is not a directory")
+        if spec.setup is not None or spec.environment is not None:
+            # Not built yet (issue 22): a setup pod whose egress reaches only the relay, the environment
+            # handed to the job's pods on a volume. Until then FROGFIX_PIP_INDEX_URL needs the local backend.
+            raise SandboxUnavailable(
+                "the Kubernetes sandbox does not build test environments yet: unset FROGFIX_PIP_INDEX_URL, "
+                "or bake the dependencies into the sandbox image (.frogfix.yml `image:`)"
+            )
         if not self.image or any(ch.isspace() for ch in self.image):
             raise ValueError(f"invalid sandbox image {self.image!r}")
         _check_storage(workspace_size, tmp_size, ephemeral_storage)

@@ -41,6 +41,7 @@ from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
+from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.model import ModelClient
@@ -85,9 +86,12 @@ class Superseded(Exception):
 class JobEnded(Exception):
     """A stage decided the job's final status (rejected, cancelled, failed, no_fix)."""
 
-    def __init__(self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None) -> None:
+    def __init__(
+        self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None, log: str = ""
+    ) -> None:
         super().__init__(reason)
         self.status, self.reason, self.comment, self.notify = status, reason, comment, notify
+        self.log = log  # a log tail the issue comment shows fenced (an environment error's)
 
 
 @dataclass
@@ -270,6 +274,7 @@ class Pipeline:
     """One run of one job."""
 
     def __init__(self, job_id: int, deps: Deps) -> None:
+        self.end_log = ""  # set when a JobEnded carries a log tail for the issue comment
         self.job_id = job_id
         self.deps = deps
         self.s = deps.settings
@@ -352,6 +357,7 @@ class Pipeline:
             log.warning("superseded", reason=str(exc))
             return "superseded"
         except JobEnded as end:
+            self.end_log = end.log
             return self.end(end.status, end.reason, end.comment, end.notify)
         except (ForgeTransient, RepoTransient) as exc:
             return self.end(
@@ -412,7 +418,9 @@ class Pipeline:
         if comment is not None or status == JobStatus.no_fix:
             text = comment or reason
             outcome = status.value.replace("_", " ")
-            self.comment(comment_finished(outcome, text, self.job_id, self.url, self.redact, notify=notify))
+            self.comment(
+                comment_finished(outcome, text, self.job_id, self.url, self.redact, notify=notify, log=self.end_log)
+            )
 
     def admit(self) -> None:
         assert self.forge is not None
@@ -560,17 +568,36 @@ class Pipeline:
     def attempts(self, prepared: Prepared) -> AttemptResult:
         """Run up to FROGFIX_ATTEMPTS independent attempts; the first verified one wins."""
         observer = JobObserver(self)
-        runner = AttemptRunner(self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, observer)
+        runner = AttemptRunner(
+            self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, observer,
+            scope=f"{self.forge_kind}:{self.project}",
+        )
         last_reason = "no attempt ran"
         for number in range(1, self.s.attempts + 1):
             self.check_cancel()
-            result = self.one_attempt(runner, observer, prepared, number)
+            try:
+                result = self.one_attempt(runner, observer, prepared, number)
+            except EnvironmentUnusable as exc:
+                raise self.environment_error(exc.report) from exc
             if result.outcome == AttemptOutcome.verified:
                 return result
             last_reason = result.reason
             if result.infrastructure_failure:
                 raise JobEnded(JobStatus.failed, result.reason, f"FrogFix stopped: {result.reason}")
         raise JobEnded(JobStatus.no_fix, last_reason, last_reason)
+
+    def environment_error(self, report: EnvironmentReport) -> JobEnded:
+        """The tests cannot run: the job fails before any model call, and the issue is told what to fix."""
+        self.event("environment_error", report.line(), report.to_dict())
+        comment = (
+            f"FrogFix did not start: {report.reason}.\n\n"
+            "FrogFix builds the test environment from what the repository declares (pyproject.toml, requirements"
+            " files, setup.py/setup.cfg, tox.ini, uv.lock, poetry.lock) using the company's package mirror, then"
+            " runs the tests on the base commit before the agent starts. Make the tests runnable from a fresh"
+            " checkout, or say what to install in `.frogfix.yml` (`environment:` extras, groups, requirements,"
+            " packages; `test_command`), then add the label again."
+        )
+        return JobEnded(JobStatus.failed, f"environment error: {report.reason}", comment, log=report.log_tail)
 
     def task(self) -> str:
         """The agent's first user message: the issue as untrusted data (a round's adds its requests)."""

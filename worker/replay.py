@@ -58,6 +58,7 @@ from app.statuses import ACTIVE_STATUSES, ExitReason
 from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
+from worker.environment.builder import EnvironmentUnusable
 from worker.leaf.loop import LeafLimits, StepRecord, plan_calls
 from worker.leaf.model import ModelClient, ModelQueryError, ModelReply, ReplayModel
 from worker.leaf.prompts import strip_guidance
@@ -725,7 +726,9 @@ def _run(
     spec = _spec(rec, settings, (mode or "live") if live else "replay", limits, fields)
     root = settings.resolved_workspace_dir() / f"replay-{_safe_label(rec.job_id)}-{secrets.token_hex(4)}"
     root.mkdir(parents=True, exist_ok=True)
-    runner = AttemptRunner(settings, redactor.redact, source, root, ReplayObserver(checker, progress, rec.replies))
+    runner = AttemptRunner(
+        settings, redactor.redact, source, root, ReplayObserver(checker, progress, rec.replies), scope=_scope(rec)
+    )
     where = (
         f"the round's start commit {rec.start_commit[:12]} (base {rec.base_commit[:12]})"
         if rec.start_commit
@@ -738,6 +741,8 @@ def _run(
         raise ReplayError(f".frogfix.yml at {rec.checkout_commit[:12]} is not usable: {exc}") from exc
     except SandboxError as exc:
         raise ReplayError(f"the sandbox failed: {exc}") from exc
+    except EnvironmentUnusable as exc:
+        raise ReplayError(f"the tests cannot run: {exc.report.reason}") from exc
     finally:
         close = getattr(chosen, "close", None) if live and model is None else None
         if callable(close):
@@ -748,6 +753,13 @@ def _run(
         return _live_verdict(report, result)
     assert checker is not None and replaying is not None
     return _replay_verdict(report, rec, result, checker, replaying)
+
+
+def _scope(rec: Recording) -> str:
+    """The project the recording belongs to, as the pipeline and `fix` scope its environments."""
+    if rec.forge and rec.project:
+        return f"{rec.forge}:{rec.project}"
+    return f"local:{rec.repository}" if rec.repository else "local"
 
 
 def run_live_attempt(

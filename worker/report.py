@@ -240,8 +240,10 @@ def comment_finished(
     *,
     notify: str | None = None,
     mr_url: str | None = None,
+    log: str = "",
 ) -> str:
     """`detail` may quote what the model or the repository chose (file names, test output): made inert.
+    `log` (a log's tail) follows in a fenced block no text can close.
 
     `notify` is a forge user name FrogFix itself decided to mention (who added the label), and
     `mr_url` the MR it opened: both are ours, so they stay working links and mentions.
@@ -253,6 +255,8 @@ def comment_finished(
         text += f" Please review {mr_url}."
     if detail:
         text += f" {inert(redact(detail))}"
+    if log:
+        text += f"\n\nThe log ends:\n\n{_fence(_tail(redact(log), 3_000))}"
     return redact(text)
 
 

@@ -83,7 +83,7 @@ class Group:
 
 def default_groups(settings: Settings) -> list[Group]:
     """Every group, in report order; the sandbox group follows FROGFIX_SANDBOX."""
-    from worker.doctor import forges, model, sandboxes, system
+    from worker.doctor import forges, mirror, model, sandboxes, system
 
     sandbox_group = (
         Group("sandbox.kubernetes", 90, sandboxes.check_kubernetes, "check that the Kubernetes API answers")
@@ -97,6 +97,7 @@ def default_groups(settings: Settings) -> list[Group]:
         Group("gitea", 60, forges.check_gitea, "check that FROGFIX_GITEA_URL answers"),
         Group("model", 120, model.check_model, "check that FROGFIX_MODEL_BASE_URL answers"),
         sandbox_group,
+        Group("mirror", 30, mirror.check_mirror, "check that FROGFIX_PIP_INDEX_URL answers"),
         Group("disk", 15, system.check_disk, "check that the data and workspace folders' file systems answer"),
         Group("metrics", 5, system.check_metrics_token, "check FROGFIX_METRICS_TOKEN"),
         Group("evidence", 15, system.check_evidence_bound, "check that `prlimit --version` answers"),

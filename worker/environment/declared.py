@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from worker.environment.readiness import runs_pytest
+
 TEST_NAMES = ("test", "tests", "testing")
 DEV_NAMES = ("dev", "develop", "development")
 # Development tools no test imports: left out of Poetry's dev dependencies (a repository that
@@ -177,7 +179,7 @@ def plan_for(workspace: Path, test_command: str | None, overrides: Overrides | N
         lock = "uv.lock" if _regular(workspace / "uv.lock") else "poetry.lock"
         detected.append(f"{lock} pins {len(constraints)} packages (as constraints)")
 
-    if test_command and re.search(r"\bpy\.?test\b", test_command):
+    if test_command and runs_pytest(test_command):
         declared = _names(requirements) + _names(_project_deps(project_table, extras))
         declared += _names(_requirement_file_lines(workspace, files))
         if "pytest" not in declared and not _setup_py_mentions(workspace, "pytest"):

@@ -117,7 +117,12 @@ class IndexRelay:
         )
         with contextlib.suppress(FileNotFoundError):
             socket_path.unlink()
-        self._server = _Server(str(socket_path), _Handler)
+        # A unix socket's path has at most 107 bytes; the folder, reached through its descriptor, has any length.
+        folder = os.open(socket_path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self._server = _Server(f"/proc/self/fd/{folder}/{socket_path.name}", _Handler)
+        finally:
+            os.close(folder)
         self._server.relay = self
         os.chmod(socket_path, 0o666)  # the sandbox's uid connects; the folder above decides who reaches it
         self._thread = threading.Thread(target=self._server.serve_forever, name="frogfix-index-relay", daemon=True)
