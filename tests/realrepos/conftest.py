@@ -25,11 +25,6 @@ NO_FIXTURES = f"realrepos fixtures not found at {FIXTURES} (they live in the sha
 NO_BWRAP = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap to run the realrepos tests"
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Register the marker here too, so the tests run under --strict-markers before pyproject lists it."""
-    config.addinivalue_line("markers", "realrepos: builds real projects' environments from a package mirror")
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if shutil.which("bwrap") is None:
         for item in items:

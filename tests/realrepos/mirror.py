@@ -9,7 +9,6 @@ outside the repository (pip from PyPI, isolated from the machine's pip config).
 
 from __future__ import annotations
 
-import base64
 import fcntl
 import hashlib
 import json
@@ -22,9 +21,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -125,7 +123,7 @@ def is_filled(packages_dir: Path, want: Wanted) -> bool:
     return bool(marker.get("key") == want.key and all((packages_dir / f).is_file() for f in marker.get("files", [])))
 
 
-def fill(packages_dir: Path, tasks: Sequence[Task], *, log: Path | None = None) -> Path:
+def fill(packages_dir: Path, tasks: Sequence[Task]) -> Path:
     """Download what `tasks` need into `packages_dir` unless it is already filled for them.
 
     Pins go one pip call each (in parallel, `--no-deps`): a wheel for the target when one exists,
@@ -152,8 +150,6 @@ def fill(packages_dir: Path, tasks: Sequence[Task], *, log: Path | None = None) 
         note = {"key": want.key, "files": files, "pins": want.pins, "resolved": want.resolved,
                 "seconds": round(time.monotonic() - started, 1)}
         (packages_dir / MARKER).write_text(json.dumps(note, indent=1))
-        if log is not None:
-            log.write_text(json.dumps(note, indent=1))
     return packages_dir
 
 
@@ -212,11 +208,6 @@ class PackageMirror:
     @property
     def url_with_credentials(self) -> str:
         return f"http://{USER}:{quote(self.password, safe='')}@127.0.0.1:{self.port}/simple/"
-
-    @property
-    def authorization(self) -> str:
-        """The Basic header value, for a client that cannot put credentials in the URL."""
-        return "Basic " + base64.b64encode(f"{USER}:{self.password}".encode()).decode()
 
     def start(self) -> PackageMirror:
         """Start on a free port; retry on another when the port was taken between choosing and binding."""
@@ -290,10 +281,3 @@ class PackageMirror:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@contextmanager
-def package_mirror(packages_dir: Path, password: str) -> Iterator[PackageMirror]:
-    """`with package_mirror(folder, password) as mirror:` for code that prefers a function."""
-    with PackageMirror(packages_dir, password) as mirror:
-        yield mirror
