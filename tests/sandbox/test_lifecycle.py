@@ -242,6 +242,20 @@ def test_bwrap_failures_are_reported(workspace: Path, ws_base: Path) -> None:
     private = ws_base / f"private-{uuid.uuid4().hex}"
     (private / "tools").mkdir(parents=True)
     private.chmod(0o700)
+    # FrogFix's checks see a reachable link; bwrap, as the sandbox uid, cannot follow it.
+    link = ws_base / f"tools-{uuid.uuid4().hex}"
+    link.symlink_to(private / "tools")
     with pytest.raises(SandboxUnavailable, match="Can't find source path"):
-        LocalSandbox(SandboxSpec(workspace=str(workspace)), ro_binds=[str(private / "tools")])
+        LocalSandbox(SandboxSpec(workspace=str(workspace)), ro_binds=[(str(link), "/opt/tools")])
     assert os.stat(workspace).st_uid == 0  # handed back after the failed start
+
+
+@bwrap
+def test_unreachable_bind_is_a_clear_error_before_bwrap(workspace: Path, ws_base: Path) -> None:
+    skip_unless_root()
+    private = ws_base / f"private-{uuid.uuid4().hex}"
+    (private / "tools").mkdir(parents=True)
+    private.chmod(0o700)
+    with pytest.raises(SandboxError, match="chmod o\\+x"):
+        LocalSandbox(SandboxSpec(workspace=str(workspace)), ro_binds=[str(private / "tools")])
+    assert os.stat(workspace).st_uid == 0  # handed back after the refused start
