@@ -65,6 +65,12 @@ OUT_DIR = "/frogfix/out"
 # `_version.py`): kept in the environment, copied into every later sandbox's workspace at its start.
 GENERATED_DIR = f"{ENV_DIR}/.frogfix-workspace"
 TOOLS_DIR = "/frogfix/bin"
+# The mirror inside a setup sandbox is http://127.0.0.1:PUMP_PORT/<index path> (sandbox/index_pump.py
+# listens there and writes READY_FILE); locally the pump reaches RELAY_DIR/RELAY_SOCKET, on Kubernetes
+# it tunnels over an exec stream to that socket on the worker (sandbox/kubernetes_tunnel.py).
+PUMP_PORT = 3141
+READY_FILE = "/tmp/.frogfix-index-ready"
+RELAY_SOCKET = "index.sock"
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,8 @@ class SetupMounts:
     `relay` (read-only at RELAY_DIR) holds the index relay's unix socket, the sandbox's only way
     out; `out` (writable at OUT_DIR) receives the finished environment, copied by a command that
     runs after every process of the build is gone; `tools` are read-only files at TOOLS_DIR/<name>.
+    A backend without host binds (Kubernetes) copies `files` and `tools` in, tunnels to the relay's
+    socket, and streams ENV_DIR out into `out` in `collect_environment()`.
     """
 
     env_size_bytes: int
@@ -100,6 +108,18 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     environment: str | None = None
     setup: SetupMounts | None = None
+
+
+class SetupSandbox(Protocol):
+    """A setup-phase sandbox, besides running commands: hands the built environment to the host."""
+
+    def run_command(self, command: str, timeout: float) -> CommandResult: ...
+
+    def collect_environment(self) -> None:
+        """Make SetupMounts.out hold ENV_DIR's files (after the save script ran); SandboxError if not."""
+        ...
+
+    def close(self) -> None: ...
 
 
 class Sandbox(Protocol):

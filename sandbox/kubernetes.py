@@ -14,6 +14,9 @@ Why it is built this way:
 - The workspace goes in as one tar stream over exec (with the runner beside it), extracted by
   the image's python3, so a target image needs only python3 (and git, bash) -- no tar, no
   baked-in FrogFix. Nothing is written back to the host: the patch is taken inside, by the runner.
+  The one exception is a setup pod's built test environment, streamed out and read as hostile
+  (kubernetes_environment.py); its package traffic goes through an exec tunnel to the worker's
+  index relay (kubernetes_tunnel.py), so even a setup pod keeps the deny-all policy.
 - The runner (`runner.py`, the same JSON-lines protocol as the local backend) then runs as one
   exec whose WebSocket stays open: a tool call is one message out and one reply back, not a new
   exec (Leaf pays copy-in, check and a fresh Python start per call).
@@ -42,6 +45,7 @@ import math
 import os
 import re
 import secrets
+import shlex
 import tarfile
 import threading
 import time
@@ -50,15 +54,34 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from sandbox.base import SandboxError, SandboxSpec, SandboxUnavailable
+from sandbox.base import (
+    ENV_DIR,
+    PUMP_PORT,
+    READY_FILE,
+    RELAY_SOCKET,
+    SETUP_FILES_DIR,
+    TOOLS_DIR,
+    SandboxError,
+    SandboxSpec,
+    SandboxUnavailable,
+)
+from sandbox.kubernetes_environment import (
+    ENVIRONMENT_VOLUME,
+    GENERATED_IN_ENV,
+    PACK,
+    folder_bytes,
+    receive_environment,
+)
 from sandbox.kubernetes_recovery import RecoveringChannel
 from sandbox.kubernetes_stream import (
+    ExecReader,
     ExecStream,
     StdinWriter,
     StreamBroken,
     StreamChannel,
     describe_api_error,
 )
+from sandbox.kubernetes_tunnel import IndexTunnel
 from sandbox.quantity import format_quantity, parse_quantity
 from sandbox.runner_client import RunnerBroken, RunnerClient, read_runner_source
 
@@ -83,6 +106,7 @@ FATAL_WAITING = frozenset(
     {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CrashLoopBackOff"}
 )
 SECCOMP = {"type": "RuntimeDefault"}
+COLLECT_TIMEOUT_S = 900.0  # streaming a built environment out of its setup pod
 FORBIDDEN_ENV_PREFIXES = ("FROGFIX_", "GITLAB_", "GITEA_", "FORGEJO_")
 
 # The pod's main process: an init that reaps orphans (exec'd processes re-parent to it) and
@@ -104,10 +128,11 @@ INIT = (
 )
 
 # Runs inside the pod (Python 3.8+, stdlib): extracts the tar on stdin. Members under
-# `workspace/` go to argv[1], under `frogfix/` to argv[2]; argv[3] (HOME) is created too.
+# `workspace/` go to argv[1], under `frogfix/` to argv[2], under `home/` to argv[3] (HOME), under
+# `env/` to argv[4] (a built test environment, when there is one).
 EXTRACT = (
     "import os, sys, tarfile\n"
-    "dest = {'workspace': sys.argv[1], 'frogfix': sys.argv[2]}\n"
+    "dest = dict(zip(('workspace', 'frogfix', 'home', 'env'), sys.argv[1:]))\n"
     "for folder in sys.argv[1:]:\n"
     "    os.makedirs(folder, exist_ok=True)\n"
     "kw = {'filter': 'tar'} if hasattr(tarfile, 'tar_filter') else {}\n"
@@ -172,8 +197,13 @@ def pod_manifest(
     priority_class: str | None = None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] = (),
+    runner_dir_size: str = RUNNER_DIR_SIZE,
+    environment_size: str | None = None,
 ) -> dict[str, Any]:
-    """The sandbox pod: see the module docstring for why each field is what it is."""
+    """The sandbox pod: see the module docstring for why each field is what it is.
+
+    `environment_size`: a size-limited emptyDir at ENV_DIR for the job's test environment (copied
+    in with the workspace) or, in a setup pod, for the one it builds."""
     restricted = {"runAsNonRoot": True, "runAsUser": run_as_user, "runAsGroup": run_as_user}
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -193,9 +223,12 @@ def pod_manifest(
         "volumes": [
             {"name": "workspace", "emptyDir": {"sizeLimit": workspace_size}},
             {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
-            {"name": "frogfix", "emptyDir": {"sizeLimit": RUNNER_DIR_SIZE}},
+            {"name": "frogfix", "emptyDir": {"sizeLimit": runner_dir_size}},
         ],
     }
+    if environment_size is not None:
+        spec["volumes"].append({"name": ENVIRONMENT_VOLUME, "emptyDir": {"sizeLimit": environment_size}})
+        spec["containers"][0]["volumeMounts"].append({"name": ENVIRONMENT_VOLUME, "mountPath": ENV_DIR})
     if service_account:
         spec["serviceAccountName"] = service_account
     if image_pull_secrets:
@@ -298,6 +331,7 @@ class KubernetesSandbox(RunnerClient):
         max_patch_bytes: int = 64 * 1024**2,
         max_recoveries: int = 2,
         runner_script: str | None = None,
+        environment_size: str = "2Gi",  # FROGFIX_ENVIRONMENT_SIZE: the job pods' ENV_DIR volume
     ) -> None:
         """Create the policy, then the pod; copy the workspace in; start the runner.
 
@@ -306,6 +340,13 @@ class KubernetesSandbox(RunnerClient):
         service account is used, else `kubeconfig`/`context` (or ~/.kube/config).
         `memory` defaults to `spec.limits.memory_bytes`. `reclaim` lets the runner kill every
         other process in the pod when a fork bomb has used up the pod's pids.
+
+        `spec.environment` (a built test environment on the host) is copied into an ENV_DIR volume
+        of `environment_size` with the workspace, its generated files over the workspace; each pod
+        has its own copy, so nothing a job does reaches the cache. `spec.setup` makes a setup pod:
+        the build files and tools copied in, an empty ENV_DIR volume of the setup's size, the index
+        tunnel to the relay's socket (the pod's policy still denies all traffic), no `reclaim` (it
+        would kill the tunnel) and no recovery (a broken build is built again by a later job).
         """
         super().__init__(
             spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
@@ -320,18 +361,23 @@ class KubernetesSandbox(RunnerClient):
         self.workspace = os.path.realpath(spec.workspace)
         if not os.path.isdir(self.workspace):
             raise SandboxError(f"workspace {spec.workspace} is not a directory")
-        if spec.setup is not None or spec.environment is not None:
-            # Not built yet (issue 22): a setup pod whose egress reaches only the relay, the environment
-            # handed to the job's pods on a volume. Until then FROGFIX_PIP_INDEX_URL needs the local backend.
-            raise SandboxUnavailable(
-                "the Kubernetes sandbox does not build test environments yet: unset FROGFIX_PIP_INDEX_URL, "
-                "or bake the dependencies into the sandbox image (.frogfix.yml `image:`)"
-            )
+        if spec.setup is not None and spec.environment is not None:
+            raise SandboxError("a sandbox is either a setup phase or has a built environment, not both")
+        self.setup = spec.setup
+        self.environment = os.path.realpath(spec.environment) if spec.environment is not None else None
+        if self.environment is not None and not os.path.isdir(self.environment):
+            raise SandboxError(f"the built environment {spec.environment} is not a directory")
+        if self.setup is not None:
+            reclaim, max_recoveries = False, 0
         if not self.image or any(ch.isspace() for ch in self.image):
             raise ValueError(f"invalid sandbox image {self.image!r}")
         _check_storage(workspace_size, tmp_size, ephemeral_storage)
         memory = memory or format_quantity(spec.limits.memory_bytes)
-        self.resources = {"cpu": cpu, "memory": memory, "ephemeral-storage": ephemeral_storage}
+        env_volume, runner_dir = self._volume_sizes(environment_size)
+        extra = (parse_quantity(env_volume) if env_volume else 0) + parse_quantity(runner_dir)
+        extra -= parse_quantity(RUNNER_DIR_SIZE)
+        storage = format_quantity(parse_quantity(ephemeral_storage) + extra) if extra else ephemeral_storage
+        self.resources = {"cpu": cpu, "memory": memory, "ephemeral-storage": storage}
         self.env = pod_env(spec.env)
         self.name = sandbox_name(spec.labels)
         self.labels = {**COMMON_LABELS, **job_labels(spec.labels), LABEL_SANDBOX: self.name}
@@ -345,7 +391,7 @@ class KubernetesSandbox(RunnerClient):
             "run_as_user": run_as_user, "image_pull_policy": image_pull_policy,
             "image_pull_secrets": tuple(image_pull_secrets), "service_account": service_account,
             "runtime_class": runtime_class, "priority_class": priority_class, "node_selector": node_selector,
-            "tolerations": tuple(tolerations),
+            "tolerations": tuple(tolerations), "runner_dir_size": runner_dir, "environment_size": env_volume,
         }  # fmt: skip
         self._runner_source = read_runner_source(runner_script)
         self.pod_name = ""
@@ -380,6 +426,27 @@ class KubernetesSandbox(RunnerClient):
             finally:
                 stream.close()
 
+    def collect_environment(self) -> None:
+        """A setup pod's ENV_DIR, streamed into the host's `spec.setup.out` (see kubernetes_environment)."""
+        if self.setup is None:
+            raise SandboxError("only a setup sandbox has an environment to collect")
+        with self._lock:
+            self._check_usable()
+            argv = [self.python, "-I", "-S", "-B", "-c", PACK, ENV_DIR]
+            stream = self._open_exec(self.pod_name, argv, stdin=False)
+            try:
+                deadline = min(time.monotonic() + COLLECT_TIMEOUT_S, self._deadline)
+                reader = ExecReader(stream, deadline, lambda: self._res.cancelled)
+                receive_environment(cast(Any, reader), self.setup.out, self.setup.env_size_bytes)
+                code = stream.wait_exit(deadline)
+            except StreamBroken as exc:
+                raise SandboxError(f"copying the built environment out of pod {self.pod_name} failed: {exc}") from None
+            finally:
+                stream.close()
+            if code != 0:
+                why = f"(exit {code}): {stream.err.text()}"
+                raise SandboxError(f"copying the built environment out of pod {self.pod_name} failed {why}")
+
     def restart_pod(self) -> None:
         """Delete the current pod and start a fresh one from the untouched workspace, under the
         same policy (used by recovery; the caller replays the journal)."""
@@ -395,6 +462,19 @@ class KubernetesSandbox(RunnerClient):
         return f"<KubernetesSandbox {self.namespace}/{self.pod_name or self.name} {self._state()}>"
 
     # ------------------------------------------------------------------------- start
+
+    def _volume_sizes(self, environment_size: str) -> tuple[str | None, str]:
+        """(the ENV_DIR volume's size or None, the runner folder's size): a setup pod's holds its tools too."""
+        if self.setup is not None:
+            copied = folder_bytes(self.setup.files) + sum(os.path.getsize(src) for _, src in self.setup.tools)
+            runner = format_quantity(parse_quantity(RUNNER_DIR_SIZE) + -(-copied // 2**20) * 2**20)
+            return format_quantity(self.setup.env_size_bytes), runner
+        if self.environment is not None:
+            limit = parse_quantity(environment_size)
+            if folder_bytes(self.environment) > limit:
+                raise SandboxError(f"the built environment is over FROGFIX_ENVIRONMENT_SIZE ({environment_size})")
+            return environment_size, RUNNER_DIR_SIZE
+        return None, RUNNER_DIR_SIZE
 
     def _open(self, max_recoveries: int) -> None:
         """Wire the channels, then create the policy and the first pod (or clean up and raise)."""
@@ -486,6 +566,20 @@ class KubernetesSandbox(RunnerClient):
             self.runner_info = self._stream_channel.exchange({"id": "start", "op": "ping"}, self.start_timeout_s)
         except StreamBroken as exc:
             raise SandboxUnavailable(f"the sandbox runner did not start in pod {name}: {exc}") from None
+        if self.setup is not None:
+            self._start_tunnel(name)
+
+    def _start_tunnel(self, name: str) -> None:
+        """The setup pod's one way to the mirror: its 127.0.0.1:PUMP_PORT, over an exec stream to the relay."""
+        assert self.setup is not None
+        pump = f"{SETUP_FILES_DIR}/index_pump.py"
+        argv = [self.python, "-I", "-S", "-B", pump, "--tunnel", str(PUMP_PORT), READY_FILE]
+        tunnel = IndexTunnel(self._open_exec(name, argv), os.path.join(self.setup.relay, RELAY_SOCKET))
+        self._res.tunnel = tunnel
+        try:
+            tunnel.wait_ready(self.start_timeout_s)
+        except StreamBroken as exc:
+            raise SandboxUnavailable(str(exc)) from None
 
     def _rlimits(self) -> dict[str, int]:
         """No RLIMIT_NPROC or RLIMIT_AS here: in a pod they would count every container of the
@@ -531,6 +625,8 @@ class KubernetesSandbox(RunnerClient):
     def _upload(self, name: str) -> None:
         """The workspace and the runner, as one tar stream into the pod's emptyDirs."""
         argv = [self.python, "-I", "-S", "-B", "-c", EXTRACT, WORKSPACE, RUNNER_DIR, HOME]
+        if self._pod_options["environment_size"] is not None:
+            argv.append(ENV_DIR)
         stream = self._open_exec(name, argv)
         try:
             try:
@@ -538,6 +634,13 @@ class KubernetesSandbox(RunnerClient):
                 uid = int(self._pod_options["run_as_user"])
                 with tarfile.open(fileobj=cast(Any, writer), mode="w|", format=tarfile.PAX_FORMAT) as archive:
                     archive.add(self.workspace, arcname="workspace", filter=lambda info: _tar_entry(info, uid))
+                    self._add_environment(archive, uid)
+                    profile = _login_profile(self.env)
+                    if profile:
+                        info = tarfile.TarInfo("home/.bash_profile")
+                        info.size, info.mode, info.mtime = len(profile), 0o644, int(time.time())
+                        info.uid = info.gid = uid
+                        archive.addfile(info, io.BytesIO(profile))
                     runner = tarfile.TarInfo("frogfix/runner.py")
                     runner.size, runner.mode, runner.mtime = len(self._runner_source), 0o444, int(time.time())
                     archive.addfile(runner, io.BytesIO(self._runner_source))
@@ -553,6 +656,20 @@ class KubernetesSandbox(RunnerClient):
         if code != 0:
             detail = stream.err.text() or bytes(stream.out[-2000:]).decode("utf-8", "replace")
             raise SandboxUnavailable(f"copying the workspace into pod {name} failed (exit {code}): {detail}")
+
+    def _add_environment(self, archive: tarfile.TarFile, uid: int) -> None:
+        """A setup pod's build files and tools; a job pod's environment and, over its workspace, the
+        files the environment's build generated there (as the local backend's seed does)."""
+        owned = lambda info: _tar_entry(info, uid)  # noqa: E731
+        if self.setup is not None:
+            archive.add(self.setup.files, arcname=_in_runner_dir(SETUP_FILES_DIR), filter=owned)
+            for tool, src in self.setup.tools:
+                archive.add(src, arcname=f"{_in_runner_dir(TOOLS_DIR)}/{tool}", filter=owned)
+        if self.environment is not None:
+            archive.add(self.environment, arcname="env", filter=owned)
+            generated = os.path.join(self.environment, GENERATED_IN_ENV)
+            if os.path.isdir(generated):
+                archive.add(generated, arcname="workspace", filter=owned)
 
     def _open_exec(self, name: str, argv: list[str], stdin: bool = True) -> ExecStream:
         from kubernetes.stream import stream
@@ -611,6 +728,7 @@ class _Resources:
         self.policy: str | None = None
         self.pods: list[str] = []
         self.stream: ExecStream | None = None
+        self.tunnel: IndexTunnel | None = None  # a setup pod's way to the index relay
         self.api_lock = threading.RLock()  # stream() swaps the client's transport while it connects
         self.lock = threading.Lock()
         self.released = False
@@ -632,6 +750,8 @@ def _release(res: _Resources) -> None:
     if res.stream is not None:
         res.stream.abort()
         res.stream.close()
+    if res.tunnel is not None:
+        res.tunnel.close()
     try:
         for pod in pods:
             _delete_pod(res, pod)
@@ -869,6 +989,23 @@ def _parse_time(text: str | None) -> float | None:
         return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return None
+
+
+def _login_profile(env: Mapping[str, str]) -> bytes:
+    """HOME's .bash_profile: the Bash tool's `bash -lc` reads the image's /etc/profile, which on
+    Debian-based images resets PATH; this puts back the PATH the pod was started with (a built
+    environment's bin first). Nothing when the job sets no PATH."""
+    if "PATH" not in env:
+        return b""
+    return (
+        "# FrogFix: a login shell keeps the PATH the sandbox was started with.\n"
+        f"export PATH={shlex.quote(env['PATH'])}\n"
+    ).encode()
+
+
+def _in_runner_dir(path: str) -> str:
+    """The copy-in tar's name for a path under RUNNER_DIR (its members go under `frogfix/`)."""
+    return "frogfix/" + os.path.relpath(path, RUNNER_DIR)
 
 
 def _tar_entry(info: tarfile.TarInfo, uid: int) -> tarfile.TarInfo | None:

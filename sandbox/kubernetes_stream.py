@@ -97,12 +97,17 @@ class ExecStream:
             self._pump(min(remaining, POLL_SLICE_S))
         return exit_code(self.status)
 
-    def _pump(self, timeout: float) -> None:
+    def pump(self, timeout: float | None) -> None:
+        """Take one frame off the socket, or return after `timeout` (None: block until one comes,
+        so that sends from other threads never run under a short socket timeout)."""
+        self._pump(timeout)
+
+    def _pump(self, timeout: float | None) -> None:
         """Take one frame off the socket, or return after `timeout`."""
         if self._gone is not None:
             raise StreamBroken(self._gone)
         try:
-            self.sock.settimeout(max(timeout, 0.001))
+            self.sock.settimeout(None if timeout is None else max(timeout, 0.001))
             opcode, frame = self.sock.recv_data_frame(True)
         except WebSocketTimeoutException:
             return
@@ -143,6 +148,30 @@ class ExecStream:
         self._gone = self._gone or "the exec stream was closed"
         with contextlib.suppress(Exception):
             self.ws.close(timeout=1)
+
+
+class ExecReader:
+    """A file-like source over an exec's stdout for tarfile's stream mode: reads until the
+    command's exit Status, then gives EOF; StreamBroken past `deadline` or when cancelled."""
+
+    def __init__(self, stream: ExecStream, deadline: float, cancelled: Callable[[], bool]) -> None:
+        self.stream = stream
+        self.deadline = deadline
+        self.cancelled = cancelled
+
+    def read(self, size: int = -1) -> bytes:
+        out = self.stream.out
+        while (size < 0 or len(out) < size) and self.stream.status is None:
+            if self.cancelled():
+                raise StreamBroken("the sandbox is closed")
+            remaining = self.deadline - time.monotonic()
+            if remaining <= 0:
+                raise StreamBroken("the copy did not finish in time")
+            self.stream.pump(min(remaining, POLL_SLICE_S))
+        take = len(out) if size < 0 else min(size, len(out))
+        data = bytes(out[:take])
+        del out[:take]
+        return data
 
 
 class StdinWriter:

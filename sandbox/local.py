@@ -89,8 +89,7 @@ SEED_IN_SANDBOX = "/frogfix/seed"  # the host workspace, read-only: copied into 
 # Copies the checkout into the size-limited workspace (and, over it, the files a built environment's
 # setup phase generated there), then becomes the runner (same pid).
 SEED_SCRIPT = (
-    f'cp -a {SEED_IN_SANDBOX}/. "$0"/ && {{ [ ! -d {GENERATED_DIR} ] || cp -a {GENERATED_DIR}/. "$0"/; }}'
-    ' && exec "$@"'
+    f'cp -a {SEED_IN_SANDBOX}/. "$0"/ && {{ [ ! -d {GENERATED_DIR} ] || cp -a {GENERATED_DIR}/. "$0"/; }} && exec "$@"'
 )
 HOME_IN_SANDBOX = "/tmp/home"
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
@@ -224,6 +223,11 @@ class LocalSandbox(RunnerClient):
             self._finalizer()
             raise
         self._start_wall_timer()
+
+    def collect_environment(self) -> None:
+        """Nothing to move: the setup's copy-out folder is bound at OUT_DIR, and the save script filled it."""
+        if self.spec.setup is None:
+            raise SandboxError("only a setup sandbox has an environment to collect")
 
     def __repr__(self) -> str:
         return f"<LocalSandbox {self.workspace} {self._state()}>"

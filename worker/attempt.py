@@ -357,7 +357,7 @@ class AttemptRunner:
         environments = Environments(
             settings,
             redact,
-            lambda ws, mounts, env: open_setup_sandbox(ws, settings, mounts, env),
+            lambda ws, mounts, env, image: open_setup_sandbox(ws, settings, mounts, env, image),
             scope=scope,
             source_repository=source.repository,
             on_stage=observer.stage,
@@ -572,7 +572,7 @@ class AttemptRunner:
 def environment_for(context: AttemptContext, ws: Path, config: RepoConfig, commit: str) -> EnvironmentReport:
     """The environment for the checkout at `ws` (one build per distinct declaration; see worker/environment)."""
     return context.environments.for_checkout(
-        ws, config.test_command, config.setup_command, config.environment, commit=commit
+        ws, config.test_command, config.setup_command, config.environment, commit=commit, image=config.image
     )
 
 

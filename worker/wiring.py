@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from app.forge.api import Forge, ForgeError
 from app.forge.retry import RetryPolicy
 from app.settings import Settings
-from sandbox.base import ENV_DIR, Sandbox, SandboxLimits, SandboxSpec, SetupMounts
+from sandbox.base import ENV_DIR, Sandbox, SandboxLimits, SandboxSpec, SetupMounts, SetupSandbox
 from sandbox.factory import open_sandbox
 from sandbox.quantity import parse_cpus, parse_quantity
 from worker.leaf.loop import LeafLimits
@@ -105,6 +105,7 @@ def sandbox_options(settings: Settings) -> dict[str, Any]:
         "workspace_size": s.sandbox_workspace_size,
         "tmp_size": s.sandbox_tmp_size,
         "start_timeout_s": s.sandbox_start_timeout_seconds,
+        "environment_size": s.environment_size,
     }
     optional = {
         "memory": s.sandbox_memory,
@@ -137,7 +138,7 @@ def open_setup_sandbox(
     env: dict[str, str],
     image: str | None = None,
     labels: dict[str, str] | None = None,
-) -> Sandbox:
+) -> SetupSandbox:
     """A setup phase's sandbox (worker/environment/builder.py): the job's bounds, plus room for the
     environment it builds (in RAM locally, so its memory total grows by that size), and the relay."""
     limits = sandbox_limits(settings)
@@ -153,7 +154,7 @@ def open_setup_sandbox(
         labels=labels or {},
         setup=mounts,
     )
-    return open_sandbox(spec, settings.sandbox, **sandbox_options(settings))
+    return cast(SetupSandbox, open_sandbox(spec, settings.sandbox, **sandbox_options(settings)))
 
 
 def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:

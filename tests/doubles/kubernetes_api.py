@@ -31,6 +31,9 @@ image stay Pending with a waiting reason), `pending_polls` (GETs before a pod is
 connections without a close frame), `age()` (move a creationTimestamp back), `latency_s` (delay
 before every connection, request and client stream message: a stand-in for network distance).
 A pod whose `activeDeadlineSeconds` has passed turns Failed (DeadlineExceeded) and its processes die.
+`real_paths=True` runs each exec in a bubblewrap mount namespace where the pod's volumes are at
+their real paths instead of mapping paths (for a virtual environment built in one pod and used in
+another; see `_in_mount_namespace`).
 """
 
 from __future__ import annotations
@@ -277,8 +280,10 @@ class KubernetesApiDouble:
         protocols: tuple[str, ...] = (V5, V4),
         latency_s: float = 0.0,
         tls: bool = False,
+        real_paths: bool = False,
     ) -> None:
         self.token = token
+        self.real_paths = real_paths
         self.protocols = protocols
         self.latency_s = latency_s
         self.pending_polls = 0
@@ -749,14 +754,20 @@ class KubernetesApiDouble:
             for ch, name in ((STDIN, "stdin"), (STDOUT, "stdout"), (STDERR, "stderr"))
         }
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), MARKER: runtime.uid}
-        for item in container.get("env") or []:
-            env[item["name"]] = runtime.map_path(str(item.get("value", "")))
-        cwd = runtime.map_path(container.get("workingDir") or "/")
-        if cwd == "/":
-            cwd = str(runtime.root)
+        if self.real_paths:
+            command, cwd = _in_mount_namespace(runtime, container.get("workingDir") or "/") + argv, str(runtime.root)
+            for item in container.get("env") or []:
+                env[item["name"]] = str(item.get("value", ""))
+        else:
+            command = [runtime.map_path(arg) for arg in argv]
+            for item in container.get("env") or []:
+                env[item["name"]] = runtime.map_path(str(item.get("value", "")))
+            cwd = runtime.map_path(container.get("workingDir") or "/")
+            if cwd == "/":
+                cwd = str(runtime.root)
         try:
             proc = subprocess.Popen(
-                [runtime.map_path(arg) for arg in argv],
+                command,
                 stdin=subprocess.PIPE if want[STDIN] else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -881,6 +892,28 @@ class KubernetesApiDouble:
         context.load_cert_chain(str(cert), str(key))
         self.ca_file = str(cert)
         return context
+
+
+def _in_mount_namespace(runtime: _Pod, working_dir: str) -> list[str]:
+    """bwrap argv that shows the pod's volumes at their real paths (`real_paths=True`).
+
+    Absolute paths written inside a pod (a virtual environment's scripts and `.pth` files) then
+    mean the same in every pod, as in a cluster. The host's top-level folders are bound as they
+    are, less those a volume replaces; nothing else is isolated (same network, same pids).
+    """
+    tops = {mount.strip("/").split("/")[0] for mount in runtime.mounts}
+    argv = ["bwrap"]
+    for entry in sorted(os.listdir("/")):
+        path = "/" + entry
+        if entry in tops:
+            continue
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--dev-bind", path, path]
+    for mount in sorted(runtime.mounts, key=len):  # parents before the volumes nested in them
+        argv += ["--bind", str(runtime.root) + mount, mount]
+    return [*argv, "--chdir", working_dir, "--"]
 
 
 def _identity(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:

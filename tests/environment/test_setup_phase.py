@@ -101,7 +101,7 @@ def environments(settings: Settings, stages: list[tuple[str, str]] | None = None
     seen = stages if stages is not None else []
     return Environments(
         settings, lambda text: text.replace(CANARY, "[REDACTED]"),
-        lambda ws, mounts, env: open_setup_sandbox(ws, settings, mounts, env),
+        lambda ws, mounts, env, image: open_setup_sandbox(ws, settings, mounts, env, image),
         scope="test:project", on_stage=lambda kind, message, data: seen.append((kind, message)),
     )
 

@@ -143,6 +143,8 @@ def generated_pods() -> list[dict[str, Any]]:
     return [
         pod_manifest("frogfix-42-1-abcd", DEFAULT_NAMESPACE, **common),
         pod_manifest("frogfix-42-1-abcd-r1", DEFAULT_NAMESPACE, **common, **everything),
+        # a setup pod, or a job pod with a built environment: an ENV_DIR volume nested in the runner's
+        pod_manifest("frogfix-42-1-efgh", DEFAULT_NAMESPACE, **common, environment_size="2Gi", runner_dir_size="64Mi"),
     ]
 
 

@@ -43,6 +43,7 @@ def test_kubernetes_settings_map_onto_backend_options(monkeypatch: pytest.Monkey
         "kubeconfig": "/etc/frogfix/kubeconfig",
         "context": "prod",
         "start_timeout_s": 300.0,
+        "environment_size": "2Gi",
     }
     accepted = set(inspect.signature(KubernetesSandbox.__init__).parameters)
     assert set(options) <= accepted

@@ -43,11 +43,15 @@ from sandbox.base import (
     ENV_DIR,
     GENERATED_DIR,
     OUT_DIR,
+    PUMP_PORT,
+    READY_FILE,
     RELAY_DIR,
+    RELAY_SOCKET,
     SETUP_FILES_DIR,
     TOOLS_DIR,
     SandboxError,
     SetupMounts,
+    SetupSandbox,
 )
 from sandbox.quantity import parse_quantity
 from worker import repos
@@ -55,9 +59,7 @@ from worker.environment.declared import DeclarationError, Overrides, Plan, is_py
 from worker.environment.relay import IndexRelay, MirrorURL
 
 BUILDER_VERSION = "2"  # part of every cache key: a change in how environments are built starts afresh
-PUMP_PORT = 3141  # the mirror's address inside a setup sandbox: http://127.0.0.1:3141/<index path>
 LOG_TAIL_CHARS = 4_000
-READY_FILE = "/tmp/.frogfix-index-ready"
 SCRIPT = "build.sh"
 SAVE_SCRIPT = "save.sh"
 # Kept from what the build wrote into the checkout: files git ignores, less caches and build output.
@@ -69,7 +71,7 @@ SAVE = f"""set -e -o pipefail
 mkdir -p {GENERATED_DIR}
 git ls-files -z --others --ignored --exclude-standard 2>/dev/null \\
   | {{ grep -zvE '{NOT_GENERATED}' || true; }} | xargs -0 -r cp -a --parents -t {GENERATED_DIR}/
-cp -a {ENV_DIR}/. {OUT_DIR}/
+if [ -d {OUT_DIR} ]; then cp -a {ENV_DIR}/. {OUT_DIR}/; fi  # bound locally; on Kubernetes streamed out
 """
 
 
@@ -135,9 +137,11 @@ class SetupRequest:
     scope: str
     version: str | None  # the project's version from its last release tag, for setuptools-scm and hatch-vcs
     tag: str | None
+    image: str | None = None  # the job's sandbox image (`.frogfix.yml` image:), where the backend uses one
 
 
-SandboxOpener = Callable[[Path, SetupMounts, dict[str, str]], Any]
+# (workspace, mounts, environment variables, image) -> a started setup sandbox
+SandboxOpener = Callable[[Path, SetupMounts, dict[str, str], str | None], SetupSandbox]
 
 
 class Environments:
@@ -172,6 +176,7 @@ class Environments:
     def for_checkout(
         self, workspace: Path, test_command: str | None, setup_command: str | None, overrides: Overrides | None,
         commit: str | None = None,
+        image: str | None = None,
     ) -> EnvironmentReport:
         """The environment for the checkout at `workspace` (ok or not; nothing raises for the repository's faults)."""
         if self._mirror is None:
@@ -184,7 +189,7 @@ class Environments:
         except (DeclarationError, OSError) as exc:
             return failed(self.redact(f"the repository's dependency files cannot be read: {exc}"), built=False)
         tag, version = self._version(commit)
-        request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag)
+        request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag, image)
         key = cache_key(request, self._mirror, self.settings)
         if key in self._known:
             return self._known[key]
@@ -226,7 +231,7 @@ class Environments:
                 folder.mkdir(mode=0o755)
                 folder.chmod(0o755)
             _write_files(files, request)
-            with IndexRelay(self._mirror, relay_dir / "index.sock") as relay:
+            with IndexRelay(self._mirror, relay_dir / RELAY_SOCKET) as relay:
                 relay.inside_origin = f"http://127.0.0.1:{PUMP_PORT}"
                 report = self._run_setup(request, files, relay_dir, out, relay)
                 if relay.requests == 0 and not report.ok:
@@ -260,7 +265,7 @@ class Environments:
         )
         env = setup_env(relay.inside_index_url(), request)
         try:
-            with closing(self.open_setup(request.workspace, mounts, env)) as box:
+            with closing(self.open_setup(request.workspace, mounts, env, request.image)) as box:
                 built = box.run_command(f"bash {SETUP_FILES_DIR}/{SCRIPT}", timeout=s.environment_timeout_seconds)
                 log = self.redact(built.log)
                 if built.timed_out:
@@ -271,7 +276,9 @@ class Environments:
                                   f"{_first_error(log)}", log)
                 copied = box.run_command(f"bash {SETUP_FILES_DIR}/{SAVE_SCRIPT}", timeout=600)
                 if copied.exit_code != 0:
-                    return failed("the built environment could not be saved", self.redact(copied.log))
+                    return failed(f"the built environment could not be saved (exit {copied.exit_code})",
+                                  self.redact(copied.log))
+                box.collect_environment()
         except SandboxError as exc:
             return failed(self.redact(f"the setup sandbox failed: {exc}"))
         return EnvironmentReport(True, built=True)
@@ -290,7 +297,7 @@ def cache_key(request: SetupRequest, mirror: MirrorURL, settings: Settings) -> s
         "builder": BUILDER_VERSION,
         "scope": request.scope,
         "mirror": mirror.without_credentials(),
-        "interpreter": interpreter_identity(settings),
+        "interpreter": interpreter_identity(settings, request.image),
         "plan": plan,
         "setup_command": request.setup_command,
         "tag": request.tag,
@@ -304,10 +311,10 @@ def cache_key(request: SetupRequest, mirror: MirrorURL, settings: Settings) -> s
     return digest.hexdigest()
 
 
-def interpreter_identity(settings: Settings) -> str:
+def interpreter_identity(settings: Settings, image: str | None = None) -> str:
     """The interpreter the environment is built from: the sandbox image (Kubernetes) or the host's python3."""
     if settings.sandbox == "kubernetes":
-        return f"image:{settings.sandbox_image}"
+        return f"image:{image or settings.sandbox_image}"
     found = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")
     if found is None:
         return "python3:none"
@@ -343,6 +350,11 @@ def setup_env(index_url: str, request: SetupRequest) -> dict[str, str]:
         "UV_PYTHON_DOWNLOADS": "never",
         "UV_NO_PROGRESS": "1",
         "UV_HTTP_TIMEOUT": "120",
+        # A pod's workspace volume is root's (fsGroup'd), so git would call it dubious: build backends that
+        # read versions from git (setuptools-scm, hatch-vcs) and the save script need it trusted.
+        "GIT_CONFIG_COUNT": "1",
+        "GIT_CONFIG_KEY_0": "safe.directory",
+        "GIT_CONFIG_VALUE_0": "*",
     }
     if request.version and request.plan.dist_name:
         name = re.sub(r"[-_.]+", "_", request.plan.dist_name).upper()
@@ -360,10 +372,13 @@ def build_script(request: SetupRequest) -> str:
     lines = [
         "set -u",
         # The pump must not hold the command's output open, or the command would never end.
-        f"python3 -I -S {SETUP_FILES_DIR}/index_pump.py {PUMP_PORT} {RELAY_DIR}/index.sock {READY_FILE}"
+        # Locally the relay's socket is bound in; on Kubernetes the backend's tunnel already listens.
+        f"if [ -S {RELAY_DIR}/{RELAY_SOCKET} ]; then",
+        f"  python3 -I -S {SETUP_FILES_DIR}/index_pump.py {PUMP_PORT} {RELAY_DIR}/{RELAY_SOCKET} {READY_FILE}"
         " </dev/null >/dev/null 2>&1 &",
-        "pump=$!",
-        'trap \'kill "$pump" 2>/dev/null\' EXIT',
+        "  pump=$!",
+        "  trap 'kill \"$pump\" 2>/dev/null' EXIT",
+        "fi",
         f"for _ in $(seq 1 400); do [ -e {READY_FILE} ] && break; sleep 0.05; done",
         "set -e -o pipefail",
         'echo "frogfix: building the test environment"',
