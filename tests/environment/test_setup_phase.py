@@ -25,6 +25,7 @@ import pytest
 
 from app.settings import Settings
 from tests.doubles.openai_server import ScriptedOpenAIServer
+from tests.nonroot import NonRoot
 from tests.realrepos.mirror import PackageMirror
 from worker.environment.builder import Environments
 from worker.wiring import open_job_sandbox, open_setup_sandbox
@@ -230,3 +231,20 @@ def test_fix_ends_before_any_model_call_when_the_base_tests_cannot_start(roots: 
     assert out["status"] == "environment_error" and calls == 0 and out["usage"]["calls"] == 0, proc.stderr
     assert "usage error" in out["environment"]["reason"] and out["tests"]["before"]["exit_code"] == 4
     assert "environment error: the tests could not start on the base commit" in proc.stderr
+
+
+def test_a_non_root_worker_builds_the_environment_and_its_sandboxes_use_it(
+    nonroot: NonRoot, mirror: PackageMirror
+) -> None:
+    """The shipped worker image runs as a plain user: the setup sandbox, relay and cache work there too."""
+    base = nonroot.folder("environment-")
+    done = nonroot.run_python(Path(__file__).with_name("nonroot_setup.py"), str(base), mirror.url_with_credentials,
+                              timeout=600)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["uid"] == nonroot.uid != 0
+    assert out["report"]["ok"] and out["report"]["built"], out["report"]
+    assert "42 /frogfix/env" in out["used"], out["used"]
+    leaked = [str(p) for p in base.rglob("*")
+              if p.is_file() and not p.is_symlink() and CANARY.encode() in p.read_bytes()]
+    assert leaked == [] and CANARY not in done.stdout + done.stderr
