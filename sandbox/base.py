@@ -55,6 +55,8 @@ class CommandResult:
     duration_s: float = 0.0
 
 
+# A sandbox's PATH when the job sets none (the image's or the host's usual folders).
+DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 # Where a job's built test environment (a virtual environment) is, in every sandbox of the job.
 ENV_DIR = "/frogfix/env"
 # The setup phase only: its files (build script, pump, plan), the relay's socket folder, the copy-out folder.

@@ -154,8 +154,12 @@ class _Tunnel:
                 client.shutdown(socket.SHUT_WR)
             self._half_done(conn)
         elif kind == CLOSE:
+            with self.lock:
+                self.conns.pop(conn, None)
+                self.halves.pop(conn, None)
             with contextlib.suppress(OSError):
                 client.shutdown(socket.SHUT_RDWR)
+            client.close()
 
 
 def tunnel(port: int, ready: str, stdin: BinaryIO, stdout: BinaryIO) -> None:

@@ -437,7 +437,7 @@ class KubernetesSandbox(RunnerClient):
             try:
                 deadline = min(time.monotonic() + COLLECT_TIMEOUT_S, self._deadline)
                 reader = ExecReader(stream, deadline, lambda: self._res.cancelled)
-                receive_environment(cast(Any, reader), self.setup.out, self.setup.env_size_bytes)
+                receive_environment(reader, self.setup.out, self.setup.env_size_bytes)  # reads to the exit too
                 code = stream.wait_exit(deadline)
             except StreamBroken as exc:
                 raise SandboxError(f"copying the built environment out of pod {self.pod_name} failed: {exc}") from None
@@ -574,7 +574,12 @@ class KubernetesSandbox(RunnerClient):
         assert self.setup is not None
         pump = f"{SETUP_FILES_DIR}/index_pump.py"
         argv = [self.python, "-I", "-S", "-B", pump, "--tunnel", str(PUMP_PORT), READY_FILE]
-        tunnel = IndexTunnel(self._open_exec(name, argv), os.path.join(self.setup.relay, RELAY_SOCKET))
+        stream = self._open_exec(name, argv)
+        try:
+            tunnel = IndexTunnel(stream, os.path.join(self.setup.relay, RELAY_SOCKET))
+        except OSError as exc:
+            stream.close()
+            raise SandboxUnavailable(f"the index relay's folder cannot be opened: {exc}") from None
         self._res.tunnel = tunnel
         try:
             tunnel.wait_ready(self.start_timeout_s)

@@ -8,8 +8,8 @@ relay.py: GET and HEAD to the mirror's origin, credentials added there). The pod
 `sandbox/index_pump.py --tunnel`; the frame format is that module's, used here unchanged.
 
 The pod's end is untrusted (the build runs the repository's code as the same uid), so
-everything it sends is bounded: a malformed frame ends the tunnel, and connections beyond
-`max_connections` are refused.
+everything it sends is bounded: a malformed frame ends the tunnel, and a connection beyond
+`max_connections` answers still being sent (a pod that stops reading holds them) is refused.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class IndexTunnel:
         self.stream = stream
         self.socket_path = socket_path
         # A unix socket's path has at most 107 bytes; its folder, reached through a descriptor, has any length.
-        self._folder = os.open(os.path.dirname(socket_path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+        self._folder = os.open(os.path.dirname(socket_path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._address = f"/proc/self/fd/{self._folder}/{os.path.basename(socket_path)}"
         self.max_connections = max_connections
         self.ready = threading.Event()
@@ -44,6 +44,7 @@ class IndexTunnel:
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._upstream: dict[int, socket.socket] = {}
+        self._copying = 0  # threads still sending a relay's answer: the bound on what the pod can hold open
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="index-tunnel", daemon=True)
         self._thread.start()
@@ -62,8 +63,9 @@ class IndexTunnel:
         self._thread.join(timeout=5)
         self.stream.close()
         self._drop_all()
-        with contextlib.suppress(OSError):
-            os.close(self._folder)
+        if not self._thread.is_alive():  # a reader still running could yet connect through the descriptor
+            with contextlib.suppress(OSError):
+                os.close(self._folder)
 
     # ------------------------------------------------------------------------- internals
 
@@ -71,7 +73,7 @@ class IndexTunnel:
         buffer = self.stream.out
         try:
             while not self._closed:
-                while (item := frames.parse(buffer)) is not None:
+                while not self._closed and (item := frames.parse(buffer)) is not None:
                     self._dispatch(*item)
                 if self.stream.status is not None:
                     self.error = "the pod's end of the tunnel exited"
@@ -113,8 +115,8 @@ class IndexTunnel:
 
     def _open(self, conn: int) -> None:
         with self._lock:
-            full = len(self._upstream) >= self.max_connections or conn in self._upstream
-        if full:
+            full = self._copying >= self.max_connections or conn in self._upstream
+        if full or self._closed:
             self._send(conn, frames.CLOSE)
             return
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -128,6 +130,7 @@ class IndexTunnel:
         with self._lock:
             self._upstream[conn] = upstream
             self.connections += 1
+            self._copying += 1
         threading.Thread(target=self._copy_back, args=(conn, upstream), daemon=True).start()
 
     def _copy_back(self, conn: int, upstream: socket.socket) -> None:
@@ -145,6 +148,7 @@ class IndexTunnel:
             with self._lock:
                 if self._upstream.get(conn) is upstream:
                     del self._upstream[conn]
+                self._copying -= 1
             upstream.close()
 
     def _drop(self, conn: int, *, tell: bool) -> None:

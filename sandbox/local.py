@@ -59,6 +59,7 @@ from typing import IO, Any
 
 from sandbox import cgroups
 from sandbox.base import (
+    DEFAULT_PATH,
     ENV_DIR,
     GENERATED_DIR,
     OUT_DIR,
@@ -92,7 +93,6 @@ SEED_SCRIPT = (
     f'cp -a {SEED_IN_SANDBOX}/. "$0"/ && {{ [ ! -d {GENERATED_DIR} ] || cp -a {GENERATED_DIR}/. "$0"/; }} && exec "$@"'
 )
 HOME_IN_SANDBOX = "/tmp/home"
-DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What programs need from /etc, and nothing else: no host users, keys or service configs, and no
 # /etc/gitconfig (CI hosts put `insteadOf` URLs with tokens there).

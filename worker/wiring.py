@@ -13,7 +13,7 @@ from typing import Any, cast
 from app.forge.api import Forge, ForgeError
 from app.forge.retry import RetryPolicy
 from app.settings import Settings
-from sandbox.base import ENV_DIR, Sandbox, SandboxLimits, SandboxSpec, SetupMounts, SetupSandbox
+from sandbox.base import DEFAULT_PATH, ENV_DIR, Sandbox, SandboxLimits, SandboxSpec, SetupMounts, SetupSandbox
 from sandbox.factory import open_sandbox
 from sandbox.quantity import parse_cpus, parse_quantity
 from worker.leaf.loop import LeafLimits
@@ -24,7 +24,7 @@ SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 # A sandbox with a built environment (worker/environment) has it active, as `source bin/activate` would.
 ENVIRONMENT_ENV = {
     "VIRTUAL_ENV": ENV_DIR,
-    "PATH": f"{ENV_DIR}/bin:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+    "PATH": f"{ENV_DIR}/bin:{DEFAULT_PATH}",
 }
 
 

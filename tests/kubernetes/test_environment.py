@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import tarfile
 from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
@@ -152,54 +151,73 @@ def test_a_failed_setup_pod_build_is_an_environment_error(k8s_settings: Settings
 # ----------------------------------------------------------------------------- what comes out of a setup pod
 
 
-def archive(*members: tuple[tarfile.TarInfo, bytes]) -> io.BytesIO:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as out:
-        for info, data in members:
-            info.size = len(data) if info.isreg() else 0
-            out.addfile(info, io.BytesIO(data) if info.isreg() else None)
-    buffer.seek(0)
-    return buffer
-
-
-def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", mode: int = 0o644) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode = kind, link, mode
-    return info
+def stream(*entries: dict[str, Any], data: dict[str, bytes] | None = None, tail: bytes = b"") -> io.BytesIO:
+    """A setup pod's stream as PACK writes it: a JSON header line per entry, a file's bytes after it."""
+    out = bytearray()
+    for header in entries:
+        out += json.dumps(header).encode() + b"\n"
+        if header.get("t") == "f":
+            out += (data or {}).get(header["p"], b"")
+    out += b'{"end": true}\n' + tail
+    return io.BytesIO(bytes(out))
 
 
 def test_a_venv_shaped_stream_is_kept_with_its_absolute_interpreter_link(tmp_path: Path) -> None:
-    stream = archive(
-        (entry("env", tarfile.DIRTYPE, mode=0o755), b""),
-        (entry("env/bin", tarfile.DIRTYPE, mode=0o755), b""),
-        (entry("env/bin/python", tarfile.SYMTYPE, "/usr/bin/python3"), b""),
-        (entry("env/bin/tool", mode=0o4755), b"#!/frogfix/env/bin/python\n"),
-        (entry("env/pyvenv.cfg"), b"home = /usr/bin\n"),
+    entries = stream(
+        {"p": "bin", "t": "d"},
+        {"p": "bin/python", "t": "l", "to": "/usr/bin/python3"},
+        {"p": "bin/tool", "t": "f", "x": True, "n": 26},
+        {"p": "pyvenv.cfg", "t": "f", "n": 16},
+        data={"bin/tool": b"#!/frogfix/env/bin/python\n", "pyvenv.cfg": b"home = /usr/bin\n"},
     )
-    assert receive_environment(stream, str(tmp_path), 10_000) == 4
+    assert receive_environment(entries, str(tmp_path), 10_000) == 4
     assert os.readlink(tmp_path / "bin" / "python") == "/usr/bin/python3"
-    assert (tmp_path / "bin" / "tool").stat().st_mode & 0o7777 == 0o755  # no set-id bit kept
+    assert (tmp_path / "bin" / "tool").stat().st_mode & 0o7777 == 0o755
+    assert (tmp_path / "pyvenv.cfg").read_bytes() == b"home = /usr/bin\n"
+
+
+OUTSIDE = "/tmp/frogfix-escaped-by-a-setup-pod"
+DEEP = "/".join(["d" * 250] * 20)
 
 
 @pytest.mark.parametrize(
-    ("members", "why"),
+    ("entries", "why"),
     [
-        ([(entry("env/../../escaped"), b"x")], "outside"),
-        ([(entry("/etc/frogfix-escaped"), b"x")], "outside env/"),
-        ([(entry("env/lib", tarfile.SYMTYPE, "/etc"), b""), (entry("env/lib/frogfix-escaped"), b"x")], "refused"),
-        ([(entry("env/bin", tarfile.SYMTYPE, "/etc"), b""), (entry("env/bin", mode=0o644), b"x")], "refused"),
-        ([(entry("env/passwd", tarfile.LNKTYPE, "/etc/passwd"), b"")], "hard link"),
-        ([(entry("env/dev", tarfile.CHRTYPE), b"")], "special file"),
-        ([(entry("env/big"), b"x" * 2000)], "FROGFIX_ENVIRONMENT_SIZE"),
+        ([{"p": "../frogfix-escaped", "t": "f", "n": 0}], "bad entry name"),
+        ([{"p": OUTSIDE, "t": "f", "n": 0}], "bad entry name"),
+        ([{"p": "a/./b", "t": "d"}], "bad entry name"),
+        ([{"p": "lib", "t": "l", "to": "/tmp"}, {"p": "lib/frogfix-escaped-by-a-setup-pod", "t": "f", "n": 0}],
+         "parent is not a folder"),
+        ([{"p": "bin", "t": "l", "to": OUTSIDE}, {"p": "bin", "t": "f", "n": 1}], "FileExistsError"),
+        ([{"p": "x", "t": "f", "n": 0}, {"p": "x/y", "t": "f", "n": 0}], "parent is not a folder"),
+        ([{"p": "missing/y", "t": "f", "n": 0}], "parent is not a folder"),
+        ([{"p": "hard", "t": "h", "to": "/etc/passwd"}], "folders, files and links only"),
+        ([{"p": "big", "t": "f", "n": 5000}], "FROGFIX_ENVIRONMENT_SIZE"),
+        ([{"p": "bad", "t": "f", "n": -1}], "bad size"),
+        ([{"p": "x", "t": "d", "pad": "y" * 20_000}], "longer than"),
+        ([{"p": f"e{i}", "t": "d"} for i in range(3)], "FROGFIX_ENVIRONMENT_SIZE"),  # entries count too
+        ([{"p": DEEP, "t": "f", "n": 0}], "bad entry name"),
     ],
 )
-def test_a_hostile_stream_is_refused(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]], why: str) -> None:
+def test_a_hostile_stream_is_refused(tmp_path: Path, entries: list[dict[str, Any]], why: str) -> None:
     dest = tmp_path / "out"
     dest.mkdir()
     with pytest.raises(EnvironmentRefused, match=why):
-        receive_environment(archive(*members), str(dest), 1000)
-    assert not (tmp_path / "escaped").exists() and not Path("/etc/frogfix-escaped").exists()
-    assert not Path("/etc/lib").exists()
+        receive_environment(stream(*entries), str(dest), 1200)
+    assert not Path(OUTSIDE).exists() and not (tmp_path / "frogfix-escaped").exists()
+
+
+def test_a_stream_that_goes_on_after_its_end_or_stops_early_is_refused(tmp_path: Path) -> None:
+    for name, source in {
+        "more": stream({"p": "a", "t": "d"}, tail=b"x" * 10),
+        "short": io.BytesIO(b'{"p": "f", "t": "f", "n": 10}\nabc'),
+        "unended": io.BytesIO(b'{"p": "a", "t": "d"}\n'),
+        "garbage": io.BytesIO(b"\x00\xff not json\n"),
+    }.items():
+        dest = tmp_path / name
+        dest.mkdir()
+        with pytest.raises(EnvironmentRefused):
+            receive_environment(source, str(dest), 10_000)
 
 
 def test_the_pack_script_is_what_receive_reads(tmp_path: Path) -> None:
@@ -208,10 +226,13 @@ def test_the_pack_script_is_what_receive_reads(tmp_path: Path) -> None:
     (env / "bin").mkdir(parents=True)
     (env / "bin" / "python").symlink_to("/usr/bin/python3")
     (env / "lib.py").write_text("X = 1\n")
-    packed = subprocess.run(
-        [PYTHON, "-I", "-S", "-c", kubernetes_environment.PACK, str(env)], capture_output=True, check=True
-    ).stdout
+    (env / "bin" / "run").write_bytes(b"#!/bin/sh\n" * 200_000)
+    (env / "bin" / "run").chmod(0o755)
+    packed = subprocess.run([PYTHON, "-I", "-S", "-c", kubernetes_environment.PACK, str(env)], capture_output=True,
+                            check=True).stdout
     dest = tmp_path / "dest"
     dest.mkdir()
-    assert receive_environment(io.BytesIO(packed), str(dest), 10_000) == 3
+    assert receive_environment(io.BytesIO(packed), str(dest), 10**8) == 4
     assert (dest / "lib.py").read_text() == "X = 1\n" and os.readlink(dest / "bin" / "python") == "/usr/bin/python3"
+    assert (dest / "bin" / "run").read_bytes() == (env / "bin" / "run").read_bytes()
+    assert os.access(dest / "bin" / "run", os.X_OK)

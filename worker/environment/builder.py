@@ -40,6 +40,7 @@ from typing import Any
 from app.settings import Settings
 from sandbox import index_pump
 from sandbox.base import (
+    DEFAULT_PATH,
     ENV_DIR,
     GENERATED_DIR,
     OUT_DIR,
@@ -338,7 +339,7 @@ def release_version(tag: str, distance: int) -> str | None:
 def setup_env(index_url: str, request: SetupRequest) -> dict[str, str]:
     """The setup sandbox's environment: the mirror as the relay serves it, the environment active."""
     env = {
-        "PATH": f"{ENV_DIR}/bin:{TOOLS_DIR}:/usr/local/bin:/usr/bin:/bin",
+        "PATH": f"{ENV_DIR}/bin:{TOOLS_DIR}:{DEFAULT_PATH}",
         "VIRTUAL_ENV": ENV_DIR,
         "PIP_INDEX_URL": index_url,
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
