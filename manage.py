@@ -461,7 +461,7 @@ def _job_details(job_id: int) -> dict[str, Any]:
     return details
 
 
-def _tests_summary(tests: dict[str, Any] | None) -> str:
+def _tests_summary(tests: dict[str, Any] | None, evidence: dict[str, Any] | None = None) -> str:
     if not tests:
         return "no tests run"
     before = (tests.get("before") or {}).get("exit_code")
@@ -469,7 +469,13 @@ def _tests_summary(tests: dict[str, Any] | None) -> str:
     if isinstance(after, dict):
         after = [after]
     codes = ", ".join(str(run.get("exit_code")) for run in after) or "-"
-    return f"tests before exit {before}, after exit {codes}"
+    line = f"tests before exit {before}, after exit {codes}"
+    verdict = evidence or tests.get("evidence")
+    if isinstance(verdict, dict) and verdict.get("level"):
+        from worker.evidence import Evidence, evidence_line
+
+        line += "; " + evidence_line(Evidence.from_dict(verdict))
+    return line
 
 
 def _print_job(d: dict[str, Any]) -> None:
@@ -614,6 +620,7 @@ def _show_local(job: str, json_out: bool) -> None:
         "exit_reason": data.get("exit_reason"),
         "steps": data.get("n_steps"),
         "tests": fix.get("tests"),
+        "evidence": fix.get("evidence"),
         "flags": fix.get("flags") or [],
         "usage": fix.get("usage") or data.get("usage"),
         "trajectory": str(path),
@@ -631,7 +638,7 @@ def _show_local(job: str, json_out: bool) -> None:
         ("repository", summary["repository"] or "-"),
         ("base", (summary["base_commit"] or "-")[:12]),
         ("agent", f"{summary['exit_reason'] or '-'} after {summary['steps'] or 0} steps"),
-        ("tests", _tests_summary(summary["tests"]) if summary["tests"] else "no tests run"),
+        ("tests", _tests_summary(summary["tests"], summary["evidence"]) if summary["tests"] else "no tests run"),
         ("started", _when(summary["started_at"])),
     ):
         lines.extend(_wrap(str(value), f"  {label:<10} ", 13))

@@ -126,6 +126,7 @@ class Settings(BaseSettings):
     attempts: int = Field(default=1, ge=1, le=10)  # independent attempts; the first that verifies is published
     verify_runs: int = Field(default=2, ge=1, le=10)  # patched test runs; differing results are flaky
     refuse_protected_changes: bool = False  # refuse (not just flag) patches touching tests, CI or protected paths
+    require_reproduction: bool = False  # publish only patches whose evidence proves the fix (no "not reproduced" MRs)
     # A larger patch refuses the attempt (the sandbox stops reading the diff there): this bot makes small fixes.
     max_patch_bytes: int = Field(default=1024 * 1024, ge=1024, le=256 * 1024**2)
     allow_binary_patches: bool = False  # binary files cannot be reviewed in an MR's diff, so they are refused

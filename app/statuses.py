@@ -33,6 +33,7 @@ class AttemptStatus(StrEnum):
 
     running = "running"
     verified = "verified"
+    unproven = "unproven"  # passed, but nothing reproduces the bug or failed before (publishable, marked)
     no_fix = "no_fix"
     failed = "failed"
     rejected = "rejected"
@@ -55,10 +56,29 @@ class ExitReason(StrEnum):
     environment_error = "environment_error"  # the environment or the base commit's tests (no model call)
 
 
+class EvidenceLevel(StrEnum):
+    """What the tests prove about a patch (worker/evidence.py decides it; everything else reads it).
+
+    unrunnable: the tests could not run with the patch; regressed: a test that did not fail on the
+    base fails with it; reproduced: the patch's own tests fail on the base source and pass with the
+    fix; failed_before: tests that failed on the base pass with it; unproven: none of these.
+    """
+
+    unrunnable = "unrunnable"
+    regressed = "regressed"
+    reproduced = "reproduced"
+    failed_before = "failed_before"
+    unproven = "unproven"
+
+
 class FixStatus(StrEnum):
-    """The outcome `manage.py fix` prints (DESIGN: `fixed`, `no_fix` or `failed`)."""
+    """The outcome `manage.py fix` prints (DESIGN: `fixed`, `no_fix` or `failed`).
+
+    `fixed` only for the evidence levels reproduced and failed_before; `unproven` for a patch that
+    passes but proves nothing."""
 
     fixed = "fixed"
+    unproven = "unproven"
     no_fix = "no_fix"
     failed = "failed"
     environment_error = "environment_error"  # the tests could not run: no model call was made

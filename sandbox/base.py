@@ -115,7 +115,7 @@ class SandboxSpec:
 class SetupSandbox(Protocol):
     """A setup-phase sandbox, besides running commands: hands the built environment to the host."""
 
-    def run_command(self, command: str, timeout: float) -> CommandResult: ...
+    def run_command(self, command: str, timeout: float, log_limit: int | None = None) -> CommandResult: ...
 
     def collect_environment(self) -> None:
         """Make SetupMounts.out hold ENV_DIR's files (after the save script ran); SandboxError if not."""
@@ -131,8 +131,9 @@ class Sandbox(Protocol):
         """Run one Leaf tool call; the result is the exact Leaf text (tool errors included)."""
         ...
 
-    def run_command(self, command: str, timeout: float) -> CommandResult:
-        """Run a shell command in the workspace (used for tests and setup, not by the model)."""
+    def run_command(self, command: str, timeout: float, log_limit: int | None = None) -> CommandResult:
+        """Run a shell command in the workspace (used for tests and setup, not by the model); its log
+        keeps head and tail up to `log_limit` bytes (default: the limits' output_bytes)."""
         ...
 
     def patch(self, base_commit: str) -> str:

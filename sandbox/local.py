@@ -13,6 +13,21 @@ Why it is built this way:
   unprivileged inside the user namespace), so a write past them fails with ENOSPC and nothing the
   sandbox writes lands on the host's disk. The checkout is copied in at start from a read-only
   bind of the host's workspace; the host needs nothing back, the runner takes the patch inside.
+  Every writable tmpfs also has an inode bound (`bytes_per_inode`): empty files take no space,
+  but each is about 1-2 KiB of kernel memory, and a tmpfs's default allows millions of them.
+- Limits bwrap cannot set (`_limit_namespaces`): before anything of the job runs, while the
+  sandbox's first process waits for a line on its stdin (SEED_SCRIPT), the worker starts a helper
+  as the sandbox's host uid (or root, for a root worker).
+  That uid owns the user namespace bwrap made first, which owns the sandbox's mount and IPC
+  namespaces (the sandbox's processes run one user namespace further down, without a single
+  capability, and cannot make another). The helper enters them, sets the inode bounds (tmpfs
+  reconfigured) and the IPC namespace's System V limits (`ipc_sysctls()`: a fresh IPC namespace
+  allows unbounded shared memory, ~35 GiB of message queues and more of semaphores), and makes
+  /proc/sys read-only (the sandbox's uid is its namespaces' root for sysctls on Linux 6.9+). The
+  sandbox's processes cannot undo any of it: they have no capability and cannot gain one.
+  Linux lets a non-root worker set IPC sysctls only from 6.9 on; before that (root workers can on
+  any kernel) the sandbox runs without them (`ipc_limited` False). On every kernel the runner
+  removes all System V objects between commands, after killing the leftovers (`--clear-ipc`).
 - Cgroups (sandbox/cgroups.py), where the host allows: one per sandbox bounding the memory, tasks
   and CPU of all its processes; bwrap is spawned through an exec wrapper that joins it first, so
   no process of the sandbox is ever outside. The memory bound is `limits.memory_bytes` itself
@@ -51,6 +66,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -87,10 +103,18 @@ DEFAULT_HOST_GID = 65534
 MOUNT_POINT = "/workspace"
 RUNNER_IN_SANDBOX = "/frogfix/runner.py"
 SEED_IN_SANDBOX = "/frogfix/seed"  # the host workspace, read-only: copied into the sandbox's own at start
-# Copies the checkout into the size-limited workspace (and, over it, the files a built environment's
-# setup phase generated there), then becomes the runner (same pid).
+# Says it is ready (SEED_READY on the protocol's stdout), waits until the worker has set the limits
+# bwrap cannot (SEED_GO on stdin, which `read` takes byte by byte, leaving the requests to the runner;
+# EOF or anything else: stop), copies the checkout into the size-limited workspace $0 (and, over it,
+# the files a built environment's setup phase generated there), then becomes the runner (same pid).
+# Only builtins and /bin/cp by its full path: the job's PATH leads into its environment, which a
+# setup phase wrote, and nothing of that may run while the protocol pipes are open.
+SEED_READY = b"frogfix-seed-ready\n"
+SEED_GO = b"go\n"
 SEED_SCRIPT = (
-    f'cp -a {SEED_IN_SANDBOX}/. "$0"/ && {{ [ ! -d {GENERATED_DIR} ] || cp -a {GENERATED_DIR}/. "$0"/; }} && exec "$@"'
+    'echo frogfix-seed-ready && read -r go && [ "$go" = go ] && '
+    f'/bin/cp -a {SEED_IN_SANDBOX}/. "$0"/ && {{ [ ! -d {GENERATED_DIR} ] || /bin/cp -a {GENERATED_DIR}/. "$0"/; }} '
+    '&& exec "$@"'
 )
 HOME_IN_SANDBOX = "/tmp/home"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -133,6 +157,137 @@ PROFILE = "# FrogFix sandbox: a login shell keeps the environment the sandbox wa
 # runner's fork-bomb reclaim counts against it), the cgroup also counts bwrap outside the namespace
 # and is the wall that holds if the rlimit does not.
 PIDS_HEADROOM = 8
+# Inodes of each writable tmpfs: one per BYTES_PER_INODE of its size, never fewer than MIN_TMPFS_INODES.
+# (The kernel's default is half the host's RAM pages, millions; each inode is about 1 KiB of slab
+# plus a dentry that no tmpfs size counts, so at 16 KiB an inode they cost at most ~1/8 of the size.)
+BYTES_PER_INODE = 16 * 1024
+MIN_TMPFS_INODES = 4096
+# System V limits of the sandbox's own IPC namespace (a fresh one starts with the kernel's defaults:
+# shared memory unbounded, 32000 message queues of up to 16384 messages, ~1.1 MiB of kernel memory
+# each, 32000 semaphore arrays). With these: shared memory at most /dev/shm's size in all, in at most
+# 128 segments; 32 queues (~36 MiB); 32000 semaphores in 128 arrays (~2.3 MiB).
+SYSV_SEGMENTS = 128
+SYSV_MESSAGE_QUEUES = 32
+SYSV_SEMAPHORES = "32000 32000 500 128"  # kernel.sem: per array, in all, per semop call, arrays
+# The helper `_limit_namespaces` runs (python -I -S -c, stdlib only, single-threaded as setns needs):
+# argv[1] is its JSON config; it prints {"ipc": true} or {"ipc": false, "problem": ...}, and exits 1
+# with one line on stderr when the inode bounds cannot be set. Not root: as the owner of the sandbox's
+# first user namespace it enters it (every capability there, none outside), then the IPC and mount
+# namespaces. Root: it has those rights already, and on Linux 6.9+ acts as the host uid for the sysctls
+# (they belong to the namespace's root, that uid). The sysctls are written through a private clone of
+# the sandbox's /proc mount without its submounts (never attached anywhere), so a read-only cover on
+# /proc/sys (which bwrap 0.8 does not add, as /proc/sys is mode 0555) would not stop them. Then it
+# covers /proc/sys with a read-only bind: from 6.9 on the sandbox's own uid is its namespaces' root
+# for sysctls and could otherwise undo the limits. Syscall numbers are the same on x86_64 and arm64.
+LIMIT_NAMESPACES = r"""
+import ctypes, fcntl, json, os, select, sys
+
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x00020000, 0x08000000, 0x10000000
+NS_GET_USERNS = 0xB701
+SYS_OPEN_TREE, SYS_FSCONFIG, SYS_FSPICK = 428, 431, 433
+AT_FDCWD, OPEN_TREE_CLONE = -100, 1
+FSPICK_FLAGS = 1 | 2 | 4  # FSPICK_CLOEXEC | FSPICK_SYMLINK_NOFOLLOW | FSPICK_NO_AUTOMOUNT
+FSCONFIG_SET_STRING, FSCONFIG_CMD_RECONFIGURE = 1, 7
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC = 1, 2, 4, 8, 32, 4096, 16384
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+
+
+def checked(what, result):
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def call(what, number, *args):
+    args = [ctypes.c_long(a) if isinstance(a, int) else a for a in args]
+    return checked(what, libc.syscall(ctypes.c_long(number), *args))
+
+
+def enter(pid, pidfd):
+    ipc = os.open(f"/proc/{pid}/ns/ipc", os.O_RDONLY | os.O_CLOEXEC)
+    mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    if select.select([pidfd], [], [], 0)[0]:  # it ended, and its pid may be another process's now
+        raise OSError("the sandbox ended while it was being set up")
+    if os.geteuid() != 0:
+        checked("setns(user)", libc.setns(fcntl.ioctl(ipc, NS_GET_USERNS), CLONE_NEWUSER))
+    checked("setns(ipc)", libc.setns(ipc, CLONE_NEWIPC))
+    checked("setns(mnt)", libc.setns(mnt, CLONE_NEWNS))
+
+
+def limit_inodes(path, count):
+    fd = call(f"fspick({path})", SYS_FSPICK, AT_FDCWD, path.encode(), FSPICK_FLAGS)
+    try:
+        value = str(count).encode()
+        call(f"nr_inodes={count} on {path}", SYS_FSCONFIG, fd, FSCONFIG_SET_STRING, b"nr_inodes", value, 0)
+        call(f"reconfiguring {path}", SYS_FSCONFIG, fd, FSCONFIG_CMD_RECONFIGURE, None, None, 0)
+    finally:
+        os.close(fd)
+    if os.statvfs(path).f_files != count:
+        raise OSError(f"{path} has {os.statvfs(path).f_files} inodes, not {count}")
+
+
+def write_sysctls(proc, sysctls):
+    for name, value in sysctls:
+        fd = os.open(f"sys/{name}", os.O_WRONLY | os.O_CLOEXEC, dir_fd=proc)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+        fd = os.open(f"sys/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+        try:
+            now = os.read(fd, 4096).decode()
+        finally:
+            os.close(fd)
+        if now.split() != value.split():
+            raise OSError(f"{name} is {now.strip()!r} after writing {value!r}")
+
+
+def limit_ipc(sysctls, ids):
+    proc = call("open_tree(/proc)", SYS_OPEN_TREE, AT_FDCWD, b"/proc", OPEN_TREE_CLONE | os.O_CLOEXEC)
+    try:
+        write_sysctls(proc, sysctls)
+    except PermissionError:  # Linux 6.9+: they are the namespace's root's, the sandbox's host uid
+        if os.geteuid() != 0 or ids is None:
+            raise
+        os.setegid(ids[1])
+        os.seteuid(ids[0])
+        try:
+            write_sysctls(proc, sysctls)
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+
+
+def cover_proc_sys():
+    ro = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+    checked("bind /proc/sys", libc.mount(b"/proc/sys", b"/proc/sys", None, ctypes.c_ulong(MS_BIND | MS_REC), None))
+    checked("remount /proc/sys read-only", libc.mount(None, b"/proc/sys", None, ctypes.c_ulong(ro), None))
+    if not os.statvfs("/proc/sys").f_flag & os.ST_RDONLY:
+        raise OSError("/proc/sys is still writable")
+
+
+def main(config):
+    enter(config["pid"], config["pidfd"])
+    for path, count in config["inodes"]:
+        limit_inodes(path, count)
+    try:
+        limit_ipc(config["sysctls"], config["ids"])
+        result = {"ipc": True}
+    except OSError as exc:
+        result = {"ipc": False, "problem": str(exc)}
+    cover_proc_sys()
+    return result
+
+
+try:
+    result = main(json.loads(sys.argv[1]))
+except Exception as exc:
+    sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+    sys.exit(1)
+sys.stdout.write(json.dumps(result) + "\n")
+"""
 MAX_REPLY_BYTES = 512 * 1024**2
 STDERR_TAIL_BYTES = 16 * 1024
 _EOF = object()
@@ -164,6 +319,7 @@ class LocalSandbox(RunnerClient):
         start_timeout_s: float = 30.0,
         max_patch_bytes: int = 64 * 1024**2,
         runner_script: str | None = None,
+        bytes_per_inode: int = BYTES_PER_INODE,
     ) -> None:
         """Start the sandbox and its runner; raises SandboxUnavailable if that cannot work here.
 
@@ -174,6 +330,8 @@ class LocalSandbox(RunnerClient):
         past them fails with ENOSPC); with `use_cgroups` (where the host allows, see sandbox/cgroups.py)
         all processes together get `cpus`, max_processes tasks and `limits.memory_bytes` of memory,
         which the tmpfs pages share (callers check the sizes fit: `quantity.check_local_memory`).
+        Each writable tmpfs gets one inode per `bytes_per_inode` of its size (at least
+        MIN_TMPFS_INODES): creating a file past that fails with ENOSPC too.
         """
         super().__init__(
             spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
@@ -181,6 +339,10 @@ class LocalSandbox(RunnerClient):
         self.spec = spec
         self.mount_point = mount_point
         self.workspace_size_bytes = workspace_size_bytes
+        self.bytes_per_inode = bytes_per_inode
+        # Whether the sandbox's IPC namespace got `ipc_sysctls()` (see `_limit_namespaces`), and if not, why.
+        self.ipc_limited = False
+        self.ipc_problem = ""
         self.cgroup_limits = cgroups.CgroupLimits(
             memory_bytes=self.limits.memory_bytes,  # the one total: processes and in-RAM files together
             max_processes=self.limits.max_processes + PIDS_HEADROOM,
@@ -253,7 +415,9 @@ class LocalSandbox(RunnerClient):
         tmp_size_bytes: int,
         start_timeout_s: float,
     ) -> None:
-        """Spawn bwrap with the runner inside (as its pid 1), then wait for its pid and a first ping."""
+        """Spawn bwrap with the runner inside (as its pid 1), set the limits bwrap cannot while the
+        sandbox waits for them (SEED_SCRIPT), then wait for the runner's first ping."""
+        deadline = time.monotonic() + start_timeout_s
         fds: list[int] = []
         info_r, info_w = os.pipe()
         try:
@@ -296,9 +460,66 @@ class LocalSandbox(RunnerClient):
         with contextlib.suppress(ProcessLookupError):
             self._res.pidfd = os.pidfd_open(child)
         try:
+            ready = self._replies.get(timeout=max(deadline - time.monotonic(), 0.1))
+        except queue.Empty:
+            ready = None
+        if self._res.pidfd is None or ready != SEED_READY:
+            raise self._unavailable("the sandbox did not start")
+        self._limit_namespaces(child, self._tmpfs(tmp_size_bytes), deadline - time.monotonic())
+        channel = self._channel
+        assert isinstance(channel, _PipeChannel)
+        try:
+            channel.send_raw(SEED_GO)  # the sandbox goes on: the seed copy, then the runner
             self.runner_info = self._request({"op": "ping"}, start_timeout_s)
         except SandboxError as exc:
             raise SandboxUnavailable(f"the sandbox runner did not start: {exc}") from None
+
+    def _tmpfs(self, tmp_size_bytes: int) -> list[tuple[str, int]]:
+        """The sandbox's writable tmpfs and their sizes (all made by `_bwrap_argv`)."""
+        mounts = [(self.mount_point, self.workspace_size_bytes), ("/tmp", tmp_size_bytes), ("/dev/shm", SHM_SIZE_BYTES)]
+        if self.spec.setup is not None:
+            mounts.append((ENV_DIR, self.spec.setup.env_size_bytes))
+        return mounts
+
+    def _limit_namespaces(self, child: int, tmpfs: list[tuple[str, int]], timeout: float) -> None:
+        """Run LIMIT_NAMESPACES (see the module docstring) while the sandbox's first process waits.
+
+        The inode bounds and the read-only /proc/sys must hold, or the sandbox does not start. The
+        System V limits are set where the kernel allows it (root: any kernel; the host uid: Linux
+        6.9+); otherwise `ipc_limited` stays False and `ipc_problem` says why (the runner's removal
+        between commands is then the only wall).
+        """
+        assert self._res.pidfd is not None
+        config = {
+            "pid": child,
+            "pidfd": self._res.pidfd,
+            "ids": list(self.host_ids) if self.host_ids is not None else None,
+            "inodes": [[path, tmpfs_inodes(size, self.bytes_per_inode)] for path, size in tmpfs],
+            "sysctls": [[name, value] for name, value in ipc_sysctls().items()],
+        }
+        argv = [sys.executable, "-I", "-S", "-c", LIMIT_NAMESPACES, json.dumps(config)]
+        try:
+            done = subprocess.run(
+                argv,
+                capture_output=True,
+                timeout=max(timeout, 1.0),
+                pass_fds=(self._res.pidfd,),
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/",
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxUnavailable(f"cannot set the sandbox's inode bounds: {exc}") from None
+        if done.returncode != 0:
+            why = done.stderr.decode(errors="replace").strip()
+            raise SandboxUnavailable(f"cannot set the sandbox's inode bounds (Linux 5.2 or later needed): {why}")
+        result = json.loads(done.stdout)
+        self.ipc_limited = result["ipc"] is True
+        if not self.ipc_limited:
+            self.ipc_problem = (
+                f"the sandbox's System V limits are not set ({result.get('problem')}): a non-root worker "
+                "needs Linux 6.9 or later for them"
+            )
 
     def _in_cgroup(self, argv: list[str]) -> tuple[list[str], dict[str, Any]]:
         """bwrap's argv behind the exec wrapper, which joins the sandbox's cgroups where the host
@@ -352,7 +573,7 @@ class LocalSandbox(RunnerClient):
         argv += ["--remount-ro", "/", "--chdir", self.mount_point, "--info-fd", str(info_fd)]
         argv += ["--", "/bin/sh", "-c", SEED_SCRIPT, self.mount_point]
         argv += [self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", self.mount_point]
-        argv += ["--limits", json.dumps(self._rlimits()), "--reclaim"]
+        argv += ["--limits", json.dumps(self._rlimits()), "--reclaim", "--clear-ipc"]
         argv += ["--default-timeout", repr(float(self.limits.default_tool_timeout))]
         return argv
 
@@ -402,14 +623,17 @@ class _PipeChannel:
         self._res = res
         self._replies = replies
 
-    def exchange(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+    def send_raw(self, data: bytes) -> None:
         proc = self._res.proc
         assert proc is not None and proc.stdin is not None
         try:
-            proc.stdin.write(encode_request(request))
+            proc.stdin.write(data)
             proc.stdin.flush()
         except (OSError, ValueError) as exc:
             raise RunnerBroken(f"cannot write to the sandbox runner ({exc})") from None
+
+    def exchange(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.send_raw(encode_request(request))
         try:
             item = self._replies.get(timeout=timeout)
         except queue.Empty:
@@ -518,6 +742,23 @@ def _read_lines(stream: IO[bytes], replies: queue.Queue[object]) -> None:
             replies.put(line)
     except (OSError, ValueError) as exc:
         replies.put(exc)
+
+
+def tmpfs_inodes(size_bytes: int, bytes_per_inode: int = BYTES_PER_INODE) -> int:
+    """The inode bound of a sandbox tmpfs of `size_bytes`."""
+    return max(MIN_TMPFS_INODES, size_bytes // max(1, bytes_per_inode))
+
+
+def ipc_sysctls() -> dict[str, str]:
+    """The System V limits of a sandbox's IPC namespace, as /proc/sys names and values: shared memory
+    at most /dev/shm's size in all (shmall counts pages), in at most SYSV_SEGMENTS segments."""
+    return {
+        "kernel/shmmax": str(SHM_SIZE_BYTES),
+        "kernel/shmall": str(SHM_SIZE_BYTES // os.sysconf("SC_PAGE_SIZE")),
+        "kernel/shmmni": str(SYSV_SEGMENTS),
+        "kernel/msgmni": str(SYSV_MESSAGE_QUEUES),
+        "kernel/sem": SYSV_SEMAPHORES,
+    }
 
 
 def _read_info(fd: int, timeout: float) -> int | None:

@@ -70,6 +70,10 @@ Details LEAF.md leaves open, decided here (and relied on by tests/sandbox):
   sandbox's process slots (e.g. a fork bomb still running in the background), or a fork fails
   for lack of slots, a runner started with `--reclaim` (alone in its own pid namespace) kills
   every other process in it before starting the next command, so the run can go on.
+- With `--clear-ipc` as well (the local backend: the sandbox has its own IPC namespace), the
+  System V objects (shared memory, message queues, semaphores) left in the namespace are removed
+  before each command, after the leftovers are killed: no process holds them, and they would
+  keep their memory until the sandbox closes.
 - The channel is out of reach of everything the runner starts: the runner makes itself
   non-dumpable before it reads its first request (and refuses to serve if it cannot), and
   commands inherit only /dev/null and their own output pipes. Started as a pid namespace's
@@ -320,12 +324,15 @@ class _Spawner:
     not outlive the call that started them, as under the Leaf protocol's one-shot `bash -lc`.
     """
 
-    def __init__(self, reclaim: bool = False) -> None:
+    def __init__(self, reclaim: bool = False, clear_ipc: bool = False) -> None:
         self.reclaim = reclaim
+        self.clear_ipc = clear_ipc and reclaim  # only once no other process can be using them
 
     def popen(self, argv: list[str], cwd: str, merge_stderr: bool) -> subprocess.Popen[bytes]:
         if self.reclaim and leftovers():
             reclaim_processes()
+        if self.clear_ipc:
+            clear_ipc_objects()
         try:
             return self._popen(argv, cwd, merge_stderr)
         except BlockingIOError:
@@ -373,6 +380,39 @@ def reclaim_processes(wait_s: float = 5.0) -> None:
             return
         _reap_children()
         time.sleep(0.02)
+
+
+IPC_RMID = 0
+_SYSV_KINDS = ("shm", "msg", "sem")
+
+
+def sysv_ipc_ids() -> dict[str, list[int]]:
+    """The System V objects of this IPC namespace by kind (/proc/sysvipc: the id is the 2nd column)."""
+    found: dict[str, list[int]] = {}
+    for kind in _SYSV_KINDS:
+        try:
+            with open(f"/proc/sysvipc/{kind}", encoding="ascii", errors="replace") as handle:
+                rows = [line.split() for line in handle.readlines()[1:]]
+        except OSError:
+            rows = []
+        found[kind] = [int(row[1]) for row in rows if len(row) > 1 and row[1].isdigit()]
+    return found
+
+
+def clear_ipc_objects() -> None:
+    """Remove every System V object of this IPC namespace (IPC_RMID; all are the sandbox uid's)."""
+    found = sysv_ipc_ids()
+    if not any(found.values()):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for ident in found["shm"]:
+        libc.shmctl(ident, IPC_RMID, None)
+    for ident in found["msg"]:
+        libc.msgctl(ident, IPC_RMID, None)
+    for ident in found["sem"]:
+        libc.semctl(ident, 0, IPC_RMID)
 
 
 def _reap_children() -> None:
@@ -879,9 +919,16 @@ def _request_number(request: dict[str, Any], key: str, default: float) -> float:
 class Server:
     """Turns request lines into reply objects; never raises for a bad request."""
 
-    def __init__(self, root: str, *, default_timeout: float = DEFAULT_BASH_TIMEOUT, reclaim: bool = False) -> None:
+    def __init__(
+        self,
+        root: str,
+        *,
+        default_timeout: float = DEFAULT_BASH_TIMEOUT,
+        reclaim: bool = False,
+        clear_ipc: bool = False,
+    ) -> None:
         self.root = os.path.abspath(root)
-        self.spawner = _Spawner(reclaim=reclaim)
+        self.spawner = _Spawner(reclaim=reclaim, clear_ipc=clear_ipc)
         self.tools = Tools(self.root, default_timeout=default_timeout, spawner=self.spawner)
         self.stopping = False
 
@@ -1000,6 +1047,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limits", default="{}", help='JSON, e.g. {"nproc": 256, "fsize": 536870912}')
     parser.add_argument("--default-timeout", type=float, default=DEFAULT_BASH_TIMEOUT)
     parser.add_argument("--reclaim", action="store_true", help="alone in a pid namespace: may kill(-1)")
+    parser.add_argument("--clear-ipc", action="store_true", help="with --reclaim, in its own IPC namespace")
     options = parser.parse_args(argv)
 
     apply_limits(json.loads(options.limits))
@@ -1019,7 +1067,9 @@ def main(argv: list[str] | None = None) -> int:
     # The protocol owns the original stdout; anything else printing to fd 1 lands on stderr.
     protocol = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
-    server = Server(options.root, default_timeout=options.default_timeout, reclaim=options.reclaim)
+    server = Server(
+        options.root, default_timeout=options.default_timeout, reclaim=options.reclaim, clear_ipc=options.clear_ipc
+    )
     try:
         server.serve(sys.stdin.buffer, protocol)
     except BrokenPipeError:

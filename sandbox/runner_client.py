@@ -144,9 +144,10 @@ class RunnerClient:
         reply = self._request(payload, self._tool_deadline(name, arguments))
         return str(self._field(reply, "output", str))
 
-    def run_command(self, command: str, timeout: float) -> CommandResult:
+    def run_command(self, command: str, timeout: float, log_limit: int | None = None) -> CommandResult:
         """Run a pipeline command (tests, setup) with its own timeout; the log is head+tail bounded."""
-        payload = {"op": "exec", "command": command, "timeout": timeout, "log_limit": self.limits.output_bytes}
+        limit = self.limits.output_bytes if log_limit is None else log_limit
+        payload = {"op": "exec", "command": command, "timeout": timeout, "log_limit": limit}
         reply = self._request(payload, timeout + self.reply_grace_s)
         return CommandResult(
             command=command,

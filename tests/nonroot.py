@@ -18,6 +18,7 @@ as a plain user it can). A test that proves a wall "under a non-root worker" use
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import shlex
@@ -28,6 +29,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,6 +69,22 @@ class NonRoot:
             return [*drop, *env, *argv]
         view = self._view_script([*drop, *env, *argv])
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", view]
+
+    def script(self, source: str, name: str = "worker.py") -> Path:
+        """`source` as a Python file this user can read, in a folder of its own."""
+        path = self.folder("script-") / name
+        path.write_text(source)
+        path.chmod(0o644)
+        return path
+
+    def run_json(self, script: str | Path, *args: str, timeout: float = 300.0) -> dict[str, Any]:
+        """Run a worker-side script as this user; it must exit 0 and end its output with one JSON object
+        that reports `uid` (or `worker_uid`): this user's, never root's."""
+        done = self.run_python(script, *args, timeout=timeout)
+        assert done.returncode == 0, done.stderr[-3000:]
+        outcome: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        assert outcome.get("uid", outcome.get("worker_uid")) == self.uid != 0, outcome
+        return outcome
 
     def run_python(self, script: str | Path, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
         """Run a Python file with the checkout's .venv as this user (cwd: the repo root)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import re
+import shlex
 import time
 from collections.abc import Callable
 from contextlib import closing
@@ -29,6 +30,18 @@ from sandbox.base import PatchTooLarge, SandboxError
 from worker import repos
 from worker.environment.builder import EnvironmentReport, Environments, EnvironmentUnusable, failed
 from worker.environment.readiness import could_not_start, hint
+from worker.evidence import (
+    READER_LOG_LIMIT,
+    REPORT_ENV,
+    REPORT_PATH,
+    REPORT_READER,
+    Evidence,
+    RunOutcome,
+    judge,
+    patch_test_files,
+    read_report,
+    verification_command,
+)
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import RepoGuidance, add_guidance, add_test_command
@@ -40,7 +53,9 @@ from worker.wiring import open_job_sandbox, open_setup_sandbox, sandbox_limits
 from worker.workspaces import WorkspaceSource
 
 LOG_LIMIT = 60_000
+READER_TIMEOUT_S = 120.0
 FLAKY_FLAG = "the patched tests gave different results between runs (flaky)"
+NOT_REPRODUCED_FLAG = "not reproduced"
 
 
 @dataclass
@@ -49,20 +64,32 @@ class TestRun:
     log: str
     timed_out: bool = False
     seconds: float = 0.0
+    tests: dict[str, str] | None = None  # node id -> outcome, from the runner's own report (worker/evidence.py)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "exit_code": self.exit_code,
             "log": self.log,
             "timed_out": self.timed_out,
             "seconds": round(self.seconds, 3),
         }
+        if self.tests is not None:
+            counts: dict[str, int] = {}
+            for outcome in self.tests.values():
+                counts[outcome] = counts.get(outcome, 0) + 1
+            data["counts"] = counts
+        return data
+
+    def outcome(self, command: str) -> RunOutcome:
+        started = self.exit_code is not None and could_not_start(command, self.exit_code, self.timed_out) is None
+        return RunOutcome(self.exit_code, started, self.tests)
 
 
 class AttemptOutcome(enum.StrEnum):
     """How an attempt ended; `AttemptResult.status` maps it to the attempt row's status."""
 
-    verified = "verified"
+    verified = "verified"  # the evidence proves the fix (worker/evidence.py: reproduced or failed_before)
+    unproven = "unproven"  # the tests pass, but nothing failed before and nothing reproduces the bug
     not_verified = "not_verified"  # tests failed, timed out or were flaky
     refused = "refused"  # a review rule (or the patch size) refused the patch: never tested, never pushed
     no_patch = "no_patch"
@@ -129,36 +156,52 @@ class ReviewPolicy:
 
 @dataclass
 class Verification:
-    """The tests on the base commit once, then `runs` times with the patch; differing results are flaky."""
+    """The tests on the base commit once, then `runs` times with the patch (differing results are
+    flaky), and the patch's own test changes on the base source (the reproduction) when it has any."""
 
     command: str
     before: TestRun
     after: list[TestRun]
+    reproduction: TestRun | None = None
+    test_files: list[str] = field(default_factory=list)
+    base_again: list[TestRun] = field(default_factory=list)  # the base once more, to confirm a regression
+
+    @property
+    def verdict(self) -> Evidence:
+        """The one verdict (worker/evidence.py)."""
+        repro = self.reproduction.outcome(self.command) if self.reproduction is not None else None
+        after = [run.outcome(self.command) for run in self.after]
+        again = [run.outcome(self.command) for run in self.base_again]
+        return judge(self.before.outcome(self.command), after, repro, self.test_files, again)
 
     @property
     def flaky(self) -> bool:
-        return len({run.exit_code for run in self.after}) > 1
+        return len({run.exit_code for run in self.after}) > 1 or bool(self.verdict.flaky)
 
     @property
     def passed(self) -> bool:
-        return {run.exit_code for run in self.after} == {0}
+        return self.verdict.proves_fix
 
     def evidence(self) -> TestEvidence:
-        return TestEvidence(self.command, self.before.to_dict(), [run.to_dict() for run in self.after], self.flaky)
+        reproduction = self.reproduction.to_dict() if self.reproduction is not None else None
+        return TestEvidence(
+            self.command, self.before.to_dict(), [run.to_dict() for run in self.after], self.flaky,
+            verdict=self.verdict.to_dict(), reproduction=reproduction,
+        )
 
     def why_not(self, timeout: float) -> str:
         first = self.after[0]
-        if self.flaky:
-            return "flaky"
         if first.timed_out:
             return f"timed out after {timeout:g} s"
-        return f"exit {first.exit_code}" if first.exit_code is not None else first.log[:300]
+        if first.exit_code is None:
+            return first.log[:300]
+        return self.verdict.reason
 
     def summary(self, timeout: float) -> str:
         limit = f"timed out after {timeout:g} s"
         before = limit if self.before.timed_out else f"exit {self.before.exit_code}"
         after = limit if self.after[0].timed_out else "exit " + ", ".join(str(r.exit_code) for r in self.after)
-        return f"tests before {before}, after {after}"
+        return f"tests before {before}, after {after}; evidence: {self.verdict.level}"
 
 
 @dataclass
@@ -194,6 +237,8 @@ class AttemptResult:
     def status(self) -> AttemptStatus:
         if self.outcome == AttemptOutcome.verified:
             return AttemptStatus.verified
+        if self.outcome == AttemptOutcome.unproven:
+            return AttemptStatus.unproven
         if self.outcome == AttemptOutcome.refused:
             return AttemptStatus.rejected
         if self.outcome == AttemptOutcome.cancelled:
@@ -227,10 +272,13 @@ def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} chars cut ...]\n{text[-half:]}"
 
 
-def apply_patch(workspace: Path, patch: str) -> str | None:
-    """Apply a patch to a checkout with the isolated git environment; returns git's complaint when it does not apply."""
+def apply_patch(workspace: Path, patch: str, only: list[str] | None = None) -> str | None:
+    """Apply a patch to a checkout with the isolated git environment; returns git's complaint when it does not apply.
+
+    `only`: apply just these paths' changes (the reproduction applies the patch's test files alone)."""
+    include = [f"--include={_glob_literal(path)}" for path in only or []]
     done = repos.run_git(
-        ["-C", str(workspace), "apply", "--binary", "--whitespace=nowarn", "-"],
+        ["-C", str(workspace), "apply", "--binary", "--whitespace=nowarn", *include, "-"],
         env=repos.git_environment(),
         what="git apply",
         timeout=repos.LOCAL_TIMEOUT,
@@ -257,14 +305,24 @@ def run_tests(
     command = config.test_command or ""
     if config.setup_command and environment is None:
         command = f"{config.setup_command} && {command}"
+    tests = None
     try:
-        with closing(open_job_sandbox(workspace, settings, image, environment=environment)) as box:
-            res = box.run_command(command, timeout=config.test_timeout)
+        with closing(open_job_sandbox(workspace, settings, image, environment=environment, env=REPORT_ENV)) as box:
+            res = box.run_command(verification_command(command), timeout=config.test_timeout)
+            if not res.timed_out:  # the runner's own report, read by a command of ours, not from the log
+                reader = f"python3 -I -S -c {shlex.quote(REPORT_READER)} {REPORT_PATH}"
+                read = box.run_command(reader, timeout=READER_TIMEOUT_S, log_limit=READER_LOG_LIMIT)
+                tests = read_report(read.log) if read.exit_code == 0 and not read.timed_out else None
     except SandboxError as exc:
         return TestRun(None, f"sandbox failure while running the tests: {exc}")
     finally:
         repos.remove_workspace(workspace)
-    return TestRun(res.exit_code, bounded_log(redact(res.log)), res.timed_out, res.duration_s)
+    return TestRun(res.exit_code, bounded_log(redact(res.log)), res.timed_out, res.duration_s, tests)
+
+
+def _glob_literal(path: str) -> str:
+    """`path` as a pattern git's --include matches literally."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", path)
 
 
 @dataclass(frozen=True)
@@ -299,21 +357,37 @@ class Verifier:
             self.command = config.test_command
         return self._before
 
-    def verify(self, config: RepoConfig, base: str, patch: str, runs: int, start: str | None = None) -> Verification:
-        """Before on `base`; after on `start` (the base unless a round built on a later head) with the patch."""
+    def verify(
+        self, config: RepoConfig, base: str, patch: str, runs: int, start: str | None = None,
+        test_files: list[str] | None = None,
+    ) -> Verification:
+        """Before on `base`; after on `start` (the base unless a round built on a later head) with the
+        patch; with `test_files` (the patch's test changes), those alone on `start` (the reproduction)."""
         before = self.before(config, base)
         label = "after the patch" if runs == 1 else "after the patch, run {}"
         after = [self._run(config, start or base, patch, label.format(i + 1)) for i in range(runs)]
-        return Verification(config.test_command or "", before, after)
+        reproduction = None
+        if test_files:
+            label = "with the patch's tests alone (the reproduction)"
+            reproduction = self._run(config, start or base, patch, label, only=test_files)
+        verification = Verification(config.test_command or "", before, after, reproduction, list(test_files or []))
+        if verification.verdict.pass_to_fail and verification.verdict.per_test:
+            # A test that breaks only in a loaded moment is no regression: one more run on each side,
+            # and a test whose outcome differs across them is reported flaky instead.
+            verification.base_again.append(self._run(config, base, None, "before the patch, confirming"))
+            verification.after.append(self._run(config, start or base, patch, "after the patch, confirming"))
+        return verification
 
-    def _run(self, config: RepoConfig, base: str, patch: str | None, label: str) -> TestRun:
+    def _run(
+        self, config: RepoConfig, base: str, patch: str | None, label: str, only: list[str] | None = None
+    ) -> TestRun:
         """One test run over a fresh checkout; the base run raises EnvironmentUnusable when its tests
         cannot run, a patched run whose dependency files cannot be built fails as a run."""
         c = self.context
         ws = c.root / ("tests-" + re.sub(r"[^a-z0-9]+", "-", label))
         c.source.checkout(ws, base)
         if patch:
-            problem = apply_patch(ws, patch)
+            problem = apply_patch(ws, patch, only)
             if problem:
                 repos.remove_workspace(ws)
                 return TestRun(None, problem)
@@ -555,15 +629,24 @@ class AttemptRunner:
     def _verify(self, result: AttemptResult, spec: AttemptSpec, review: ReviewPolicy) -> AttemptResult:
         config = result.config
         self.observer.stage("verifying", f"attempt {result.number}: verifying the patch", {"attempt": result.number})
-        verification = self.verifier.verify(config, spec.base_commit, result.patch, review.verify_runs, spec.start)
+        tests = patch_test_files(result.changes.paths) if result.changes is not None else []
+        verification = self.verifier.verify(
+            config, spec.base_commit, result.patch, review.verify_runs, spec.start, tests
+        )
         result.verification = verification
+        verdict = verification.verdict
         if verification.flaky:
             result.flags = [*result.flags, FLAKY_FLAG]
-        kind = "verified" if verification.passed else "not_verified"
+        kind = "verified" if verdict.proves_fix else "not_verified"
         summary = f"attempt {result.number}: {verification.summary(config.test_timeout)}"
-        self.observer.stage(kind, summary, {"attempt": result.number, "flaky": verification.flaky})
-        if verification.passed:
-            return _ended(result, AttemptOutcome.verified, "verified")
+        data = {"attempt": result.number, "flaky": verification.flaky, "evidence": verdict.level.value}
+        self.observer.stage(kind, summary, data)
+        if verdict.proves_fix:
+            return _ended(result, AttemptOutcome.verified, f"verified ({verdict.level}: {verdict.reason})")
+        if verdict.publishable_unproven:
+            result.flags = [*result.flags, f"{NOT_REPRODUCED_FLAG}: {verdict.reason}"]
+            reason = f"attempt {result.number}'s patch is unproven: {verdict.reason}"
+            return _ended(result, AttemptOutcome.unproven, reason)
         why = verification.why_not(config.test_timeout)
         reason = f"attempt {result.number}'s patch did not pass the tests ({why})"
         return _ended(result, AttemptOutcome.not_verified, reason)

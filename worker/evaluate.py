@@ -357,7 +357,7 @@ def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: P
     return {
         "task": key,
         "attempt": attempt,
-        "solved": report.outcome == AttemptOutcome.verified,
+        "solved": report.outcome == AttemptOutcome.verified,  # evidence reproduced or failed_before
         "outcome": report.outcome or "unknown",
         "exit_reason": report.exit_reason,
         "steps": report.steps_replayed,

@@ -25,6 +25,7 @@ from sandbox.base import SandboxError
 from worker import repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
+from worker.evidence import Evidence, evidence_line
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord
 from worker.leaf.model import ModelClient
@@ -55,6 +56,8 @@ class FixOutcome:
     final_answer: str = ""
     usage: UsageFigures = field(default_factory=UsageFigures)
     environment: EnvironmentReport | None = None
+    evidence: Evidence | None = None  # the verdict (worker/evidence.py), when the patch was tested
+    reproduction: TestRun | None = None  # the patch's tests alone on the base source
 
     @property
     def flaky(self) -> bool:
@@ -73,7 +76,9 @@ class FixOutcome:
                 "after": self.after[0].to_dict() if self.after else None,
                 "after_runs": [run.to_dict() for run in self.after],
                 "flaky": self.flaky,
+                "reproduction": self.reproduction.to_dict() if self.reproduction else None,
             },
+            "evidence": self.evidence.to_dict() if self.evidence else None,
             "trajectory": self.trajectory,
             "job_id": self.job_id,
             "error": self.error,
@@ -198,9 +203,12 @@ class LocalFix:
         )
 
     def outcome(self, result: AttemptResult, before: TestRun | None) -> FixOutcome:
-        """The attempt's verdict as `fix` reports it: only a verified patch is `fixed`; a flaky one is not."""
+        """The attempt's verdict as `fix` reports it: `fixed` only when the evidence proves it
+        (reproduced or failed_before, worker/evidence.py); `unproven` when the tests pass but prove nothing."""
         if result.outcome == AttemptOutcome.verified:
             status = FixStatus.fixed
+        elif result.outcome == AttemptOutcome.unproven:
+            status = FixStatus.unproven
         else:
             status = FixStatus.failed if result.infrastructure_failure else FixStatus.no_fix
         leaf, verification = result.leaf, result.verification
@@ -217,6 +225,8 @@ class LocalFix:
             error="; ".join(result.refused) or leaf.error,
             flags=result.refused + [f for f in result.flags if f not in result.refused],
             final_answer=leaf.final_answer,
+            evidence=verification.verdict if verification else None,
+            reproduction=verification.reproduction if verification else None,
         )
 
     def _environment_error(self, runner: AttemptRunner, report: EnvironmentReport) -> FixOutcome:
@@ -268,7 +278,7 @@ class LocalFix:
         elif kind == "agent_finished":
             steps, lines = data["steps"], data["patch_lines"]
             self.say(f"agent finished: {data['exit_reason']} after {steps} steps; patch {lines} lines")
-        elif kind in ("testing", "tested", "not_verified", "verified"):
+        elif kind in ("testing", "tested", "not_verified", "verified", "unproven"):
             self.say(message)
 
     def _failed(self, reason: str, error: str, *, trajectory: bool = False) -> FixOutcome:
@@ -289,6 +299,7 @@ class LocalFix:
 
 EXIT_CODES: dict[str, int] = {
     FixStatus.fixed: 0, FixStatus.no_fix: 1, FixStatus.failed: 2, FixStatus.environment_error: 3,
+    FixStatus.unproven: 4,
 }
 
 
@@ -339,6 +350,8 @@ def run_and_report(repo_dir: Path, title: str, body: str, as_json: bool, model: 
             a = ", ".join(str(run.exit_code) for run in outcome.after) or None
             flaky = " (flaky)" if outcome.flaky else ""
             print(f"tests: {outcome.test_command}: before exit {b}, after exit {a}{flaky}")
+        if outcome.evidence is not None:
+            print(evidence_line(outcome.evidence))
         for flag in outcome.flags:
             print(f"flag: {flag}")
         print(usage_table([("usage", outcome.usage)]))

@@ -18,6 +18,12 @@ and this git runs in the worker, beside the database, with no sandbox wall. So b
 the new blobs' sizes are read (`diff-tree --raw`, `cat-file --batch-check`, which read no content)
 and refused when one is larger than the sandbox could have written or they grow absurdly; and
 every git call here runs under a memory bound of its own (`EvidenceLimits`, `EVIDENCE_MEMORY_BYTES`).
+
+What is read per file is read in batches (one `cat-file --batch` for every symlink target), so the
+number of git processes does not grow with the patch: 4,000 links once cost two processes each.
+A patch of more than `EvidenceLimits.max_files` files is refused before anything is read per file.
+When the patch touches a symlink, every symlink of the base and the patched tree is read too, so the
+review rules can resolve a link through the others (a chain of inward-looking links can lead out).
 """
 
 from __future__ import annotations
@@ -44,6 +50,11 @@ from worker.repos import (
 )
 
 MAX_LINK_TARGET_BYTES = 4096  # PATH_MAX: a longer "symlink" is no symlink any system makes
+# What a target longer than that reads as: absolute, so the review rules refuse a link to it.
+LONG_LINK_TARGET = f"/(a target longer than {MAX_LINK_TARGET_BYTES} bytes)"
+# No person reviews more files than this in one MR; the evidence reads each file, so it is refused first.
+MAX_PATCH_FILES = 5_000
+_LINK_MODE = "120000"
 _REGENERATE = (
     "diff", "--binary", "--full-index", "--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
     "--src-prefix=a/", "--dst-prefix=b/",
@@ -71,6 +82,7 @@ class EvidenceLimits:
     max_file_bytes: int = _DEFAULT_SANDBOX.file_size_bytes  # the sandbox's per-file limit: no file it wrote is larger
     # address space of each git call (prlimit --as)
     max_memory_bytes: int = min(_DEFAULT_SANDBOX.memory_bytes, EVIDENCE_MEMORY_BYTES)
+    max_files: int = MAX_PATCH_FILES  # files one patch may change (a move counts twice)
 
     @classmethod
     def for_job(cls, max_patch_bytes: int, sandbox: SandboxLimits) -> EvidenceLimits:
@@ -99,7 +111,7 @@ class ChangedFile:
 
     @property
     def symlink(self) -> bool:
-        return self.new_mode == "120000"
+        return self.new_mode == _LINK_MODE
 
     @property
     def submodule(self) -> bool:
@@ -115,6 +127,10 @@ class PatchEvidence:
     patch: str
     files: tuple[ChangedFile, ...]
     ci: CiPaths = field(default_factory=CiPaths)  # fixed CI files, local includes at base and after
+    # Every symlink (path, target) of the patched and of the base tree, read only when the patch
+    # touches a symlink: a link is judged by where it leads through all the others.
+    links: tuple[tuple[str, str], ...] = ()
+    base_links: tuple[tuple[str, str], ...] = ()
 
     @property
     def paths(self) -> list[str]:
@@ -215,15 +231,26 @@ def _evidence(git: _Git, base: str, patch: bytes, limits: EvidenceLimits) -> Pat
         raise PatchRefused(f"git cannot apply the patch to the base commit: {problem}")
     tree = git("write-tree", what="git write-tree").decode().strip()
     changes = _raw_changes(git, base, tree)
+    if len(changes) > limits.max_files:
+        raise PatchRefused(
+            f"the patch changes {len(changes)} files, more than {limits.max_files}: too many to review in one MR"
+        )
     sizes = _blob_sizes(git, changes)
     _refuse_inflated(changes, sizes, len(patch), limits)
     max_bytes = limits.max_patch_bytes
     regenerated = git.bounded((*_REGENERATE, base, tree), max_bytes)
     if regenerated is None:
         raise PatchRefused(f"the patch as git stores it is larger than {max_bytes} bytes (FROGFIX_MAX_PATCH_BYTES)")
-    files = _changed_files(git, base, tree, changes, sizes)
+    touches_links = any(_LINK_MODE in (c.old_mode, c.new_mode) for c in changes)
+    base_links, links = (_tree_links(git, base), _tree_links(git, tree)) if touches_links else ([], [])
+    targets = _link_targets(git, {blob for _, blob in base_links + links})  # the changed links' among them
+    files = _changed_files(git, base, tree, changes, sizes, targets)
     ci = ci_paths(_reader(git, base), "base") + ci_paths(_reader(git, tree), "patched")
-    return PatchEvidence(base, tree, regenerated.decode("utf-8", "surrogateescape"), files, ci)
+    return PatchEvidence(
+        base, tree, regenerated.decode("utf-8", "surrogateescape"), files, ci,
+        links=tuple((path, targets[blob]) for path, blob in links),
+        base_links=tuple((path, targets[blob]) for path, blob in base_links),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -253,10 +280,16 @@ def _is_blob(mode: str) -> bool:
 
 
 def _blob_sizes(git: _Git, changes: list[_Raw]) -> dict[str, int]:
-    """Both sides' blob sizes from `cat-file --batch-check`, which reads each object's header, not its content."""
-    blobs = sorted(
-        {c.old_blob for c in changes if _is_blob(c.old_mode)} | {c.new_blob for c in changes if _is_blob(c.new_mode)}
+    """Both sides' blob sizes (see `_sizes`)."""
+    return _sizes(
+        git,
+        {c.old_blob for c in changes if _is_blob(c.old_mode)} | {c.new_blob for c in changes if _is_blob(c.new_mode)},
     )
+
+
+def _sizes(git: _Git, objects: set[str]) -> dict[str, int]:
+    """Objects' sizes from one `cat-file --batch-check`, which reads each object's header, not its content."""
+    blobs = sorted(objects)
     if not blobs:
         return {}
     batch = "--batch-check=%(objectname) %(objectsize)"
@@ -292,9 +325,9 @@ def _refuse_inflated(changes: list[_Raw], sizes: dict[str, int], patch_bytes: in
 
 
 def _changed_files(
-    git: _Git, base: str, tree: str, changes: list[_Raw], sizes: dict[str, int]
+    git: _Git, base: str, tree: str, changes: list[_Raw], sizes: dict[str, int], targets: dict[str, str]
 ) -> tuple[ChangedFile, ...]:
-    """Each changed path from `diff-tree --raw` and `--numstat`, with sizes and link targets from the blobs."""
+    """Each changed path from `diff-tree --raw` and `--numstat`, with sizes and link targets (`targets`, by blob)."""
     numstat = git("diff-tree", "-r", "-z", "--numstat", "--no-renames", base, tree, what="git diff-tree")
     counts = {}
     for record in numstat.split(b"\0"):
@@ -316,7 +349,7 @@ def _changed_files(
                 removed=0 if binary else int(removed),
                 binary=binary,
                 size=sizes.get(change.new_blob, 0) if _is_blob(change.new_mode) else 0,
-                link_target=_link_target(git, change.new_blob) if change.new_mode == "120000" else None,
+                link_target=targets[change.new_blob] if change.new_mode == _LINK_MODE else None,
             )
         )
     return tuple(files)
@@ -326,11 +359,41 @@ def _size(git: _Git, blob: str) -> int:
     return int(git("cat-file", "-s", blob, what="git cat-file"))
 
 
-def _link_target(git: _Git, blob: str) -> str:
-    """A symlink's target exactly as git stores it (every byte, `\\r` and newlines included)."""
-    if _size(git, blob) > MAX_LINK_TARGET_BYTES:
-        return f"/(a target longer than {MAX_LINK_TARGET_BYTES} bytes)"  # absolute, so the rules refuse it
-    return git("cat-file", "blob", blob, what="git cat-file").decode("utf-8", "surrogateescape")
+def _tree_links(git: _Git, treeish: str) -> list[tuple[str, str]]:
+    """Every symlink of `treeish` as (path, blob), from one `ls-tree -r` (no content read)."""
+    links = []
+    for entry in git("ls-tree", "-r", "-z", "--full-tree", treeish, what="git ls-tree").split(b"\0"):
+        meta, _, path = entry.partition(b"\t")
+        mode, _, rest = meta.partition(b" ")
+        if mode.decode() == _LINK_MODE:
+            links.append((path.decode("utf-8", "surrogateescape"), rest.rpartition(b" ")[2].decode()))
+    return links
+
+
+def _link_targets(git: _Git, blobs: set[str]) -> dict[str, str]:
+    """Each symlink blob's target exactly as git stores it (every byte, `\\r` and newlines included).
+
+    Two git processes for any number of links (`--batch-check` for the sizes, then `--batch` for
+    those no longer than MAX_LINK_TARGET_BYTES); a longer one reads as LONG_LINK_TARGET.
+    """
+    sizes = _sizes(git, blobs)
+    targets = {blob: LONG_LINK_TARGET for blob, size in sizes.items() if size > MAX_LINK_TARGET_BYTES}
+    wanted = sorted(blob for blob, size in sizes.items() if size <= MAX_LINK_TARGET_BYTES)
+    if not wanted:
+        return targets
+    out = git("cat-file", "--batch", what="git cat-file", stdin="\n".join(wanted).encode() + b"\n")
+    at = 0
+    for blob in wanted:  # each answer: "<name> <type> <size>\n<content>\n", in the order asked
+        end = out.find(b"\n", at)
+        header = out[at:end].decode("utf-8", "replace") if end >= 0 else ""
+        name, _, rest = header.partition(" ")
+        kind, _, size = rest.partition(" ")
+        if name != blob or kind != "blob" or not size.isdigit():
+            raise RepoError(f"git cat-file cannot read the symlink {blob[:80]!r}: {header[:80]!r}")
+        start = end + 1
+        targets[blob] = out[start : start + int(size)].decode("utf-8", "surrogateescape")
+        at = start + int(size) + 1
+    return targets
 
 
 def _reader(git: _Git, treeish: str) -> Callable[[str], bytes | None]:

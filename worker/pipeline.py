@@ -566,13 +566,17 @@ class Pipeline:
         return True
 
     def attempts(self, prepared: Prepared) -> AttemptResult:
-        """Run up to FROGFIX_ATTEMPTS independent attempts; the first verified one wins."""
+        """Run up to FROGFIX_ATTEMPTS independent attempts; the first whose evidence proves the fix wins.
+
+        Failing that, the first unproven one (it passes, but nothing failed before and nothing
+        reproduces the bug) is published marked "not reproduced", unless FROGFIX_REQUIRE_REPRODUCTION."""
         observer = JobObserver(self)
         runner = AttemptRunner(
             self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, observer,
             scope=f"{self.forge_kind}:{self.project}",
         )
         last_reason = "no attempt ran"
+        unproven: AttemptResult | None = None
         for number in range(1, self.s.attempts + 1):
             self.check_cancel()
             try:
@@ -581,9 +585,16 @@ class Pipeline:
                 raise self.environment_error(exc.report) from exc
             if result.outcome == AttemptOutcome.verified:
                 return result
+            if result.outcome == AttemptOutcome.unproven and unproven is None:
+                unproven = result
             last_reason = result.reason
             if result.infrastructure_failure:
                 raise JobEnded(JobStatus.failed, result.reason, f"FrogFix stopped: {result.reason}")
+        if unproven is not None:
+            if self.s.require_reproduction:
+                raise JobEnded(JobStatus.no_fix, unproven.reason, unproven_comment(unproven))
+            self.status(JobStatus.verifying, expected=("running",))  # publishing starts from verifying
+            return unproven
         raise JobEnded(JobStatus.no_fix, last_reason, last_reason)
 
     def environment_error(self, report: EnvironmentReport) -> JobEnded:
@@ -643,7 +654,7 @@ class Pipeline:
         self._record_attempt(observer.attempt_id, result)  # before any status change that may find us superseded
         if result.outcome == AttemptOutcome.cancelled:
             raise cancelled_on_request()
-        if result.outcome == AttemptOutcome.not_verified:
+        if result.outcome in (AttemptOutcome.not_verified, AttemptOutcome.unproven):
             self.status(JobStatus.running, expected=("verifying",))
         return result
 
@@ -704,7 +715,7 @@ class Pipeline:
             self.project,
             branch,
             prepared.default_branch,
-            self.redact(mr_title(self.issue, title)),
+            self.redact(mr_title(self.issue, title, proven=result.outcome == AttemptOutcome.verified)),
             description,
         )
         self.finish(
@@ -1052,3 +1063,14 @@ def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[
             return JobStatus.failed.value
         with Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4)), pipeline.run_number):
             return pipeline.run()
+
+
+def unproven_comment(result: AttemptResult) -> str:
+    """The issue's comment when FROGFIX_REQUIRE_REPRODUCTION keeps an unproven patch unpublished."""
+    return (
+        f"FrogFix found a patch that passes the tests, but nothing shows it fixes this issue: {result.reason}. "
+        "FROGFIX_REQUIRE_REPRODUCTION is on, so it published nothing. It ran the tests on the base commit, "
+        "then with the patch, and the patch's own test changes alone on the base source; a fix counts as shown "
+        "when a test fails without it and passes with it. Describe how to reproduce the bug (ideally a failing "
+        "test), then add the label again."
+    )

@@ -810,6 +810,7 @@ def _live_verdict(report: ReplayReport, result: AttemptResult) -> ReplayReport:
             "runs": [run.to_dict() for run in verification.after],
             "flaky": verification.flaky,
             "before": verification.before.to_dict(),
+            "evidence": verification.verdict.to_dict(),
         }
     same = "the same patch as" if report.patch_identical else "a different patch from"
     leaf = result.leaf
@@ -819,6 +820,7 @@ def _live_verdict(report: ReplayReport, result: AttemptResult) -> ReplayReport:
         message += f"; {result.reason}"
     elif report.tests_after:
         message += f"; tests after the patch exit {report.tests_after['exit_code']}"
+        message += f", evidence {report.tests_after['evidence']['level']}"
         message += "" if report.verified else f" ({result.reason})"
     report.message = message
     return report

@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import itertools
 import json
 import os
 import posixpath
 import re
+import shlex
 import subprocess
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,23 +64,58 @@ _KNOWN_KEYS = {
 DEPENDENCY_NOTE = "a dependency file: the tests ran in an environment built from the patched one"
 _ENVIRONMENT_KEYS = {"extras", "groups", "requirements", "packages", "project"}
 _EXTRA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
-# Paths whose change is always flagged for the reviewer: tests and the test runners' configuration.
+# Paths whose change is always flagged for the reviewer as tests (and FrogFix's own configuration).
 # CI configuration has its own home (worker/ci_config.py) and is refused unless FROGFIX_ALLOW_CI_CHANGES.
-ALWAYS_FLAGGED = (
+TEST_FILES = (
     "tests/**",
     "test/**",
     "**/tests/**",
     "**/test_*.py",
     "**/*_test.py",
-    "**/conftest.py",
     CONFIG_FILE,
-    # where test runners read options that can deselect or skip tests
-    "pytest.ini",
+)
+# The files that decide what the tests run: a patch that swaps the runner could print "3 passed"
+# without running a test. The one list: review_flags and README's "What a job does" both use it
+# (tests/review/test_runner_files.py holds README to it). Besides these, any file the test command
+# names (`./run_tests.sh`, `python runtests.py`, `-m tools.check`) counts. `**/` means any folder.
+RUNNER_FILES = (
+    # task runners a test command starts
+    "**/Makefile",
+    "**/makefile",
+    "**/GNUmakefile",
+    "**/justfile",
+    "**/Justfile",
+    "**/.justfile",
+    "**/Taskfile.yml",
+    "**/Taskfile.yaml",
+    "**/package.json",
+    "**/noxfile.py",
+    # where pytest and coverage read options (addopts, deselection, plugins): any folder can be the rootdir
     "**/pytest.ini",
-    "tox.ini",
-    "setup.cfg",
-    "pyproject.toml",
-    "noxfile.py",
+    "**/.pytest.ini",
+    "**/tox.ini",
+    "**/setup.cfg",
+    "**/pyproject.toml",
+    "**/setup.py",
+    "**/conftest.py",
+    "**/.coveragerc",
+    # modules the checkout's root (first on sys.path) would import instead of the runner's own
+    "pytest.py",
+    "pytest/**",
+    "_pytest.py",
+    "_pytest/**",
+    "py.py",
+    "py/**",
+    "pluggy.py",
+    "pluggy/**",
+    "iniconfig.py",
+    "iniconfig/**",
+    "unittest.py",
+    "unittest/**",
+    # what Python's site runs at every start, from wherever it is on the path
+    "**/sitecustomize.py",
+    "**/usercustomize.py",
+    "**/*.pth",
 )
 
 
@@ -354,27 +392,70 @@ def matches(path: str, patterns: tuple[str, ...] | list[str]) -> bool:
 
 
 def review_flags(changes: PatchEvidence, config: RepoConfig) -> list[str]:
-    """What a reviewer must look at twice: changed tests, CI configuration, protected paths, agent instructions.
+    """What a reviewer must look at twice: changed tests, the test runner, CI configuration, protected
+    paths, agent instructions. With FROGFIX_REFUSE_PROTECTED_CHANGES each one refuses the patch.
 
     Read from what git stored (`changes`), never from the patch text. An AGENTS.md the patch writes
     guided nobody in this run (guidance is read from the base commit), but it would guide every
     later run once merged, so a person decides.
     """
     flags = []
+    named = command_paths(config.test_command)
     for path in changes.paths:
         shown = shown_path(path)
+        note = f" ({DEPENDENCY_NOTE})" if is_dependency_file(path) else ""
         if matches(path, config.protected_paths):
             flags.append(f"changes protected path {shown}")
         elif posixpath.basename(path) == AGENTS_FILE:
             flags.append(f"changes agent instructions {shown}")
         elif _ci_note(changes, path) is not None:
             flags.append(f"changes CI configuration {shown}")
-        elif matches(path, ALWAYS_FLAGGED):
-            note = f" ({DEPENDENCY_NOTE})" if is_dependency_file(path) else ""
+        elif path in named:
+            flags.append(f"changes the test runner {shown} (the test command runs it){note}")
+        elif matches(path, RUNNER_FILES):
+            flags.append(f"changes the test runner or its configuration {shown}{note}")
+        elif matches(path, TEST_FILES):
             flags.append(f"changes test file or test-runner configuration {shown}{note}")
-        elif is_dependency_file(path):
-            flags.append(f"changes dependency file {shown} ({DEPENDENCY_NOTE})")
+        elif note:
+            flags.append(f"changes dependency file {shown}{note}")
     return flags
+
+
+_COMMAND_DEPTH = 3  # `sh -c "..."` inside `bash -c '...'`: quoted commands are read this deep
+
+
+def command_paths(command: str | None) -> frozenset[str]:
+    """The repository files a test command names, so a patch cannot rewrite what the command runs.
+
+    Every word that could be a relative path counts (`./run_tests.sh`, `python runtests.py`, the
+    value of `--rcfile=ci/cov.rc`), and for `-m pkg.mod` the module's files and its packages'
+    `__init__.py` (Python imports those first). Over-reading is harmless: only changed paths that
+    equal one of these are flagged.
+    """
+    found: set[str] = set()
+    words = _words(command or "", _COMMAND_DEPTH)
+    for word, after in itertools.pairwise([*words, ""]):
+        for value in (word, word.partition("=")[2]):
+            path = posixpath.normpath(value) if value and not value.startswith(("/", "-", "~", "$")) else ""
+            if path not in ("", ".", "..") and not path.startswith("../"):
+                found.add(path)
+        module = after if word == "-m" else word[2:] if word.startswith("-m") else ""
+        if re.fullmatch(r"[A-Za-z_][\w.]*", module):
+            parts = module.split(".")
+            found.update("/".join([*parts[:n], "__init__.py"]) for n in range(1, len(parts) + 1))
+            found.update({"/".join(parts) + ".py", "/".join(parts) + "/__main__.py"})
+    return frozenset(found)
+
+
+def _words(command: str, depth: int) -> list[str]:
+    """The command's words as a shell splits them, and those of each quoted word holding a command."""
+    try:
+        words = shlex.split(command)
+    except ValueError:  # an unclosed quote: the shell would refuse it; read the plain words anyway
+        words = command.split()
+    if depth > 1:
+        words += [inner for word in words if any(c.isspace() for c in word) for inner in _words(word, depth - 1)]
+    return words
 
 
 def _ci_note(changes: PatchEvidence, path: str) -> str | None:
@@ -386,13 +467,152 @@ def _ci_note(changes: PatchEvidence, path: str) -> str | None:
     return None
 
 
-def _escapes(link: str, target: str) -> bool:
-    """Whether a symlink at `link` (repository-relative) with `target` resolves outside the checkout or into .git."""
-    if not target or target.startswith("/"):
-        return True
-    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(link), target))
-    first = resolved.split("/", 1)[0]
-    return first == ".." or first.lower() == ".git"
+MAX_LINK_HOPS = 40  # Linux's own bound on the symlinks one path lookup follows (ELOOP past it)
+_TOO_DEEP = f"follows more than {MAX_LINK_HOPS} symlinks"
+
+
+@dataclass(frozen=True)
+class _Landing:
+    """Where a lookup ends: `parts` inside the checkout, or None with how it left (`why`, `via` the link)."""
+
+    parts: tuple[str, ...] | None
+    hops: int
+    why: str = ""
+    via: str | None = None  # the symlink, named in the looked-up target itself, through which it left
+    cut: bool = False  # out only because the lookup nested deeper than MAX_LINK_HOPS links: not memoised
+
+
+class LinkResolver:
+    """Looks paths of one tree up as the kernel would on its checkout: through every symlink in it.
+
+    Why: each target, read alone, can stay inside while a chain of them leads out (`L -> ../..`
+    deep in a folder, then `passwd -> <that folder>/L/../../etc/passwd`). POSIX semantics, one
+    component at a time: `..` after a link applies to where the link led; a component no link
+    stands at counts as a folder (as it would once created), so `..` after it only drops it.
+    Leaving the checkout, an absolute target, any `.git` component (git tracks none, so only
+    git's own data is there) and more than MAX_LINK_HOPS links in one lookup are all "out".
+    `fold` looks names up case-insensitively, as a checkout on macOS or Windows would.
+    Each link is resolved once (memoised), so a lookup costs its own target's length, and no
+    lookup nests deeper than MAX_LINK_HOPS links (a chain of thousands cannot exhaust the stack).
+    """
+
+    def __init__(self, links: Mapping[str, str], *, fold: bool = False) -> None:
+        self._fold = fold
+        self._links: dict[str, str | None] = {}  # None: two links whose names differ only in case
+        for path, target in links.items():
+            key = self._key(path)
+            self._links[key] = None if key in self._links and self._links[key] != target else target
+        self._done: dict[str, _Landing] = {}
+        self._busy: set[str] = set()
+
+    def _key(self, path: str) -> str:
+        return path.lower() if self._fold else path
+
+    def link(self, path: str) -> _Landing:
+        """Where the symlink at `path` (a key of the map) leads."""
+        key = self._key(path)
+        if key in self._done:
+            return self._done[key]
+        if key in self._busy:  # a loop: the kernel says ELOOP
+            return _Landing(None, MAX_LINK_HOPS + 1, _TOO_DEEP)
+        if len(self._busy) >= MAX_LINK_HOPS:  # the lookup that led here follows more links than that
+            return _Landing(None, MAX_LINK_HOPS + 1, _TOO_DEEP, cut=True)
+        target = self._links[key]
+        self._busy.add(key)
+        if target is None:
+            landing = _Landing(None, 1, "two symlinks' names differ only in case")
+        else:
+            landing = self.lookup(tuple(path.split("/")[:-1]), target, hops=1)
+        self._busy.discard(key)
+        if not landing.cut:  # alone, this link may need fewer: look it up afresh when asked
+            self._done[key] = landing
+        return landing
+
+    def lookup(self, folder: tuple[str, ...], target: str, *, hops: int = 0) -> _Landing:
+        """Where `target`, read in `folder` (a folder of the tree, no link in it), leads."""
+        if not target or target.startswith("/"):
+            return _Landing(None, hops, "it is absolute" if target else "it is empty")
+        current = list(folder)
+        last: str | None = None  # the last link this lookup followed
+        for name in target.split("/"):
+            if name in ("", "."):
+                continue
+            if name == "..":
+                if not current:
+                    return _Landing(None, hops, "it leaves the checkout", last)
+                current.pop()
+                continue
+            if name.lower() == ".git":
+                return _Landing(None, hops, "it enters .git", last)
+            current.append(name)
+            path = "/".join(current)
+            if self._key(path) not in self._links:
+                continue
+            inner = self.link(path)
+            hops += inner.hops
+            if inner.parts is None:
+                return _Landing(None, hops, inner.why, path, inner.cut)
+            if hops > MAX_LINK_HOPS:
+                return _Landing(None, hops, _TOO_DEEP, path)
+            current, last = list(inner.parts), path
+        return _Landing(tuple(current), hops)
+
+
+def _link_maps(changes: PatchEvidence) -> tuple[dict[str, str], dict[str, str]]:
+    """The patched and the base tree's symlinks (path -> target), the changed files laid over the former."""
+    patched, base = dict(changes.links), dict(changes.base_links)
+    for file in changes.files:
+        if file.symlink and file.status != "deleted":
+            patched[file.path] = file.link_target or ""
+        else:
+            patched.pop(file.path, None)
+    return patched, base
+
+
+def _out(landing: _Landing, fold: bool) -> str:
+    """How a link's lookup leads out, for its reason; nothing where its own target plainly does."""
+    where = " on a case-insensitive file system" if fold else ""
+    if landing.via is not None:
+        return f"; {landing.why}{where} through symlink {shown_path(landing.via)}"
+    return f"; {landing.why}{where}" if fold else ""  # folding alone led it out: two names met
+
+
+def _link_reasons(changes: PatchEvidence) -> tuple[dict[str, str], list[str]]:
+    """Reasons for the changed symlinks that lead out (by path), and for kept ones the patch turns out.
+
+    Judged through every symlink of the patched tree, case-sensitively and case-insensitively. A
+    link the patch keeps is named only when it stayed inside on the base tree and leads out now:
+    a link that was already out is the repository's own, not the patch's. Case-insensitively, a
+    loop is no way out (`Docs -> docs` loops there, and the kernel stops at it); only leaving is.
+    """
+    patched, base = _link_maps(changes)
+    changed = {f.path for f in changes.files}
+    new = [f for f in changes.files if f.symlink and f.status != "deleted"]
+    kept = sorted(path for path in patched if path not in changed) if changed & (set(patched) | set(base)) else []
+    by_path: dict[str, str] = {}
+    turned: dict[str, str] = {}
+    for fold in (False, True):
+        now, before = LinkResolver(patched, fold=fold), LinkResolver(base, fold=fold)
+
+        def out(landing: _Landing, fold: bool = fold) -> bool:
+            return landing.parts is None and not (fold and landing.why == _TOO_DEEP)
+
+        for file in new:
+            landing = now.link(file.path)
+            if out(landing) and file.path not in by_path:
+                target = (file.link_target or "")[:200]
+                by_path[file.path] = (
+                    f"adds symlink {shown_path(file.path)} pointing outside the repository"
+                    f" ({target!r}{_out(landing, fold)})"
+                )
+        for path in kept:
+            landing = now.link(path)
+            if out(landing) and path not in turned and not out(before.link(path)):
+                turned[path] = (
+                    f"turns symlink {shown_path(path)}, which the patch keeps, outside the repository"
+                    f" ({patched[path][:200]!r}{_out(landing, fold)})"
+                )
+    return by_path, [turned[path] for path in kept if path in turned]
 
 
 def refusal_reasons(
@@ -403,11 +623,12 @@ def refusal_reasons(
     Read from what git stored. Protected paths are the repository's own rule; `.frogfix.yml` is
     FrogFix's guard rail, which only people change (it is always read from the base commit
     anyway); CI configuration would run with the project's CI variables before anyone reviews it
-    (unless `allow_ci`); a symlink out of the checkout would point a reviewer's or CI's checkout
-    at their own machine; a submodule pulls in code the diff does not show; binary files cannot
-    be reviewed in a diff.
+    (unless `allow_ci`); a symlink out of the checkout (through the tree's other links too) would
+    point a reviewer's or CI's checkout at their own machine; a submodule pulls in code the diff
+    does not show; binary files cannot be reviewed in a diff.
     """
     reasons: list[str] = []
+    link_reasons, turned_links = _link_reasons(changes)
     for path in changes.paths:
         ci_note = None if allow_ci else _ci_note(changes, path)
         if matches(path, config.protected_paths):
@@ -417,18 +638,16 @@ def refusal_reasons(
         elif ci_note is not None:
             reasons.append(f"changes CI configuration {shown_path(path)} (FROGFIX_ALLOW_CI_CHANGES is off{ci_note})")
     for file in changes.files:
-        reason = _content_reason(file, allow_binary)
+        reason = link_reasons.get(file.path) or _content_reason(file, allow_binary)
         if reason:
             reasons.append(reason)
-    return reasons
+    return reasons + turned_links
 
 
 def _content_reason(file: ChangedFile, allow_binary: bool) -> str | None:
     if file.status == "deleted":
         return None  # removing a file is reviewable, whatever it was
     shown = shown_path(file.path)
-    if file.symlink and _escapes(file.path, file.link_target or ""):
-        return f"adds symlink {shown} pointing outside the repository ({(file.link_target or '')[:200]!r})"
     if file.submodule:
         return f"adds submodule {shown} (its code is not in the diff)"
     if file.binary and not allow_binary:

@@ -16,7 +16,7 @@ from typing import Any
 
 from app.forge.api import SKIP_CI_MARKER
 from app.patches import escape_hidden, shown_path
-from app.statuses import FINAL_STATUSES, JobStatus
+from app.statuses import FINAL_STATUSES, EvidenceLevel, JobStatus
 from worker.leaf.trajectory import HARNESS_VERSION
 
 LOG_EXCERPT = 12_000
@@ -29,9 +29,16 @@ class TestEvidence:
     before: dict[str, Any] | None
     after: list[dict[str, Any]] = field(default_factory=list)
     flaky: bool = False
+    verdict: dict[str, Any] | None = None  # worker/evidence.py's Evidence.to_dict(): level, fail_to_pass, ...
+    reproduction: dict[str, Any] | None = None  # the run of the patch's tests alone on the base source
 
     def to_dict(self) -> dict[str, Any]:
-        return {"command": self.command, "before": self.before, "after": self.after, "flaky": self.flaky}
+        data = {"command": self.command, "before": self.before, "after": self.after, "flaky": self.flaky}
+        if self.verdict is not None:
+            data["evidence"] = self.verdict
+        if self.reproduction is not None:
+            data["reproduction"] = self.reproduction
+        return data
 
 
 @dataclass
@@ -88,8 +95,10 @@ def disarm(text: str) -> str:
     link: no custom closing pattern can use them either), no @mention (a forge notifies people
     from titles, descriptions and commits) and no line that starts with `/` (GitLab runs quick
     actions written by the bot's account). Each is broken by a zero-width space, so the text
-    reads the same.
+    reads the same. No `<!--` either: FrogFix's own markers (the rounds section's) are HTML
+    comments, and no text it did not write may hold one, not even in a code block.
     """
+    text = text.replace("<!--", "<!" + ZWSP + "--")
     text = _CLOSING.sub(lambda m: m.group(1)[0] + ZWSP + m.group(1)[1:], text)
     text = _NUMBERED.sub(lambda m: m.group(1) + ZWSP, text)
     text = _ISSUE_LINK.sub(lambda m: m.group(1) + ZWSP, text)
@@ -126,9 +135,13 @@ def _code(text: str) -> str:
     return f"{ticks}{pad}{text.replace('|', chr(92) + '|')}{pad}{ticks}"
 
 
-def mr_title(issue: int, title: str) -> str:
-    """`Fix #N: <title>`: our own reference closes the job's issue when the MR is merged; nothing else can."""
-    return f"Fix #{issue}: {inert_title(title)}"
+NOT_REPRODUCED = "[not reproduced]"
+
+
+def mr_title(issue: int, title: str, *, proven: bool = True) -> str:
+    """`Fix #N: <title>`: our own reference closes the job's issue when the MR is merged; nothing else can.
+    An unproven patch's title says so first."""
+    return f"{'' if proven else NOT_REPRODUCED + ' '}Fix #{issue}: {inert_title(title)}"
 
 
 def commit_message(issue: int, title: str, job_id: int, *, skip_ci: bool, round_number: int = 0) -> str:
@@ -168,7 +181,12 @@ def mr_description(
     """The draft MR's Markdown. Every piece the model, the issue or the repository chose is redacted
     first (a zero-width space could hide a secret from a later redaction), then made inert."""
     lines = [f"Draft fix for {issue_ref}" + (f" ({issue_url})" if issue_url else "") + ", opened by FrogFix.", ""]
+    verdict = tests.verdict or {}
+    if verdict.get("level") == EvidenceLevel.unproven:
+        why = inert(escape_hidden(redact(str(verdict.get("reason") or ""))))
+        lines = [f"**Not reproduced:** nothing shows this patch fixes the issue ({why}).", "", *lines]
     lines += ["A human must review this change before it is merged. FrogFix never merges.", ""]
+    lines += _evidence_section(tests, redact)
     if flags:  # one line each, whatever file name a flag quotes
         lines += ["**Review flags:**", *[f"- **{inert(escape_hidden(redact(flag)))}**" for flag in flags], ""]
     if tests.flaky:
@@ -184,6 +202,35 @@ def mr_description(
         lines += [f"Job: {job_url}", ""]
     lines += _provenance_section(provenance, redact)
     return redact("\n".join(lines))
+
+
+def _evidence_section(tests: TestEvidence, redact: Callable[[str], str]) -> list[str]:
+    """The verdict first: the reproduction (the test, its failure on the base, its pass with the fix), then
+    the per-test comparison with the base (worker/evidence.py decides; this only shows)."""
+    verdict = tests.verdict
+    if not verdict:
+        return []
+
+    def named(ids: Sequence[str], limit: int = 20) -> str:
+        shown = ", ".join(_code(redact(str(i))) for i in list(ids)[:limit])
+        return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+    level, reason = str(verdict.get("level")), inert(escape_hidden(redact(str(verdict.get("reason") or ""))))
+    lines = ["### Evidence", "", f"Verdict: **{inert(level)}**: {reason}", ""]
+    repro = verdict.get("reproduction") or {}
+    if repro.get("tests"):
+        lines += [f"- reproduced by {named(repro['tests'])}: fails on the base with only the patch's test changes,"
+                  " passes with the whole patch"]
+        if tests.reproduction is not None:
+            lines += ["", "<details><summary>The reproduction failing on the base (log tail)</summary>", "",
+                      _fence(_tail(redact(tests.reproduction.get("log", "")), 4_000)), "", "</details>", ""]
+    for key, label in (("fail_to_pass", "failed on the base, pass with the patch"),
+                       ("pass_to_fail", "fail with the patch, did not fail on the base"),
+                       ("still_failing", "failed on the base and still fail (pre-existing; not blocking)"),
+                       ("flaky", "differ between the patched runs (flaky)")):
+        if verdict.get(key):
+            lines.append(f"- {label}: {named(verdict[key])}")
+    return [*lines, ""]
 
 
 def _tests_section(tests: TestEvidence, redact: Callable[[str], str]) -> list[str]:
@@ -263,6 +310,9 @@ def comment_finished(
 # -- review rounds ------------------------------------------------------------------------------
 
 ROUNDS_HEADING = "## Review rounds"
+# The section lies between these two lines, outside any code block. `disarm` breaks every `<!--` in text
+# FrogFix did not write, so neither the model nor a repository can open, close or move the section.
+ROUNDS_START = "<!-- frogfix:rounds-start -->"
 ROUNDS_END = "<!-- frogfix:rounds-end -->"  # where our section stops, so a human's text after it is kept
 REPLY_SUMMARY_LIMIT = 2_000
 MAX_ROUND_LINES = 50  # the newest rounds of a long thread: the section stays bounded
@@ -294,49 +344,97 @@ class RoundLine:
     ci: str | None = None  # forge CI on `commit`, a CiStatus (success, failed, ...), when a result came
 
 
-def _section_bounds(lines: list[str]) -> tuple[int, int] | None:
-    """Where the first rounds section is in `lines`: [start, end) up to its end marker or the next heading."""
-    start = next((i for i, line in enumerate(lines) if line.strip() == ROUNDS_HEADING), None)
-    if start is None:
+_BREAK = re.compile(r"\r\n|\r|\n")  # where CommonMark ends a line
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
+_OLD_TABLE = "| round | kind |"  # how the table of the previous versions' section starts
+
+
+def _marks(text: str) -> list[tuple[int, int, str | None]]:
+    """`text`'s lines: (start, end before the line break, the line without its outer spaces and tabs, or
+    None inside a fenced code block). Every line FrogFix did not write (the model's summary, a test log)
+    is in a fence that text cannot close (`_fence`), so none is ever read as a marker or a heading."""
+    marks: list[tuple[int, int, str | None]] = []
+    fence, at = "", 0
+    for brk in [*_BREAK.finditer(text), None]:
+        end = brk.start() if brk else len(text)
+        line, shown = text[at:end], None
+        m = _FENCE.fullmatch(line)
+        if fence:
+            if m and m[1][0] == fence[0] and len(m[1]) >= len(fence) and not m[2].strip(" \t"):
+                fence = ""
+        elif m and not (m[1][0] == "`" and "`" in m[2]):
+            fence = m[1]
+        else:
+            shown = line.strip(" \t")
+        marks.append((at, end, shown))
+        at = brk.end() if brk else end
+    return marks
+
+
+def _table_end(marks: list[tuple[int, int, str | None]], i: int) -> int:
+    """The last line of the table right after line `i` (rows, blank lines, our heading), without its
+    trailing blank lines; `i` when there is none."""
+    j = i
+    while j + 1 < len(marks) and (s := marks[j + 1][2]) is not None and (s in ("", ROUNDS_HEADING) or s[:1] == "|"):
+        j += 1
+    while j > i and marks[j][2] == "":
+        j -= 1
+    return j
+
+
+def _section_end(marks: list[tuple[int, int, str | None]], i: int) -> int | None:
+    """The last line of the rounds section that starts at line `i`, or None when none starts there.
+
+    Ours runs from ROUNDS_START to the next ROUNDS_END; one a human cut (no end before the next start)
+    is its start line and the table after it. The previous versions' section (ROUNDS_HEADING, our table,
+    ROUNDS_END) is known by that exact shape: those versions left `<!--` in the model's words, so an end
+    marker of theirs never reaches past the table, and a bare heading is never a section."""
+    if marks[i][2] == ROUNDS_START:
+        end = next((j for j in range(i + 1, len(marks)) if marks[j][2] in (ROUNDS_START, ROUNDS_END)), None)
+        return end if end is not None and marks[end][2] == ROUNDS_END else _table_end(marks, i)
+    if marks[i][2] != ROUNDS_HEADING:
         return None
-    for i in range(start + 1, len(lines)):
-        if lines[i].strip() == ROUNDS_END:
-            return start, i + 1
-        if lines[i].startswith("## ") or lines[i].startswith("# "):
-            return start, i  # a later heading of someone else's: the section ended before it
-    return start, len(lines)
+    end = _table_end(marks, i)
+    if not next((s for _, _, s in marks[i + 1 : end + 1] if s), "").startswith(_OLD_TABLE):
+        return None
+    after = next((j for j in range(end + 1, len(marks)) if marks[j][2] != ""), None)
+    return after if after is not None and marks[after][2] == ROUNDS_END else end
 
 
-def _without_rounds_section(description: str) -> tuple[list[str], int | None]:
-    """`description`'s lines without any rounds section, and the line index where the first one was."""
-    lines = description.replace("\r\n", "\n").split("\n")
-    first: int | None = None
-    while (bounds := _section_bounds(lines)) is not None:
-        first = bounds[0] if first is None else first
-        del lines[bounds[0] : bounds[1]]
-    return lines, first
+def _sections(text: str) -> list[tuple[int, int]]:
+    """The rounds sections in `text`: [start, end) offsets of whole lines, the last one's line break left out."""
+    marks, spans, i = _marks(text), [], 0
+    while i < len(marks):
+        end = _section_end(marks, i)
+        if end is not None:
+            spans.append((marks[i][0], marks[end][1]))
+        i = i + 1 if end is None else end + 1
+    return spans
 
 
-def _with_section(description: str, section: list[str], redact: Callable[[str], str]) -> str:
-    """`description` with `section` as its one rounds section: where the first one was, else at the end."""
-    lines, at = _without_rounds_section(description)
-    if at is None:
-        while lines and not lines[-1].strip():
-            lines.pop()
-        lines += ["", *section]
-    else:
-        lines[at:at] = [*section, ""]
-    return redact("\n".join(lines).strip("\n") + "\n")
+def _with_section(description: str, section: str, redact: Callable[[str], str]) -> str:
+    """`description` with `section` as its one rounds section: where the first one was (any other one is
+    removed with its line break), else at the end. Every other character stays as it was."""
+    spans = _sections(description)
+    if not spans:
+        head = description.rstrip()
+        return redact(f"{head}\n\n{section}\n" if head else f"{section}\n")
+    parts, at = [], 0
+    for n, (start, end) in enumerate(spans):
+        parts += [description[at:start], "" if n else section]
+        brk = _BREAK.match(description, end)
+        at = brk.end() if n and brk else end
+    return redact("".join(parts) + description[at:])
 
 
 def rounds_section(description: str, rounds: Sequence[RoundLine], redact: Callable[[str], str]) -> str:
     """The MR's `description` with its one "## Review rounds" section rewritten (in place, or at the end).
 
-    An earlier section (ours, up to its end marker) is replaced, never followed by a second one;
-    the rest of the description, a human's edits included, is kept as it is.
+    An earlier section (between our markers, or the previous versions' shape) is replaced, never
+    followed by a second one; the rest of the description, a human's edits included, is kept as it is.
     """
     section = [
-        ROUNDS_HEADING, "",
+        ROUNDS_START, ROUNDS_HEADING, "",
         "| round | kind | asked by | commit | outcome | forge CI |", "| --: | --- | --- | --- | --- | --- |",
     ]  # fmt: skip
     for r in list(rounds)[-MAX_ROUND_LINES:]:
@@ -347,20 +445,21 @@ def rounds_section(description: str, rounds: Sequence[RoundLine], redact: Callab
         ci = inert(escape_hidden(redact(r.ci)[:20])) if r.ci else "-"
         section.append(f"| {number} | {kind} | {who} | {commit} | {inert(escape_hidden(redact(r.outcome)))} | {ci} |")
     section += ["", ROUNDS_END]
-    return _with_section(description, section, redact)
+    return _with_section(description, "\n".join(section), redact)
 
 
 def keep_rounds_section(old: str, new: str, redact: Callable[[str], str]) -> str:
     """`new` (round 0's description, written again) with the rounds section `old` had, so a rewrite
     never loses the MR's history of rounds; `new` as it is when `old` had none."""
-    lines = old.replace("\r\n", "\n").split("\n")
-    bounds = _section_bounds(lines)
-    if bounds is None:
+    spans = _sections(old)
+    if not spans:
         return new
-    section = lines[bounds[0] : bounds[1]]
-    if section[-1].strip() != ROUNDS_END:
-        section.append(ROUNDS_END)
-    return _with_section(new, section, redact)
+    lines = _BREAK.split(old[spans[0][0] : spans[0][1]])
+    if lines[0].strip(" \t") != ROUNDS_START:  # the previous versions' section
+        lines.insert(0, ROUNDS_START)
+    if lines[-1].strip(" \t") != ROUNDS_END:
+        lines += ["", ROUNDS_END]
+    return _with_section(new, "\n".join(lines), redact)
 
 
 def _job_ref(job_id: int, job_url: str | None) -> str:

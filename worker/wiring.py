@@ -75,10 +75,11 @@ def sandbox_spec(
     image: str | None = None,
     labels: dict[str, str] | None = None,
     environment: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> SandboxSpec:
     return SandboxSpec(
         workspace=str(workspace),
-        env={**SANDBOX_ENV, **(ENVIRONMENT_ENV if environment is not None else {})},
+        env={**SANDBOX_ENV, **(ENVIRONMENT_ENV if environment is not None else {}), **(env or {})},
         limits=sandbox_limits(settings),
         image=image,
         labels=labels or {},
@@ -123,12 +124,15 @@ def open_job_sandbox(
     image: str | None = None,
     labels: dict[str, str] | None = None,
     environment: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> Sandbox:
     """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox.
 
-    `environment` is the job's built test environment (worker/environment), mounted read-only and active."""
+    `environment` is the job's built test environment (worker/environment), mounted read-only and active;
+    `env` adds variables (the verification's test-report options)."""
     options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
-    return open_sandbox(sandbox_spec(workspace, settings, image, labels, environment), settings.sandbox, **options)
+    spec = sandbox_spec(workspace, settings, image, labels, environment, env)
+    return open_sandbox(spec, settings.sandbox, **options)
 
 
 def open_setup_sandbox(

@@ -313,6 +313,7 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
         "test_command": command,
         "test_runs": runs,
         "flaky": flaky,
+        "evidence": views.evidence_of(attempt.tests),
         "meta": trajectory_meta,
         "guidance": views.repository_guidance(trajectory_meta),
         "trajectory_problem": problem,

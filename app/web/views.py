@@ -194,6 +194,18 @@ def test_logs(tests: dict[str, Any] | None) -> tuple[str | None, list[TestLog], 
     return (str(command) if command else None), runs, bool(tests.get("flaky"))
 
 
+def evidence_of(tests: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The verdict worker/evidence.py recorded with the attempt's tests (None for older attempts)."""
+    evidence = (tests or {}).get("evidence")
+    if not isinstance(evidence, dict) or not isinstance(evidence.get("level"), str):
+        return None
+    lists = ("fail_to_pass", "pass_to_fail", "still_failing", "flaky")
+    shown: dict[str, Any] = {key: [str(t) for t in evidence.get(key) or []] for key in lists}
+    repro = evidence.get("reproduction")
+    shown["reproduction"] = {"tests": [str(t) for t in repro.get("tests") or []] if isinstance(repro, dict) else []}
+    return {"level": evidence["level"], "reason": str(evidence.get("reason") or ""), **shown}
+
+
 def _test_log(label: str, run: dict[str, Any]) -> TestLog:
     code = run.get("exit_code")
     seconds = run.get("seconds")

@@ -213,8 +213,10 @@ def test_passes_only_on_the_first_patched_run():
 
 
 @pytest.mark.bwrap
-def test_fix_reports_a_flaky_patch_as_flaky_not_fixed(tmp_path: Path) -> None:
-    """`fix` verifies like the pipeline: FROGFIX_VERIFY_RUNS patched runs, and results that differ are no fix."""
+def test_fix_reports_a_flaky_test_as_flaky_and_judges_the_steady_ones(tmp_path: Path) -> None:
+    """`fix` verifies like the pipeline: FROGFIX_VERIFY_RUNS patched runs. A test whose outcome differs
+    between them is reported flaky, never a regression or a proof; the steady ones decide. Judged by
+    exit codes alone (a runner without a per-test report), differing runs prove nothing: unproven."""
     repo = make_sample_repo(tmp_path)
     (repo / "test_flaky.py").write_text(FLAKY_TEST)
     git(repo, "add", "test_flaky.py")
@@ -223,23 +225,24 @@ def test_fix_reports_a_flaky_patch_as_flaky_not_fixed(tmp_path: Path) -> None:
     with ScriptedOpenAIServer([assistant(edit), assistant("Fixed add().")]) as server:
         proc = run_fix(repo, tmp_path / "data", server.base_url, "--json", env_extra={"FROGFIX_VERIFY_RUNS": "2"})
     out = json.loads(proc.stdout)
-    assert proc.returncode == 1 and out["status"] == "no_fix", out
-    tests = out["tests"]
+    tests, evidence = out["tests"], out["evidence"]
     assert tests["flaky"] is True and [run["exit_code"] for run in tests["after_runs"]] == [0, 1]
-    assert tests["before"]["exit_code"] == 1 and tests["after"]["exit_code"] == 0
+    assert evidence["flaky"] == ["test_flaky.py::test_passes_only_on_the_first_patched_run"], evidence
+    assert evidence["pass_to_fail"] == [] and evidence["fail_to_pass"] == ["tests/test_calc.py::test_add"]
+    assert proc.returncode == 0 and out["status"] == "fixed" and evidence["level"] == "failed_before", out
     assert "the patched tests gave different results between runs (flaky)" in out["flags"]
-    assert "+    return a + b" in out["patch"]  # the patch is reported, but not as a fix
-    saved = json.loads(Path(out["trajectory"]).read_text())
-    assert saved["fix"]["status"] == "no_fix" and saved["fix"]["tests"]["flaky"] is True
 
-    # The same repository without the flaky test is fixed: it was the differing runs, not the patch.
-    git(repo, "rm", "-q", "test_flaky.py")
-    git(repo, "commit", "-q", "-m", "drop the flaky test")
+    # Without the runner's report (PYTEST_ADDOPTS dropped), only exit codes are left: 0 then 1 proves nothing.
+    (repo / ".frogfix.yml").write_text("test_command: env -u PYTEST_ADDOPTS python3 -m pytest -q\n")
+    git(repo, "add", ".frogfix.yml")
+    git(repo, "commit", "-q", "-m", "a test command whose report FrogFix cannot read")
     with ScriptedOpenAIServer([assistant(edit), assistant("Fixed add().")]) as server:
         proc = run_fix(repo, tmp_path / "data2", server.base_url, "--json", env_extra={"FROGFIX_VERIFY_RUNS": "2"})
     out = json.loads(proc.stdout)
-    assert proc.returncode == 0 and out["status"] == "fixed", out
-    assert out["tests"]["flaky"] is False and [r["exit_code"] for r in out["tests"]["after_runs"]] == [0, 0]
+    assert out["evidence"]["per_test"] is False and out["evidence"]["level"] == "unproven", out["evidence"]
+    assert proc.returncode == 1 and out["status"] == "no_fix" and "flaky" in out["evidence"]["reason"]
+    saved = json.loads(Path(out["trajectory"]).read_text())
+    assert saved["fix"]["status"] == "no_fix" and saved["fix"]["tests"]["flaky"] is True
 
 
 ROOT_AGENTS = "# Working here\nRun the tests with `python3 -m pytest -q -p no:cacheprovider` from the root.\n"

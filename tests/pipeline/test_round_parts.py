@@ -29,6 +29,7 @@ from worker.report import (
     MAX_ROUND_LINES,
     ROUNDS_END,
     ROUNDS_HEADING,
+    ROUNDS_START,
     ZWSP,
     RoundLine,
     commit_message,
@@ -167,12 +168,18 @@ def test_rounds_section_is_added_once_and_rewritten_in_place() -> None:
     row = next(line for line in second.splitlines() if line.startswith("| 2 |"))
     assert f"@{ZWSP}mallory" in row and SECRET not in second and "| - | no fix |" in row
 
-    # two stray sections (an old bug, a hand copy) become one; a section without its end marker ends
-    # at the next heading
-    doubled = f"{original}\n{ROUNDS_HEADING}\n\nold\n\n## Notes\n\nkeep me\n\n{ROUNDS_HEADING}\n\nolder\n"
+    # two stray sections (an old bug, a hand copy) become one; a section without its end marker is its
+    # start marker and the table after it
+    doubled = (
+        f"{original}\n{ROUNDS_START}\n{ROUNDS_HEADING}\n\nold\n\n{ROUNDS_END}\n\n## Notes\n\nkeep me\n\n"
+        f"{ROUNDS_START}\n{ROUNDS_HEADING}\n\n| 9 | older |\n"
+    )
     third = rounds_section(doubled, one, redact)
-    assert third.count(ROUNDS_HEADING) == 1 and "old\n" not in third.replace("older", "")
-    assert "older" not in third and "## Notes\n\nkeep me" in third
+    assert third.count(ROUNDS_HEADING) == 1 and "old\n" not in third and "older" not in third
+    assert "## Notes\n\nkeep me" in third
+    # a bare heading is not ours: it stays, and the section is added after it
+    bare = rounds_section(f"{original}\n{ROUNDS_HEADING}\n\nmine\n", one, redact)
+    assert bare.startswith(f"{original}\n{ROUNDS_HEADING}\n\nmine\n\n{ROUNDS_START}\n")
 
 
 def test_rounds_section_shows_each_rounds_forge_ci_bounded_and_inert() -> None:
@@ -213,9 +220,11 @@ def test_round_zeros_new_description_keeps_the_mrs_rounds_section() -> None:
     assert kept.count(ROUNDS_HEADING) == 1 and "| 0 | issue | `dev` | `aaaaaaaaaaaa` | pushed | - |" in kept
     assert kept.rstrip("\n").endswith(ROUNDS_END)
     assert keep_rounds_section("no section here", new, redact) == new
-    # a section a human cut short (no end marker) is kept up to the next heading, and closed
-    cut = f"{ROUNDS_HEADING}\n\n| 1 | review |\n\n## Later\n"
-    assert keep_rounds_section(cut, new, redact).endswith(f"{ROUNDS_HEADING}\n\n| 1 | review |\n\n{ROUNDS_END}\n")
+    # a section a human cut short (no end marker) is kept up to the end of its table, and closed
+    cut = f"{ROUNDS_START}\n{ROUNDS_HEADING}\n\n| 1 | review |\n\n## Later\n"
+    assert keep_rounds_section(cut, new, redact).endswith(
+        f"{ROUNDS_START}\n{ROUNDS_HEADING}\n\n| 1 | review |\n\n{ROUNDS_END}\n"
+    )
 
 
 def test_replies_say_what_changed_or_why_nothing_did_and_are_inert() -> None:

@@ -139,8 +139,18 @@ def test_fix_builds_the_declared_environment_from_the_mirror(
     assert after is not None and after["exit_code"] in (0, 1), out["tests"]
     for test_id in task.fail_to_pass:
         assert after["exit_code"] == 0 or not failed_lines(after["log"], test_id), after["log"][-3000:]
-    if isinstance(out.get("evidence"), dict):
-        assert set(task.fail_to_pass) <= set(out["evidence"].get("fail_to_pass") or []), out["evidence"]
+    # The evidence proves it: the upstream regression tests fail on the base source with only the fix's test
+    # changes and pass with the fix (reproduced); the fixture's pre-existing failures do not block it.
+    evidence = out["evidence"]
+    runs = {k: [(r or {}).get("exit_code"), (r or {}).get("counts"), (r or {}).get("log", "")[-1500:]]
+            for k, r in (("before", out["tests"]["before"]), ("reproduction", out["tests"].get("reproduction")),
+                         *((f"after {i}", r) for i, r in enumerate(out["tests"]["after_runs"])))}
+    shown = json.dumps({"evidence": evidence, "runs": runs}, indent=1)[-9000:]
+    assert evidence["level"] == "reproduced" and out["status"] == "fixed", shown
+    assert set(task.fail_to_pass) <= set(evidence["fail_to_pass"]), evidence
+    assert set(task.fail_to_pass) <= set(evidence["reproduction"]["tests"]), evidence
+    flaky = set(task.data.get("flaky") or [])
+    assert set(task.data.get("preexisting_failures") or []) - flaky <= set(evidence["still_failing"]), evidence
 
     # The mirror's password is nowhere: not in FrogFix's output, its files, the trajectory, or what the model saw.
     needles = secret_forms(MIRROR_CANARY)

@@ -277,9 +277,14 @@ def test_deleting_the_failing_assertion_is_flagged_on_the_mr_and_the_job(client:
 
     job, _, [attempt] = load(job_id)
     flag = "changes test file or test-runner configuration tests/test_calc.py"
-    assert job.flags == [flag] and attempt.flags == [flag]
+    # Before the fix, for a test the patch changes, is that test on the base source: the weakened test
+    # passes there too, so nothing is proven (no `failed_before` from the base's failure of the old test).
+    assert attempt.status == "unproven" and attempt.tests["evidence"]["fail_to_pass"] == []
+    [unproven] = [f for f in job.flags if f.startswith("not reproduced")]
+    assert job.flags == [flag, unproven] and attempt.flags == [flag, unproven]
     [mr] = world.gitlab.open_mrs(PROJECT)
     assert "**Review flags:**" in mr["description"] and f"- **{flag}**" in mr["description"]
+    assert "[not reproduced]" in mr["title"]
 
 
 def test_weakening_protected_tests_is_refused_and_reported(client: Any, world: World) -> None:

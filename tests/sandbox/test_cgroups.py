@@ -9,7 +9,6 @@ they fail instead, so a CI runner without cgroup rights cannot pass them silentl
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import signal
@@ -449,14 +448,8 @@ UNPRIVILEGED_WORKER = textwrap.dedent(
 
 def test_storage_limits_hold_for_an_unprivileged_worker(nonroot: NonRoot) -> None:
     """The shipped worker is not root: bwrap's sized tmpfs works inside its user namespace."""
-    workspace, scripts = nonroot.folder("unprivileged-"), nonroot.folder("unprivileged-script-")
-    script = scripts / "worker.py"
-    script.write_text(UNPRIVILEGED_WORKER)
-    script.chmod(0o644)
-    done = nonroot.run_python(script, str(workspace), timeout=120)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
-    assert result["uid"] == nonroot.uid != 0
+    workspace = nonroot.folder("unprivileged-")
+    result = nonroot.run_json(nonroot.script(UNPRIVILEGED_WORKER), str(workspace), timeout=120)
     for out in result["out"][:2]:
         assert "No space left on device" in out and "FAILED 3" in out, out
     assert result["out"][2] == leaf_bash(0, "alive\n", "")

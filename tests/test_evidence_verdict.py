@@ -1,0 +1,149 @@
+"""The one verdict (worker/evidence.py) as a pure function, and the report reader on pytest's real JUnit XML."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from app.statuses import EvidenceLevel
+from worker.evidence import REPORT_READER, RunOutcome, evidence_line, judge, patch_test_files, read_report
+
+P, F, E, S = "passed", "failed", "error", "skipped"
+
+
+def run(tests: dict[str, str] | None, exit_code: int = 0, started: bool = True) -> RunOutcome:
+    return RunOutcome(exit_code, started, tests)
+
+
+def test_each_level_in_its_order() -> None:
+    base = run({"t::a": P, "t::b": F, "t::c": F}, 1)
+    # b fixed, c still failing, a kept: failed_before; c does not block.
+    found = judge(base, [run({"t::a": P, "t::b": P, "t::c": F}, 1)], None, [])
+    assert (found.level, found.fail_to_pass, found.still_failing, found.pass_to_fail) == (
+        EvidenceLevel.failed_before, ["t::b"], ["t::c"], []
+    )
+    assert found.proves_fix
+    # A regression wins over everything else, a reproduction included.
+    repro = run({"t::a": P, "tests/test_new.py::x": F}, 1)
+    after = run({"t::a": F, "tests/test_new.py::x": P}, 1)
+    found = judge(run({"t::a": P}), [after], repro, ["tests/test_new.py"])
+    assert found.level == EvidenceLevel.regressed and found.pass_to_fail == ["t::a"] and not found.proves_fix
+    assert found.reproduction.tests == ["tests/test_new.py::x"]
+    # The reproduction: the patch's test fails on the base source, passes with the fix.
+    found = judge(run({"t::a": P}), [run({"t::a": P, "tests/test_new.py::x": P})], repro, ["tests/test_new.py"])
+    assert found.level == EvidenceLevel.reproduced and found.reproduction.failed_on_base
+    assert found.fail_to_pass == ["tests/test_new.py::x"]
+    # Nothing failed and nothing reproduces: unproven.
+    found = judge(run({"t::a": P}), [run({"t::a": P})], None, [])
+    assert found.level == EvidenceLevel.unproven and not found.proves_fix
+    # A new test the patch brings that passes on the base source too reproduces nothing.
+    found = judge(run({"t::a": P}), [run({"t::a": P, "tests/test_new.py::x": P})],
+                  run({"t::a": P, "tests/test_new.py::x": P}), ["tests/test_new.py"])
+    assert found.level == EvidenceLevel.unproven and found.reproduction.ran and not found.reproduction.tests
+    # Tests that could not run with the patch: unrunnable.
+    found = judge(run({"t::a": P}), [run(None, 4, started=False)], None, [])
+    assert found.level == EvidenceLevel.unrunnable
+
+
+def test_a_flaky_test_is_neither_a_regression_nor_a_proof() -> None:
+    base = run({"t::a": P, "t::f": F}, 1)
+    runs = [run({"t::a": P, "t::f": P}), run({"t::a": P, "t::f": F}, 1)]
+    found = judge(base, runs, None, [])
+    assert found.flaky == ["t::f"] and found.fail_to_pass == [] and found.level == EvidenceLevel.unproven
+    runs = [run({"t::a": F, "t::f": P}, 1), run({"t::a": P, "t::f": P})]
+    found = judge(run({"t::a": P, "t::f": P}), runs, None, [])
+    assert found.flaky == ["t::a"] and found.pass_to_fail == [] and found.level == EvidenceLevel.unproven
+
+
+def test_exit_codes_alone_when_a_run_has_no_report() -> None:
+    assert judge(run(None, 1), [run(None, 0)], None, []).level == EvidenceLevel.failed_before
+    assert judge(run(None, 0), [run(None, 1)], None, []).level == EvidenceLevel.regressed
+    assert judge(run(None, 0), [run(None, 0)], run(None, 1), ["tests/t.py"]).level == EvidenceLevel.reproduced
+    assert judge(run(None, 0), [run(None, 0)], None, []).level == EvidenceLevel.unproven
+    assert judge(run(None, 1), [run(None, 0), run(None, 1)], None, []).level == EvidenceLevel.unproven
+    assert judge(run(None, 1), [run(None, 1)], None, []).level == EvidenceLevel.unproven
+    assert "evidence: unproven" in evidence_line(judge(run(None, 1), [run(None, 1)], None, []))
+
+
+def test_the_reader_takes_only_its_own_lines() -> None:
+    assert read_report('["passed", "t.py::a"]\n["failed", "t.py::a"]\n') == {"t.py::a": "failed"}
+    assert read_report('3 passed\n') is None  # text a test could print is no report
+    assert read_report('["passed", "t.py::a"]\n[... 12 chars cut ...]\n') is None
+    assert read_report("") is None
+    assert read_report('["won", "t.py::a"]\n') is None
+    assert read_report('[["passed"], "t.py::a"]\n') is None
+
+
+def test_the_patch_test_files_are_tests_and_their_data() -> None:
+    paths = ["src/mod.py", "tests/test_mod.py", "tests/data/case.json", "pkg/test_x.py", "pkg/x_test.py", "README"]
+    assert patch_test_files(paths) == ["tests/test_mod.py", "tests/data/case.json", "pkg/test_x.py", "pkg/x_test.py"]
+
+
+TESTS = '''import pytest
+
+
+class TestGroup:
+    class TestInner:
+        def test_nested(self):
+            pass
+
+    def test_fails(self):
+        assert 1 == 2
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_param(n):
+    assert n == 1
+
+
+@pytest.mark.skip(reason="later")
+def test_skipped():
+    pass
+
+
+@pytest.fixture
+def broken():
+    raise RuntimeError("setup")
+
+
+def test_setup_error(broken):
+    pass
+'''
+
+
+def test_node_ids_from_pytest_s_own_report_match_pytest_s_ids(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "tests").mkdir(parents=True)
+    (tmp_path / "pkg" / "tests" / "test_cases.py").write_text(TESTS)
+    report = tmp_path / "report.xml"
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env["PYTEST_ADDOPTS"] = f"--junitxml={report} -o junit_family=xunit1 -p no:cacheprovider"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "pkg"], cwd=tmp_path, env=env, capture_output=True,
+                   check=False, timeout=300)
+    read = subprocess.run([sys.executable, "-I", "-S", "-c", REPORT_READER, str(report)], capture_output=True,
+                          text=True, check=True, timeout=300)
+    prefix = "pkg/tests/test_cases.py::"
+    assert read_report(read.stdout) == {
+        prefix + "TestGroup::TestInner::test_nested": P,
+        prefix + "TestGroup::test_fails": F,
+        prefix + "test_param[1]": P,
+        prefix + "test_param[2]": F,
+        prefix + "test_skipped": S,
+        prefix + "test_setup_error": E,
+    }
+
+
+def test_no_report_is_no_per_test_result(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", REPORT_READER, str(tmp_path / "none.xml")],
+                          capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 3 and done.stdout == ""
+
+
+@pytest.mark.parametrize("level", list(EvidenceLevel))
+def test_only_reproduced_and_failed_before_prove_a_fix(level: EvidenceLevel) -> None:
+    from worker.evidence import Evidence
+
+    assert Evidence(level).proves_fix == (level in (EvidenceLevel.reproduced, EvidenceLevel.failed_before))
