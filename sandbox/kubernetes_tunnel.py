@@ -49,6 +49,12 @@ class IndexTunnel:
         self._thread = threading.Thread(target=self._run, name="index-tunnel", daemon=True)
         self._thread.start()
 
+    @property
+    def active(self) -> int:
+        """Connections whose answer is still being copied back (what `max_connections` bounds)."""
+        with self._lock:
+            return self._copying
+
     def wait_ready(self, timeout: float) -> None:
         """Until the pod's end listens; raises StreamBroken if it never does."""
         deadline = time.monotonic() + timeout

@@ -147,3 +147,14 @@ def test_only_reproduced_and_failed_before_prove_a_fix(level: EvidenceLevel) -> 
     from worker.evidence import Evidence
 
     assert Evidence(level).proves_fix == (level in (EvidenceLevel.reproduced, EvidenceLevel.failed_before))
+
+
+def test_the_job_page_shows_only_a_well_formed_verdict() -> None:
+    from app.web.views import evidence_of
+
+    assert evidence_of(None) is None and evidence_of({"evidence": "reproduced"}) is None
+    assert evidence_of({"evidence": {"level": 3}}) is None
+    shown = evidence_of({"evidence": {"level": "reproduced", "fail_to_pass": ["t::a", 7],
+                                      "reproduction": {"tests": ["t::a"]}, "reason": None}})
+    assert shown == {"level": "reproduced", "reason": "", "fail_to_pass": ["t::a", "7"], "pass_to_fail": [],
+                     "still_failing": [], "flaky": [], "reproduction": {"tests": ["t::a"]}}
