@@ -14,6 +14,7 @@ environment (repos.git_environment), so no filter, hook or driver of the worker'
 from __future__ import annotations
 
 import enum
+import functools
 import re
 import shlex
 import time
@@ -166,9 +167,9 @@ class Verification:
     test_files: list[str] = field(default_factory=list)
     base_again: list[TestRun] = field(default_factory=list)  # the base once more, to confirm a regression
 
-    @property
+    @functools.cached_property
     def verdict(self) -> Evidence:
-        """The one verdict (worker/evidence.py)."""
+        """The one verdict (worker/evidence.py), judged once: a Verification is not changed once made."""
         repro = self.reproduction.outcome(self.command) if self.reproduction is not None else None
         after = [run.outcome(self.command) for run in self.after]
         again = [run.outcome(self.command) for run in self.base_again]
@@ -177,10 +178,6 @@ class Verification:
     @property
     def flaky(self) -> bool:
         return len({run.exit_code for run in self.after}) > 1 or bool(self.verdict.flaky)
-
-    @property
-    def passed(self) -> bool:
-        return self.verdict.proves_fix
 
     def evidence(self) -> TestEvidence:
         reproduction = self.reproduction.to_dict() if self.reproduction is not None else None
@@ -370,13 +367,15 @@ class Verifier:
         if test_files:
             label = "with the patch's tests alone (the reproduction)"
             reproduction = self._run(config, start or base, patch, label, only=test_files)
-        verification = Verification(config.test_command or "", before, after, reproduction, list(test_files or []))
-        if verification.verdict.pass_to_fail and verification.verdict.per_test:
-            # A test that breaks only in a loaded moment is no regression: one more run on each side,
-            # and a test whose outcome differs across them is reported flaky instead.
-            verification.base_again.append(self._run(config, base, None, "before the patch, confirming"))
-            verification.after.append(self._run(config, start or base, patch, "after the patch, confirming"))
-        return verification
+        command, files = config.test_command or "", list(test_files or [])
+        verification = Verification(command, before, after, reproduction, files)
+        if not (verification.verdict.pass_to_fail and verification.verdict.per_test):
+            return verification
+        # A test that breaks only in a loaded moment is no regression: one more run on each side,
+        # and a test whose outcome differs across them is reported flaky instead.
+        again = self._run(config, base, None, "before the patch, confirming")
+        confirming = self._run(config, start or base, patch, "after the patch, confirming")
+        return Verification(command, before, [*after, confirming], reproduction, files, [again])
 
     def _run(
         self, config: RepoConfig, base: str, patch: str | None, label: str, only: list[str] | None = None

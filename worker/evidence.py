@@ -79,6 +79,8 @@ def verification_command(command: str) -> str:
     return f"{write} && {{ {command}\n}}"
 MAX_TESTS = 200_000
 READER_LOG_LIMIT = 32 * 1024**2
+# A test case's outcome, worst last: a case reported twice (a pass, then a teardown error) keeps the worst.
+OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 # Runs in the sandbox after the test command (python3 -I -S: no site, no working tree on sys.path):
 # one JSON line per test case, [outcome, node id]; exit 3 when there is no report.
 REPORT_READER = r"""
@@ -87,7 +89,7 @@ from xml.etree import ElementTree
 path = sys.argv[1]
 if not os.path.isfile(path):
     sys.exit(3)
-rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+rank = OUTCOME_RANK
 for _, case in ElementTree.iterparse(path):
     if case.tag != "testcase":
         continue
@@ -105,7 +107,7 @@ for _, case in ElementTree.iterparse(path):
         node = (klass + "::" if klass else "") + name
     print(json.dumps([outcome, node]))
     case.clear()
-"""
+""".replace("OUTCOME_RANK", repr(OUTCOME_RANK))
 # The patch's test changes, which the reproduction applies alone to the base source: the review rules'
 # test files (worker/repo_config.py), conftest.py files among them, less FrogFix's own configuration.
 TEST_PATHS = (*(p for p in TEST_FILES if p != CONFIG_FILE), "**/test/**", "**/conftest.py")
@@ -116,7 +118,7 @@ FAILED = frozenset({"failed", "error"})
 def read_report(log: str) -> dict[str, str] | None:
     """The reader's output as {node id: outcome}; None when it is not a whole report."""
     outcomes: dict[str, str] = {}
-    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+    rank = OUTCOME_RANK
     for line in log.splitlines():
         if not line.strip():
             continue

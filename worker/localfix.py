@@ -58,10 +58,8 @@ class FixOutcome:
     environment: EnvironmentReport | None = None
     evidence: Evidence | None = None  # the verdict (worker/evidence.py), when the patch was tested
     reproduction: TestRun | None = None  # the patch's tests alone on the base source
+    flaky: bool = False  # as the attempt judged it (worker/attempt.py Verification.flaky)
 
-    @property
-    def flaky(self) -> bool:
-        return len({run.exit_code for run in self.after}) > 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -227,6 +225,7 @@ class LocalFix:
             final_answer=leaf.final_answer,
             evidence=verification.verdict if verification else None,
             reproduction=verification.reproduction if verification else None,
+            flaky=verification.flaky if verification else False,
         )
 
     def _environment_error(self, runner: AttemptRunner, report: EnvironmentReport) -> FixOutcome:
