@@ -158,3 +158,34 @@ def test_the_job_page_shows_only_a_well_formed_verdict() -> None:
                                       "reproduction": {"tests": ["t::a"]}, "reason": None}})
     assert shown == {"level": "reproduced", "reason": "", "fail_to_pass": ["t::a", "7"], "pass_to_fail": [],
                      "still_failing": [], "flaky": [], "reproduction": {"tests": ["t::a"]}}
+
+
+CHILD_TEST = '''import os, subprocess, sys
+
+def test_a_script_the_tests_start_imports_its_sibling(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "live", "run.py")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}  # as werkzeug's dev_server fixture does
+    done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "sibling\\n", done.stderr
+'''
+
+
+def test_the_runner_guard_leaves_the_tests_own_scripts_their_usual_path(tmp_path: Path) -> None:
+    """Found on werkzeug's real suite: its tests start `live_apps/run.py` with their own PYTHONPATH, which
+    drops the guard's hook while PYTHONSAFEPATH stayed, so the script could not import its siblings and the
+    suite hung. The guard still keeps a root `pytest.py` from running as the runner."""
+    from worker.evidence import REPORT_ENV, RUNNER_GUARD
+
+    (tmp_path / "tests" / "live").mkdir(parents=True)
+    (tmp_path / "tests" / "test_child.py").write_text(CHILD_TEST)
+    (tmp_path / "tests" / "live" / "run.py").write_text("import sibling_app\n")
+    (tmp_path / "tests" / "live" / "sibling_app.py").write_text('print("sibling")\n')
+    (tmp_path / "pytest.py").write_text('print("3 passed")\nraise SystemExit(0)\n')
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(RUNNER_GUARD)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTHONPATH")}
+    env.update(PYTHONSAFEPATH=REPORT_ENV["PYTHONSAFEPATH"], PYTHONPATH=str(hook))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, check=False, timeout=300)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]

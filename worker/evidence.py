@@ -29,7 +29,9 @@ HOOK_DIR = "/tmp/.frogfix-python"
 # (`tests/test_x.py::TestC::test_y[1]`). PYTHONSAFEPATH keeps Python from putting the working tree
 # first on sys.path at start, so `python -m pytest` cannot import a `pytest.py` or `pytest/` the
 # patch adds; HOOK_DIR's sitecustomize (RUNNER_GUARD) imports the runner, then puts the tree back
-# where Python would have, so the tests import the repository's code as they always did.
+# where Python would have, so the tests import the repository's code as they always did, and drops
+# PYTHONSAFEPATH for the runner's children (werkzeug's tests start scripts with their own PYTHONPATH:
+# with PYTHONSAFEPATH inherited, a script could not import its sibling modules).
 REPORT_ENV = {
     "PYTEST_ADDOPTS": f"--junitxml={REPORT_PATH} -o junit_family=xunit1",
     "PYTHONSAFEPATH": "1",
@@ -57,8 +59,11 @@ def _frogfix_guard():
             script = arg
             break
         i += 1
-    if module in {RUNNERS!r}:
+    if module in {RUNNERS!r} or (script is not None and os.path.basename(script) in {RUNNERS!r}):
         import pytest  # the installed runner, before the working tree is on the path
+        # The runner is in: the tests' own subprocesses (a script run with its own PYTHONPATH, which
+        # drops this hook) get Python's usual path again. Before the runner, children keep it safe.
+        os.environ.pop("PYTHONSAFEPATH", None)
     if module is not None:
         first = os.getcwd()
     elif script is not None:
