@@ -505,8 +505,11 @@ def _print_job(d: dict[str, Any]) -> None:
     field("started", _when(d.get("started_at")))
     field("finished", _when(d.get("finished_at")))
     lines.append("attempts" if d["attempts"] else "attempts: none")
+    selection = d.get("selection") or {}
+    if isinstance(selection, dict) and selection.get("why"):
+        field("chosen", str(selection["why"]))
     for a in d["attempts"]:
-        head = f"  {a['run']}.{a['number']:<3} {a['status']:<9} "
+        head = f"  {a['run']}.{a['number']:<3} {a['status']:<9} " + ("(chosen) " if a.get("chosen") else "")
         indent = " " * len(head)
         lines.extend(
             _wrap(

@@ -7,6 +7,12 @@ Definitions (stated in the report too):
 - pass@k per task is the unbiased estimator 1 - C(n-c, k) / C(n, k) (n finished attempts, c solved),
   averaged over tasks, with a 95% percentile bootstrap interval over tasks (fixed seed, so reruns agree);
 - the candidate *solves a task* when at least one of its attempts is solved (pass@K's event);
+- chosen@k per task is the share of the task's attempts' k-subsets (every one, or a fixed-seed sample of
+  SUBSETS when there are more) whose attempt chosen by the selection rule (app/selection.py `choose`) is
+  solved, averaged over tasks like pass@k (so chosen@1 = pass@1 and chosen@k <= pass@k). Eval runs no
+  cross-check between attempts (the `cross` map is empty), so attempts agree only when neither adds a
+  reproduction test and both make the same tests pass. While *solved* is the attempt's own evidence, which
+  the rule ranks first, chosen@k equals pass@k; it parts from it once solved is judged otherwise;
 - the recorded run solved a task when the job ended `done` (a `fix` job: `fixed`) after the n attempts it
   made (the pipeline runs up to FROGFIX_ATTEMPTS and stops at the first verified one): pass@n, frozen per task;
 - like with like: gained = the candidate solved it within the recorded run's n attempts, the recorded run did
@@ -19,16 +25,22 @@ Definitions (stated in the report too):
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from app.selection import Candidate, choose
+from app.statuses import EvidenceLevel
 
 UNRUNNABLE = "unrunnable"  # an attempt's outcome when its task can never run (recorded with the reason)
 Z95 = 1.959963984540054
 BOOTSTRAP_SAMPLES = 2000
 BOOTSTRAP_SEED = 16
+SUBSETS = 256  # chosen@k: every k-subset of a task's attempts up to this many, else a fixed-seed sample this size
+REGRESSIONS_KEPT = 100  # an eval result keeps this many regression names: the rule reads only whether there are any
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> tuple[float, float] | None:
@@ -85,6 +97,56 @@ def counted(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def attempt_evidence(
+    level: str | None, publishable: bool, fail_to_pass: Iterable[str], pass_to_fail: Iterable[str],
+    reproduction: Iterable[str], changed_lines: int,
+) -> dict[str, Any]:
+    """An eval attempt's evidence as the selection rule reads it (`evaluation_results.evidence`)."""
+    return {
+        "level": level,
+        "publishable": publishable,
+        "fail_to_pass": sorted(fail_to_pass),
+        "pass_to_fail": sorted(pass_to_fail)[:REGRESSIONS_KEPT],
+        "reproduction": sorted(reproduction),
+        "changed_lines": changed_lines,
+    }
+
+
+def candidate_of(result: Mapping[str, Any]) -> Candidate:
+    """A result as the selection rule sees it. One recorded before eval stored evidence is judged by its verdict
+    alone: solved as failed_before, `unproven` as unproven, anything else never published."""
+    number = int(result["attempt"])
+    evidence = result.get("evidence")
+    if isinstance(evidence, Mapping):
+        level = evidence.get("level")
+        return Candidate(
+            number, EvidenceLevel(level) if level in {v.value for v in EvidenceLevel} else None,
+            bool(evidence.get("publishable")), frozenset(evidence.get("fail_to_pass") or ()),
+            frozenset(evidence.get("pass_to_fail") or ()), frozenset(evidence.get("reproduction") or ()),
+            int(evidence.get("changed_lines") or 0),
+        )
+    if result["solved"]:
+        return Candidate(number, EvidenceLevel.failed_before, True)
+    if result["outcome"] == "unproven":  # AttemptOutcome.unproven: every test passes, nothing proven
+        return Candidate(number, EvidenceLevel.unproven, True)
+    return Candidate(number, None, False)
+
+
+def chosen_share(key: str, results: Sequence[Mapping[str, Any]], k: int) -> float:
+    """How often the attempt the rule chooses among k of the task's attempts is solved: over every k-subset of
+    them (in attempt order), or a fixed-seed sample of SUBSETS when there are more. No cross-check runs."""
+    candidates = [candidate_of(r) for r in results]
+    solved = {c.number: bool(r["solved"]) for c, r in zip(candidates, results, strict=True)}
+    n = len(candidates)
+    if math.comb(n, k) <= SUBSETS:
+        subsets: Iterable[Sequence[Candidate]] = list(itertools.combinations(candidates, k))
+    else:
+        rng = random.Random(f"{key}:{k}")
+        subsets = [[candidates[i] for i in sorted(rng.sample(range(n), k))] for _ in range(SUBSETS)]
+    picks = [choose(subset).chosen for subset in subsets]
+    return sum(1 for pick in picks if pick is not None and solved[pick]) / len(picks)
+
+
 def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int) -> dict[str, Any]:
     n = len(results)
     c = sum(1 for r in results if r["solved"])
@@ -104,6 +166,9 @@ def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int)
         "complete": n >= k,
         "solved_attempts": c,
         "solved": c > 0,
+        # The attempt the selection rule would publish among all of the task's finished attempts.
+        "chosen_attempt": choose([candidate_of(r) for r in results]).chosen,
+        "chosen_by_k": [round(chosen_share(str(task["key"]), results, i), 4) for i in range(1, min(n, k) + 1)],
         "attempts": [
             {
                 "attempt": r["attempt"],
@@ -137,6 +202,17 @@ def _pass_figures(rows: list[dict[str, Any]], k_max: int) -> dict[str, Figure]:
         mean = sum(values) / len(values) if values else None
         method = f"unbiased estimator, bootstrap 95% over {len(values)} tasks"
         figures[f"pass@{k}"] = Figure(mean, bootstrap_mean(values), method)
+    return figures
+
+
+def _chosen_figures(rows: list[dict[str, Any]], k_max: int) -> dict[str, Figure]:
+    figures: dict[str, Figure] = {}
+    for k in range(1, k_max + 1):
+        values = [r["chosen_by_k"][k - 1] for r in rows if r["finished_attempts"] >= k]
+        mean = sum(values) / len(values) if values else None
+        method = (f"the selection rule's choice among {k} of a task's attempts, averaged over every {k} of them "
+                  f"(no cross-check runs), bootstrap 95% over {len(values)} tasks")
+        figures[f"chosen@{k}"] = Figure(mean, bootstrap_mean(values), method)
     return figures
 
 
@@ -196,6 +272,7 @@ def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, A
     finished = sum(r["finished_attempts"] for r in rows)
     solved = sum(r["solved_attempts"] for r in rows)
     candidate_pass = _pass_figures(rows, k)
+    candidate_chosen = _chosen_figures(rows, k)
     return {
         "evaluation": evaluation["id"],
         "model": evaluation["model"],
@@ -212,7 +289,16 @@ def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, A
             "solve_rate": Figure(solved / finished if finished else None, wilson(solved, finished),
                                  "solved attempts / attempts, Wilson 95%").to_dict(),
             **{name: f.to_dict() for name, f in candidate_pass.items()},
+            **{name: f.to_dict() for name, f in candidate_chosen.items()},
             "tasks_solved": sum(1 for r in rows if r["solved"]),
+        },
+        "selection": {
+            "rule": "app/selection.py",
+            "cross_checks": False,  # eval runs none: agreement only from equal fail-to-pass sets
+            "chosen_over_pass": _ratio(candidate_chosen[f"chosen@{k}"].value, candidate_pass[f"pass@{k}"].value),
+            "attempts_without_evidence": sum(
+                1 for rs in by_task.values() for r in rs if not isinstance(r.get("evidence"), Mapping)
+            ),
         },
         "recorded": {
             "solve_rate": _recorded_figure(rows).to_dict(),
@@ -226,6 +312,10 @@ def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, A
                    for source in ("recorded", "settings")},
         "tasks": rows,
     }
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return round(part / whole, 4) if part is not None and whole else None
 
 
 def _figure_text(data: Mapping[str, Any]) -> str:
@@ -259,6 +349,23 @@ def _like_with_like(counts: Sequence[int]) -> str:
     )
 
 
+def _selection_line(selection: Mapping[str, Any], k: int) -> str:
+    """What chosen@k is, in plain sentences, and why eval cannot see the rule miss."""
+    ratio = selection.get("chosen_over_pass")
+    older = int(selection.get("attempts_without_evidence") or 0)
+    return (
+        "chosen@k: how often the attempt FrogFix would publish among k of a task's attempts is solved (the rule of "
+        "app/selection.py: evidence level, no regressions, agreement, smaller patch), averaged over every k of its "
+        f"attempts as pass@k is; chosen@{k} / pass@{k}: {'n/a' if ratio is None else f'{ratio:.2f}'}. "
+        "Eval runs no cross-check between attempts, so two attempts agree only when neither adds a reproduction test "
+        "and both make the same tests pass. An attempt is solved when its own evidence proves the fix, and the rule "
+        "ranks those first, so the chosen attempt is solved whenever one of the k is; how often the rule prefers a "
+        "right patch to a wrong one that passes its own tests is bench/selection.py's to measure."
+        + (f" Attempts recorded before eval stored their evidence ({older}) are judged by their verdict alone."
+           if older else "")
+    )
+
+
 def _limits_line(counts: Mapping[str, int]) -> str:
     recorded, settings = counts.get("recorded", 0), counts.get("settings", 0)
     return (
@@ -289,10 +396,13 @@ def to_markdown(report: Mapping[str, Any]) -> str:
     for i in range(1, k + 1):
         recorded = _figure_text(rec["solve_rate"]) if counts == [i] else "n/a"
         lines.append(f"| pass@{i} (bootstrap 95%) | {_figure_text(cand[f'pass@{i}'])} | {recorded} |")
+        if f"chosen@{i}" in cand:
+            lines.append(f"| chosen@{i} (bootstrap 95%) | {_figure_text(cand[f'chosen@{i}'])} | n/a |")
     lines.append(f"| tasks solved | {cand['tasks_solved']} | {rec['tasks_solved']} |")
     other = report.get("not_comparable", [])
     lines += [
         "",
+        *([_selection_line(report["selection"], k), ""] if report.get("selection") else []),
         f"Gained ({len(report['gained'])}): {', '.join(report['gained']) or 'none'}  ",
         f"Lost ({len(report['lost'])}): {', '.join(report['lost']) or 'none'}  ",
         f"Not comparable ({len(other)}): {', '.join(other) or 'none'}",

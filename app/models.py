@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     column,
+    false,
     func,
     select,
     table,
@@ -138,6 +139,12 @@ class Job(UsageColumns, Base):
     # What the round was asked: the requests it took, the review thread and the diff it was shown.
     round_input: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     ci_status: Mapped[str | None] = mapped_column(String(32), nullable=True)  # forge CI on pushed_commit
+    # k attempts ranked (migration 0009): how the published attempt was chosen (app/selection.py
+    # `Choice.to_dict`), and when FrogFix asked the reporter a question instead of publishing.
+    selection: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    asked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    # Model slots the job holds beyond its own while its attempts run side by side (app/jobs/job_slots.py).
+    extra_slots: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     last_enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -192,6 +199,8 @@ class Job(UsageColumns, Base):
             "start_commit": self.start_commit,
             "pushed_commit": self.pushed_commit,
             "ci_status": self.ci_status,
+            "selection": self.selection,
+            "asked_at": _iso(self.asked_at),
             "queue_wait_seconds": None if self.queue_wait_seconds is None else round(self.queue_wait_seconds, 3),
             "queue_wait_total_seconds": (
                 None if self.queue_wait_total_seconds is None else round(self.queue_wait_total_seconds, 3)
@@ -222,12 +231,13 @@ class JobAttempt(UsageColumns, Base):
     tests: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    chosen: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # the one published
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "run": self.run, "number": self.number, "status": self.status,
+            "id": self.id, "run": self.run, "number": self.number, "status": self.status, "chosen": self.chosen,
             "exit_reason": self.exit_reason, "steps": self.steps, "trajectory_path": self.trajectory_path,
             "patch": self.patch, "summary": self.summary, "tests": self.tests, "flags": self.flags or [],
             "error": self.error, "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
@@ -375,6 +385,9 @@ class EvaluationResult(Base):
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     # {"source": "recorded" | "settings", "max_steps", ...}: the Leaf limits the attempt ran under.
     limits: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The attempt's evidence as the selection rule reads it (app/evaluation_report.py `attempt_evidence`), for
+    # chosen@k (migration 0010); NULL for results recorded before it.
+    evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -123,7 +123,11 @@ class Settings(BaseSettings):
     environment_timeout_seconds: float = Field(default=1200.0, gt=0)  # one setup phase, setup_command included
     environment_cache_entries: int = Field(default=50, ge=1)  # the least recently used beyond this are removed
 
-    attempts: int = Field(default=1, ge=1, le=10)  # independent attempts; the first that verifies is published
+    # Independent attempts per job, all run (unless cancelled); the evidence ranks them (app/selection.py).
+    attempts: int = Field(default=1, ge=1, le=10)
+    # More attempts, up to this many in all, while the model is idle (no runnable production job queued);
+    # 0 (the default) means no extra attempts: FROGFIX_ATTEMPTS is the whole job.
+    max_attempts: int = Field(default=0, ge=0, le=32)
     verify_runs: int = Field(default=2, ge=1, le=10)  # patched test runs; differing results are flaky
     refuse_protected_changes: bool = False  # refuse (not just flag) patches touching tests, CI or protected paths
     require_reproduction: bool = False  # publish only patches whose evidence proves the fix (no "not reproduced" MRs)
@@ -253,6 +257,11 @@ class Settings(BaseSettings):
     @property
     def embedded_broker(self) -> bool:
         return not self.broker_url or self.broker_url.startswith("filesystem")
+
+    @property
+    def attempt_ceiling(self) -> int:
+        """The most attempts one job may run: FROGFIX_ATTEMPTS, or FROGFIX_MAX_ATTEMPTS when larger."""
+        return max(self.attempts, self.max_attempts)
 
     def secret_values(self) -> list[str]:
         """Every configured secret, so logs and forge posts can redact them."""

@@ -48,11 +48,14 @@ def attempt_path(job_id: int, run: int, attempt: int) -> str:
     return f"{DIRECTORY}/job-{int(job_id)}-run-{int(run)}-{int(attempt)}.json"
 
 
-def local_path(local_id: str) -> str:
-    """A local job's one trajectory, relative to the data folder; the id must be a local id."""
+def local_path(local_id: str, attempt: int = 1) -> str:
+    """A local job's trajectory of one attempt, relative to the data folder; the id must be a local id.
+
+    The first attempt's file is named after the job alone (as before jobs had several)."""
     if not LOCAL_ID.fullmatch(local_id):
         raise TrajectoryError(f"{local_id[:80]!r} is not a local job id")
-    return f"{DIRECTORY}/{local_id}.json"
+    suffix = "" if int(attempt) == 1 else f".attempt-{int(attempt)}"
+    return f"{DIRECTORY}/{local_id}{suffix}.json"
 
 
 def replay_path(recorded: str | PurePath, mode: str, now: datetime | None = None) -> str:

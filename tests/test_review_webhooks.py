@@ -131,7 +131,7 @@ def test_gitlab_mr_state_is_normalised(state: str | None, state_id: int | None, 
     assert gitlab(data).mr_state == expected
 
 
-@pytest.mark.parametrize("noteable", ["Issue", "Commit", "Snippet", None])
+@pytest.mark.parametrize("noteable", ["Commit", "Snippet", None])  # an issue's: tests/answers/test_answer_webhooks.py
 def test_gitlab_note_not_on_a_merge_request_is_ignored(noteable: str | None) -> None:
     data = doc("gitlab_mr_note.json")
     data["object_attributes"]["noteable_type"] = noteable
@@ -781,7 +781,10 @@ def _nested(name: str) -> st.SearchStrategy[Any]:
 
 
 def _check(event: WebhookEvent) -> None:
-    assert event.intent in ("ignore", "review", "stop", "ci")
+    assert event.intent in ("ignore", "review", "stop", "ci", "answer")
+    if event.intent == "answer":
+        assert event.comment is not None and event.project is not None and event.issue is not None
+        assert event.mr is None and len(event.comment.body) <= MAX_COMMENT_CHARS
     if event.intent in ("review", "stop"):
         assert event.comment is not None and event.project is not None and event.mr is not None
         assert len(event.comment.body) <= MAX_COMMENT_CHARS

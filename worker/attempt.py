@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import re
 import shlex
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.selection import Candidate, Choice, Pair, choose, cross_checks, settled
 from app.settings import Settings
 from app.statuses import INFRA_EXITS, AttemptStatus, ExitReason
 from app.usage import UsageFigures
@@ -54,6 +58,7 @@ from worker.wiring import open_job_sandbox, open_setup_sandbox, sandbox_limits
 from worker.workspaces import WorkspaceSource
 
 LOG_LIMIT = 60_000
+PatchStep = tuple[str, list[str] | None, list[str] | None]  # a patch, the paths it is limited to, the paths left out
 READER_TIMEOUT_S = 120.0
 FLAKY_FLAG = "the patched tests gave different results between runs (flaky)"
 NOT_REPRODUCED_FLAG = "not reproduced"
@@ -246,6 +251,19 @@ class AttemptResult:
     def evidence(self) -> TestEvidence | None:
         return self.verification.evidence() if self.verification else None
 
+    @property
+    def candidate(self) -> Candidate:
+        """This attempt as the selection rule (app/selection.py) sees it."""
+        publishable = self.outcome in (AttemptOutcome.verified, AttemptOutcome.unproven)
+        if self.verification is None:
+            return Candidate(self.number, None, False)
+        verdict = self.verification.verdict
+        lines = sum(added + removed for _path, added, removed in self.changes.diffstat()) if self.changes else 0
+        return Candidate(
+            self.number, verdict.level, publishable, frozenset(verdict.fail_to_pass), frozenset(verdict.pass_to_fail),
+            frozenset(verdict.reproduction.tests), lines,
+        )
+
 
 class AttemptObserver(Protocol):
     """What the caller sees of an attempt as it runs; each caller's observer is its only difference."""
@@ -269,11 +287,15 @@ def bounded_log(text: str, limit: int = LOG_LIMIT) -> str:
     return f"{text[:half]}\n[... {len(text) - limit} chars cut ...]\n{text[-half:]}"
 
 
-def apply_patch(workspace: Path, patch: str, only: list[str] | None = None) -> str | None:
+def apply_patch(
+    workspace: Path, patch: str, only: list[str] | None = None, without: list[str] | None = None
+) -> str | None:
     """Apply a patch to a checkout with the isolated git environment; returns git's complaint when it does not apply.
 
-    `only`: apply just these paths' changes (the reproduction applies the patch's test files alone)."""
+    `only`: apply just these paths' changes (the reproduction applies the patch's test files alone);
+    `without`: apply all but these (a cross-check applies one patch's source changes alone)."""
     include = [f"--include={_glob_literal(path)}" for path in only or []]
+    include += [f"--exclude={_glob_literal(path)}" for path in without or []]
     done = repos.run_git(
         ["-C", str(workspace), "apply", "--binary", "--whitespace=nowarn", *include, "-"],
         env=repos.git_environment(),
@@ -342,6 +364,9 @@ class Verifier:
         self._before: TestRun | None = None
         self.command: str | None = None  # the test command of the base run, once it ran
         self.seconds = 0.0  # wall time of every test run so far, sandbox start and checkout included
+        self._lock = threading.RLock()  # attempts side by side share the base run and the seconds
+        self._runs = itertools.count(1)  # each run's own workspace name
+        self._mine = threading.local()
 
     @property
     def base_run(self) -> TestRun | None:
@@ -349,10 +374,11 @@ class Verifier:
         return self._before
 
     def before(self, config: RepoConfig, base: str) -> TestRun:
-        if self._before is None:
-            self._before = self._run(config, base, None, "before the patch")
-            self.command = config.test_command
-        return self._before
+        with self._lock:
+            if self._before is None:
+                self._before = self._run(config, base, None, "before the patch")
+                self.command = config.test_command
+            return self._before
 
     def verify(
         self, config: RepoConfig, base: str, patch: str, runs: int, start: str | None = None,
@@ -377,16 +403,46 @@ class Verifier:
         confirming = self._run(config, start or base, patch, "after the patch, confirming")
         return Verification(command, before, [*after, confirming], reproduction, files, [again])
 
+    def _spent(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+        self._mine.seconds = self.thread_seconds + seconds
+
+    @property
+    def thread_seconds(self) -> float:
+        """The test runs' seconds made by the calling thread (an attempt's own, with attempts side by side)."""
+        return float(getattr(self._mine, "seconds", 0.0))
+
+    def cross(self, config: RepoConfig, start: str, source: AttemptResult, tests: AttemptResult) -> bool:
+        """Whether `tests`' reproduction tests pass over `source`'s patch: its source changes alone
+        (its own test files left out), with `tests`' test files (app/selection.py agreement)."""
+        assert source.changes is not None and tests.changes is not None and tests.verification is not None
+        own = patch_test_files(source.changes.paths)
+        theirs = patch_test_files(tests.changes.paths)
+        label = f"attempt {source.number}'s patch with attempt {tests.number}'s tests (agreement)"
+        steps = [(source.patch, None, own), (tests.patch, theirs, None)]
+        run = self._run(config, start, steps, label)
+        wanted = tests.verification.verdict.reproduction.tests
+        if run.exit_code is None:
+            return False
+        if run.tests is not None and tests.verification.verdict.per_test:
+            return all(run.tests.get(test) == "passed" for test in wanted)
+        return run.exit_code == 0
+
     def _run(
-        self, config: RepoConfig, base: str, patch: str | None, label: str, only: list[str] | None = None
+        self, config: RepoConfig, base: str, patch: str | list[PatchStep] | None, label: str,
+        only: list[str] | None = None,
     ) -> TestRun:
         """One test run over a fresh checkout; the base run raises EnvironmentUnusable when its tests
-        cannot run, a patched run whose dependency files cannot be built fails as a run."""
+        cannot run, a patched run whose dependency files cannot be built fails as a run.
+
+        `patch`: one patch (`only` its paths, when given), or several steps applied in order."""
         c = self.context
-        ws = c.root / ("tests-" + re.sub(r"[^a-z0-9]+", "-", label))
+        ws = c.root / (f"tests-{next(self._runs)}-" + re.sub(r"[^a-z0-9]+", "-", label)[:60])
         c.source.checkout(ws, base)
-        if patch:
-            problem = apply_patch(ws, patch, only)
+        steps: list[PatchStep] = patch if isinstance(patch, list) else [(patch, only, None)] if patch else []
+        for text, include, exclude in steps:
+            problem = apply_patch(ws, text, include, exclude)
             if problem:
                 repos.remove_workspace(ws)
                 return TestRun(None, problem)
@@ -398,15 +454,15 @@ class Verifier:
             raise
         if not env.ok:
             repos.remove_workspace(ws)
-            self.seconds += time.monotonic() - started
-            if patch is None:
+            self._spent(time.monotonic() - started)
+            if not patch:
                 raise EnvironmentUnusable(env)
             return TestRun(None, f"the environment for the patched dependency files could not be built: {env.reason}")
         c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
         try:
             run = run_tests(ws, config, c.settings, c.redact, image=config.image, environment=env.path)
         finally:
-            self.seconds += time.monotonic() - started
+            self._spent(time.monotonic() - started)
         timed_out = " (timed out)" if run.timed_out else ""
         c.observer.stage("tested", f"tests {label}: exit code {run.exit_code}{timed_out}", {"label": label})
         return run
@@ -426,7 +482,10 @@ class AttemptRunner:
         scope: str = "local",
     ) -> None:
         """`scope` names the project, so environments are cached per project (see worker/environment/builder.py)."""
-        self.settings, self.redact, self.source, self.root, self.observer = settings, redact, source, root, observer
+        self.settings, self.redact, self.source, self.root = settings, redact, source, root
+        self._observer = observer
+        self._local = threading.local()  # each thread's attempt may have its own observer (`run`)
+        self._ready_lock = threading.Lock()  # the environment and the base run are made once, by one thread
         environments = Environments(
             settings,
             redact,
@@ -439,12 +498,28 @@ class AttemptRunner:
         self.verifier = Verifier(self.context)
         self.environment: EnvironmentReport | None = None  # the base commit's, once the first attempt checked it
 
-    def run(self, spec: AttemptSpec, model: ModelClient, review: ReviewPolicy | None) -> AttemptResult:
+    @property
+    def observer(self) -> AttemptObserver:
+        """The running attempt's observer: the one `run` was given in this thread, else the runner's."""
+        return getattr(self._local, "observer", None) or self._observer
+
+    def run(
+        self, spec: AttemptSpec, model: ModelClient, review: ReviewPolicy | None,
+        observer: AttemptObserver | None = None,
+    ) -> AttemptResult:
         """One attempt to its outcome. `review=None` (a plain replay) stops after the agent's patch.
 
-        Raises RepoConfigError for an unusable `.frogfix.yml` and SandboxError when the sandbox
-        itself fails (infrastructure); everything the model did comes back as the result.
+        `observer`: this attempt's own (attempts running side by side each have one); the runner's
+        otherwise. Raises RepoConfigError for an unusable `.frogfix.yml` and SandboxError when the
+        sandbox itself fails (infrastructure); everything the model did comes back as the result.
         """
+        self._local.observer = observer
+        try:
+            return self._run(spec, model, review)
+        finally:
+            self._local.observer = None
+
+    def _run(self, spec: AttemptSpec, model: ModelClient, review: ReviewPolicy | None) -> AttemptResult:
         ws = self.root / f"attempt-{spec.number}"
         config, guidance = self._base_config(spec, ws)
         if spec.start != spec.base_commit:
@@ -488,16 +563,34 @@ class AttemptRunner:
         )
         if review is None:
             return result
-        tested_before = self.verifier.seconds
+        tested_before = self.verifier.thread_seconds
         try:
             return self._judge(result, spec, review, too_large)
         finally:
-            result.test_seconds = self.verifier.seconds - tested_before
+            result.test_seconds = self.verifier.thread_seconds - tested_before
+
+    def agreement(self, results: Sequence[AttemptResult], cross: dict[Pair, bool], start: str) -> None:
+        """Make the agreement runs the choice can turn on (app/selection.py `cross_checks`), each once."""
+        by_number = {r.number: r for r in results}
+        for a, b in cross_checks([r.candidate for r in results]):
+            if (a, b) in cross or self.observer.cancelled():
+                continue
+            source, tests = by_number[a], by_number[b]
+            agrees = cross[(a, b)] = self.verifier.cross(source.config, start, source, tests)
+            verb = "pass" if agrees else "do not pass"
+            self.observer.stage(
+                "agreement", f"attempt {b}'s reproduction tests {verb} with attempt {a}'s patch",
+                {"patch_of": a, "tests_of": b, "agrees": agrees},
+            )
 
     def _ready(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
         """Before any model call: the environment (built or cached), then, once per job, the base
         commit's tests. Raises EnvironmentUnusable when either says the tests cannot run here.
         Returns the environment folder for the agent's sandbox (the checkout at `ws`'s own)."""
+        with self._ready_lock:
+            return self._ready_once(spec, ws, config, tests=tests)
+
+    def _ready_once(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
         if self.environment is None:
             report = environment_for(self.context, ws, config, spec.start)
             if not report.ok:
@@ -649,6 +742,67 @@ class AttemptRunner:
         why = verification.why_not(config.test_timeout)
         reason = f"attempt {result.number}'s patch did not pass the tests ({why})"
         return _ended(result, AttemptOutcome.not_verified, reason)
+
+
+@dataclass
+class AttemptSeries:
+    """A job's attempts and the choice among them (app/selection.py), as `run_series` left them."""
+
+    results: list[AttemptResult]
+    cross: dict[Pair, bool]
+    choice: Choice
+    extra_stop: str = ""  # why no (more) extra attempts ran, when the ceiling allowed some
+
+    @property
+    def chosen(self) -> AttemptResult | None:
+        return next((r for r in self.results if r.number == self.choice.chosen), None)
+
+
+def run_series(
+    runner: AttemptRunner,
+    run_one: Callable[[int, bool], AttemptResult | None],
+    *,
+    attempts: int,
+    ceiling: int,
+    start: str,
+    idle: Callable[[], bool] = lambda: True,
+    parallel: int = 1,
+) -> AttemptSeries:
+    """The one sequence every caller runs: `attempts` attempts (`parallel` of them side by side), then
+    extra ones, one at a time, up to `ceiling` while `idle()` (no production job waits) and the choice
+    is not settled, each followed by the agreement runs the choice can turn on; then the choice.
+
+    `run_one(number, extra)` runs one attempt; None means it was stopped for production (an extra
+    attempt's model turn), which ends the series. Whatever it raises ends the series too (attempts
+    beside it are left to finish, and their results dropped)."""
+    results: list[AttemptResult] = []
+    cross: dict[Pair, bool] = {}
+    extra_stop = ""
+    first = 1
+    if parallel > 1 and attempts > 1:
+        with ThreadPoolExecutor(max_workers=min(parallel, attempts), thread_name_prefix="attempt") as pool:
+            futures = [pool.submit(run_one, number, False) for number in range(1, attempts + 1)]
+            done = [future.result() for future in futures]  # the first failure, in attempt order, is raised
+        results = [r for r in done if r is not None]
+        runner.agreement(results, cross, start)
+        first = attempts + 1
+    for number in range(first, max(attempts, ceiling) + 1):
+        extra = number > attempts
+        if extra:
+            candidates = [r.candidate for r in results]
+            if settled(candidates, cross):
+                extra_stop = "an attempt reproduced the bug and another agrees with it"
+                break
+            if not idle():
+                extra_stop = "a production job is waiting for the model"
+                break
+        result = run_one(number, extra)
+        if result is None:
+            extra_stop = "a production job arrived; the extra attempt stopped"
+            break
+        results.append(result)
+        runner.agreement(results, cross, start)
+    return AttemptSeries(results, cross, choose([r.candidate for r in results], cross), extra_stop)
 
 
 def environment_for(context: AttemptContext, ws: Path, config: RepoConfig, commit: str) -> EnvironmentReport:

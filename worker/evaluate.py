@@ -37,11 +37,12 @@ from pydantic import SecretStr
 
 from app import trajectory
 from app.db import in_transaction, session_scope
-from app.evaluation_report import UNRUNNABLE, counted
+from app.evaluation_report import UNRUNNABLE, attempt_evidence, counted
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
 from app.logs import SecretRedactor, get_logger
+from app.patches import file_diffs
 from app.settings import Settings, get_settings
 from app.statuses import INFRA_EXITS, LOCAL_VERDICT_STATUSES, FixStatus, JobStatus
 from sandbox.base import SandboxError
@@ -369,7 +370,21 @@ def _result_values(key: str, attempt: int, report: Any, wall: float, data_dir: P
         "trajectory": stored,
         "reason": (report.message or "")[:2000],
         "limits": limits,
+        "evidence": _evidence(report),
     }
+
+
+def _evidence(report: Any) -> dict[str, Any]:
+    """The attempt's evidence as the selection rule reads it (worker/attempt.py `AttemptResult.candidate`):
+    the verdict of its verification, whether it may be published, and its changed lines."""
+    tests = report.tests_after or {}
+    verdict = tests.get("evidence") or {}
+    publishable = report.outcome in (AttemptOutcome.verified, AttemptOutcome.unproven)
+    lines = sum(len(f.added) + f.removed for f in file_diffs(report.patch)) if report.patch else 0
+    return attempt_evidence(
+        verdict.get("level"), publishable, verdict.get("fail_to_pass") or [], verdict.get("pass_to_fail") or [],
+        (verdict.get("reproduction") or {}).get("tests") or [], lines,
+    )
 
 
 def _never_runs(exc: Exception) -> bool:

@@ -23,7 +23,7 @@ from app.statuses import ExitReason, FixStatus
 from app.usage import UsageFigures, usage_table
 from sandbox.base import SandboxError
 from worker import repos
-from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun
+from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun, run_series
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.evidence import Evidence, evidence_line
 from worker.issue_text import sanitize_issue_text
@@ -59,7 +59,10 @@ class FixOutcome:
     evidence: Evidence | None = None  # the verdict (worker/evidence.py), when the patch was tested
     reproduction: TestRun | None = None  # the patch's tests alone on the base source
     flaky: bool = False  # as the attempt judged it (worker/attempt.py Verification.flaky)
-
+    # Every attempt (FROGFIX_ATTEMPTS), each with its evidence and whether it is the one chosen
+    # (app/selection.py); the fields above are the chosen attempt's (the last one's when none is).
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    selection: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,6 +87,8 @@ class FixOutcome:
             "summary": self.final_answer,
             "usage": self.usage.to_dict(),
             "environment": self.environment.to_dict() if self.environment else None,
+            "attempts": self.attempts,
+            "selection": self.selection,
         }
 
 
@@ -163,25 +168,42 @@ class LocalFix:
             self.say(f"running the agent with {self.settings.model_name} at {self.settings.model_base_url}")
         else:
             self.say(f"running the agent with {type(self._model).__name__} (no model server)")
-        try:
-            result = runner.run(self.spec(base), self.model(), ReviewPolicy.from_settings(self.settings))
+        review = ReviewPolicy.from_settings(self.settings)
+
+        def run_one(number: int, extra: bool) -> AttemptResult:
+            if self.settings.attempts > 1:
+                self.say(f"attempt {number} of {self.settings.attempts}")
+            result = runner.run(self.spec(base, number), self.model(), review)
+            for reason in result.refused:
+                self.say(f"refused: {reason}")
+            return result
+
+        try:  # `fix` has no production queue to yield to: FROGFIX_ATTEMPTS attempts, no extra ones
+            series = run_series(runner, run_one, attempts=self.settings.attempts, ceiling=0, start=base)
         except RepoConfigError as exc:
             return self._failed(ExitReason.config_error, str(exc))
         except SandboxError as exc:
             return self._failed(ExitReason.tool_error, f"sandbox failure: {exc}", trajectory=True)
         except EnvironmentUnusable as exc:
             return self._environment_error(runner, exc.report)
-        for reason in result.refused:
-            self.say(f"refused: {reason}")
+        result = series.chosen or series.results[-1]
+        if len(series.results) > 1:
+            self.say(f"chosen: {series.choice.why}")
         before = runner.verifier.before(result.config, base) if result.config.test_command else None
         outcome = self.outcome(result, before)
-        # Every test run of this one-attempt job, including a base run made only for the report.
-        outcome.usage = result.leaf.figures() + UsageFigures(sandbox_seconds=runner.verifier.seconds)
+        outcome.trajectory = str(self.settings.data_dir / trajectory.local_path(self.job_id, result.number))
+        outcome.attempts = [attempt_entry(r, r.number == series.choice.chosen) for r in series.results]
+        outcome.selection = series.choice.to_dict()
+        # Every test run of the job (each attempt's, the agreement runs, a base run made only for the report).
+        figures = [r.leaf.figures() for r in series.results]
+        outcome.usage = sum(figures, UsageFigures()) + UsageFigures(sandbox_seconds=runner.verifier.seconds)
         outcome.environment = runner.environment
-        self.amend_trajectory({"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}})
+        verdict = {"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}}
+        for r in series.results:
+            self.amend_trajectory(r.number, verdict)
         return outcome
 
-    def spec(self, base: str) -> AttemptSpec:
+    def spec(self, base: str, number: int = 1) -> AttemptSpec:
         s = self.settings
         task = render_task(
             self.title, sanitize_issue_text(self.body), prompts_dir=s.prompts_dir, project=self.repo_dir.name,
@@ -189,15 +211,15 @@ class LocalFix:
         )
         return AttemptSpec(
             job_id=self.job_id,
-            number=1,
+            number=number,
             base_commit=base,
             system_prompt=system_prompt(s.prompts_dir),
             task=task,
             limits=leaf_limits_from(s),
-            trajectory=trajectory.local_path(self.job_id),
+            trajectory=trajectory.local_path(self.job_id, number),
             model_label=s.model_name,
             sampling=sampling_from(s).body_fields(),
-            trajectory_fields={"issue": {"title": self.title}, "repository": str(self.repo_dir)},
+            trajectory_fields={"issue": {"title": self.title}, "repository": str(self.repo_dir), "attempt": number},
         )
 
     def outcome(self, result: AttemptResult, before: TestRun | None) -> FixOutcome:
@@ -249,10 +271,11 @@ class LocalFix:
             environment=report,
         )
 
-    def amend_trajectory(self, fields: dict[str, Any]) -> None:
-        """Add `fix`'s verdict to the finished trajectory, atomically (readers see the old or the new file)."""
+    def amend_trajectory(self, number: int, fields: dict[str, Any]) -> None:
+        """Add `fix`'s verdict to an attempt's finished trajectory, atomically (readers see the old or the new file)."""
+        path = self.settings.data_dir / trajectory.local_path(self.job_id, number)
         # Redacted string by string, as the writer redacts.
-        trajectory.amend(self.trajectory_path, redact_value(fields, self.redactor.redact))
+        trajectory.amend(path, redact_value(fields, self.redactor.redact))
 
     # -- the observer: progress lines ------------------------------------------------------------
 
@@ -294,6 +317,23 @@ class LocalFix:
             trajectory=str(self.trajectory_path) if trajectory else "",
             error=error,
         )
+
+
+def attempt_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
+    """One attempt in `fix --json`'s `attempts`: its outcome, its evidence, whether it is the one chosen."""
+    verification = result.verification
+    return {
+        "number": result.number,
+        "chosen": chosen,
+        "outcome": result.outcome.value,
+        "reason": result.reason,
+        "exit_reason": result.leaf.exit_reason,
+        "steps": result.leaf.steps,
+        "evidence": verification.verdict.to_dict() if verification else None,
+        "changed_lines": result.candidate.changed_lines,
+        "flags": result.flags,
+        "usage": result.usage.to_dict(),
+    }
 
 
 EXIT_CODES: dict[str, int] = {

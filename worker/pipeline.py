@@ -33,14 +33,16 @@ from app.forge.api import (
     upsert_draft_mr,
 )
 from app.forge.reviews import STALE_CI, CiReport, ReviewComment, ThreadNote, about_head
-from app.jobs import records, rounds, transitions
+from app.jobs import job_slots, records, rounds, transitions
+from app.jobs.scheduler import production_load
 from app.logs import SecretRedactor, get_logger
+from app.models import utcnow
 from app.settings import Settings, get_settings
 from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus, RequestStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker import repos
-from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
+from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord, step_usage
@@ -53,6 +55,7 @@ from worker.leaf.prompts import (
     system_prompt,
 )
 from worker.leaf.trajectory import redact_value
+from worker.question import answers_since, question_comment
 from worker.repo_config import RepoConfigError
 from worker.report import (
     Provenance,
@@ -87,11 +90,13 @@ class JobEnded(Exception):
     """A stage decided the job's final status (rejected, cancelled, failed, no_fix)."""
 
     def __init__(
-        self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None, log: str = ""
+        self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None, log: str = "",
+        *, asks: bool = False,
     ) -> None:
         super().__init__(reason)
         self.status, self.reason, self.comment, self.notify = status, reason, comment, notify
         self.log = log  # a log tail the issue comment shows fenced (an environment error's)
+        self.asks = asks  # `comment` is FrogFix's question to the reporter, posted as it is (worker/question.py)
 
 
 @dataclass
@@ -197,11 +202,12 @@ def cancelled_on_request() -> JobEnded:
     return JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
 
 
-class CancelCheck:
-    """Reads the job's cancel flag, at most once every `every` seconds (it is asked between tool calls)."""
+class PolledFlag:
+    """A flag read from the database at most once every `every` seconds (it is asked between tool
+    calls); once True it stays True. A database hiccup leaves it as it was until the next read."""
 
-    def __init__(self, job_id: int, every: float = 2.0) -> None:
-        self.job_id, self.every = job_id, every
+    def __init__(self, read: Callable[[Session], bool], what: str, every: float = 2.0) -> None:
+        self.read, self.what, self.every = read, what, every
         self._last = 0.0
         self._value = False
 
@@ -211,10 +217,26 @@ class CancelCheck:
             self._last = now
             try:
                 with session_scope() as session:
-                    self._value = records.cancel_requested(session, self.job_id)
+                    self._value = self.read(session)
             except SQLAlchemyError as exc:  # the database away for a moment: ask again at the next check
-                log.warning("cancel_check_failed", job_id=self.job_id, error=str(exc)[:300])
+                log.warning(f"{self.what}_failed", error=str(exc)[:300])
         return self._value
+
+
+class CancelCheck(PolledFlag):
+    """Reads the job's cancel flag, at most once every `every` seconds."""
+
+    def __init__(self, job_id: int, every: float = 2.0) -> None:
+        self.job_id = job_id
+        super().__init__(lambda session: records.cancel_requested(session, job_id), "cancel_check", every)
+
+
+PREEMPT_POLL_S = 0.5  # an extra attempt looks for waiting production jobs this often, between its calls
+
+
+def production_waits(session: Session) -> bool:
+    """Whether a runnable production job is queued: an extra attempt then stops or does not start."""
+    return production_load(session)[0] > 0
 
 
 @dataclass(frozen=True)
@@ -238,10 +260,13 @@ class Prepared:
 class JobObserver:
     """An attempt seen by the pipeline: steps on the attempt row, stages on the job's timeline."""
 
-    def __init__(self, pipeline: Pipeline) -> None:
+    def __init__(self, pipeline: Pipeline, stop: threading.Event | None = None) -> None:
         self.pipeline = pipeline
+        self.stop = stop or threading.Event()  # set when an attempt beside this one ended the job
         self.attempt_id = 0  # set by `one_attempt` before each attempt
         self.usage = UsageFigures()  # the running attempt's figures, step by step
+        # An extra attempt's: True stops it before its next model turn (a production job is waiting).
+        self.preempt: Callable[[], bool] | None = None
 
     def start(self, attempt_id: int) -> None:
         self.attempt_id, self.usage = attempt_id, UsageFigures()
@@ -255,7 +280,9 @@ class JobObserver:
             records.record_usage(session, p.job_id, self.attempt_id, self.usage)
 
     def cancelled(self) -> bool:
-        return self.pipeline.cancelled()
+        if self.pipeline.cancelled() or self.stop.is_set():
+            return True
+        return self.preempt is not None and self.preempt()
 
     def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
         p = self.pipeline
@@ -289,11 +316,16 @@ class Pipeline:
             # A review round (issue 14): the MR's thread, which round this is, and the MR's branch.
             self.thread_id, self.round, self.round_kind = job.thread_id, job.round or 0, job.round_kind
             self.mr_number, self.branch = job.mr_number, job.branch
+            # Abstain and ask (issue 24): when FrogFix asked the reporter a question (a `/frogfix` answer
+            # re-queued the job), admission reads the comments since, which the task then carries.
+            self.asked_at = job.asked_at
+        self.answers: list[Any] = []  # the IssueComments (app/forge/reviews.py) since the question
         self.forge: Forge | None = None
         self.cancelled = CancelCheck(job_id)
         self.root = self.s.resolved_workspace_dir() / f"job-{job_id}-run-{self.run_number}"
         self.url = job_url(self.s, job_id)
         self.deadline = time.monotonic() + self.s.job_timeout_seconds
+        self.selection: dict[str, Any] = {}  # how the published attempt was chosen (app/selection.py)
 
     # -- timeline helpers --------------------------------------------------------------------
 
@@ -358,7 +390,7 @@ class Pipeline:
             return "superseded"
         except JobEnded as end:
             self.end_log = end.log
-            return self.end(end.status, end.reason, end.comment, end.notify)
+            return self.end(end.status, end.reason, end.comment, end.notify, asks=end.asks)
         except (ForgeTransient, RepoTransient) as exc:
             return self.end(
                 JobStatus.failed,
@@ -387,11 +419,17 @@ class Pipeline:
             if self.forge is not None:
                 self.forge.close()
 
-    def end(self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None) -> str:
-        """The job's final status, its event and this run's open attempts, in one transaction, if still ours."""
+    def end(
+        self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None, *, asks: bool = False
+    ) -> str:
+        """The job's final status, its event and this run's open attempts, in one transaction, if still ours.
+
+        `asks`: `comment` is a question to the reporter, posted as it is; the job records when it asked,
+        so a `/frogfix` reply can queue it again with the comments written since."""
         reason = self.redact(reason)
 
         def write(session: Session) -> bool:
+            asked = {"asked_at": utcnow()} if asks else {}
             moved = transitions.set_status(
                 session,
                 self.job_id,
@@ -399,6 +437,7 @@ class Pipeline:
                 error=None if status == JobStatus.no_fix else reason,
                 expected=RUN_STATUSES,
                 run=self.run_number,
+                **asked,
             )
             if moved:
                 attempts = AttemptStatus.cancelled if status == JobStatus.cancelled else AttemptStatus.failed
@@ -410,7 +449,11 @@ class Pipeline:
             log.warning("superseded", reason=f"could not end the job {status.value}: {reason}"[:500])
             return "superseded"
         log.info(status.value, message=reason[:500])
-        self.tell_end(status, reason, comment, notify)
+        if asks and comment is not None:
+            if self.comment(comment):
+                self.event("asked", "asked the reporter a question on the issue; a `/frogfix` reply queues it again")
+        else:
+            self.tell_end(status, reason, comment, notify)
         return status.value
 
     def tell_end(self, status: JobStatus, reason: str, comment: str | None, notify: str | None) -> None:
@@ -437,14 +480,26 @@ class Pipeline:
             raise JobEnded(JobStatus.cancelled, "the issue is closed", None)
         if label not in issue.labels:
             raise JobEnded(JobStatus.cancelled, f"the label {label!r} is no longer on the issue", None)
-        adder = self.forge.label_adder(self.project, self.issue, label) or self.trigger_user
+        # A run an answer re-queued (FrogFix asked; intake made the `/frogfix` commenter the trigger user):
+        # the commenter triggers it and needs the rights; the label must still be there, as checked above.
+        answered = self.asked_at is not None and bool(self.trigger_user)
+        adder = self.trigger_user if answered else self.forge.label_adder(self.project, self.issue, label)
+        adder = adder or self.trigger_user
         if not adder:
             raise JobEnded(
                 JobStatus.rejected,
                 "cannot tell who added the label",
                 f"FrogFix could not tell who added `{label}`, so it did not start.",
             )
-        if not self.forge.can_trigger(self.project, adder):
+        allowed = self.forge.can_trigger(self.project, adder)
+        if answered and not allowed:
+            raise JobEnded(  # no mention: anyone can comment `/frogfix`; a member's answer still re-queues it
+                JobStatus.rejected,
+                f"{adder} may not trigger FrogFix here: their /frogfix answer starts nothing",
+                "FrogFix did not try again: only members with at least Developer (write) access to this project"
+                " can ask it to with `/frogfix`.",
+            )
+        if not allowed:
             raise JobEnded(
                 JobStatus.rejected,
                 f"{adder} may not trigger FrogFix here",
@@ -456,6 +511,17 @@ class Pipeline:
         self.issue_url = issue.web_url or self.issue_url
         self.update(title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url)
         self.event("admitted", f"{adder} may trigger; issue re-read from the API")
+        if self.asked_at is not None:  # the comments since FrogFix's question go into the task
+            self.answers = answers_since(
+                self.forge, self.project, self.issue, self.asked_at, allow_internal=self.s.gitlab_allow_confidential
+            )
+            authors = sorted({c.author or "?" for c in self.answers})
+            self.event(
+                "answers_read",
+                f"{len(self.answers)} comment(s) since FrogFix's question go into the task"
+                + (f" (by {', '.join(authors)})" if authors else ""),
+                {"comments": [c.id for c in self.answers]},
+            )
         announced = in_transaction(lambda session: records.announced_this_round(session, self.job_id))
         if not announced and self.comment(comment_started(self.job_id, self.url)):
             self.event("announced", "told the issue that FrogFix is working on it")
@@ -566,36 +632,95 @@ class Pipeline:
         return True
 
     def attempts(self, prepared: Prepared) -> AttemptResult:
-        """Run up to FROGFIX_ATTEMPTS independent attempts; the first whose evidence proves the fix wins.
+        """FROGFIX_ATTEMPTS attempts, then more up to FROGFIX_MAX_ATTEMPTS while no production job waits;
+        the selection rule (app/selection.py) picks the one to publish.
 
-        Failing that, the first unproven one (it passes, but nothing failed before and nothing
-        reproduces the bug) is published marked "not reproduced", unless FROGFIX_REQUIRE_REPRODUCTION."""
-        observer = JobObserver(self)
+        An unproven pick is published marked "not reproduced". With none to publish, or an unproven
+        pick under FROGFIX_REQUIRE_REPRODUCTION, the job publishes nothing and asks the reporter."""
         runner = AttemptRunner(
-            self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, observer,
+            self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, JobObserver(self),
             scope=f"{self.forge_kind}:{self.project}",
         )
-        last_reason = "no attempt ran"
-        unproven: AttemptResult | None = None
-        for number in range(1, self.s.attempts + 1):
+        ids: dict[int, int] = {}
+        task = self.task()
+        stop = threading.Event()  # one attempt ended the job: the ones beside it stop at their next call
+
+        def run_one(number: int, extra: bool) -> AttemptResult | None:
             self.check_cancel()
+            observer = JobObserver(self, stop)
+            observer.preempt = PolledFlag(production_waits, "preempt_check", PREEMPT_POLL_S) if extra else None
             try:
-                result = self.one_attempt(runner, observer, prepared, number)
+                result = self.one_attempt(runner, observer, prepared, number, task)
             except EnvironmentUnusable as exc:
+                stop.set()
                 raise self.environment_error(exc.report) from exc
-            if result.outcome == AttemptOutcome.verified:
-                return result
-            if result.outcome == AttemptOutcome.unproven and unproven is None:
-                unproven = result
-            last_reason = result.reason
+            except BaseException:
+                stop.set()
+                raise
+            ids[number] = observer.attempt_id
+            if result.outcome == AttemptOutcome.cancelled:  # one_attempt raised for a cancel: production came
+                self.event("attempt_preempted", f"attempt {number} (extra) stopped: a production job is waiting")
+                return None
             if result.infrastructure_failure:
+                stop.set()
                 raise JobEnded(JobStatus.failed, result.reason, f"FrogFix stopped: {result.reason}")
-        if unproven is not None:
-            if self.s.require_reproduction:
-                raise JobEnded(JobStatus.no_fix, unproven.reason, unproven_comment(unproven))
-            self.status(JobStatus.verifying, expected=("running",))  # publishing starts from verifying
-            return unproven
-        raise JobEnded(JobStatus.no_fix, last_reason, last_reason)
+            return result
+
+        side_by_side = self.take_slots(self.s.attempts - 1)
+        try:
+            series = run_series(
+                runner, run_one, attempts=self.s.attempts, ceiling=self.s.attempt_ceiling,
+                start=prepared.start or prepared.base, idle=lambda: not in_transaction(production_waits),
+                parallel=1 + side_by_side,
+            )
+        finally:
+            if side_by_side:
+                in_transaction(lambda session: job_slots.give_extra_slots(session, self.job_id, self.run_number))
+        if series.extra_stop:
+            self.event("extra_attempts_stopped", f"no more extra attempts: {series.extra_stop}")
+        self.check_cancel()
+        choice, chosen = series.choice, series.chosen
+        self.selection = choice.to_dict()
+        self.update(selection=self.selection)
+        if chosen is None:
+            last = series.results[-1].reason if series.results else "no attempt ran"
+            raise self.abstain(series.results, last)
+        self.event("chosen", choice.why, {"attempt": chosen.number, "attempts": choice.attempts})
+        if chosen.outcome == AttemptOutcome.unproven and self.s.require_reproduction:
+            raise self.abstain(series.results, chosen.reason, require=True)
+        in_transaction(lambda session: records.update_attempt(session, ids[chosen.number], chosen=True))
+        self.status(JobStatus.verifying, expected=("running", "verifying"))  # publishing starts from verifying
+        return chosen
+
+    def take_slots(self, want: int) -> int:
+        """Model slots beyond the job's own for its attempts to run side by side: only free ones, and
+        none while a production job is queued (app/jobs/job_slots.py). How many it took."""
+        if want < 1 or self.s.model_slots < 2:
+            return 0
+        s = self.s
+        taken = in_transaction(lambda session: job_slots.take_extra_slots(
+            session, self.job_id, self.run_number, want, s.model_slots, s.stale_job_seconds))  # fmt: skip
+        if taken:
+            self.event("side_by_side", f"{taken + 1} attempts run side by side ({taken} more model slot(s))")
+        return taken
+
+    def abstain(self, results: list[AttemptResult], reason: str, *, require: bool = False) -> JobEnded:
+        """No MR: the job ends `no_fix` with one comment saying what it tried and asking the reporter one
+        question (worker/question.py); a `/frogfix` reply from a member queues the job again."""
+        config = results[0].config if results else None
+        why = f"FROGFIX_REQUIRE_REPRODUCTION: {reason}" if require else reason
+        if self.round:  # a review round replies on its MR (answers are taken on issues only)
+            return JobEnded(JobStatus.no_fix, why, unproven_comment(reason) if require else why)
+        try:
+            question = question_comment(
+                self.deps.model_for(), title=self.title, body=self.body, attempts=results,
+                test_command=config.test_command if config else None, redact=self.redact,
+                job_id=self.job_id, job_url=self.url,
+            )
+        except Exception as exc:  # a bug in writing the question: the job still ends, saying why plainly
+            log.exception("question_failed", error=str(exc)[:300])
+            return JobEnded(JobStatus.no_fix, why, unproven_comment(reason) if require else None)
+        return JobEnded(JobStatus.no_fix, why, question, asks=True)
 
     def environment_error(self, report: EnvironmentReport) -> JobEnded:
         """The tests cannot run: the job fails before any model call, and the issue is told what to fix."""
@@ -618,10 +743,11 @@ class Pipeline:
             prompts_dir=self.s.prompts_dir,
             project=self.project,
             issue_number=self.issue,
+            comments=self.answers,  # none unless FrogFix asked a question: then the task is as it always was
         )
 
     def one_attempt(
-        self, runner: AttemptRunner, observer: JobObserver, prepared: Prepared, number: int
+        self, runner: AttemptRunner, observer: JobObserver, prepared: Prepared, number: int, task: str
     ) -> AttemptResult:
         """One attempt through the shared runner, recorded as an attempt row of this run."""
         observer.start(
@@ -642,7 +768,7 @@ class Pipeline:
             base_commit=prepared.base,
             start_commit=prepared.start,
             system_prompt=system_prompt(self.s.prompts_dir),
-            task=self.task(),
+            task=task,
             limits=leaf_limits_from(self.s, self.deadline - time.monotonic()),
             trajectory=trajectory.attempt_path(self.job_id, self.run_number, number),
             model_label=self.s.model_name,
@@ -650,12 +776,15 @@ class Pipeline:
             trajectory_fields=fields,
             labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
         )
-        result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s))
+        result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s), observer)
+        if result.outcome == AttemptOutcome.cancelled and not self.cancelled():  # preempted, not cancelled
+            result.reason = "stopped: a production job is waiting for the model"
         self._record_attempt(observer.attempt_id, result)  # before any status change that may find us superseded
         if result.outcome == AttemptOutcome.cancelled:
-            raise cancelled_on_request()
-        if result.outcome in (AttemptOutcome.not_verified, AttemptOutcome.unproven):
-            self.status(JobStatus.running, expected=("verifying",))
+            if self.cancelled():
+                raise cancelled_on_request()
+            return result
+        self.status(JobStatus.running, expected=("running", "verifying"))  # the next attempt, or the choice
         return result
 
     def _record_attempt(self, attempt_id: int, result: AttemptResult) -> None:
@@ -667,7 +796,7 @@ class Pipeline:
             "trajectory_path": result.trajectory,
             "patch": result.patch,
             "summary": self.redact(leaf.final_answer)[:20_000],
-            "error": result.reason if result.outcome == AttemptOutcome.refused else error,
+            "error": result.reason if result.outcome in (AttemptOutcome.refused, AttemptOutcome.cancelled) else error,
             "flags": result.flags,
         }
         if result.evidence is not None:
@@ -736,7 +865,7 @@ class Pipeline:
             base_commit=prepared.base,
             sandbox=f"{self.s.sandbox} ({result.config.image or 'default image'})",
             attempt=result.number,
-            attempts=self.s.attempts,
+            attempts=int(self.selection.get("attempts") or self.s.attempts),
         )
         assert result.evidence is not None, "only a verified attempt is published"
         return mr_description(
@@ -749,6 +878,7 @@ class Pipeline:
             job_url=self.url,
             provenance=provenance,
             redact=self.redact,
+            selection=self.selection,
         )
 
     def finish(self, mr_url: str, message: str, flags: list[str], data: dict[str, Any], **recorded: Any) -> None:
@@ -1065,10 +1195,11 @@ def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[
             return pipeline.run()
 
 
-def unproven_comment(result: AttemptResult) -> str:
-    """The issue's comment when FROGFIX_REQUIRE_REPRODUCTION keeps an unproven patch unpublished."""
+def unproven_comment(reason: str) -> str:
+    """The issue's comment when FROGFIX_REQUIRE_REPRODUCTION keeps an unproven patch unpublished (and no
+    question could be written)."""
     return (
-        f"FrogFix found a patch that passes the tests, but nothing shows it fixes this issue: {result.reason}. "
+        f"FrogFix found a patch that passes the tests, but nothing shows it fixes this issue: {reason}. "
         "FROGFIX_REQUIRE_REPRODUCTION is on, so it published nothing. It ran the tests on the base commit, "
         "then with the patch, and the patch's own test changes alone on the base source; a fix counts as shown "
         "when a test fails without it and passes with it. Describe how to reproduce the bug (ideally a failing "

@@ -333,9 +333,13 @@ def recording_from_file(job_id: int | str, stored: str, settings: Settings) -> R
 def find_recording(job_id: int | str, attempt: int | str | None, settings: Settings) -> Recording:
     """The trajectory to replay: a forge job's chosen attempt, or a local job's one file."""
     if isinstance(job_id, str):
-        if attempt not in (None, 1, "1"):
-            raise ReplayError("a local job has one attempt; leave out --attempt")
-        path = settings.data_dir / trajectory.local_path(job_id)
+        try:
+            number = int(attempt) if attempt is not None else 1
+        except ValueError as exc:
+            raise ReplayError(f"--attempt must be a number, not {str(attempt)[:40]!r}") from exc
+        path = settings.data_dir / trajectory.local_path(job_id, number)
+        if number != 1 and not path.is_file():
+            raise ReplayError(f"the local job {job_id} has no attempt {number} (no trajectory {path})")
         if not path.is_file():
             raise records.UnknownJob(f"no job with id {job_id} (no trajectory {path})")
         data = _load_trajectory(path)

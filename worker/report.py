@@ -10,7 +10,7 @@ code included, so code formatting alone protects nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,6 +177,7 @@ def mr_description(
     job_url: str | None,
     provenance: Provenance,
     redact: Callable[[str], str],
+    selection: Mapping[str, Any] | None = None,
 ) -> str:
     """The draft MR's Markdown. Every piece the model, the issue or the repository chose is redacted
     first (a zero-width space could hide a secret from a later redaction), then made inert."""
@@ -187,6 +188,7 @@ def mr_description(
         lines = [f"**Not reproduced:** nothing shows this patch fixes the issue ({why}).", "", *lines]
     lines += ["A human must review this change before it is merged. FrogFix never merges.", ""]
     lines += _evidence_section(tests, redact)
+    lines += _selection_section(selection)
     if flags:  # one line each, whatever file name a flag quotes
         lines += ["**Review flags:**", *[f"- **{inert(escape_hidden(redact(flag)))}**" for flag in flags], ""]
     if tests.flaky:
@@ -230,6 +232,28 @@ def _evidence_section(tests: TestEvidence, redact: Callable[[str], str]) -> list
                        ("flaky", "differ between the patched runs (flaky)")):
         if verdict.get(key):
             lines.append(f"- {label}: {named(verdict[key])}")
+    return [*lines, ""]
+
+
+def _selection_section(selection: Mapping[str, Any] | None) -> list[str]:
+    """How many attempts ran and why this one was chosen (app/selection.py `Choice.to_dict`): FrogFix's
+    own figures (levels, counts, attempt numbers); a job of one attempt has no such section."""
+    if not selection or int(selection.get("attempts") or 0) < 2:
+        return []
+    ran, chosen = int(selection["attempts"]), selection.get("chosen")
+    lines = [f"### Choosing among {ran} attempts", "", inert(str(selection.get("why") or "")), "",
+             "| attempt | level | fail-to-pass | regressions | agrees with | changed lines |",
+             "| --: | --- | --: | --: | --- | --: |"]
+    ranked = selection.get("ranked") or []
+    for row in ranked:
+        checked = row.get("checked") or []
+        agrees = ", ".join(str(int(n)) for n in row.get("agrees_with") or []) or ("none" if checked else "not checked")
+        number = int(row["attempt"])
+        mark = " (chosen)" if number == chosen else ""
+        lines.append(f"| {number}{mark} | {inert(str(row.get('level')))} | {int(row.get('fail_to_pass') or 0)} | "
+                     f"{int(row.get('regressions') or 0)} | {agrees} | {int(row.get('changed_lines') or 0)} |")
+    if ran > len(ranked):
+        lines += ["", f"{ran - len(ranked)} other attempt(s) had no patch that may be published (see the job page)."]
     return [*lines, ""]
 
 

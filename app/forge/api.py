@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol, runtime_checkable
 
-from app.forge.reviews import CiJob, CiReport, ThreadNote
+from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote
 
 Redactor = Callable[[str], str]
 
@@ -217,6 +217,14 @@ class Forge(Protocol):
         of the commit, with their description and link, which is all a status has)."""
         ...
 
+    # -- abstain and ask (issue 24) ----------------------------------------------------------------
+
+    def issue_comments(self, project: str, number: int) -> list[IssueComment]:
+        """The issue's comments, oldest first, system notes left out (FrogFix's own included: the caller
+        tells them by `bot_username`): at most ISSUE_COMMENT_LIMIT, the newest, each body scrubbed of our
+        token and cut to ISSUE_COMMENT_BODY_LIMIT (`bounded_comments`)."""
+        ...
+
     def git_auth_header(self) -> str: ...
 
     def close(self) -> None: ...
@@ -260,6 +268,23 @@ def bounded_thread(notes: Iterable[ThreadNote], scrub: Redactor) -> list[ThreadN
     ordered = sorted(notes, key=lambda n: (n.created_at or "", int(n.id) if n.id.isdigit() else 0))
     return [
         replace(note, body=bound_text(scrub(note.body), THREAD_BODY_LIMIT)) for note in ordered[-THREAD_NOTE_LIMIT:]
+    ]
+
+
+# An issue's comments (the reporter's answer to FrogFix's question): bounds on what is read and handed on.
+ISSUE_COMMENT_LIMIT = 200  # the newest comments kept
+ISSUE_COMMENT_BODY_LIMIT = 20_000  # characters of one comment's body
+ISSUE_COMMENT_READ_LIMIT = 1_000  # comments read at most from the forge (a bound on the work)
+
+
+def bounded_comments(comments: Iterable[IssueComment], scrub: Redactor) -> list[IssueComment]:
+    """Oldest first (by time, then id), at most ISSUE_COMMENT_LIMIT (the newest), each body scrubbed and cut."""
+    ordered = sorted(
+        comments, key=lambda c: (c.created_at.timestamp() if c.created_at else 0.0, int(c.id) if c.id.isdigit() else 0)
+    )
+    return [
+        replace(comment, body=bound_text(scrub(comment.body), ISSUE_COMMENT_BODY_LIMIT))
+        for comment in ordered[-ISSUE_COMMENT_LIMIT:]
     ]
 
 

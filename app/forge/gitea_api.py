@@ -24,6 +24,7 @@ from app.forge.api import (
     CI_JOB_LIMIT,
     DEFAULT_TEXT_LIMIT,
     GITEA_DRAFT_PREFIX,
+    ISSUE_COMMENT_READ_LIMIT,
     THREAD_READ_LIMIT,
     ForgeAuthError,
     ForgeError,
@@ -36,6 +37,7 @@ from app.forge.api import (
     ProjectInfo,
     Redactor,
     basic_auth_header,
+    bounded_comments,
     bounded_thread,
     checked_sha,
     comment_marker,
@@ -45,7 +47,7 @@ from app.forge.api import (
     secret_forms,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
-from app.forge.reviews import CiJob, CiReport, ThreadNote, log_tail
+from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote, forge_time, log_tail
 
 TRIGGER_PERMISSIONS = frozenset({"write", "admin", "owner"})
 CODE_UNIT = "repo.code"  # FrogFix pushes code for the person who triggers it: write on this unit counts
@@ -415,6 +417,25 @@ class GiteaForge:
             self._request("POST", path, what, json={"body": self._text.body(marker + body)})
 
         self._retry.call(what, post_once(post, posted))
+
+    def issue_comments(self, project: str, number: int) -> list[IssueComment]:
+        """The issue's comments: Gitea lists them in one unpaged answer, oldest first, and only plain
+        comments (no label or state changes); the newest ISSUE_COMMENT_READ_LIMIT are read."""
+        what = f"read the comments of #{number} in {project}"
+        found = self._call("GET", f"{self._repo_path(project)}/issues/{int(number)}/comments", what)
+        if found is not None and not isinstance(found, list):
+            raise ForgeError(f"Gitea {what}: expected a list")
+        comments = [
+            IssueComment(
+                id=str(c.get("id") or ""),
+                author=self._login(c.get("user")),
+                body=str(c.get("body") or ""),
+                created_at=forge_time(c.get("created_at")),
+            )
+            for c in (found or [])[-ISSUE_COMMENT_READ_LIMIT:]
+            if isinstance(c, dict)
+        ]
+        return bounded_comments(comments, self._text.scrub)
 
     def mr_verdict(self, project: str, number: int) -> MrVerdict:
         """Gitea's and Forgejo's pull: `merged` true is merged; else `state` closed is closed unmerged."""

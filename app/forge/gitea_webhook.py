@@ -8,8 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from app.forge.reviews import CiJob, CiReport, CiStatus, CommentKind, ReviewComment, is_stop
+from app.forge.reviews import CiJob, CiReport, CiStatus, CommentKind, ReviewComment, command_text, is_stop
 from app.forge.webhook import (
+    ANSWER_REASON,
     FORM_MEDIA,
     MAX_COMMENT_CHARS,
     HeaderView,
@@ -17,6 +18,7 @@ from app.forge.webhook import (
     WebhookEvent,
     WebhookMalformed,
     WebhookUnauthorized,
+    answer_ignored,
     body_digest_id,
     bounded_list,
     commit_sha,
@@ -200,7 +202,8 @@ def _pr_state(state: Any, merged: Any) -> str | None:
 
 def _comment(payload: dict[str, Any], event: str, event_type: str, delivery_id: str) -> WebhookEvent:
     """A new comment on a pull request is a review (or stop) request for the worker's triage to judge;
-    one on a plain issue, or an edit or deletion, is nothing to us."""
+    a `/frogfix` comment on a plain issue answers FrogFix's question (`_issue_comment`); any other one,
+    or an edit or deletion, is nothing to us."""
 
     def ignore(reason: str, **extra: Any) -> WebhookEvent:
         return WebhookEvent("gitea", delivery_id, event, "ignore", reason, **extra)
@@ -208,7 +211,7 @@ def _comment(payload: dict[str, Any], event: str, event_type: str, delivery_id: 
     issue = obj(payload.get("issue"), "issue")
     pull = issue.get("pull_request")
     if not (payload.get("is_pull") is True or pull or event_type == "pull_request_comment"):
-        return ignore("a comment on an issue, not on a pull request")
+        return _issue_comment(payload, issue, event, delivery_id)
     action = payload.get("action")
     if action != "created":
         return ignore(f"comment {str(action)[:40]!r}: only a new comment asks for a round")
@@ -229,6 +232,50 @@ def _comment(payload: dict[str, Any], event: str, event_type: str, delivery_id: 
     intent: Intent = "stop" if is_stop(comment.body) else "review"
     reason = "/frogfix stop on a pull request" if intent == "stop" else "a comment on a pull request"
     return WebhookEvent("gitea", delivery_id, event, intent, reason, action="created", comment=comment, **fields)
+
+
+def _issue_comment(payload: dict[str, Any], issue: dict[str, Any], event: str, delivery_id: str) -> WebhookEvent:
+    """A comment on a plain issue. One that starts with `/frogfix` answers the question FrogFix asked instead
+    of opening a pull request (intake re-queues the issue's job only if it asked; the worker checks the
+    commenter's rights); any other comment, an edit or deletion, or one on a closed issue is nothing to us.
+    `/frogfix stop` on an issue stops nothing: anyone may comment, so a stop is the label's removal."""
+
+    def ignore(reason: str, **extra: Any) -> WebhookEvent:
+        return WebhookEvent("gitea", delivery_id, event, "ignore", reason, **extra)
+
+    raw = dict_or_empty(payload.get("comment"))
+    body = text_or_none(raw.get("body"), MAX_COMMENT_CHARS) or ""
+    if command_text(body) is None:
+        return ignore("a comment on an issue (not on a pull request) that is not a /frogfix command")
+    fields = {
+        **_repo_fields(payload),
+        "issue": positive_int(issue.get("number", payload.get("number")), "issue.number"),
+        "issue_url": text_or_none(issue.get("html_url"), 2000),
+        "title": text_or_none(issue.get("title"), 1000),
+    }
+    action = payload.get("action")
+    if action != "created":
+        return ignore(f"comment {str(action)[:40]!r}: only a new /frogfix comment answers", **fields)
+    why = answer_ignored(issue.get("state") == "closed", body)
+    if why is not None:
+        return ignore(why, **fields)
+    comment = ReviewComment(
+        id=str(positive_int(obj(payload.get("comment"), "comment").get("id"), "comment.id")),
+        kind="note",
+        author=_login(raw.get("user")) or fields["sender"],
+        body=body,
+        url=text_or_none(raw.get("html_url"), 2000),
+    )
+    return WebhookEvent(
+        "gitea",
+        delivery_id,
+        event,
+        "answer",
+        ANSWER_REASON,
+        action="created",
+        comment=comment,
+        **fields,
+    )
 
 
 def _review_kind(review: dict[str, Any], event: str, event_type: str) -> CommentKind | None:

@@ -23,6 +23,7 @@ from app.forge.api import (
     CI_TRACE_BYTES,
     DEFAULT_TEXT_LIMIT,
     GITLAB_DRAFT_PREFIX,
+    ISSUE_COMMENT_READ_LIMIT,
     THREAD_READ_LIMIT,
     ForgeError,
     ForgeNotFound,
@@ -34,6 +35,7 @@ from app.forge.api import (
     ProjectInfo,
     Redactor,
     basic_auth_header,
+    bounded_comments,
     bounded_thread,
     checked_sha,
     comment_marker,
@@ -43,7 +45,7 @@ from app.forge.api import (
     secret_forms,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
-from app.forge.reviews import CiJob, CiReport, ThreadNote, log_tail
+from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote, forge_time, log_tail
 
 T = TypeVar("T")
 
@@ -274,6 +276,36 @@ class GitLabForge:
             return any(marker in str(n.attributes.get("body") or "") for n in newest)
 
         self._call(f"comment on #{number} in {project}", post_once(lambda: notes.create(payload, **_ONCE), posted))
+
+    def issue_comments(self, project: str, number: int) -> list[IssueComment]:
+        """The issue's notes (newest first from the API, up to ISSUE_COMMENT_READ_LIMIT), system notes left
+        out; internal notes (GitLab's confidential comments) are marked `internal`."""
+
+        def read() -> list[dict[str, Any]]:
+            notes = self._project(project).issues.get(number, lazy=True).notes
+            found: list[dict[str, Any]] = []
+            for note in notes.list(iterator=True, order_by="created_at", sort="desc", per_page=100, **_ONCE):
+                found.append(note.attributes)
+                if len(found) >= ISSUE_COMMENT_READ_LIMIT:
+                    break
+            return found
+
+        notes = self._call(f"read the comments of #{number} in {project}", read)
+        comments = []
+        for note in notes:
+            if not isinstance(note, dict) or note.get("system"):
+                continue
+            author = note.get("author")
+            comments.append(
+                IssueComment(
+                    id=str(note.get("id") or ""),
+                    author=author.get("username") if isinstance(author, dict) else None,
+                    body=str(note.get("body") or ""),
+                    created_at=forge_time(note.get("created_at")),
+                    internal=note.get("internal") is True or note.get("confidential") is True,
+                )
+            )
+        return bounded_comments(comments, self._text.scrub)
 
     def mr_verdict(self, project: str, number: int) -> MrVerdict:
         """GitLab's MR `state`: `merged`, `closed` (unmerged), else open (`opened`, `locked`)."""

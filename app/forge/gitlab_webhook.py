@@ -9,14 +9,25 @@ import hmac
 from collections.abc import Mapping
 from typing import Any
 
-from app.forge.reviews import CI_FINAL, CiJob, CiReport, CiStatus, CommentKind, ReviewComment, is_stop
+from app.forge.reviews import (
+    CI_FINAL,
+    CiJob,
+    CiReport,
+    CiStatus,
+    CommentKind,
+    ReviewComment,
+    command_text,
+    is_stop,
+)
 from app.forge.webhook import (
+    ANSWER_REASON,
     MAX_COMMENT_CHARS,
     HeaderView,
     Intent,
     WebhookEvent,
     WebhookMalformed,
     WebhookUnauthorized,
+    answer_ignored,
     body_digest_id,
     bounded_list,
     commit_sha,
@@ -218,9 +229,20 @@ def _mr_fields(mr: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _confidential_note(payload: dict[str, Any], event: str, attrs: dict[str, Any]) -> bool:
+    """Whether a note is confidential: its hook, its event_type, or the note's own flags."""
+    return (
+        event == CONFIDENTIAL_NOTE_HOOK
+        or payload.get("event_type") == "confidential_note"
+        or attrs.get("confidential") is True
+        or attrs.get("internal") is True
+    )
+
+
 def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confidential: bool) -> WebhookEvent:
     """A comment: on a merge request it is a review (or stop) request for the worker's triage to judge;
-    on an issue, commit or snippet, or written by GitLab itself (a system note), it is nothing to us."""
+    on an issue, a `/frogfix` comment answers FrogFix's question (`_issue_note`); on a commit or snippet,
+    or written by GitLab itself (a system note), it is nothing to us."""
 
     def ignore(reason: str, **extra: Any) -> WebhookEvent:
         return WebhookEvent("gitlab", delivery_id, event, "ignore", reason, **extra)
@@ -229,15 +251,12 @@ def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confident
         return ignore(f"object_kind {str(payload.get('object_kind'))[:40]!r} is not 'note'")
     attrs = obj(payload.get("object_attributes"), "object_attributes")
     noteable = attrs.get("noteable_type")
+    if noteable == "Issue":
+        return _issue_note(payload, event, delivery_id, attrs, allow_confidential)
     if noteable != "MergeRequest":
         return ignore(f"a comment on {str(noteable)[:40]!r}, not on a merge request")
     fields = {**_project_fields(payload), **_mr_fields(obj(payload.get("merge_request"), "merge_request"))}
-    confidential = (
-        event == CONFIDENTIAL_NOTE_HOOK
-        or payload.get("event_type") == "confidential_note"
-        or attrs.get("confidential") is True
-        or attrs.get("internal") is True
-    )
+    confidential = _confidential_note(payload, event, attrs)
     if confidential and not allow_confidential:
         return ignore("confidential comments are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)", **fields)
     if attrs.get("system") is True:
@@ -253,6 +272,57 @@ def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confident
     reason = "/frogfix stop on a merge request" if intent == "stop" else f"a {comment.kind} on a merge request"
     return WebhookEvent(
         "gitlab", delivery_id, event, intent, reason, action=text_or_none(action, 64), comment=comment, **fields
+    )
+
+
+def _issue_note(
+    payload: dict[str, Any], event: str, delivery_id: str, attrs: dict[str, Any], allow_confidential: bool
+) -> WebhookEvent:
+    """A comment on an issue. One that starts with `/frogfix` answers the question FrogFix asked instead of
+    opening an MR (intake re-queues the issue's job only if it asked; the worker checks the commenter's
+    rights); any other comment, a system note, an edit, or a comment on a closed issue is nothing to us.
+    `/frogfix stop` on an issue stops nothing: anyone may comment, so a stop is the label's removal."""
+
+    def ignore(reason: str, **extra: Any) -> WebhookEvent:
+        return WebhookEvent("gitlab", delivery_id, event, "ignore", reason, **extra)
+
+    body = text_or_none(attrs.get("note"), MAX_COMMENT_CHARS) or ""
+    if command_text(body) is None:
+        return ignore("a comment on an issue (not on a merge request) that is not a /frogfix command")
+    issue = obj(payload.get("issue"), "issue")
+    fields: dict[str, Any] = {
+        **_project_fields(payload),
+        "issue": positive_int(issue.get("iid"), "issue.iid"),
+        "issue_url": text_or_none(issue.get("url"), 2000),
+        "title": text_or_none(issue.get("title"), 1000),
+    }
+    confidential = _confidential_note(payload, event, attrs) or issue.get("confidential") is True
+    if confidential and not allow_confidential:
+        return ignore("confidential comments are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)", **fields)
+    if attrs.get("system") is True:
+        return ignore("a system note (GitLab's own record of a change), not a comment", **fields)
+    action = attrs.get("action")
+    if action is not None and action != "create":
+        return ignore(f"comment {str(action)[:40]!r}: only a new /frogfix comment answers", **fields)
+    why = answer_ignored(issue.get("state") == "closed", body)
+    if why is not None:
+        return ignore(why, **fields)
+    comment = ReviewComment(
+        id=str(positive_int(attrs.get("id"), "object_attributes.id")),
+        kind="note",
+        author=fields["sender"],
+        body=body,
+        url=text_or_none(attrs.get("url"), 2000),
+    )
+    return WebhookEvent(
+        "gitlab",
+        delivery_id,
+        event,
+        "answer",
+        ANSWER_REASON,
+        action=text_or_none(action, 64),
+        comment=comment,
+        **fields,
     )
 
 

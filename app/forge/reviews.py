@@ -1,7 +1,8 @@
 """Review rounds' shared vocabulary: a reviewer's comment, a thread note, a CI result, and how to read them.
 
 One home for what the webhook parsers (pure), the forge API clients and the round pipeline all
-name: so a comment's kinds, the `/frogfix` command and the CI statuses are written once.
+name: so a comment's kinds, the `/frogfix` command and the CI statuses are written once. An issue's
+comments (`IssueComment`: the reporter's answer to a question FrogFix asked) are named here too.
 Everything in these records came from the forge and was typed by people FrogFix does not trust:
 the round pipeline hands it to the model as data, never as instructions.
 Standard library only (the webhook parsers import it).
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol, runtime_checkable
 
 COMMAND = "/frogfix"
@@ -87,6 +89,46 @@ class ThreadNote:
             "resolved": self.resolved,
             "kind": self.kind,
         }
+
+
+@dataclass(frozen=True)
+class IssueComment:
+    """One human comment on an issue as the forge API lists it now (system notes left out), oldest first.
+
+    `created_at` is the forge's own clock, timezone-aware (None when the forge gave none that reads);
+    `internal`: a GitLab internal (confidential) note, which only members see.
+    """
+
+    id: str
+    author: str | None
+    body: str
+    created_at: datetime | None = None
+    internal: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "author": self.author,
+            "body": self.body,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+            "internal": self.internal,
+        }
+
+
+def forge_time(value: Any) -> datetime | None:
+    """A timestamp as a forge writes it, timezone-aware: the APIs' ISO 8601 (`2024-05-01T10:00:00.123Z`,
+    `2024-05-01T19:00:00+09:00`) and GitLab hooks' `2024-05-01 10:00:00 UTC`; None for anything else.
+    A time without a zone is taken as UTC."""
+    if not isinstance(value, str) or not value.strip() or len(value) > 64:
+        return None
+    text = value.strip()
+    if text.endswith(" UTC"):
+        text = text[:-4]
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)

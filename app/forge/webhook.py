@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.forge.reviews import CiReport, ReviewComment
+from app.forge.reviews import CiReport, ReviewComment, is_stop
 
 
 class WebhookError(Exception):
@@ -39,7 +39,10 @@ class WebhookUnsupportedMedia(WebhookMalformed):
 # review: a comment or review on an MR/PR (a round request if the MR is FrogFix's and the worker's
 #   triage finds it addressed to FrogFix by a member); stop: `/frogfix stop` on an MR/PR;
 # ci: a finished CI result on a commit (GitLab pipeline, Gitea/Forgejo commit status).
-Intent = Literal["start", "cancel", "recheck", "ignore", "review", "stop", "ci"]
+# answer: a `/frogfix` comment on an issue (not an MR/PR): the reporter answered the question FrogFix
+#   asked instead of opening an MR, so the issue's job may run again (intake checks it asked; the
+#   worker checks the commenter's rights).
+Intent = Literal["start", "cancel", "recheck", "ignore", "review", "stop", "ci", "answer"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class WebhookEvent:
     labels: tuple[str, ...] = field(default_factory=tuple)
     # Review rounds: the MR/PR the delivery is about (its iid / index), its state normalised to
     # open / closed / merged, its source branch, and the comment or CI result it carries.
+    # An `answer` carries its `/frogfix` comment (on the issue: `issue`, no `mr`) in `comment` too.
     mr: int | None = None
     mr_state: str | None = None
     source_branch: str | None = None
@@ -82,6 +86,18 @@ class HeaderView:
             if value is not None:
                 return value
         return None
+
+
+ANSWER_REASON = "/frogfix on an issue: an answer to FrogFix's question"
+
+
+def answer_ignored(closed: bool, body: str) -> str | None:
+    """Why a new `/frogfix` comment on an issue answers nothing (both forges' one rule), or None."""
+    if closed:
+        return "/frogfix on a closed issue: FrogFix works only on open issues"
+    if is_stop(body):
+        return "/frogfix stop on an issue stops nothing: remove the trigger label to stop FrogFix"
+    return None
 
 
 def body_digest_id(body: bytes) -> str:

@@ -289,7 +289,7 @@ class SlotAnswer:
     lost: bool = False  # this runner no longer holds the evaluation's claim
 
 
-def _serialize_slots(session: Session) -> None:
+def serialize_slot_takes(session: Session) -> None:
     """One take at a time across processes: PostgreSQL by an advisory lock, SQLite by taking its write lock
     now (a write that matches nothing), so the counts read next cannot change before this one commits."""
     if session.get_bind().dialect.name == "postgresql":
@@ -314,7 +314,7 @@ def slots_in_use(session: Session, stale_seconds: float) -> int:
 
 def take_slot(session: Session, evaluation_id: int, runner: Runner, slots: int, stale_seconds: float) -> SlotAnswer:
     """One more attempt of `runner`'s evaluation in flight, if production and every live evaluation leave a slot."""
-    _serialize_slots(session)
+    serialize_slot_takes(session)
     row = session.scalars(
         select(Evaluation).where(Evaluation.id == evaluation_id).execution_options(populate_existing=True)
     ).first()
@@ -398,7 +398,7 @@ def list_evaluations(session: Session, limit: int = 100) -> list[tuple[Evaluatio
 
 RESULT_FIELDS = (
     "task", "attempt", "solved", "outcome", "exit_reason", "steps", "prompt_tokens", "completion_tokens",
-    "cached_tokens", "model_seconds", "wall_seconds", "trajectory", "reason", "limits",
+    "cached_tokens", "model_seconds", "wall_seconds", "trajectory", "reason", "limits", "evidence",
 )
 
 

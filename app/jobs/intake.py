@@ -12,11 +12,11 @@ from sqlalchemy.orm import Session
 
 from app.forge.reviews import CI_FINAL
 from app.forge.webhook import WebhookEvent
-from app.jobs import rounds
+from app.jobs import records, rounds
 from app.jobs.records import active_job, add_event, prepared
-from app.jobs.transitions import TOO_LATE, request_cancel
+from app.jobs.transitions import ANSWERABLE_STATUSES, TOO_LATE, request_cancel, requeue_answered
 from app.models import Job, utcnow
-from app.statuses import JobStatus
+from app.statuses import ACTIVE_STATUSES, JobStatus
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,8 @@ def _act(session: Session, event: WebhookEvent) -> IntakeResult:
         return _round_request(session, event)
     if event.intent == "ignore" or event.project is None or event.issue is None:
         return IntakeResult("ignored", event.reason)
+    if event.intent == "answer":
+        return _answer(session, event)
     if event.intent == "start":
         return _start(session, event)
     job = active_job(session, event.forge, event.project, event.issue)
@@ -146,6 +148,45 @@ def _start(session: Session, event: WebhookEvent) -> IntakeResult:
         },
     )
     return IntakeResult("job_created", event.reason, job_id, enqueue=True)
+
+
+def _answer(session: Session, event: WebhookEvent) -> IntakeResult:
+    """A `/frogfix` comment on an issue: the issue's newest round-0 job runs again, with the comments since
+    FrogFix's question in its task, only if it asked one (`asked_at`) and ended waiting for the answer.
+
+    Only what the database shows is judged here; whether the commenter may trigger FrogFix needs the
+    forge's API, which the worker's admission asks (a non-member's answer ends that run `rejected`,
+    which leaves the question open for a member's). A comment re-queues the job at most once.
+    """
+    assert event.project is not None and event.issue is not None
+    comment = event.comment
+    if comment is None:
+        return IntakeResult("ignored", f"{event.reason}; no comment in the delivery")
+    if comment.body.lstrip().startswith(rounds.OWN_COMMENT_MARKER):
+        return IntakeResult("ignored", "FrogFix's own comment")
+    job = records.latest_issue_job(session, event.forge, event.project, event.issue)
+    if job is None:
+        return IntakeResult("ignored", "/frogfix on an issue FrogFix has no job for; add the label to start one")
+    if job.status in ACTIVE_STATUSES:
+        return IntakeResult("already_active", f"job {job.id} for this issue is already {job.status}", job.id)
+    if job.asked_at is None or job.status not in ANSWERABLE_STATUSES:
+        why = "it asked no question" if job.asked_at is None else f"it ended {job.status}"
+        return IntakeResult("ignored", f"job {job.id} is not waiting for an answer: {why}", job.id)
+    if records.answered_with(session, job.id, comment.id):
+        return IntakeResult("duplicate", "this comment already queued the job again", job.id)
+    who = comment.author or event.sender
+    if not who:  # the worker checks the commenter's rights: an answer from no one is no one's to check
+        return IntakeResult("ignored", "the /frogfix comment names no author", job.id)
+    if not requeue_answered(session, job, who):
+        return IntakeResult("already_active", "the job or the issue changed meanwhile; nothing queued", job.id)
+    add_event(
+        session,
+        job.id,
+        records.ANSWERED,
+        f"{who} answered FrogFix's question with /frogfix (delivery {event.delivery_id}); queued again",
+        {"comment_id": comment.id, "author": who, "delivery_id": event.delivery_id, "url": comment.url},
+    )
+    return IntakeResult("job_requeued", f"{event.reason}; job {job.id} queued again", job.id, enqueue=True)
 
 
 def _round_request(session: Session, event: WebhookEvent) -> IntakeResult:

@@ -86,6 +86,24 @@ def active_job(session: Session, forge: str, project: str, issue: int) -> Job | 
     ).scalar_one_or_none()
 
 
+def latest_issue_job(session: Session, forge: str, project: str, issue: int) -> Job | None:
+    """The issue's newest round-0 job (the one its label started; review rounds are left out), if any."""
+    return session.execute(
+        select(Job)
+        .where(Job.forge == forge, Job.project == project, Job.issue == issue, Job.round == 0)
+        .order_by(Job.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+
+
+def answered_with(session: Session, job_id: int, comment_id: str) -> bool:
+    """Whether comment `comment_id` already re-queued the job (an `answered` event names it)."""
+    found = session.execute(
+        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == ANSWERED)
+    ).scalars()
+    return any(isinstance(data, dict) and data.get("comment_id") == comment_id for data in found)
+
+
 def update_job(session: Session, job_id: int, *, run: int | None = None, **values: Any) -> None:
     """Set plain fields (title, base commit, steps...) without touching the status (with `run`: if it owns the job)."""
     session.execute(update(Job).where(*job_of_run(job_id, run)).values(updated_at=utcnow(), **values))
@@ -175,8 +193,11 @@ def events_after(session: Session, job_id: int, after_id: int = 0, limit: int = 
     return list(session.execute(query).scalars())
 
 
-# The timeline events that put a job in the queue: its creation, an operator's retry, the sweep's requeue.
-QUEUED_EVENTS: Final = ("created", "retried", "requeued")
+# A `/frogfix` answer on the issue queued the job again (issue 24: FrogFix asked instead of publishing).
+ANSWERED: Final = "answered"
+# The timeline events that put a job in the queue: its creation, an operator's retry, the sweep's requeue,
+# an answer to FrogFix's question.
+QUEUED_EVENTS: Final = ("created", "retried", "requeued", ANSWERED)
 
 
 def queued_since(session: Session, job_id: int) -> datetime | None:
@@ -192,13 +213,13 @@ def queued_since(session: Session, job_id: int) -> datetime | None:
 
 
 def announced_this_round(session: Session, job_id: int) -> bool:
-    """Whether the issue was already told this job started, since it was created or last retried.
+    """Whether the issue was already told this job started, since it was created, last retried or answered.
 
     A run that replaces one whose worker died continues the same announced work: it says nothing new.
     """
     round_started = (
         select(func.max(JobEvent.id))
-        .where(JobEvent.job_id == job_id, JobEvent.kind.in_(("created", "retried")))
+        .where(JobEvent.job_id == job_id, JobEvent.kind.in_(("created", "retried", ANSWERED)))
         .scalar_subquery()
     )
     found = session.execute(

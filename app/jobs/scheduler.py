@@ -200,11 +200,13 @@ def production_load(session: Session) -> tuple[int, int]:
     """(runnable queued, busy) production jobs: what a shared model slot must leave room for.
 
     A job held by its project's budget (`hold_reason`) cannot start whatever else runs, so it is
-    not waiting for a slot; busy jobs (running, verifying, publishing) each hold one.
+    not waiting for a slot; busy jobs (running, verifying, publishing) each hold one, and the extra
+    slots their side-by-side attempts took (app/jobs/job_slots.py).
     """
     runnable = (Job.status == _QUEUED, Job.hold_reason.is_(None))
     queued = session.scalar(select(func.count()).select_from(Job).where(*runnable)) or 0
-    busy = session.scalar(select(func.count()).select_from(Job).where(Job.status.in_(RUN_STATUSES))) or 0
+    held = func.coalesce(func.sum(1 + Job.extra_slots), 0)
+    busy = session.scalar(select(held).select_from(Job).where(Job.status.in_(RUN_STATUSES))) or 0
     return int(queued), int(busy)
 
 

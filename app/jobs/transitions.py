@@ -8,7 +8,7 @@ never both win. Callers own the transaction.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Literal, cast
+from typing import Any, Final, Literal, cast
 
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.engine import CursorResult
@@ -174,6 +174,44 @@ def retry_job(session: Session, job_id: int, who: str) -> None:
     except IntegrityError as exc:  # a webhook created a job for this issue meanwhile
         raise InvalidTransition("a job is already active for this issue") from exc
     add_event(session, job_id, "retried", f"queued again by {who}")
+
+
+# What a finished job may be, for a `/frogfix` answer on its issue to queue it again (issue 24): it ended
+# `no_fix` having asked the reporter a question (`asked_at`), or a later run of it was `rejected` (a
+# non-member's `/frogfix`, say), which must not leave the question unanswerable.
+ANSWERABLE_STATUSES: Final[tuple[str, ...]] = (JobStatus.no_fix.value, JobStatus.rejected.value)
+
+
+def requeue_answered(session: Session, job: Job, who: str) -> bool:
+    """Queue a job that asked the reporter a question again (a new run), stamped as sent, with `who`
+    (whoever answered with `/frogfix`) as its trigger user; the caller sends the task after the commit.
+
+    Guarded: only while it is still in the status it was read in, answerable, with `asked_at` set. False
+    when that no longer held, or the issue got another active job meanwhile (the unique index)."""
+    now = utcnow()
+    guarded = update(Job).where(
+        Job.id == job.id,
+        Job.status == job.status,
+        Job.status.in_(ANSWERABLE_STATUSES),
+        Job.asked_at.is_not(None),
+    )
+    values = {
+        "status": JobStatus.queued.value,
+        "trigger_user": who,
+        "cancel_requested": False,
+        "error": None,
+        "finished_at": None,
+        "heartbeat_at": None,
+        "hold_reason": None,
+        "last_enqueued_at": now,
+        "enqueue_count": Job.enqueue_count + 1,
+        "updated_at": now,
+    }
+    try:
+        with session.begin_nested():
+            return _changed(session, guarded.values(**values))
+    except IntegrityError:  # a webhook created a job for this issue meanwhile
+        return False
 
 
 def _requeue(session: Session, job_id: int) -> None:

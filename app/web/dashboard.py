@@ -333,7 +333,9 @@ def job_page(request: Request, job_id: JobId) -> Response:
         thread = read_model.job_thread(session, job)
     views_ = [_attempt_view(a, settings.data_dir) for a in attempts]
     verified = statuses.AttemptStatus.verified
-    shown = next((v for v in reversed(views_) if v["a"].status == verified), views_[-1] if views_ else None)
+    shown = next((v for v in views_ if v["a"].chosen), None) or next(
+        (v for v in reversed(views_) if v["a"].status == verified), views_[-1] if views_ else None
+    )
     provenance = _provenance(job, shown)
     context = {
         "job": job,
@@ -341,6 +343,7 @@ def job_page(request: Request, job_id: JobId) -> Response:
         "events": events,
         "attempts": views_,
         "shown": shown,
+        "selection": views.selection_of(job.selection),
         "provenance": provenance,
         "active": job.status in ACTIVE_STATUSES,
         "retryable": job.status in RETRYABLE_STATUSES,

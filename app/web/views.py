@@ -206,6 +206,26 @@ def evidence_of(tests: dict[str, Any] | None) -> dict[str, Any] | None:
     return {"level": evidence["level"], "reason": str(evidence.get("reason") or ""), **shown}
 
 
+def selection_of(selection: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How the published attempt was chosen (app/selection.py `Choice.to_dict`), well formed, or None."""
+    if not isinstance(selection, dict) or not isinstance(selection.get("ranked"), list):
+        return None
+    rows = []
+    for row in selection["ranked"]:
+        if not isinstance(row, dict) or not isinstance(row.get("attempt"), int):
+            continue
+        rows.append({
+            "attempt": row["attempt"], "level": str(row.get("level") or "—"),
+            "fail_to_pass": int(row.get("fail_to_pass") or 0), "regressions": int(row.get("regressions") or 0),
+            "agrees_with": [int(n) for n in row.get("agrees_with") or [] if isinstance(n, int)],
+            "checked": bool(row.get("checked")), "changed_lines": int(row.get("changed_lines") or 0),
+        })  # fmt: skip
+    chosen = selection.get("chosen")
+    attempts = selection.get("attempts")
+    return {"chosen": chosen if isinstance(chosen, int) else None, "why": str(selection.get("why") or ""),
+            "attempts": attempts if isinstance(attempts, int) else len(rows), "ranked": rows}
+
+
 def _test_log(label: str, run: dict[str, Any]) -> TestLog:
     code = run.get("exit_code")
     seconds = run.get("seconds")

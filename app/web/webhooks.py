@@ -102,7 +102,7 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
             issue=event.issue,
             enqueued=enqueued,
         )
-    status = 202 if result.outcome in ("job_created", "round_request") else 200
+    status = 202 if result.outcome in ("job_created", "round_request", "job_requeued") else 200
     extra = {} if result.request_id is None else {"request_id": result.request_id}
     return _answer(
         status, outcome=result.outcome, reason=result.reason, job_id=result.job_id, delivery_id=event.delivery_id,

@@ -42,6 +42,8 @@ def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any, tm
     assert page.status_code == 200 and HOSTILE not in page.text
     assert 'data-testid="solve-rate">0.25 [' in page.text  # 1 of 4 attempts
     assert 'data-testid="pass-2">0.50 [' in page.text  # task 8 solved once in two: pass@2 = 1; task 7: 0
+    assert 'data-testid="chosen-2">0.50 [' in page.text and 'data-testid="chosen-1">0.25 [' in page.text
+    assert "Eval runs no cross-check between attempts" in page.text and "chosen@2 / pass@2: 1.00" in page.text
     assert "Lost (1): 7" in page.text and "Gained (1): 8" in page.text
     assert "Not comparable, unequal attempts (0)" in page.text and "made 1 attempt per task" in page.text
     assert signed_in.get("/evaluations/999").status_code == 404

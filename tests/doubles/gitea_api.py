@@ -359,6 +359,13 @@ class GiteaDouble(JsonApiDouble):
         user = self.users.get(by) or self.add_user(by)
         return self._store_comment(repo, self.issues[(repo, number)], body, user)
 
+    def add_issue_comment(
+        self, repo: str, number: int, body: str, *, by: str, created_at: str | None = None
+    ) -> dict[str, Any]:
+        """`by` comments on issue `number`; `created_at` in the API's form (`gitea_time()`), now by default."""
+        user = self.users.get(by) or self.add_user(by)
+        return self._store_comment(repo, self.issues[(repo, number)], body, user, created_at=created_at)
+
     def add_review(
         self,
         repo: str,
@@ -617,17 +624,20 @@ class GiteaDouble(JsonApiDouble):
             return Answer(422, {"message": "[Body]: Required", "url": f"{self.base_url}/api/swagger"})
         return Answer(201, self._store_comment(repo, issue, text, self.bot))
 
-    def _store_comment(self, repo: str, issue: dict[str, Any], text: str, user: dict[str, Any]) -> dict[str, Any]:
+    def _store_comment(
+        self, repo: str, issue: dict[str, Any], text: str, user: dict[str, Any], *, created_at: str | None = None
+    ) -> dict[str, Any]:
         comment = copy.deepcopy(self._comment_template)
         comment_id = next(self._ids)
+        at = created_at or gitea_time()
         comment.update(
             id=comment_id,
             html_url=f"{issue['html_url']}#issuecomment-{comment_id}",
             issue_url=issue["html_url"],
             user=copy.deepcopy(user),
             body=text,
-            created_at=gitea_time(),
-            updated_at=gitea_time(),
+            created_at=at,
+            updated_at=at,
         )
         issue["comments"] += 1
         self.comments.append({**comment, "repo": repo, "issue": issue["number"]})

@@ -904,25 +904,58 @@ class GitLabDouble(JsonApiDouble):
             return Answer(400, {"message": {"note": ["can't be blank"]}})
         if len(text) > NOTE_LIMIT:
             return Answer(400, {"message": {"note": ["is too long (maximum is 1000000 characters)"]}})
+        return Answer(201, self._issue_note(pid, issue, text, self.bot))
+
+    def _issue_note(
+        self,
+        pid: int,
+        issue: dict[str, Any],
+        text: str,
+        user: dict[str, Any],
+        *,
+        system: bool = False,
+        internal: bool = False,
+        created_at: str | None = None,
+    ) -> dict[str, Any]:
+        """An issue note in the shape of GitLab's notes API (GET /projects/:id/issues/:iid/notes)."""
+        at = created_at or now_iso()
         note = {
             "id": next(self._ids),
             "type": None,
             "body": text,
             "attachment": None,
-            "author": copy.deepcopy(self.bot),
-            "created_at": now_iso(),
-            "updated_at": now_iso(),
-            "system": False,
+            "author": copy.deepcopy(user),
+            "created_at": at,
+            "updated_at": at,
+            "system": system,
             "noteable_id": issue["id"],
             "noteable_type": "Issue",
             "project_id": pid,
             "noteable_iid": issue["iid"],
             "resolvable": False,
-            "confidential": False,
-            "internal": False,
+            "confidential": internal,
+            "internal": internal,
         }
         self.notes.append(note)
-        return Answer(201, note)
+        return note
+
+    def add_issue_note(
+        self,
+        project: str,
+        iid: int,
+        body: str,
+        *,
+        by: str,
+        system: bool = False,
+        internal: bool = False,
+        created_at: str | None = None,
+    ) -> dict[str, Any]:
+        """`by` comments on issue `iid` (a system note is GitLab's own record of a change; an internal note
+        only members see); `created_at` in the API's form (`now_iso()`), now by default."""
+        pid = self._project(project)["id"]
+        user = self.users.get(by) or self.add_user(by)
+        return self._issue_note(pid, self.issues[(pid, iid)], body, user, system=system, internal=internal,
+                                created_at=created_at)
 
     def _post_mr(self, project: dict[str, Any], body: Any) -> Answer:
         body = body if isinstance(body, dict) else {}

@@ -119,3 +119,24 @@ def test_a_pre_existing_failure_does_not_block_a_reproduced_fix(tmp_path: Path) 
     assert evidence["level"] == "reproduced" and out["status"] == "fixed" and code == 0, evidence
     assert evidence["still_failing"] == ["tests/test_other.py::test_known_broken"]
     assert evidence["fail_to_pass"] == ["tests/test_clamp_high.py::test_clamp_high"]
+
+
+@pytest.mark.bwrap
+def test_fix_runs_every_attempt_and_reports_the_one_the_evidence_chose(tmp_path: Path) -> None:
+    """FROGFIX_ATTEMPTS=3: an unproven fix, a regression, then the fix with its regression test. The old
+    rule took the first that passed; `fix --json` now lists each attempt with its evidence and `chosen`."""
+    turns = [assistant(FIX), assistant("Fixed clamp()."),
+             assistant(BREAK), assistant(ADD_TEST), assistant("Fixed clamp(), tidied double()."),
+             assistant(FIX), assistant(ADD_TEST), assistant("Fixed clamp() with a test.")]
+    with ScriptedOpenAIServer(turns) as server:
+        proc = run_fix(repository(tmp_path), tmp_path / "data", server.base_url, "--json",
+                       env_extra={"FROGFIX_ATTEMPTS": "3"})
+    assert proc.stdout, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    levels = [(a["number"], a["evidence"]["level"], a["chosen"]) for a in out["attempts"]]
+    assert levels == [(1, "unproven", False), (2, "regressed", False), (3, "reproduced", True)], levels
+    assert out["status"] == "fixed" and proc.returncode == 0 and out["evidence"]["level"] == "reproduced"
+    assert out["selection"]["chosen"] == 3 and "tests/test_clamp_high.py" in out["patch"]
+    assert out["trajectory"].endswith(".attempt-3.json") and Path(out["trajectory"]).is_file()
+    assert all(a["usage"]["prompt_tokens"] > 0 for a in out["attempts"])
+    assert out["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in out["attempts"])

@@ -59,8 +59,13 @@ def test_with_require_reproduction_an_unproven_patch_is_not_published(
     _, _, attempts = _job(job_id)
     assert attempts[0].status == "unproven"
     assert world.gitlab.open_mrs(PROJECT) == []
-    note = world.gitlab.notes[-1]["body"]
-    assert "FROGFIX_REQUIRE_REPRODUCTION is on, so it published nothing" in note and "unproven" in note
+    # One comment besides "working on it": what was tried, and a question for the reporter (worker/question.py).
+    started, note = [n["body"] for n in world.gitlab.notes]
+    assert "working on" in started.lower(), started
+    assert "<!-- frogfix:question -->" in note and "opened no merge request" in note and "unproven" in note
+    job, kinds, _ = _job(job_id)
+    assert job.status == "no_fix" and job.asked_at is not None and "asked" in kinds
+    assert job.selection["chosen"] == 1  # chosen, and then held back: FROGFIX_REQUIRE_REPRODUCTION
 
 
 def test_a_proven_fix_leads_the_mr_with_its_evidence(client: Any, world: World) -> None:

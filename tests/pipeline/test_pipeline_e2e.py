@@ -223,7 +223,11 @@ def test_tests_failing_after_the_patch_is_no_fix(client: Any, world: World) -> N
     assert run_job(job_id) == "no_fix"
     _, _, attempts = _job(job_id)
     assert attempts[0].status == "no_fix" and attempts[0].tests["after"][0]["exit_code"] == 1
-    assert world.gitlab.open_mrs(PROJECT) == [] and "no fix" in world.gitlab.notes[-1]["body"]
+    # Nothing verified at all: no MR, and one comment asking the reporter (worker/question.py).
+    question = world.gitlab.notes[-1]["body"]
+    assert world.gitlab.open_mrs(PROJECT) == [] and "<!-- frogfix:question -->" in question
+    assert "opened no merge request" in question and "python3 -m pytest" in question
+    assert len(world.gitlab.notes) == 2  # "working on it", then the question
     assert not (world.bare("gitlab") / "refs" / "heads" / "frogfix").exists()
 
 

@@ -77,9 +77,13 @@ def event(events: list[Any], kind: str) -> Any:
 
 
 def tool_outputs(world: World) -> list[str]:
-    """What every tool call returned to the model, in order (from the last request's history)."""
-    messages = world.model.request_json(world.model.count - 1)["messages"]
-    return [str(m["content"]) for m in messages if m["role"] == "tool"]
+    """What every tool call returned to the model, in order (from the agent's last request's history; a job
+    that ends with no fix asks one more, tool-less request for its question to the reporter)."""
+    for index in range(world.model.count - 1, -1, -1):
+        messages = world.model.request_json(index)["messages"]
+        if any(m["role"] == "tool" for m in messages):
+            return [str(m["content"]) for m in messages if m["role"] == "tool"]
+    return []
 
 
 def last_comment(world: World) -> str:
@@ -298,7 +302,8 @@ def test_weakening_protected_tests_is_refused_and_reported(client: Any, world: W
     reason = "attempt 1's patch was refused: changes protected path tests/test_calc.py"
     assert attempt.status == "rejected" and attempt.error == reason and attempt.tests is None
     assert event(events, "patch_refused").message == reason and event(events, "no_fix").message == reason
-    assert reason in last_comment(world) and "no fix" in last_comment(world)
+    # Nothing verified: the issue gets FrogFix's question (worker/question.py), which says what was refused.
+    assert reason in last_comment(world) and "<!-- frogfix:question -->" in last_comment(world)
     assert world.gitlab.open_mrs(PROJECT) == [] and world.git_gitlab.pushes == []
     assert job.status == "no_fix"
 

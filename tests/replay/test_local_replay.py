@@ -46,7 +46,7 @@ def test_a_fix_job_replays_and_a_cut_recording_stops_where_it_ends(local_env: di
     assert report.reached_recording_end and report.exit_matches and report.steps_replayed == 1
     assert report.patch == "" and report.patch_identical
 
-    with pytest.raises(ReplayError, match="--attempt"):
+    with pytest.raises(ReplayError, match="has no attempt 2"):  # `fix` ran one attempt (FROGFIX_ATTEMPTS=1)
         replay_job(job_id, attempt=2)
 
 

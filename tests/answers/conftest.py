@@ -1,0 +1,1 @@
+from tests.pipeline.conftest import world  # noqa: F401  (registers the fixture here)
