@@ -486,6 +486,7 @@ class AttemptRunner:
         self._observer = observer
         self._local = threading.local()  # each thread's attempt may have its own observer (`run`)
         self._ready_lock = threading.Lock()  # the environment and the base run are made once, by one thread
+        self._unusable: EnvironmentReport | None = None  # why the tests cannot run here, once found
         environments = Environments(
             settings,
             redact,
@@ -591,6 +592,15 @@ class AttemptRunner:
             return self._ready_once(spec, ws, config, tests=tests)
 
     def _ready_once(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+        if self._unusable is not None:  # said once: attempts beside or after it do not build it again
+            raise EnvironmentUnusable(self._unusable)
+        try:
+            return self._ready_first(spec, ws, config, tests=tests)
+        except EnvironmentUnusable as exc:
+            self._unusable = exc.report
+            raise
+
+    def _ready_first(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
         if self.environment is None:
             report = environment_for(self.context, ws, config, spec.start)
             if not report.ok:
@@ -765,40 +775,58 @@ def run_series(
     attempts: int,
     ceiling: int,
     start: str,
-    idle: Callable[[], bool] = lambda: True,
+    why_stop: Callable[[], str | None] = lambda: None,
     parallel: int = 1,
+    side_by_side_done: Callable[[], None] = lambda: None,
+    abort: Callable[[], None] = lambda: None,
 ) -> AttemptSeries:
     """The one sequence every caller runs: `attempts` attempts (`parallel` of them side by side), then
-    extra ones, one at a time, up to `ceiling` while `idle()` (no production job waits) and the choice
-    is not settled, each followed by the agreement runs the choice can turn on; then the choice.
+    extra ones, one at a time, up to `ceiling` while `why_stop()` says nothing (a production job
+    waiting, the job's time running out) and the choice is not settled, each followed by the agreement
+    runs the choice can turn on; then the choice among what ran.
 
-    `run_one(number, extra)` runs one attempt; None means it was stopped for production (an extra
-    attempt's model turn), which ends the series. Whatever it raises ends the series too (attempts
-    beside it are left to finish, and their results dropped)."""
+    `run_one(number, extra)` runs one attempt; None means the series stops there (an extra attempt
+    stopped for production, an attempt the infrastructure failed: the caller knows why), and the
+    choice is made among the attempts before it. Whatever it raises ends the series: `abort()` tells
+    the attempts beside it to stop at their next call, attempts not yet started never start, and
+    the exception goes on once they stopped. `side_by_side_done()` runs when the side-by-side attempts
+    are over (the caller gives back the model slots they took)."""
     results: list[AttemptResult] = []
     cross: dict[Pair, bool] = {}
     extra_stop = ""
     first = 1
     if parallel > 1 and attempts > 1:
-        with ThreadPoolExecutor(max_workers=min(parallel, attempts), thread_name_prefix="attempt") as pool:
+        pool = ThreadPoolExecutor(max_workers=min(parallel, attempts), thread_name_prefix="attempt")
+        try:
             futures = [pool.submit(run_one, number, False) for number in range(1, attempts + 1)]
             done = [future.result() for future in futures]  # the first failure, in attempt order, is raised
+        except BaseException:  # a failure, a cancel, or the job's time limit arriving in this thread
+            abort()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            side_by_side_done()
         results = [r for r in done if r is not None]
+        if len(results) < attempts:
+            return AttemptSeries(results, cross, choose([r.candidate for r in results], cross), extra_stop)
         runner.agreement(results, cross, start)
         first = attempts + 1
+    else:
+        side_by_side_done()
     for number in range(first, max(attempts, ceiling) + 1):
         extra = number > attempts
         if extra:
-            candidates = [r.candidate for r in results]
-            if settled(candidates, cross):
+            if settled([r.candidate for r in results], cross):
                 extra_stop = "an attempt reproduced the bug and another agrees with it"
                 break
-            if not idle():
-                extra_stop = "a production job is waiting for the model"
+            reason = why_stop()
+            if reason:
+                extra_stop = reason
                 break
         result = run_one(number, extra)
         if result is None:
-            extra_stop = "a production job arrived; the extra attempt stopped"
+            extra_stop = f"attempt {number} stopped"
             break
         results.append(result)
         runner.agreement(results, cross, start)

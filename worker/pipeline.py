@@ -282,6 +282,11 @@ class JobObserver:
     def cancelled(self) -> bool:
         if self.pipeline.cancelled() or self.stop.is_set():
             return True
+        return self.preempted
+
+    @property
+    def preempted(self) -> bool:
+        """An extra attempt's: a production job is waiting, so it stops (read at most every PREEMPT_POLL_S)."""
         return self.preempt is not None and self.preempt()
 
     def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
@@ -349,6 +354,10 @@ class Pipeline:
     def check_cancel(self) -> None:
         if self.cancelled():
             raise cancelled_on_request()
+
+    def cancel_asked(self) -> bool:
+        """The job's cancel flag read now (`cancelled` may be up to two seconds old)."""
+        return bool(in_transaction(lambda session: records.cancel_requested(session, self.job_id)))
 
     def begin_publishing(self) -> None:
         """verifying -> publishing, unless a cancel was asked: `check_cancel` reads a flag up to two
@@ -644,50 +653,78 @@ class Pipeline:
         ids: dict[int, int] = {}
         task = self.task()
         stop = threading.Event()  # one attempt ended the job: the ones beside it stop at their next call
+        failed: list[BaseException | AttemptResult] = []  # what the infrastructure failed, in order
+        spent: list[float] = []  # each attempt's wall time, to know whether another fits in the job's time
 
         def run_one(number: int, extra: bool) -> AttemptResult | None:
+            if stop.is_set():  # an attempt beside this one ended the series before this one started
+                return None
             self.check_cancel()
             observer = JobObserver(self, stop)
             observer.preempt = PolledFlag(production_waits, "preempt_check", PREEMPT_POLL_S) if extra else None
+            began = time.monotonic()
             try:
                 result = self.one_attempt(runner, observer, prepared, number, task)
             except EnvironmentUnusable as exc:
                 stop.set()
                 raise self.environment_error(exc.report) from exc
+            except SandboxError as exc:  # this attempt's sandbox failed: the others' results still count
+                stop.set()
+                failed.append(exc)
+                why = self.redact(f"sandbox failure: {exc}")
+                in_transaction(lambda session: records.update_attempt(
+                    session, observer.attempt_id, finished=True, status=AttemptStatus.failed.value, error=why))
+                return None
             except BaseException:
                 stop.set()
                 raise
+            spent.append(time.monotonic() - began)
             ids[number] = observer.attempt_id
-            if result.outcome == AttemptOutcome.cancelled:  # one_attempt raised for a cancel: production came
-                self.event("attempt_preempted", f"attempt {number} (extra) stopped: a production job is waiting")
+            if result.outcome == AttemptOutcome.cancelled:  # stopped for production, or beside a failure
+                if observer.preempted:
+                    self.event("attempt_preempted", f"attempt {number} (extra) stopped: a production job is waiting")
                 return None
-            if result.infrastructure_failure:
+            if result.infrastructure_failure:  # the model could not be used: no more attempts now
                 stop.set()
-                raise JobEnded(JobStatus.failed, result.reason, f"FrogFix stopped: {result.reason}")
+                failed.append(result)
+                return None
             return result
 
-        side_by_side = self.take_slots(self.s.attempts - 1)
-        try:
-            series = run_series(
-                runner, run_one, attempts=self.s.attempts, ceiling=self.s.attempt_ceiling,
-                start=prepared.start or prepared.base, idle=lambda: not in_transaction(production_waits),
-                parallel=1 + side_by_side,
-            )
-        finally:
+        def why_stop() -> str | None:
+            """Why no extra attempt may start now: production comes first, and the job's time is bounded."""
+            if in_transaction(production_waits):
+                return "a production job is waiting for the model"
+            if spent and self.deadline - time.monotonic() < 2 * max(spent):
+                return "the job's time left would not fit another attempt"
+            return None
+
+        def give_back() -> None:
             if side_by_side:
                 in_transaction(lambda session: job_slots.give_extra_slots(session, self.job_id, self.run_number))
+
+        side_by_side = self.take_slots(self.s.attempts - 1)
+        series = run_series(
+            runner, run_one, attempts=self.s.attempts, ceiling=self.s.attempt_ceiling,
+            start=prepared.start or prepared.base, why_stop=why_stop, parallel=1 + side_by_side,
+            side_by_side_done=give_back, abort=stop.set,
+        )
         if series.extra_stop:
-            self.event("extra_attempts_stopped", f"no more extra attempts: {series.extra_stop}")
+            self.event("extra_attempts_stopped", f"no more attempts: {series.extra_stop}")
         self.check_cancel()
         choice, chosen = series.choice, series.chosen
         self.selection = choice.to_dict()
         self.update(selection=self.selection)
+        if chosen is None and failed:  # nothing to publish, and the infrastructure is why
+            first = failed[0]
+            if isinstance(first, BaseException):
+                raise first
+            raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}")
         if chosen is None:
             last = series.results[-1].reason if series.results else "no attempt ran"
             raise self.abstain(series.results, last)
-        self.event("chosen", choice.why, {"attempt": chosen.number, "attempts": choice.attempts})
         if chosen.outcome == AttemptOutcome.unproven and self.s.require_reproduction:
             raise self.abstain(series.results, chosen.reason, require=True)
+        self.event("chosen", choice.why, {"attempt": chosen.number, "attempts": choice.attempts})
         in_transaction(lambda session: records.update_attempt(session, ids[chosen.number], chosen=True))
         self.status(JobStatus.verifying, expected=("running", "verifying"))  # publishing starts from verifying
         return chosen
@@ -720,6 +757,8 @@ class Pipeline:
         except Exception as exc:  # a bug in writing the question: the job still ends, saying why plainly
             log.exception("question_failed", error=str(exc)[:300])
             return JobEnded(JobStatus.no_fix, why, unproven_comment(reason) if require else None)
+        if self.cancel_asked():  # asked while the question was being written: a cancel, and no question
+            return cancelled_on_request()
         return JobEnded(JobStatus.no_fix, why, question, asks=True)
 
     def environment_error(self, report: EnvironmentReport) -> JobEnded:
@@ -777,12 +816,14 @@ class Pipeline:
             labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
         )
         result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s), observer)
-        if result.outcome == AttemptOutcome.cancelled and not self.cancelled():  # preempted, not cancelled
-            result.reason = "stopped: a production job is waiting for the model"
+        cancelled = result.outcome == AttemptOutcome.cancelled and self.cancel_asked()
+        if result.outcome == AttemptOutcome.cancelled and not cancelled:  # stopped, not cancelled
+            result.reason = ("stopped: a production job is waiting for the model" if observer.preempted
+                             else "stopped: an attempt beside it ended the job")
         self._record_attempt(observer.attempt_id, result)  # before any status change that may find us superseded
+        if cancelled:
+            raise cancelled_on_request()
         if result.outcome == AttemptOutcome.cancelled:
-            if self.cancelled():
-                raise cancelled_on_request()
             return result
         self.status(JobStatus.running, expected=("running", "verifying"))  # the next attempt, or the choice
         return result

@@ -91,7 +91,7 @@ def claim_job(session: Session, job_id: int) -> bool:
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued.value)
         .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now,
-                queue_wait_seconds=wait, hold_reason=None,
+                queue_wait_seconds=wait, hold_reason=None, extra_slots=0,
                 queue_wait_total_seconds=func.coalesce(Job.queue_wait_total_seconds, 0.0) + (wait or 0.0)),
     )
 

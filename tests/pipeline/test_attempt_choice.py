@@ -234,3 +234,21 @@ def test_side_by_side_attempts_take_only_free_slots_and_none_while_production_wa
         assert take_extra_slots(session, job_id, job.run, 5, 4, 600) == 3  # 4 slots, its own is one
     with session_scope() as session:
         assert production_load(session) == (0, 4)
+
+
+def test_a_model_outage_in_an_extra_attempt_keeps_the_verified_fix(client: Any, world: World) -> None:
+    """Found in review: attempt 1 reproduced the bug, the extra attempt met a model outage, and the job
+    failed with nothing published. The outage now ends the series; the choice is made among what ran."""
+    from tests.doubles.openai_server import Status
+
+    configure(world.env["monkeypatch"], attempts="1", max_attempts="2", verify_runs="1", model_max_retries="1")
+
+    def respond(index: int, body: bytes) -> Any:
+        return RIGHT[index] if index < len(RIGHT) else Status(503, {"error": {"message": "no GPU"}})
+
+    world.model._responder = respond
+    job_id = _gitlab_job(client, world)
+    assert run_job(job_id) == "done"
+    selection, attempts = choice_of(job_id)
+    assert [(a.number, a.status) for a in attempts] == [(1, "verified"), (2, "failed")]
+    assert selection["chosen"] == 1 and len(world.gitlab.open_mrs(PROJECT)) == 1
