@@ -808,10 +808,10 @@ def run_series(
             pool.shutdown(wait=True)
             side_by_side_done()
         results = [r for r in done if r is not None]
-        if len(results) < attempts:
-            return AttemptSeries(results, cross, choose([r.candidate for r in results], cross), extra_stop)
-        runner.agreement(results, cross, start)
-        first = attempts + 1
+        stopped = len(results) < attempts  # an attempt was stopped: the choice is made among the others now
+        if not stopped:
+            runner.agreement(results, cross, start)
+        first = max(attempts, ceiling) + 1 if stopped else attempts + 1
     else:
         side_by_side_done()
     for number in range(first, max(attempts, ceiling) + 1):

@@ -364,7 +364,7 @@ class Pipeline:
         seconds old, this reads it in the same UPDATE, so a cancel asked before it always stops the push."""
         if in_transaction(lambda session: transitions.begin_publishing(session, self.job_id, self.run_number)):
             return
-        if in_transaction(lambda session: records.cancel_requested(session, self.job_id)):
+        if self.cancel_asked():
             raise cancelled_on_request()
         raise Superseded(f"the job is no longer verifying in run {self.run_number}")
 

@@ -189,18 +189,11 @@ def _tests(attempts: Sequence[AttemptResult], command: str | None, redact: Calla
     runs = ", ".join(f"attempt {int(r.number)}: {len(r.verification.after)}" for r in verified[:MAX_ATTEMPTS_SHOWN]
                      if r.verification is not None)
     lines.append(f"- With each attempt's change (runs): {runs}")
-    files = _union(f for r in verified if r.verification for f in r.verification.verdict.reproduction.files)
+    files = list(dict.fromkeys(
+        f for r in verified if r.verification for f in r.verification.verdict.reproduction.files))
     if files:
         lines.append(f"- Test files the attempts added or changed, also run on the base code: {_named(files, redact)}")
     return lines
-
-
-def _union(items: Any) -> list[str]:
-    seen: list[str] = []
-    for item in items:
-        if item not in seen:
-            seen.append(item)
-    return seen
 
 
 def _not_reproduced(attempts: Sequence[AttemptResult], redact: Callable[[str], str]) -> list[str]:
@@ -220,7 +213,7 @@ def _not_reproduced(attempts: Sequence[AttemptResult], redact: Callable[[str], s
         elif not repro.failed_on_base:
             lines.append(f"- Attempt {int(result.number)}'s tests ({_named(repro.files, redact)}) pass on the code"
                          " as it is too, so they do not show the bug.")
-    failing = _union(t for r in verified if r.verification for t in r.verification.verdict.still_failing)
+    failing = list(dict.fromkeys(t for r in verified if r.verification for t in r.verification.verdict.still_failing))
     if failing:
         lines.append(f"- Failing before and after every change: {_named(failing, redact)}")
     return lines

@@ -239,6 +239,22 @@ def _confidential_note(payload: dict[str, Any], event: str, attrs: dict[str, Any
     )
 
 
+def _not_a_new_comment(attrs: dict[str, Any], confidential: bool, allow_confidential: bool, only: str) -> str | None:
+    """Why a note (on an MR or an issue) is nothing to act on, or None: a confidential one while that is
+    off, GitLab's own system note, or not a new comment (`only` says what a new one does).
+
+    `action` since GitLab 16.11; an older hook names none, for a new comment and an edit alike (an edit
+    then reads as new, and the request's dedupe key, the note id, makes it one request)."""
+    if confidential and not allow_confidential:
+        return "confidential comments are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)"
+    if attrs.get("system") is True:
+        return "a system note (GitLab's own record of a change), not a comment"
+    action = attrs.get("action")
+    if action is not None and action != "create":
+        return f"comment {str(action)[:40]!r}: {only}"
+    return None
+
+
 def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confidential: bool) -> WebhookEvent:
     """A comment: on a merge request it is a review (or stop) request for the worker's triage to judge;
     on an issue, a `/frogfix` comment answers FrogFix's question (`_issue_note`); on a commit or snippet,
@@ -257,15 +273,10 @@ def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confident
         return ignore(f"a comment on {str(noteable)[:40]!r}, not on a merge request")
     fields = {**_project_fields(payload), **_mr_fields(obj(payload.get("merge_request"), "merge_request"))}
     confidential = _confidential_note(payload, event, attrs)
-    if confidential and not allow_confidential:
-        return ignore("confidential comments are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)", **fields)
-    if attrs.get("system") is True:
-        return ignore("a system note (GitLab's own record of a change), not a comment", **fields)
-    # `action` since GitLab 16.11; an older hook names none, for a new comment and an edit alike
-    # (an edit then reads as new, and the request's dedupe key, the note id, makes it one request).
+    why = _not_a_new_comment(attrs, confidential, allow_confidential, "only a new comment asks for a round")
+    if why is not None:
+        return ignore(why, **fields)
     action = attrs.get("action")
-    if action is not None and action != "create":
-        return ignore(f"comment {str(action)[:40]!r}: only a new comment asks for a round", **fields)
 
     comment = _review_comment(attrs, payload, fields["sender"])
     intent: Intent = "stop" if is_stop(comment.body) else "review"
@@ -297,13 +308,10 @@ def _issue_note(
         "title": text_or_none(issue.get("title"), 1000),
     }
     confidential = _confidential_note(payload, event, attrs) or issue.get("confidential") is True
-    if confidential and not allow_confidential:
-        return ignore("confidential comments are ignored (FROGFIX_GITLAB_ALLOW_CONFIDENTIAL is off)", **fields)
-    if attrs.get("system") is True:
-        return ignore("a system note (GitLab's own record of a change), not a comment", **fields)
+    why = _not_a_new_comment(attrs, confidential, allow_confidential, "only a new /frogfix comment answers")
+    if why is not None:
+        return ignore(why, **fields)
     action = attrs.get("action")
-    if action is not None and action != "create":
-        return ignore(f"comment {str(action)[:40]!r}: only a new /frogfix comment answers", **fields)
     why = answer_ignored(issue.get("state") == "closed", body)
     if why is not None:
         return ignore(why, **fields)
