@@ -9,6 +9,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -70,6 +71,7 @@ import typer  # noqa: E402  (after the interpreter is settled)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from app import local_jobs as _local_jobs  # noqa: E402  (standard library, statuses, trajectory: cheap)
 from app import statuses as _statuses  # noqa: E402  (standard library only: cheap at start-up)
 
 cli = typer.Typer(
@@ -142,10 +144,22 @@ def serve(
     no_worker: Annotated[bool, typer.Option("--no-worker", help="Do not start a worker beside the app.")] = False,
 ) -> None:
     """Run the web app; with the embedded broker, also a worker beside it, which ends when serve ends."""
+    import errno
+    import socket
+
     import uvicorn
 
     from worker.embedded import EmbeddedWorker
 
+    # The address first, as uvicorn will bind it: a port in use is one plain line, with nothing started.
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            in_use = exc.errno == errno.EADDRINUSE
+            _fail("serve", f"port {port} on {host} is in use; pass --port" if in_use
+                  else f"cannot listen on {host} port {port}: {exc.strerror or exc}", 1)
     signals = _StopSignals()
     embedded: EmbeddedWorker | None = None
     try:
@@ -337,6 +351,7 @@ def doctor(
 
 WIDTH = 80
 STATUSES, FINAL = _statuses.STATUS_ORDER, _statuses.FINAL_STATUSES
+LOCAL_STATUSES = _local_jobs.STATUSES
 JOB_ARG = typer.Argument(help="The job's id (a number; `replay` and `show` also take a local job's local-... id).")
 
 
@@ -375,6 +390,12 @@ def _job_errors(command: str) -> Iterator[None]:
         _fail(command, f"database error: {type(exc).__name__}{hint}", 2)
 
 
+def _no_tables(exc: Exception) -> bool:
+    """The database has no `jobs` table yet, in SQLite's or PostgreSQL's words (not a missing column or database)."""
+    text = str(exc)
+    return "no such table: jobs" in text or 'relation "jobs" does not exist' in text
+
+
 def _forge_job_id(command: str, value: str) -> int:
     text = value.strip()
     if not text.lstrip("-").isdigit():
@@ -405,8 +426,11 @@ def _wrap(text: str, first: str, indent: int) -> list[str]:
     ) or [first.rstrip()]
 
 
-def _fit(text: str, width: int) -> str:
-    return text if len(text) <= width else "…" + text[-(width - 1) :]
+def _fit(text: str, width: int, keep: str = "end") -> str:
+    """`text` in `width` characters: a path keeps its end (the project's name), a title its start."""
+    if len(text) <= width:
+        return text
+    return text[: width - 1] + "…" if keep == "start" else "…" + text[-(width - 1) :]
 
 
 def _dump(value: Any) -> None:
@@ -417,35 +441,80 @@ def _dump(value: Any) -> None:
 
 @cli.command("jobs")
 def jobs_command(
-    status: Annotated[str | None, typer.Option(help=f"one of {', '.join(STATUSES)}")] = None,
-    forge: Annotated[str | None, typer.Option(help="gitlab or gitea")] = None,
-    project: Annotated[str | None, typer.Option(help="the project's path with namespace, e.g. acme/calc")] = None,
+    status: Annotated[
+        str | None, typer.Option(help=f"one of {', '.join(STATUSES)}; local jobs: {', '.join(LOCAL_STATUSES)}")
+    ] = None,
+    forge: Annotated[str | None, typer.Option(help="gitlab, gitea, or local (fix and demo runs)")] = None,
+    project: Annotated[
+        str | None,
+        typer.Option(help="the project's path with namespace, e.g. acme/calc; a local job's: its checkout's folder"),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=5000)] = 50,
     offset: Annotated[int, typer.Option(min=0)] = 0,
     json_out: Annotated[bool, typer.Option("--json", help='Print {"items": [...], "total": n}, as the API.')] = False,
 ) -> None:
-    """List jobs, newest first, filtered like the dashboard."""
+    """List jobs, newest first, filtered like the dashboard: forge jobs and local (fix, demo) jobs together."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from app import local_jobs
     from app.db import session_scope
     from app.jobs import records
+    from app.settings import get_settings
 
-    if status is not None and status not in STATUSES:
-        _fail("jobs", f"unknown status {status!r} (one of: {', '.join(STATUSES)})")
-    if forge is not None and forge not in ("gitlab", "gitea"):
-        _fail("jobs", f"unknown forge {forge!r} (gitlab or gitea)")
-    with _job_errors("jobs"), session_scope() as session:
-        items, total = records.list_jobs(session, records.JobFilter(status, forge, project), limit, offset)
-        rows = [job.to_dict() for job in items]
+    if status is not None and status not in STATUSES and status not in LOCAL_STATUSES:
+        _fail("jobs", f"unknown status {status!r} (one of: {', '.join(dict.fromkeys(STATUSES + LOCAL_STATUSES))})")
+    if forge is not None and forge not in ("gitlab", "gitea", local_jobs.FORGE):
+        _fail("jobs", f"unknown forge {forge!r} (gitlab, gitea or local)")
+    rows: list[dict[str, Any]] = []
+    total = 0
+    if forge != local_jobs.FORGE and (status is None or status in STATUSES):
+        with _job_errors("jobs"):
+            try:
+                with session_scope() as session:
+                    # Enough forge jobs to fill the page once the local ones are merged in by time.
+                    filtered = records.JobFilter(status, forge, project)
+                    items, total = records.list_jobs(session, filtered, limit + offset, 0)
+                    rows = [job.to_dict() for job in items]
+            except SQLAlchemyError as exc:
+                if forge is not None or not _no_tables(exc):
+                    raise
+                # A fresh machine that has only run `demo` or `fix`: its local jobs are still listed.
+                note = "note: forge jobs not listed: the database has no tables yet (./manage.py migrate)"
+                typer.echo(note, err=True)
+    if forge in (None, local_jobs.FORGE) and (status is None or status in LOCAL_STATUSES):
+        local = local_jobs.newest(get_settings().data_dir, status=status, project=project)
+        from app.models import Job
+
+        # A local row has every key a forge row has (null where it has no such thing), as the API's items do.
+        blank = dict.fromkeys(Job(forge="", project="", issue=0, status="", run=0, steps=0).to_dict())
+        rows += [{**blank, **job.listing()} for job in local]
+        total += len(local)
+    rows.sort(key=_created, reverse=True)
+    rows = rows[offset:offset + limit]
     if json_out:
         _dump({"items": rows, "total": total})
         return
     if not rows:
         typer.echo("no jobs match" if total == 0 else f"no jobs at offset {offset} ({total} match)")
         return
-    typer.echo(f"{'ID':>6} {'STATUS':<10} {'FORGE':<6} {'ISSUE':<36} CREATED (UTC)")
+    width = max(6, *(len(str(row["id"])) for row in rows))
+    align = ">" if width == 6 else "<"  # numbers to the right; with a local job's id, every id to the left
+    typer.echo(f"{'ID':{align}{width}} {'STATUS':<10} {'FORGE':<6} {'ISSUE':<36} CREATED (UTC)")
     for row in rows:
-        issue = _fit(f"{row['project']}#{row['issue']}", 36)
-        typer.echo(f"{row['id']:>6} {row['status']:<10} {row['forge']:<6} {issue:<36} {_when(row['created_at'])[:16]}")
+        what = row["title"] if row.get("kind") == "local" else f"{row['project']}#{row['issue']}"
+        issue = _fit(what or "", 36, keep="start" if row.get("kind") == "local" else "end")
+        created = _when(row["created_at"])[:16]
+        typer.echo(f"{row['id']:{align}{width}} {row['status']:<10} {row['forge']:<6} {issue:<36} {created}")
     typer.echo(f"jobs {offset + 1}-{offset + len(rows)} of {total}, newest first")
+
+
+def _created(row: dict[str, Any]) -> datetime:
+    """A listed job's creation time, for merging forge and local jobs newest first."""
+    try:
+        when = datetime.fromisoformat(row.get("created_at") or "")
+    except ValueError:
+        return datetime.min.replace(tzinfo=UTC)
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def _job_details(job_id: int) -> dict[str, Any]:
@@ -462,14 +531,12 @@ def _job_details(job_id: int) -> dict[str, Any]:
 
 
 def _tests_summary(tests: dict[str, Any] | None, evidence: dict[str, Any] | None = None) -> str:
-    if not tests:
+    """The tests in plain words (app/outcome_words.py, as `fix` words them), then the evidence line naming them."""
+    from app.outcome_words import tests_line
+
+    if not tests or not (tests.get("command") or tests.get("before") or tests.get("after")):
         return "no tests run"
-    before = (tests.get("before") or {}).get("exit_code")
-    after = tests.get("after") or []
-    if isinstance(after, dict):
-        after = [after]
-    codes = ", ".join(str(run.get("exit_code")) for run in after) or "-"
-    line = f"tests before exit {before}, after exit {codes}"
+    line = tests_line(tests)
     verdict = evidence or tests.get("evidence")
     if isinstance(verdict, dict) and verdict.get("level"):
         from worker.evidence import Evidence, evidence_line
@@ -479,10 +546,17 @@ def _tests_summary(tests: dict[str, Any] | None, evidence: dict[str, Any] | None
 
 
 def _print_job(d: dict[str, Any]) -> None:
-    lines = [f"job {d['id']}: {d['status']}" + (" (cancel requested)" if d.get("cancel_requested") else "")]
+    from app.outcome_words import ending, says_more, why
+
+    status = _statuses.status_label(d["status"])
+    lines = [f"job {d['id']}: {status}" + (" (cancel requested)" if d.get("cancel_requested") else "")]
 
     def field(label: str, value: str) -> None:
         lines.extend(_wrap(value, f"  {label:<10} ", 13))
+
+    because = why(d["status"], d.get("exit_reason"), d.get("error"), model_url=_settings().model_base_url)
+    if because:
+        field("why", because)
 
     field("issue", f"{d['project']}#{d['issue']} on {d['forge']}: {d.get('title') or '(no title)'}")
     if d.get("issue_url"):
@@ -491,11 +565,13 @@ def _print_job(d: dict[str, Any]) -> None:
     if d.get("base_commit"):
         field("base", f"{d['base_commit'][:12]}, branch {d.get('branch') or '-'}")
     field("MR", d.get("mr_url") or "none")
-    if d.get("exit_reason") or d.get("run"):
-        field("agent", f"{d.get('exit_reason') or '-'} after {d.get('steps') or 0} steps; runs {d.get('run') or 0}")
+    if d["status"] in _statuses.ACTIVE_STATUSES and d.get("run"):
+        field("agent", f"{d.get('steps') or 0} steps so far; runs {d.get('run') or 0}")
+    elif d.get("exit_reason") or d.get("run"):
+        field("agent", f"{ending(d.get('exit_reason'), d.get('steps'))}; runs {d.get('run') or 0}")
     else:
         field("agent", "has not run")
-    if d.get("error"):
+    if says_more(d.get("error"), because):  # the raw text, where the why line did not already say it all
         field("error", d["error"])
     if d.get("hold_reason") and d["status"] == _statuses.JobStatus.queued:
         field("waiting", d["hold_reason"])
@@ -511,13 +587,8 @@ def _print_job(d: dict[str, Any]) -> None:
     for a in d["attempts"]:
         head = f"  {a['run']}.{a['number']:<3} {a['status']:<9} " + ("(chosen) " if a.get("chosen") else "")
         indent = " " * len(head)
-        lines.extend(
-            _wrap(
-                f"{a.get('exit_reason') or '-'}, {a.get('steps') or 0} steps; {_tests_summary(a.get('tests'))}",
-                head,
-                len(head),
-            )
-        )
+        agent = "still running" if a["status"] == "running" else ending(a.get("exit_reason"), a.get("steps"))
+        lines.extend(_wrap(f"{agent}; tests: {_tests_summary(a.get('tests'))}", head, len(head)))
         if a.get("error"):
             lines.extend(_wrap(f"error: {a['error']}", indent, len(head)))
         for flag in a.get("flags") or []:
@@ -599,13 +670,98 @@ def _last_event_id(job_id: int) -> int:
 
 
 def _show_local(job: str, json_out: bool) -> None:
-    """A local (`manage.py fix`) job has no row, only its trajectory: show what that holds."""
-    from app import trajectory
+    """A local (`fix`, `demo`) job from its record (app/local_jobs.py); one made before records existed,
+    from its trajectory."""
+
+    from app import local_jobs, trajectory
     from app.jobs.records import UnknownJob
+    from app.outcome_words import ending, says_more, why
     from app.settings import get_settings
+    from app.usage import UsageFigures, usage_table
+
+    settings = get_settings()
+    lines: list[str] = []
+
+    def field(label: str, value: str) -> None:
+        lines.extend(_wrap(value, f"  {label:<10} ", 13))
+
+    def tests_field(tests: Any, evidence: Any) -> None:
+        summary = _tests_summary(tests if isinstance(tests, dict) else None, evidence)
+        command = tests.get("command") if isinstance(tests, dict) else None
+        field("tests", f"{command}: {summary}" if command and summary != "no tests run" else summary)
+
+    def why_field(status: str, exit_reason: str | None, error: str | None, model_url: str | None) -> str | None:
+        because = why(status, exit_reason, error, model_url=model_url or settings.model_base_url)
+        if because:
+            field("why", because)
+        return because
 
     try:
-        path = trajectory.existing(get_settings().data_dir, trajectory.local_path(job))
+        record = local_jobs.load(settings.data_dir, job)
+    except local_jobs.UnknownLocalJob:
+        record = None  # no record: a job made before records existed has its trajectory only
+    except trajectory.TrajectoryError as exc:
+        _fail("show", str(exc), 1)
+    if record is not None:
+        tests, evidence = record.tests, record.evidence
+        attempts = record.attempt_list
+        chosen = next((a for a in attempts if a.chosen), attempts[-1] if attempts else None)
+        stored = chosen.trajectory_path if chosen is not None else None
+        if json_out:
+            details = record.to_dict()
+            try:
+                where = str(trajectory.resolve(settings.data_dir, stored)) if stored else None
+            except trajectory.TrajectoryError:
+                where = None
+            details.setdefault("trajectory", where)
+            details.setdefault("patch", chosen.patch if chosen is not None else "")
+            _dump(details)
+            return
+        lines.append(f"local job {record.id}: {_statuses.status_label(record.status)}")
+        because = why_field(record.status, record.exit_reason, record.error, record.model_url)
+        field("issue", record.title or "-")
+        field("repository", record.repository or "-")
+        field("base", (record.base_commit or "-")[:12])
+        field("model", record.model or "-")
+        field("agent", f"{record.steps} steps so far" if record.running else ending(record.exit_reason, record.steps))
+        tests_field(tests, evidence)
+        environment = record.environment or {}
+        if environment.get("ok") and environment.get("built"):
+            field("environment", f"{'cached' if environment.get('cached') else 'built'}")
+        if record.error and says_more(record.error, because):  # the raw text, where the why line did not say it all
+            field("error", record.error)
+        for flag in record.flags:
+            field("flag", flag)
+        field("created", _when(record.created_at.isoformat() if record.created_at else None))
+        field("finished", _when(record.finished_at.isoformat() if record.finished_at else None))
+        if len(attempts) > 1:
+            lines.append("attempts")
+            for a in attempts:
+                head = f"  {a.number:<3} {a.status:<9} " + ("(chosen) " if a.chosen else "")
+                text = f"{ending(a.exit_reason, a.steps)}; tests: {_tests_summary(a.tests)}"
+                lines.extend(_wrap(text, head, len(head)))
+        if record.usage_figures:
+            table = usage_table([("usage", UsageFigures.from_dict(record.usage_figures))])
+            lines.extend("  " + line for line in table.splitlines())
+        if stored:
+            lines.append(f"  trajectory {_trajectory_shown(stored)}")
+        else:
+            lines.append("  trajectory none (the job ended before the agent ran)")
+        if record.events:
+            lines.append("timeline (UTC)")
+            day = None
+            for event in record.events:
+                e = event.to_dict()
+                when = _when(e.get("at"))
+                if when[:10] != day:
+                    day = when[:10]
+                    lines.append(f"  {day}")
+                lines.extend(_event_lines(e))
+        typer.echo("\n".join(lines))
+        return
+
+    try:
+        path = trajectory.existing(settings.data_dir, trajectory.local_path(job))
     except trajectory.TrajectoryError as exc:
         raise UnknownJob(f"no job with id {job!r}") from exc
     try:
@@ -634,20 +790,16 @@ def _show_local(job: str, json_out: bool) -> None:
     if json_out:
         _dump(summary)
         return
-    lines = [f"local job {job}: {summary['status']}"]
+    lines.append(f"local job {job}: {_statuses.status_label(summary['status'])}")
+    why_field(summary["status"], summary["exit_reason"], fix.get("error") or data.get("error"), None)
     title = (summary["issue"] or {}).get("title") if isinstance(summary["issue"], dict) else None
-    for label, value in (
-        ("issue", title or "-"),
-        ("repository", summary["repository"] or "-"),
-        ("base", (summary["base_commit"] or "-")[:12]),
-        ("agent", f"{summary['exit_reason'] or '-'} after {summary['steps'] or 0} steps"),
-        ("tests", _tests_summary(summary["tests"], summary["evidence"]) if summary["tests"] else "no tests run"),
-        ("started", _when(summary["started_at"])),
-    ):
-        lines.extend(_wrap(str(value), f"  {label:<10} ", 13))
+    field("issue", title or "-")
+    field("repository", summary["repository"] or "-")
+    field("base", (summary["base_commit"] or "-")[:12])
+    field("agent", ending(summary["exit_reason"], summary["steps"]))
+    tests_field(summary["tests"], summary["evidence"])
+    field("started", _when(summary["started_at"]))
     if summary["usage"]:
-        from app.usage import UsageFigures, usage_table
-
         table = usage_table([("usage", UsageFigures.from_dict(summary["usage"]))])
         lines.extend("  " + line for line in table.splitlines())
     lines.append(f"  trajectory {path}")
@@ -658,12 +810,17 @@ def _show_local(job: str, json_out: bool) -> None:
 def show(
     job: Annotated[str, JOB_ARG],
     json_out: Annotated[bool, typer.Option("--json", help="Print the job, its attempts and events as JSON.")] = False,
-    follow: Annotated[bool, typer.Option("--follow", help="Then print new timeline events until it ends.")] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Then print new timeline events until it ends (forge jobs).")
+    ] = False,
 ) -> None:
     """A job's fields, attempts and timeline, with its outcome and MR link."""
     with _job_errors("show"):
         if job.strip().startswith("local-"):
             _show_local(job.strip(), json_out)
+            if follow:  # its timeline is written by the `fix` process itself, which prints it as it goes
+                typer.echo("frogfix show: --follow follows forge jobs; a local job's progress is on its fix's stderr",
+                           err=True)
             return
         job_id = _forge_job_id("show", job)
         details = _job_details(job_id)
@@ -735,6 +892,8 @@ def retry(
 
 def _print_replay(report: Any) -> None:
     """The replay's outcome, in 80 columns."""
+    from worker.replay import matched_count
+
     lines = [f"{report.mode} of job {report.job_id} ({report.attempt_label}): {report.status.upper()}"]
 
     def field(label: str, value: str) -> None:
@@ -749,7 +908,7 @@ def _print_replay(report: Any) -> None:
     field(
         "steps",
         f"{report.steps_replayed} replayed of {report.steps_recorded} recorded; "
-        f"{report.tool_results_checked} tool results matched"
+        f"{matched_count(report.tool_results_checked)}"
         if report.mode == "replay"
         else f"{report.steps_replayed}",
     )
@@ -808,13 +967,17 @@ def replay(
         typer.Option(help="Replay this live or eval attempt's trajectory (as the eval report lists it) instead."),
     ] = None,
     who: Annotated[str | None, typer.Option(hidden=True)] = None,
+    requested: Annotated[
+        bool, typer.Option("--requested", hidden=True, help="The dashboard noted the request on the timeline.")
+    ] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Re-run a job's recorded model replies in a fresh sandbox and check every tool result.
 
     Exit 0: reproduced (every tool result matched, same patch); 1: it diverged or the patch
     differs; 2: the replay could not run (unknown job, no recording, repository gone). A plain
-    replay never publishes anything.
+    replay never publishes anything, and a call refused before it starts (no such attempt, nothing
+    to replay) leaves the job's timeline as it was.
     """
     import json
 
@@ -837,6 +1000,7 @@ def replay(
                 who=who or _who(),
                 repo_dir=repo,
                 recording=trajectory,
+                requested=requested,
             )
         except ReplayError as exc:
             _fail("replay", str(exc), 2)
@@ -867,7 +1031,11 @@ def eval_command(
     attempts: Annotated[int, typer.Option(help="K: attempts per task (pass@1..K).")] = 1,
     concurrency: Annotated[int, typer.Option(help="Attempts at once (each still waits for a free model slot).")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
-    out: Annotated[Path | None, typer.Option(help="Also write report.md and report.json into this folder.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Also write three reports into this folder: report.md, report.json and report.html "
+                     "(the dashboard's page, standalone)."),
+    ] = None,
     fail_below: Annotated[
         float | None, typer.Option("--fail-below", help="Exit 1 when the solve rate is below this (0..1).")
     ] = None,

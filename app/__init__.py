@@ -7,6 +7,12 @@ Inside:
   groups and the labels people read.
 - usage.py: `UsageFigures`, the one shape of what a run cost (tokens, calls, steps, model and
   sandbox seconds), for trajectories, `fix --json`, the API, `show`, the pages and /metrics.
+- textcalls.py: the one reader of tool calls a model wrote as text (qwen3_coder form, inline
+  `<think>`): the agent loop runs what it reads and the trajectory page shows the same calls.
+- outcome_words.py: a job's ending in plain words (why it failed, how its agent ended, what its
+  tests said), for `fix`, `show` and the job page alike.
+- local_jobs.py: a local (`fix`, `demo`) job's record in the data folder, written as it runs and
+  read back with a forge job's names, so `jobs`, `show` and the dashboard list and show it.
 - models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
   webhook intake, the dashboard's read model, requeue-and-send, and scheduler.py: the fair queue
   and per-project budgets; `production_load`, which eval gives way to), evaluations.py
@@ -21,8 +27,8 @@ What may import what:
 - Nothing in app/ imports worker/ or sandbox/: the worker depends on app, never the reverse, and
   the web layer reaches the worker only through task names on the queue.
 - app/forge imports nothing else of ours, so the worker's pipeline can use it on its own.
-- statuses.py, trajectory.py and usage.py (and any other pure vocabulary module added beside
-  them) import only the standard library, so worker/leaf, which must not import a database or
-  web code, may use them; worker/leaf also logs through logs.py (structlog).
+- statuses.py, trajectory.py, usage.py and textcalls.py (and any other pure vocabulary module
+  added beside them) import only the standard library, so worker/leaf, which must not import a
+  database or web code, may use them; worker/leaf also logs through logs.py (structlog).
 - web/ uses the core; the core never imports web/.
 """

@@ -147,19 +147,30 @@ def chosen_share(key: str, results: Sequence[Mapping[str, Any]], k: int) -> floa
     return sum(1 for pick in picks if pick is not None and solved[pick]) / len(picks)
 
 
+def _verdict_row(task: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What gained and lost are judged on: the recorded run's verdict and n, and the candidate's attempts."""
+    return {
+        "task": task["key"],
+        "recorded_solved": bool(task.get("recorded_solved")),
+        "recorded_attempts": int(task.get("recorded_attempts") or 1),
+        "first_solved_attempt": min((int(r["attempt"]) for r in results if r["solved"]), default=None),
+        "finished_attempts": len(results),
+    }
+
+
 def _task_row(task: Mapping[str, Any], results: list[Mapping[str, Any]], k: int) -> dict[str, Any]:
     n = len(results)
     c = sum(1 for r in results if r["solved"])
-    first = min((int(r["attempt"]) for r in results if r["solved"]), default=None)
     prompt = sum(int(r["prompt_tokens"]) for r in results)
     cached = sum(int(r["cached_tokens"]) for r in results)
+    verdict = _verdict_row(task, results)
     return {
         "task": task["key"],
         "project": task.get("project", ""),
         "title": task.get("title", ""),
-        "recorded_solved": bool(task.get("recorded_solved")),
-        "recorded_attempts": int(task.get("recorded_attempts") or 1),
-        "first_solved_attempt": first,
+        "recorded_solved": verdict["recorded_solved"],
+        "recorded_attempts": verdict["recorded_attempts"],
+        "first_solved_attempt": verdict["first_solved_attempt"],
         "human": task.get("human", "unknown"),
         "limits": next((r.get("limits") for r in results if r.get("limits")), None),
         "finished_attempts": n,
@@ -231,6 +242,26 @@ def _human(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _by_task(results: Sequence[Mapping[str, Any]]) -> tuple[dict[str, list[Mapping[str, Any]]], dict[str, str]]:
+    """Result rows per task in attempt order, and the tasks with an unrunnable attempt (their first reason)."""
+    by_task: dict[str, list[Mapping[str, Any]]] = {}
+    unrunnable: dict[str, str] = {}
+    for r in sorted(results, key=lambda r: (r["task"], r["attempt"])):
+        if r["outcome"] == UNRUNNABLE:
+            unrunnable.setdefault(r["task"], r.get("reason") or "")
+        else:
+            by_task.setdefault(r["task"], []).append(r)
+    return by_task, unrunnable
+
+
+def comparison(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Gained, lost and not comparable tasks against the recorded run, exactly as `build_report` judges them, from
+    the evaluation's `tasks` and result rows that need only `task`, `attempt`, `solved` and `outcome` (the
+    evaluations list shows them without building every report)."""
+    by_task, _ = _by_task(results)
+    return _compare([_verdict_row(t, by_task[t["key"]]) for t in evaluation["tasks"] if t["key"] in by_task])
+
+
 def _compare(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Gained, lost and not comparable tasks, each judged with the recorded run's attempt count n."""
     gained: list[str] = []
@@ -260,13 +291,7 @@ def _recorded_figure(rows: list[dict[str, Any]]) -> Figure:
 def build_report(evaluation: Mapping[str, Any], results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The whole report as one JSON-ready dict, from the evaluation's row and its result rows."""
     k = int(evaluation["attempts"])
-    by_task: dict[str, list[Mapping[str, Any]]] = {}
-    unrunnable: dict[str, str] = {}
-    for r in sorted(results, key=lambda r: (r["task"], r["attempt"])):
-        if r["outcome"] == UNRUNNABLE:
-            unrunnable.setdefault(r["task"], r.get("reason") or "")
-        else:
-            by_task.setdefault(r["task"], []).append(r)
+    by_task, unrunnable = _by_task(results)
     tasks = [t for t in evaluation["tasks"] if t["key"] in by_task]
     rows = [_task_row(t, by_task[t["key"]], k) for t in tasks]
     finished = sum(r["finished_attempts"] for r in rows)

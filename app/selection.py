@@ -1,4 +1,4 @@
-"""Which attempt a job publishes: the rule, in one home (README "Choosing among attempts").
+"""Which attempt a job publishes: the rule, in one home (docs/EVIDENCE.md "Choosing among attempts").
 
 Generating a right patch among k is easier than knowing which one it is, so the choice rests on
 evidence a reviewer can check, in this order:

@@ -140,7 +140,7 @@ class Settings(BaseSettings):
     allow_ci_changes: bool = False
     # Let the forge's CI run on the bot's branch as soon as it is pushed. Off: the push asks GitLab
     # (`ci.skip`, `[skip ci]`) and Gitea/Forgejo (`[skip ci]`) not to, since the patch may have
-    # written the CI configuration; a maintainer runs CI after review (README).
+    # written the CI configuration; a maintainer runs CI after review (docs/REVIEW_ROUNDS.md).
     allow_forge_ci: bool = False
     # Review rounds on an MR FrogFix opened (issue 14): rounds a member's comments may start, and
     # rounds failed CI may start (review rounds do not count towards it), per MR; log lines a CI round shows.

@@ -150,7 +150,8 @@ INFRA_EXITS: Final[tuple[str, ...]] = _values(ExitReason.llm_query_error, ExitRe
 # -- what the dashboard shows -------------------------------------------------------------------
 
 STATUS_ORDER: Final[tuple[str, ...]] = tuple(s.value for s in JobStatus)
-STATUS_LABELS: Final[dict[str, str]] = {s.value: s.value.replace("_", " ") for s in JobStatus}
+# A job's status, and `fix`'s outcomes (a local job's status): `no fix`, `environment error`.
+STATUS_LABELS: Final[dict[str, str]] = {s.value: s.value.replace("_", " ") for s in (*JobStatus, *FixStatus)}
 EXIT_LABELS: Final[dict[str, str]] = {
     ExitReason.agent.value: "the agent finished",
     ExitReason.max_turns.value: "step limit reached",
@@ -160,6 +161,17 @@ EXIT_LABELS: Final[dict[str, str]] = {
     ExitReason.llm_query_error.value: "model unreachable",
     ExitReason.tool_error.value: "sandbox failure",
     ExitReason.cancelled.value: "cancelled",
+    ExitReason.git_error.value: "git failed",
+    ExitReason.config_error.value: ".frogfix.yml not usable",
+    ExitReason.environment_error.value: "test environment not usable",
+}
+# What an evidence level proves, as a clause (app/outcome_words.py `tests_line`).
+EVIDENCE_LABELS: Final[dict[str, str]] = {
+    EvidenceLevel.reproduced.value: "proves the fix",
+    EvidenceLevel.failed_before.value: "proves the fix",
+    EvidenceLevel.unproven.value: "proves nothing",
+    EvidenceLevel.regressed.value: "breaks a test",
+    EvidenceLevel.unrunnable.value: "the tests could not run with the patch",
 }
 
 

@@ -118,7 +118,7 @@ def write_atomic(path: Path, data: bytes, *, fsync: bool = True) -> None:
     Temporary file beside it, flushed and fsynced, then renamed over it.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # one per writer thread
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -21,6 +21,7 @@ from app.statuses import (
     SUCCESS_STATUSES,
     AttemptStatus,
     ExitReason,
+    FixStatus,
     JobStatus,
 )
 
@@ -39,7 +40,8 @@ def test_every_job_status_is_active_or_final_and_shown_in_order() -> None:
     assert set(ACTIVE_STATUSES) | set(FINAL_STATUSES) == set(JobStatus)
     assert not set(ACTIVE_STATUSES) & set(FINAL_STATUSES)
     assert tuple(ACTIVE_STATUSES + FINAL_STATUSES) == STATUS_ORDER
-    assert set(STATUS_LABELS) == set(JobStatus) and STATUS_LABELS["no_fix"] == "no fix"
+    assert set(STATUS_LABELS) == set(JobStatus) | set(FixStatus) and STATUS_LABELS["no_fix"] == "no fix"
+    assert STATUS_LABELS["environment_error"] == "environment error"  # a local job's status reads well too
 
 
 def test_groups_nest_as_their_names_say() -> None:
@@ -70,5 +72,6 @@ def test_the_active_job_index_predicate_is_built_from_the_active_statuses() -> N
 
 def test_labels_fall_back_to_the_stored_value() -> None:
     assert statuses.exit_label("max_turns") == "step limit reached"
-    assert statuses.exit_label("git_error") == "git_error" and statuses.exit_label(None) == "—"
+    assert statuses.exit_label("something_new") == "something_new" and statuses.exit_label(None) == "—"
+    assert set(statuses.EXIT_LABELS) == set(ExitReason)  # every exit reason has words
     assert statuses.status_label("something_new") == "something_new"

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.outcome_words import ending, run_words
 from app.selection import Candidate, Choice, Pair, choose, cross_checks, settled
 from app.settings import Settings
 from app.statuses import INFRA_EXITS, AttemptStatus, ExitReason
@@ -200,10 +201,13 @@ class Verification:
         return self.verdict.reason
 
     def summary(self, timeout: float) -> str:
+        """The timeline's line, in the words `fix` and `show` use (app/outcome_words.py)."""
         limit = f"timed out after {timeout:g} s"
-        before = limit if self.before.timed_out else f"exit {self.before.exit_code}"
-        after = limit if self.after[0].timed_out else "exit " + ", ".join(str(r.exit_code) for r in self.after)
-        return f"tests before {before}, after {after}; evidence: {self.verdict.level}"
+        before = limit if self.before.timed_out else run_words(self.before.to_dict())
+        after = [limit if r.timed_out else run_words(r.to_dict()) for r in self.after]
+        runs = after[0] if len(set(after)) == 1 else ", ".join(after)
+        shown = f"{runs} ({len(after)} runs)" if len(after) > 1 else runs
+        return f"tests before: {before}; after: {shown}; evidence: {self.verdict.level}"
 
 
 @dataclass
@@ -463,8 +467,7 @@ class Verifier:
             run = run_tests(ws, config, c.settings, c.redact, image=config.image, environment=env.path)
         finally:
             self._spent(time.monotonic() - started)
-        timed_out = " (timed out)" if run.timed_out else ""
-        c.observer.stage("tested", f"tests {label}: exit code {run.exit_code}{timed_out}", {"label": label})
+        c.observer.stage("tested", f"tests {label}: {run_words(run.to_dict())}", {"label": label})
         return run
 
 
@@ -549,7 +552,7 @@ class AttemptRunner:
             repos.remove_workspace(ws)
         self.observer.stage(
             "agent_finished",
-            f"attempt {spec.number}: {leaf.exit_reason} after {leaf.steps} steps",
+            f"attempt {spec.number}: {ending(leaf.exit_reason, leaf.steps)}",
             {
                 "attempt": spec.number,
                 "exit_reason": leaf.exit_reason,

@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from app import trajectory
+from app import local_jobs, trajectory
 from app.db import in_transaction, session_scope
 from app.evaluation_report import UNRUNNABLE, attempt_evidence, counted
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
@@ -166,6 +166,27 @@ class HumanVerdicts:
                 forge.close()
 
 
+def unknown_ids(selector: TaskSelector, settings: Settings) -> list[str]:
+    """The ids `--jobs` names that are no job's, in the order given: a forge job's id not in the database,
+    a local id with neither record nor trajectory (a job that exists but is not executable is not listed)."""
+    forge_ids = [int(key) for key in selector.ids if key.isdigit()]
+    with session_scope() as session:
+        known = ev_records.existing_job_ids(session, forge_ids)
+    folder = settings.data_dir
+    return [
+        key for key in selector.ids
+        if (int(key) not in known if key.isdigit() else not _local_job_exists(folder, key))
+    ]
+
+
+def _local_job_exists(folder: Path, key: str) -> bool:
+    """A local job has a record (app/local_jobs.py) or, if made before records, its trajectory."""
+    try:
+        return local_jobs.path(folder, key).is_file() or (folder / trajectory.local_path(key)).is_file()
+    except (local_jobs.UnknownLocalJob, trajectory.TrajectoryError):
+        return False
+
+
 def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress | None = None) -> list[dict[str, Any]]:
     """The executable tasks `selector` picks: forge jobs oldest first (each with its MR's human verdict),
     then local jobs."""
@@ -277,6 +298,9 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
         selector = parse_selector(options.selector)
     except ev_records.SelectorError as exc:
         raise EvalError(str(exc)) from exc
+    missing = unknown_ids(selector, settings)
+    if missing:
+        raise EvalError(f"no job {missing[0]}" if len(missing) == 1 else f"no jobs {', '.join(missing)}")
     tasks = select_tasks(selector, settings, progress)
     if not tasks:
         raise EvalError("no executable task: no finished job recorded tests that failed before its patch")

@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from app import trajectory
+from app import local_jobs, trajectory
 from app.logs import SecretRedactor
+from app.outcome_words import ending, shown_url
 from app.settings import Settings, get_settings
 from app.statuses import ExitReason, FixStatus
 from app.usage import UsageFigures, usage_table
@@ -117,6 +118,7 @@ class LocalFix:
         progress: TextIO | None = None,
         model: Any = None,
         job_id: str | None = None,
+        kind: str = "fix",
     ) -> None:
         self.settings = settings or get_settings()
         self.repo_dir = repo_dir.resolve()
@@ -127,6 +129,13 @@ class LocalFix:
         self.trajectory_path = self.settings.data_dir / trajectory.local_path(self.job_id)
         self.redactor = SecretRedactor(self.settings.secret_values())
         self._model = model
+        self.kind = kind
+        # The job's record (app/local_jobs.py): what `jobs`, `show` and the dashboard read.
+        self.record = local_jobs.LocalJobRecord(
+            self.settings.data_dir, self.job_id, lambda value: redact_value(value, self.redactor.redact)
+        )
+        self.recorded_attempts: list[dict[str, Any]] = []
+        self.attempt = 1  # the attempt whose steps are reported (fix runs its attempts one at a time)
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -138,17 +147,36 @@ class LocalFix:
         return self._model
 
     def run(self) -> FixOutcome:
+        """The job, recorded from its start (a refused call, e.g. no such folder, records nothing)."""
         base = self.base_commit()
         self.root.mkdir(parents=True, exist_ok=True)
+        model = self.settings.model_name if self._model is None else f"{type(self._model).__name__} (no model server)"
+        self.record.start(
+            kind=self.kind, title=self.title, body=self.body, repository=str(self.repo_dir), base_commit=base,
+            model=model, model_url=shown_url(self.settings.model_base_url) if self._model is None else None,
+        )
         try:
-            return self._run(base)
-        except repos.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
-            return self._failed(ExitReason.git_error, str(exc)[:500])
+            try:
+                outcome = self._run(base)
+            except repos.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
+                outcome = self._failed(ExitReason.git_error, str(exc)[:500])
+        except BaseException as exc:  # interrupted (Ctrl-C) or a bug: the record must not stay `running`
+            why = str(exc)[:300] if isinstance(exc, Stopped) else f"{type(exc).__name__} {str(exc)[:300]}".strip()
+            stopped = {"status": FixStatus.failed.value, "exit_reason": ExitReason.cancelled.value,
+                       "error": f"the run stopped: {why}"}
+            self.record.finish(stopped, self.recorded_attempts)
+            raise
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+        self.record.finish(outcome.to_dict(), self.recorded_attempts)
+        return outcome
 
     def base_commit(self) -> str:
         """The checkout's HEAD commit, read with the isolated git environment (no filter or hook runs)."""
+        if not self.repo_dir.exists():
+            raise FixError(f"{self.repo_dir} does not exist")
+        if not self.repo_dir.is_dir():
+            raise FixError(f"{self.repo_dir} is not a folder")
         if not (self.repo_dir / ".git").exists():
             raise FixError(f"{self.repo_dir} is not a git checkout")
         try:
@@ -173,6 +201,8 @@ class LocalFix:
         def run_one(number: int, extra: bool) -> AttemptResult:
             if self.settings.attempts > 1:
                 self.say(f"attempt {number} of {self.settings.attempts}")
+            self.attempt = number
+            self.record.attempt_started(number, trajectory.local_path(self.job_id, number))
             result = runner.run(self.spec(base, number), self.model(), review)
             for reason in result.refused:
                 self.say(f"refused: {reason}")
@@ -194,6 +224,7 @@ class LocalFix:
         outcome.trajectory = str(self.settings.data_dir / trajectory.local_path(self.job_id, result.number))
         outcome.attempts = [attempt_entry(r, r.number == series.choice.chosen) for r in series.results]
         outcome.selection = series.choice.to_dict()
+        self.recorded_attempts = [record_entry(r, r.number == series.choice.chosen) for r in series.results]
         # Every test run of the job (each attempt's, the agreement runs, a base run made only for the report).
         figures = [r.leaf.figures() for r in series.results]
         outcome.usage = sum(figures, UsageFigures()) + UsageFigures(sandbox_seconds=runner.verifier.seconds)
@@ -282,11 +313,13 @@ class LocalFix:
     def on_step(self, record: StepRecord) -> None:
         names = ", ".join(c.name for c in record.calls) or "final answer"
         self.say(f"step {record.step + 1}: {names} (context {record.context_tokens} tokens)")
+        self.record.progress(self.attempt, record.step + 1)
 
     def cancelled(self) -> bool:
         return False
 
     def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        self.record.event(kind, message)
         if kind in ("environment", "environment_building"):
             self.say(message)
             for line in data.get("detected", []) if kind == "environment" and not data.get("cached") else []:
@@ -299,7 +332,7 @@ class LocalFix:
                 self.say(f"repository guidance for the agent: {', '.join(data['guidance'])}")
         elif kind == "agent_finished":
             steps, lines = data["steps"], data["patch_lines"]
-            self.say(f"agent finished: {data['exit_reason']} after {steps} steps; patch {lines} lines")
+            self.say(f"{ending(data['exit_reason'], steps)}; patch {lines} lines")
         elif kind in ("testing", "tested", "not_verified", "verified", "unproven"):
             self.say(message)
 
@@ -336,6 +369,25 @@ def attempt_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
     }
 
 
+def record_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
+    """One attempt in the local job's record (app/local_jobs.py): the names a forge job's attempt row has."""
+    evidence = result.evidence
+    return {
+        "number": result.number,
+        "status": result.status.value,
+        "exit_reason": result.leaf.exit_reason,
+        "steps": result.leaf.steps,
+        "trajectory_path": result.trajectory,
+        "patch": result.patch,
+        "summary": result.leaf.final_answer,
+        "tests": evidence.to_dict() if evidence is not None else None,
+        "flags": result.flags,
+        "error": "; ".join(result.refused) or result.leaf.error,
+        "chosen": chosen,
+        "usage": result.usage.to_dict(),
+    }
+
+
 EXIT_CODES: dict[str, int] = {
     FixStatus.fixed: 0, FixStatus.no_fix: 1, FixStatus.failed: 2, FixStatus.environment_error: 3,
     FixStatus.unproven: 4,
@@ -361,40 +413,63 @@ def run_demo_command(as_json: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="frogfix-demo-") as tmp:
         repo = make_sample_repo(Path(tmp))
         print(f"demo: a repository with a bug in add(), at {repo}; the model is a replay", file=sys.stderr)
-        return run_and_report(repo, ISSUE_TITLE, ISSUE_BODY, as_json, model=demo_model())
+        return run_and_report(repo, ISSUE_TITLE, ISSUE_BODY, as_json, model=demo_model(), kind="demo")
 
 
-def run_and_report(repo_dir: Path, title: str, body: str, as_json: bool, model: Any = None) -> int:
+class Stopped(Exception):
+    """SIGTERM or SIGHUP (a closed terminal) reached `fix`: the run ends, and its record says so."""
+
+
+def stop_on_signals() -> None:
+    """Turn SIGTERM and SIGHUP into an exception, so the job's record ends rather than stays `running`."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
+
+
+def run_and_report(
+    repo_dir: Path, title: str, body: str, as_json: bool, model: Any = None, kind: str = "fix"
+) -> int:
     from app.logs import configure_logging
 
     settings = get_settings()
     configure_logging("WARNING", settings.secret_values())
     started = time.monotonic()
+    stop_on_signals()
     try:
-        outcome = LocalFix(repo_dir, title, body, settings=settings, progress=sys.stderr, model=model).run()
+        outcome = LocalFix(
+            repo_dir, title, body, settings=settings, progress=sys.stderr, model=model, kind=kind
+        ).run()
     except FixError as exc:
         print(f"frogfix fix: {exc}", file=sys.stderr)
         return 2
     if as_json:
         print(json.dumps(outcome.to_dict(), ensure_ascii=False))
-    else:
+    else:  # plain words (app/outcome_words.py), as `show` and the job page word them
+        from app.outcome_words import tests_line, why
+        from app.statuses import status_label
+
         print(
-            f"status: {outcome.status} ({outcome.exit_reason}, {outcome.steps} steps, "
+            f"status: {status_label(outcome.status)} ({ending(outcome.exit_reason, outcome.steps)}, "
             f"{time.monotonic() - started:.1f}s)"
         )
-        if outcome.environment is not None:
+        because = why(outcome.status, outcome.exit_reason, outcome.error, model_url=settings.model_base_url)
+        if because:
+            print(f"why: {because}")
+        if outcome.environment is not None and (outcome.environment.ok or not because):  # else `why` said it
             print(outcome.environment.line())
         if outcome.test_command:
-            b = outcome.before.exit_code if outcome.before else None
-            a = ", ".join(str(run.exit_code) for run in outcome.after) or None
-            flaky = " (flaky)" if outcome.flaky else ""
-            print(f"tests: {outcome.test_command}: before exit {b}, after exit {a}{flaky}")
+            print(f"tests: {outcome.test_command}: {tests_line(outcome.to_dict()['tests'])}")
         if outcome.evidence is not None:
             print(evidence_line(outcome.evidence))
         for flag in outcome.flags:
             print(f"flag: {flag}")
         print(usage_table([("usage", outcome.usage)]))
-        print(f"trajectory: {outcome.trajectory}")
+        print(f"trajectory: {outcome.trajectory or 'none (the job ended before the agent ran)'}")
         if outcome.patch:
             print(outcome.patch, end="" if outcome.patch.endswith("\n") else "\n")
     return EXIT_CODES.get(outcome.status, 2)

@@ -26,11 +26,11 @@ from app.forge.api import Forge
 from app.forge.reviews import IssueComment, command_text
 from app.logs import get_logger
 from app.patches import escape_hidden, shown_path
+from app.textcalls import extract_text_calls
 from worker.attempt import AttemptOutcome, AttemptResult
 from worker.evidence import FAILED
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.model import ModelClient
-from worker.leaf.textcalls import extract_text_calls
 from worker.report import ZWSP, disarm, inert
 
 log = get_logger("frogfix.question")

@@ -10,7 +10,10 @@ tool result that differs (the loop's `cancel` hook compares before every tool ca
 call, so nothing runs after the divergence). Then the patch is compared with the recorded
 `output_patch`. A plain replay never publishes and never changes the job's status; it notes
 its outcome on the job's timeline (`replayed`) and writes its own trajectory under
-`<data_dir>/trajectories/replays/`.
+`<data_dir>/trajectories/replays/`. Only what happened to the job is written there: a replay
+refused before it starts (no such attempt, nothing to replay, a bad option) changes no job's
+history, unless the dashboard put its request on the timeline (`requested`), whose outcome the
+refusal then is (`replay_failed`).
 
 `live=True` runs the recorded task again with the live model, in this process, as a new attempt
 that is never published (a fresh sandbox, then the tests on its patch in another). Its
@@ -865,10 +868,24 @@ def _replay_verdict(
     else:
         report.status = "reproduced"
         report.message = (
-            f"all {checker.checked} tool results matched the recording; "
+            f"{all_matched(checker.checked)}; "
             + (f"the same patch ({lines})" if report.patch_identical else "the recording holds no patch to compare")
         )
     return report
+
+
+def all_matched(n: int) -> str:
+    """A reproduction's tool results, as a sentence: `the 1 tool result matched the recording`, `all 3 ...`."""
+    if n == 0:
+        return "the recording holds no tool result to compare"
+    if n == 1:
+        return "the 1 tool result matched the recording"
+    return f"all {n} tool results matched the recording"
+
+
+def matched_count(n: int) -> str:
+    """How many tool results matched before the replay ended: `1 tool result matched`, `3 tool results matched`."""
+    return f"{n} tool result{'' if n == 1 else 's'} matched"
 
 
 def queue_again(job_id: int, who: str) -> bool:
@@ -950,11 +967,14 @@ def replay_job(
     model: ModelClient | None = None,
     settings: Settings | None = None,
     recording: str | None = None,
+    requested: bool = False,
 ) -> ReplayReport:
     """Replay a job's attempt (see the module docstring).
 
     `recording` replays a live or `manage.py eval` attempt's own trajectory file (a path under the
-    data folder, as the eval report lists it) instead of one of the job's attempts.
+    data folder, as the eval report lists it) instead of one of the job's attempts. `requested`: the
+    replay was asked for on the job's timeline (the dashboard's `replay_requested`), so a refusal is
+    noted there as its outcome; otherwise a refused call leaves the job's history as it was.
 
     Raises `records.UnknownJob` for an unknown id, `ReplayError` when the replay cannot run and
     `transitions.InvalidTransition` when `live and publish` cannot queue the job. `model` replaces the
@@ -973,8 +993,9 @@ def replay_job(
     redactor = SecretRedactor(s.secret_values())
     try:
         rec = recording_from_file(key, recording, s) if recording else find_recording(key, attempt, s)
-    except ReplayError as exc:  # the job exists but has nothing to replay: say so on its timeline too
-        _note(key, "replay_failed", f"replay could not run: {exc}")
+    except ReplayError as exc:  # refused before anything ran: the job's history is unchanged
+        if requested:  # ... unless the request is on its timeline, waiting for an outcome
+            _note(key, "replay_failed", f"replay could not run: {exc}")
         raise
     if live and isinstance(key, int):
         with session_scope() as session:
@@ -1025,7 +1046,7 @@ def start_replay(job_id: int, who: str) -> None:
     logfile = folder / f"job-{job_id}-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}.log"
     with logfile.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, str(MANAGE), "replay", str(int(job_id)), "--json", "--who", who[:200]],
+            [sys.executable, str(MANAGE), "replay", str(int(job_id)), "--json", "--who", who[:200], "--requested"],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

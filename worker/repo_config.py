@@ -135,13 +135,44 @@ class RepoConfig:
     environment: Overrides | None = None  # `environment:`: what to install where detection guesses wrong
 
 
+def _kind(value: Any) -> str:
+    """What a `.frogfix.yml` value is, for an error message that says what was found."""
+    if value is None:
+        return "empty"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (true/false)"
+    if isinstance(value, int | float):
+        return f"the number {value:g}" if isinstance(value, float) else f"the number {value}"
+    if isinstance(value, str):
+        return "an empty string" if not value.strip() else f"the text {value[:60]!r}"
+    if isinstance(value, list):
+        return f"a list of {len(value)} item" + ("" if len(value) == 1 else "s")
+    if isinstance(value, dict):
+        return "a mapping"
+    return f"a {type(value).__name__}"
+
+
+def _not_strings(value: Any) -> str:
+    """What is wrong with a value that should be a list of non-empty strings."""
+    if not isinstance(value, list):
+        return _kind(value)
+    return "a list with " + next((_kind(v) for v in value if not (isinstance(v, str) and v.strip())), "a bad item")
+
+
 def _text(data: dict[str, Any], key: str) -> str | None:
     value = data.get(key)
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise RepoConfigError(f"{CONFIG_FILE}: {key} must be a non-empty string")
+        raise RepoConfigError(f"{CONFIG_FILE}: {key} must be a non-empty string, not {_kind(value)}")
     return value.strip()
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error on one line: what is wrong and where ("mapping values are not allowed here, line 2 column 9")."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    return f"{problem}, line {mark.line + 1} column {mark.column + 1}" if mark is not None else str(problem)
 
 
 def load_repo_config(workspace: Path) -> RepoConfig:
@@ -150,21 +181,26 @@ def load_repo_config(workspace: Path) -> RepoConfig:
     data: dict[str, Any] = {}
     if path.is_file() and not path.is_symlink():
         if path.stat().st_size > 64 * 1024:
-            raise RepoConfigError(f"{CONFIG_FILE} is larger than 64 KiB")
+            raise RepoConfigError(f"{CONFIG_FILE} is larger than 64 KiB ({path.stat().st_size} bytes)")
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise RepoConfigError(f"{CONFIG_FILE} is not valid YAML: {exc}") from exc
+        except yaml.YAMLError as exc:
+            raise RepoConfigError(f"{CONFIG_FILE} is not valid YAML: {_yaml_problem(exc)}") from exc
+        except UnicodeDecodeError as exc:
+            raise RepoConfigError(f"{CONFIG_FILE} is not UTF-8 text (byte {exc.start})") from exc
         if loaded is not None and not isinstance(loaded, dict):
-            raise RepoConfigError(f"{CONFIG_FILE} must be a mapping of keys to values")
+            raise RepoConfigError(f"{CONFIG_FILE} must be a mapping of keys to values, not {_kind(loaded)}")
         data = loaded or {}
         _refuse_unknown(data, _KNOWN_KEYS, "")
     protected = data.get("protected_paths") or []
     if not isinstance(protected, list) or not all(isinstance(p, str) and p for p in protected):
-        raise RepoConfigError(f"{CONFIG_FILE}: protected_paths must be a list of path patterns")
+        found = _not_strings(protected)
+        raise RepoConfigError(f"{CONFIG_FILE}: protected_paths must be a list of path patterns, not {found}")
     timeout = data.get("test_timeout", DEFAULT_TEST_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 1 <= timeout <= 10_800:
-        raise RepoConfigError(f"{CONFIG_FILE}: test_timeout must be a number of seconds between 1 and 10800")
+        raise RepoConfigError(
+            f"{CONFIG_FILE}: test_timeout must be a number of seconds between 1 and 10800, not {_kind(timeout)}"
+        )
     command = _text(data, "test_command")
     source = CONFIG_FILE if command else "none"
     if command is None:
@@ -199,7 +235,7 @@ def _names_list(data: dict[str, Any], key: str, pattern: re.Pattern[str] | None)
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} must be a list of strings")
+        raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} must be a list of strings, not {_not_strings(value)}")
     if pattern is not None:
         bad = [v for v in value if not pattern.fullmatch(v)]
         if bad:
@@ -213,7 +249,7 @@ def _environment(value: Any) -> Overrides | None:
         return None
     if not isinstance(value, dict):
         keys = ", ".join(sorted(_ENVIRONMENT_KEYS))
-        raise RepoConfigError(f"{CONFIG_FILE}: environment must be a mapping ({keys})")
+        raise RepoConfigError(f"{CONFIG_FILE}: environment must be a mapping ({keys}), not {_kind(value)}")
     _refuse_unknown(value, _ENVIRONMENT_KEYS, "environment.")
     requirements = _names_list(value, "requirements", None)
     for path in requirements or ():
@@ -226,7 +262,7 @@ def _environment(value: Any) -> Overrides | None:
         raise RepoConfigError(f"{CONFIG_FILE}: environment.packages takes requirement strings, not installer options")
     project = value.get("project")
     if project is not None and not isinstance(project, bool):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.project must be true or false")
+        raise RepoConfigError(f"{CONFIG_FILE}: environment.project must be true or false, not {_kind(project)}")
     return Overrides(
         extras=_names_list(value, "extras", _EXTRA_NAME),
         groups=_names_list(value, "groups", _EXTRA_NAME),

@@ -112,7 +112,7 @@ def replay_job_task(job_id: int, who: str = "dashboard") -> str:
 
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         try:
-            return str(replay_job(int(job_id), who=who).status)
+            return str(replay_job(int(job_id), who=who, requested=True).status)  # the dashboard noted the request
         except Exception as exc:  # replay_job records its own failures; this keeps the worker quiet and alive
             log.warning("replay_failed", error=f"{type(exc).__name__}: {exc}"[:500])
             return "error"

@@ -22,7 +22,7 @@ from typing import Any, Final
 from sqlalchemy import case, false, func, select, update
 from sqlalchemy.orm import Session
 
-from app.evaluation_report import build_report
+from app.evaluation_report import UNRUNNABLE, build_report, comparison
 from app.jobs.scheduler import production_load
 from app.models import Evaluation, EvaluationResult, Job, JobAttempt, utcnow
 from app.statuses import FINAL_STATUSES, VERDICT_STATUSES
@@ -158,6 +158,11 @@ class JobCandidate:
     tests: list[dict[str, Any]] = field(default_factory=list)
     attempts: int = 0  # attempts the recorded run made (FROGFIX_ATTEMPTS at most; the first verified one ends it)
 
+
+
+def existing_job_ids(session: Session, ids: list[int]) -> set[int]:
+    """Which of these forge job ids a job has (`--jobs 999` is refused by name when none does)."""
+    return set(session.scalars(select(Job.id).where(Job.id.in_(ids)))) if ids else set()
 
 
 def finished_jobs_with_tests(session: Session, selector: TaskSelector) -> list[JobCandidate]:
@@ -377,11 +382,12 @@ def evaluation_results(session: Session, evaluation_id: int) -> list[EvaluationR
 
 
 def list_evaluations(session: Session, limit: int = 100) -> list[tuple[Evaluation, int, int]]:
-    """Newest first: each evaluation with its count of finished attempts and of solved ones."""
+    """Newest first: each evaluation with its count of finished attempts and of solved ones, counted as its
+    report counts them (an unrunnable attempt is out of every rate), so solved / finished is its solve rate."""
     counts = (
         select(
             EvaluationResult.evaluation_id.label("eid"),
-            func.count().label("done"),
+            func.sum(case((EvaluationResult.outcome == UNRUNNABLE, 0), else_=1)).label("done"),
             func.sum(case((EvaluationResult.solved, 1), else_=0)).label("solved"),
         )
         .group_by(EvaluationResult.evaluation_id)
@@ -394,6 +400,23 @@ def list_evaluations(session: Session, limit: int = 100) -> list[tuple[Evaluatio
         .limit(limit)
     )
     return [(ev, int(done or 0), int(solved or 0)) for ev, done, solved in rows]
+
+
+def list_comparisons(session: Session, limit: int = 100) -> dict[int, dict[str, list[str]]]:
+    """The newest `limit` evaluations' (those `list_evaluations` lists) gained, lost and not comparable tasks
+    against their recorded run, by evaluation id: the report's own judgement (app/evaluation_report.py
+    `comparison`), for the evaluations list; an evaluation without results has empty lists."""
+    found = session.execute(select(Evaluation.id, Evaluation.tasks).order_by(Evaluation.id.desc()).limit(limit))
+    tasks = {eid: task_list for eid, task_list in found}
+    results: dict[int, list[dict[str, Any]]] = {eid: [] for eid in tasks}
+    rows = session.execute(
+        select(EvaluationResult.evaluation_id, EvaluationResult.task, EvaluationResult.attempt,
+               EvaluationResult.solved, EvaluationResult.outcome)
+        .where(EvaluationResult.evaluation_id.in_(list(tasks)))
+    )
+    for eid, task, attempt, solved, outcome in rows:
+        results[eid].append({"task": task, "attempt": attempt, "solved": solved, "outcome": outcome})
+    return {eid: comparison({"tasks": list(tasks[eid] or [])}, results[eid]) for eid in tasks}
 
 
 RESULT_FIELDS = (

@@ -81,6 +81,8 @@ def claim_job(session: Session, job_id: int) -> bool:
 
     Stamps the run's queue wait (from when the job last entered the queue to this claim) as the
     latest run's, and adds it to the job's total over all its runs (retries, review rounds, holds).
+    What the row says of a run (its steps, exit reason, error) starts again: a retry's page must not
+    show the last run's ending while this one works.
     Workers claim through app/jobs/scheduler.py (`claim_next`), which picks the job and calls this.
     """
     now = utcnow()
@@ -91,7 +93,7 @@ def claim_job(session: Session, job_id: int) -> bool:
         update(Job)
         .where(Job.id == job_id, Job.status == JobStatus.queued.value)
         .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now,
-                queue_wait_seconds=wait, hold_reason=None, extra_slots=0,
+                queue_wait_seconds=wait, hold_reason=None, extra_slots=0, steps=0, exit_reason=None, error=None,
                 queue_wait_total_seconds=func.coalesce(Job.queue_wait_total_seconds, 0.0) + (wait or 0.0)),
     )
 
@@ -200,6 +202,8 @@ def requeue_answered(session: Session, job: Job, who: str) -> bool:
         "trigger_user": who,
         "cancel_requested": False,
         "error": None,
+        "steps": 0,
+        "exit_reason": None,
         "finished_at": None,
         "heartbeat_at": None,
         "hold_reason": None,
@@ -222,6 +226,8 @@ def _requeue(session: Session, job_id: int) -> None:
             status=JobStatus.queued.value,
             cancel_requested=False,
             error=None,
+            steps=0,
+            exit_reason=None,
             finished_at=None,
             last_enqueued_at=None,
             heartbeat_at=None,

@@ -18,7 +18,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from app import auth, statuses
+from app import auth, local_jobs, statuses
 from app.db import session_scope
 from app.jobs import evaluations, read_model, records
 from app.jobs.requeue import requeue_and_send
@@ -28,10 +28,20 @@ from app.models import utcnow
 from app.queue import send_replay_job
 from app.settings import get_settings
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, RETRYABLE_STATUSES, STATUS_ORDER, JobStatus
-from app.trajectory import TrajectoryMissing
+from app.trajectory import TrajectoryError, TrajectoryMissing
 from app.usage import UsageFigures
 from app.web import views
-from app.web.params import NO_NUL, AttemptId, EvaluationId, JobId, Offset, ProjectFilter
+from app.web.params import (
+    MAX_DB_INT,
+    NO_NUL,
+    AttemptId,
+    EvaluationId,
+    JobId,
+    JobRef,
+    Offset,
+    ProjectFilter,
+    forge_job_id,
+)
 from app.web.security import clear_cookie_header, safe_next, session_cookie_header
 
 HERE = Path(__file__).resolve().parent
@@ -47,7 +57,10 @@ templates.env.filters.update(
     short_sha=views.short_sha,
     mr_ref=views.mr_ref,
 )
-templates.env.globals.update(STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES)
+templates.env.globals.update(
+    STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES,
+    LOCAL_STATUS_CHOICES=[s for s in local_jobs.FINAL if s not in STATUS_ORDER],
+)
 log = get_logger("frogfix.dashboard")
 # Failed sign-ins: 10 per username from one address, and 100 per username from anywhere, in 5 minutes.
 # Keyed on the pair so that, behind a reverse proxy (one address for everyone), one person guessing
@@ -56,6 +69,7 @@ throttle = auth.LoginThrottle(limit=10, window=300)
 user_throttle = auth.LoginThrottle(limit=100, window=300)
 
 PAGE_SIZE = 50
+LOCAL_ROWS_OVERVIEW = 5
 LIVE_POLL_MS = 2000
 LIST_POLL_MS = 5000
 CSP = (
@@ -85,6 +99,21 @@ def _render(request: Request, name: str, context: dict[str, Any], status: int = 
     if flash is not None:
         response.headers.append("set-cookie", clear_cookie_header(auth.FLASH_COOKIE))
     return response
+
+
+def wants_page(request: Request) -> bool:
+    """A browser asking for a dashboard page (not the API, a webhook, a JSON file or the progress poll)."""
+    path = request.url.path
+    return (
+        request.method in ("GET", "HEAD")
+        and "text/html" in request.headers.get("accept", "")
+        and not path.startswith(("/api/", "/webhooks/"))
+        and not path.endswith((".json", "/progress"))
+    )
+
+
+def not_found(request: Request, message: str, status: int = 404, heading: str = "Not found") -> HTMLResponse:
+    return _render(request, "not_found.html", {"message": message, "heading": heading}, status=status)
 
 
 def _key() -> bytes:
@@ -171,12 +200,14 @@ def overview(request: Request) -> Response:
         data = read_model.dashboard_overview(session)
         recent = read_model.dashboard_jobs(session, records.JobFilter(), limit=8)
     total = sum(data.by_status.values())
+    local = local_jobs.newest(get_settings().data_dir)[:LOCAL_ROWS_OVERVIEW]
     context = {
         "o": data,
         "total": total,
         "chart": views.jobs_per_day_svg(data.per_day),
         "series": views.CHART_SERIES,
         "recent": recent.rows,
+        "local": local,
         "model_slots_help": MODEL_SLOTS_HELP,
         "sandbox_help": SANDBOX_HELP,
         "poll_ms": LIST_POLL_MS,
@@ -226,7 +257,8 @@ def evaluations_page(request: Request) -> Response:
               "attempts": e.attempts, "selector": e.selector}, done, solved)
             for e, done, solved in evaluations.list_evaluations(session)
         ]
-    return _render(request, "evaluations.html", {"rows": rows})
+        comparisons = evaluations.list_comparisons(session)
+    return _render(request, "evaluations.html", {"rows": rows, "comparisons": comparisons})
 
 
 @router.get("/evaluations/{evaluation_id}", response_class=HTMLResponse)
@@ -236,7 +268,7 @@ def evaluation_page(request: Request, evaluation_id: EvaluationId) -> Response:
         try:
             report = evaluations.report_of(session, evaluation_id)
         except evaluations.UnknownEvaluation as exc:
-            return _render(request, "not_found.html", {"message": str(exc)}, status=404)
+            return not_found(request, str(exc))
     return _render(request, "evaluation.html", {"r": report})
 
 
@@ -269,23 +301,40 @@ def job_list(
     q: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
     older: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
     newer: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
+    local_from: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0,
 ) -> Response:
-    status = status if status in STATUS_ORDER else None
-    forge = forge if forge in ("gitlab", "gitea") else None
+    status = status if status in STATUS_ORDER or status in local_jobs.STATUSES else None
+    forge = forge if forge in ("gitlab", "gitea", local_jobs.FORGE) else None
+    # `fixed`, `unproven` and `environment_error` are local jobs' statuses only, as `local` is their forge.
+    local_only = forge == local_jobs.FORGE or (status is not None and status not in STATUS_ORDER)
     project = (project or "").strip() or None
     q = (q or "").strip() or None
-    flt = records.JobFilter(status, forge, project)
-    with session_scope() as session:
-        page = read_model.dashboard_jobs(
-            session, flt, q, older_than=_cursor(older), newer_than=_cursor(newer), limit=PAGE_SIZE
-        )
+    if local_only:
+        page = read_model.JobPage([], None, None, 0, False)
+    else:
+        with session_scope() as session:
+            page = read_model.dashboard_jobs(
+                session, records.JobFilter(status, forge, project), q, older_than=_cursor(older),
+                newer_than=_cursor(newer), limit=PAGE_SIZE,
+            )
     filters = {k: v for k, v in {"status": status, "forge": forge, "project": project, "q": q}.items() if v}
+    first_page = older is None and newer is None
+    wanted = forge in (None, local_jobs.FORGE) and (status is None or status in local_jobs.STATUSES)
+    matching = local_jobs.newest(get_settings().data_dir, status=status, project=project, q=q) if wanted else []
+    local = matching[local_from:local_from + PAGE_SIZE] if first_page else []
     context = {
         "page": page,
+        "local": local,
+        "local_total": len(matching),
+        "local_from": local_from,
+        "local_more": local_from + PAGE_SIZE < len(matching),
+        "page_size": PAGE_SIZE,
+        "local_only": local_only,
+        "trigger_label": get_settings().trigger_label,
         "filters": filters,
         "older": _cursor_text(page.older),
         "newer": _cursor_text(page.newer),
-        "first_page": older is None and newer is None,
+        "first_page": first_page,
         "search_window": read_model.SEARCH_WINDOW,
         "poll_ms": LIST_POLL_MS,
         "job_seconds": views.job_seconds,
@@ -320,42 +369,88 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
     }
 
 
-@router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: JobId) -> Response:
+@router.get("/jobs/{job_ref}", response_class=HTMLResponse)
+def job_page(request: Request, job_ref: JobRef) -> Response:
+    """A forge job (a number) or a local job (`local-…`); anything else is the not-found page."""
+    job_id = forge_job_id(job_ref)
+    if job_id is None:
+        return _local_job_page(request, job_ref)
     settings = get_settings()
     with session_scope() as session:
         try:
             job = records.get_job(session, job_id)
         except records.UnknownJob as exc:
-            return _render(request, "not_found.html", {"message": str(exc)}, status=404)
+            return not_found(request, str(exc))
         events = records.job_events(session, job_id)
         attempts = records.job_attempts(session, job_id)
         thread = read_model.job_thread(session, job)
     views_ = [_attempt_view(a, settings.data_dir) for a in attempts]
-    verified = statuses.AttemptStatus.verified
-    shown = next((v for v in views_ if v["a"].chosen), None) or next(
-        (v for v in reversed(views_) if v["a"].status == verified), views_[-1] if views_ else None
-    )
-    provenance = _provenance(job, shown)
+    current = views.current_run_events(events)
     context = {
-        "job": job,
+        **_job_context(job, events, views_),
         "thread": thread,
-        "events": events,
-        "attempts": views_,
-        "shown": shown,
-        "selection": views.selection_of(job.selection),
-        "provenance": provenance,
         "active": job.status in ACTIVE_STATUSES,
         "retryable": job.status in RETRYABLE_STATUSES,
         "can_replay": job.status not in ACTIVE_STATUSES and any(a.trajectory_path for a in attempts),
-        "seconds": views.job_seconds(job.started_at, job.finished_at),
-        "poll_ms": LIVE_POLL_MS,
-        "last_event_id": events[-1].id if events else 0,
-        "stages": _stages(job.status, [e.kind for e in events]),
+        "stages": _stages(job.status, [e.kind for e in current]),
         "live_state": live_state(job, attempts[-1] if attempts else None, len(attempts)),
         "usage_rows": [(f"attempt {a.number} of run {a.run}", UsageFigures.of(a)) for a in attempts],
         "usage": job.usage,
     }
+    return _render(request, "job.html", context)
+
+
+def _job_context(job: Any, events: list[Any], views_: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the job page shows of any job, forge or local."""
+    verified = statuses.AttemptStatus.verified
+    shown = next((v for v in views_ if v["a"].chosen), None) or next(
+        (v for v in reversed(views_) if v["a"].status == verified), views_[-1] if views_ else None
+    )
+    # While a run goes on, the job row's exit reason and steps may still be an earlier run's.
+    run = max((v["a"].run for v in views_), default=0)
+    running = [v["a"] for v in views_ if v["a"].run == run == job.run and job.status != JobStatus.queued]
+    return {
+        "job": job,
+        "events": events,
+        "attempts": views_,
+        "shown": shown,
+        "selection": views.selection_of(job.selection),
+        "provenance": _provenance(job, shown),
+        "seconds": views.job_seconds(job.started_at, job.finished_at),
+        "poll_ms": LIVE_POLL_MS,
+        "last_event_id": events[-1].id if events else 0,
+        "current_steps": sum(a.steps for a in running) if running else 0,
+        "why": views.why_line(job),
+        "thread": None,
+        "active": False,
+        "retryable": False,
+        "can_replay": False,
+        "local": False,
+    }
+
+
+def _local_job_page(request: Request, job_ref: str) -> Response:
+    settings = get_settings()
+    try:
+        job = local_jobs.load(settings.data_dir, job_ref)
+    except local_jobs.UnknownLocalJob:
+        return not_found(request, f"no job {job_ref[:80]!r}")
+    except TrajectoryError as exc:
+        return not_found(request, str(exc))
+    try:  # the record is a file anyone with the data folder could have edited: a value it cannot be shown with
+        views_ = [_attempt_view(a, settings.data_dir) for a in job.attempt_list]
+        figures = [(f"attempt {a.number}", UsageFigures.from_dict(a.usage)) for a in job.attempt_list]
+        context = {
+            **_job_context(job, job.events, views_),
+            "local": True,
+            "stages": _stages(job.status, [e.kind for e in job.events], local=True),
+            "live_state": "",
+            "usage_rows": figures,
+            "usage": UsageFigures.from_dict(job.usage_figures),
+        }
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        message = f"The record of local job {job.id} has a value this page cannot show ({type(exc).__name__})."
+        return not_found(request, message, status=500, heading="Unreadable record")
     return _render(request, "job.html", context)
 
 
@@ -365,36 +460,55 @@ def live_state(job: Any, latest: Any, attempts: int) -> str:
     return f"{job.status}|{attempts}|{attempt}|{int(bool(job.cancel_requested))}|{job.mr_url or ''}"
 
 
-def _stages(status: str, kinds: list[str]) -> list[tuple[str, str]]:
-    """The pipeline's stages with a state each (done, current, todo, failed), for the stage strip."""
-    names = ["queued", "admitted", "prepared", "agent", "verifying", "publishing", "finished"]
-    reached = {"queued"}
-    if "admitted" in kinds:
-        reached.add("admitted")
-    if "prepared" in kinds:
-        reached.add("prepared")
-    if "agent_started" in kinds:
-        reached.add("agent")
-    verifying_or_later = (JobStatus.verifying, JobStatus.publishing, JobStatus.done)
-    if {"verified", "not_verified"} & set(kinds) or status in verifying_or_later:
-        reached.add("verifying")
-    if status in (JobStatus.publishing, JobStatus.done) or "pushed" in kinds:
-        reached.add("publishing")
-    final = status in FINAL_STATUSES
-    if final:
-        reached.add("finished")
-    last = max(names.index(n) for n in reached)
+# The stages of the strip and the events that show a run reached each (the job's status counts too).
+FORGE_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("queued", ()),
+    ("admitted", ("admitted",)),
+    ("prepared", ("prepared",)),
+    ("agent", ("agent_started",)),
+    ("verifying", ("verifying", "verified", "not_verified")),
+    ("publishing", ("pushing", "pushed")),
+)
+LOCAL_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("started", ("created",)),
+    ("agent", ("agent_started",)),
+    ("verifying", ("verifying", "verified", "not_verified")),
+)
+
+
+def _stages(status: str, kinds: list[str], *, local: bool = False) -> list[tuple[str, str]]:
+    """The strip's stages with a state each: done, current, todo, skipped (a finished job never reached
+    it) or the final status. `kinds` are the current run's events, so a retry starts the strip again."""
+    seen = set(kinds)
+    reached = [bool(set(events) & seen) for _name, events in (LOCAL_STAGES if local else FORGE_STAGES)]
+    names = [name for name, _events in (LOCAL_STAGES if local else FORGE_STAGES)]
+    if not local:  # a forge job is queued from its start, and its status tells a stage its events may not yet
+        reached[0] = True
+        if status in (JobStatus.verifying, JobStatus.publishing, JobStatus.done):
+            reached[names.index("verifying")] = True
+        if status in (JobStatus.publishing, JobStatus.done):
+            reached[names.index("publishing")] = True
+    final = status in (local_jobs.FINAL if local else FINAL_STATUSES)
+    last = max((i for i, hit in enumerate(reached) if hit), default=0)
     out = []
     for i, name in enumerate(names):
-        if name == "finished" and final:
-            out.append((status, "done" if status == JobStatus.done else "failed"))
-        elif i < last or (final and i == last):
-            out.append((name, "done"))
-        elif i == last:
-            out.append((name, "current"))
+        if reached[i]:
+            out.append((name, "current" if i == last and not final else "done"))
+        elif final:
+            out.append((name, "skipped"))
         else:
             out.append((name, "todo"))
+    out.append((status, _final_state(status)) if final else ("finished", "todo"))
     return out
+
+
+def _final_state(status: str) -> str:
+    """The last chip's colour, as the status badge has it: a fix, no fix (or an unproven one), a failure."""
+    if status in (JobStatus.done, statuses.FixStatus.fixed):
+        return "done"
+    if status in (JobStatus.no_fix, statuses.FixStatus.unproven, JobStatus.cancelled):
+        return "ended"
+    return "failed"
 
 
 def _provenance(job: Any, shown: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -402,8 +516,8 @@ def _provenance(job: Any, shown: dict[str, Any] | None) -> list[tuple[str, str]]
     sampling = meta.get("sampling") or {}
     rows = [
         ("forge", job.forge),
-        ("project", job.project),
-        ("issue", f"#{job.issue}"),
+        ("project", getattr(job, "repository", None) or job.project),
+        ("issue", f"#{job.issue}" if job.issue else "—"),
         ("triggered by", job.trigger_user or "—"),
         ("webhook delivery", job.delivery_id or "—"),
         ("base commit", job.base_commit or meta.get("base_commit") or "—"),
@@ -461,15 +575,14 @@ def job_progress(job_id: JobId, after: Offset = 0) -> JSONResponse:
     return JSONResponse(body, headers={"cache-control": "no-store"})
 
 
-@router.get("/jobs/{job_id}/attempts/{attempt_id}/trajectory", response_class=HTMLResponse)
-def trajectory_page(request: Request, job_id: JobId, attempt_id: AttemptId) -> Response:
+@router.get("/jobs/{job_ref}/attempts/{attempt_id}/trajectory", response_class=HTMLResponse)
+def trajectory_page(request: Request, job_ref: JobRef, attempt_id: AttemptId) -> Response:
+    """An attempt's trajectory, step by step; a local job's attempt is named by its number."""
     settings = get_settings()
-    with session_scope() as session:
-        try:
-            job = records.get_job(session, job_id)
-            attempt = records.get_attempt(session, job_id, attempt_id)
-        except records.UnknownJob as exc:
-            return _render(request, "not_found.html", {"message": str(exc)}, status=404)
+    try:
+        job, attempt = _job_attempt(job_ref, attempt_id)
+    except (records.UnknownJob, local_jobs.UnknownLocalJob, TrajectoryError) as exc:
+        return not_found(request, str(exc))
     try:
         trajectory = views.load_trajectory(attempt.trajectory_path, settings.data_dir)
         problem = None
@@ -479,15 +592,27 @@ def trajectory_page(request: Request, job_id: JobId, attempt_id: AttemptId) -> R
     return _render(request, "trajectory.html", context)
 
 
-@router.get("/jobs/{job_id}/attempts/{attempt_id}/trajectory.json")
-def trajectory_file(job_id: JobId, attempt_id: AttemptId) -> Response:
+def _job_attempt(job_ref: str, attempt_id: int) -> tuple[Any, Any]:
+    """The job and its attempt: a forge job's attempt by its id, a local job's by its number."""
+    job_id = forge_job_id(job_ref)
+    if job_id is None:
+        local = local_jobs.load(get_settings().data_dir, job_ref)
+        found = next((a for a in local.attempt_list if a.number == attempt_id), None)
+        if found is None:
+            raise local_jobs.UnknownLocalJob(f"local job {job_ref} has no attempt {attempt_id}")
+        return local, found
+    with session_scope() as session:
+        return records.get_job(session, job_id), records.get_attempt(session, job_id, attempt_id)
+
+
+@router.get("/jobs/{job_ref}/attempts/{attempt_id}/trajectory.json")
+def trajectory_file(job_ref: JobRef, attempt_id: AttemptId) -> Response:
     """The raw file, as the worker saved it (already redacted), for tools and for `replay`."""
     settings = get_settings()
-    with session_scope() as session:
-        try:
-            attempt = records.get_attempt(session, job_id, attempt_id)
-        except records.UnknownJob as exc:
-            raise HTTPException(404, str(exc)) from exc
+    try:
+        job, attempt = _job_attempt(job_ref, attempt_id)
+    except (records.UnknownJob, local_jobs.UnknownLocalJob, TrajectoryError) as exc:
+        raise HTTPException(404, str(exc)) from exc
     try:
         path = views.trajectory_file(attempt.trajectory_path, settings.data_dir)
     except views.TrajectoryUnavailable as exc:
@@ -495,7 +620,7 @@ def trajectory_file(job_id: JobId, attempt_id: AttemptId) -> Response:
     return FileResponse(
         path,
         media_type="application/json",
-        filename=f"job-{job_id}-run-{attempt.run}-attempt-{attempt.number}.json",
+        filename=f"job-{job.id}-run-{attempt.run}-attempt-{attempt.number}.json",
         headers={"cache-control": "no-store", "x-content-type-options": "nosniff"},
     )
 

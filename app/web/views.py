@@ -19,8 +19,11 @@ from typing import Any
 
 from markupsafe import Markup
 
-from app import trajectory
+from app import textcalls, trajectory
+from app.jobs.records import QUEUED_EVENTS
+from app.outcome_words import why
 from app.patches import FileDiff, file_diffs, shown_path
+from app.settings import get_settings
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, status_label
 from app.usage import UsageFigures
 
@@ -345,16 +348,16 @@ class TrajectoryView:
 TrajectoryUnavailable = trajectory.TrajectoryError
 
 
-_TEXT_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
-_TEXT_PARAM = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.S)
-
-
-def _text_calls(content: str) -> list[tuple[str, list[tuple[str, str]]]]:
-    """The tool calls a model wrote as text (`<function=...>`), for display only."""
-    return [
-        (m.group(1).strip(), [(p.group(1).strip(), p.group(2)) for p in _TEXT_PARAM.finditer(m.group(2))])
-        for m in _TEXT_CALL.finditer(content)
-    ]
+def _text_call_views(parsed: textcalls.TextParse, ids: list[str], step: int) -> list[ToolCallView]:
+    """The calls the loop read from a reply's text, read by its own reader (app/textcalls.py), so the page
+    shows what ran. A block it could not read shows its raw text; the loop answered it with the error."""
+    shown: list[ToolCallView] = []
+    for i, (call, (start, end)) in enumerate(zip(parsed.calls, parsed.spans, strict=True)):
+        call_id = ids[i] if i < len(ids) else textcalls.text_call_id(step, i)
+        args, _ = _arguments(call.arguments)
+        raw = parsed.visible[start:end].strip() if call.error else None
+        shown.append(ToolCallView(call_id, call.name or "?", [] if call.error else args, raw, None, source="text"))
+    return shown
 
 
 def _arguments(raw: Any) -> tuple[list[tuple[str, str]], str | None]:
@@ -401,11 +404,13 @@ def build_trajectory(document: dict[str, Any], path: str = "") -> TrajectoryView
                 args, raw = _arguments(function.get("arguments"))
                 calls.append(ToolCallView(str(call.get("id") or ""), str(function.get("name") or "?"), args, raw, None))
             content = _text(message.get("content"))
-            if not calls and content and "<function=" in content:
+            reasoning = _text(message.get("reasoning_content"))
+            if not calls:  # as the loop reads a reply without native calls: its text calls and its prose
+                parsed = textcalls.extract_text_calls(content)
                 ids = [str(c.get("id", "")) for c in summary.get("tool_calls") or [] if isinstance(c, dict)]
-                for i, (name, params) in enumerate(_text_calls(content)):
-                    call_id = ids[i] if i < len(ids) else f"text-{index}-{i}"
-                    calls.append(ToolCallView(call_id, name, params, None, None, source="text"))
+                calls = _text_call_views(parsed, ids, index)
+                content = parsed.prose or None
+                reasoning = reasoning or parsed.inline_reasoning
             for record in summary.get("tool_calls") or []:
                 if not isinstance(record, dict):
                     continue
@@ -419,7 +424,7 @@ def build_trajectory(document: dict[str, Any], path: str = "") -> TrajectoryView
             steps.append(
                 StepView(
                     number=index + 1,
-                    reasoning=_text(message.get("reasoning_content")),
+                    reasoning=reasoning,
                     content=content,
                     calls=calls,
                     finish_reason=summary.get("finish_reason"),
@@ -592,3 +597,20 @@ def _nice_ceiling(value: int) -> int:
         if step >= raw and step == int(step):
             return int(step) * 4
     return raw * 4
+
+
+def current_run_events(events: list[Any]) -> list[Any]:
+    """The events of the job's current run: those since it last entered the queue (app/jobs/records.py
+    QUEUED_EVENTS), so a retry's stage strip and status start again rather than show the last run's."""
+    starts = [i for i, e in enumerate(events) if e.kind in QUEUED_EVENTS]
+    return events[starts[-1]:] if starts else events
+
+
+def why_line(job: Any) -> str | None:
+    """Why a finished job failed or found nothing, in one line (app/outcome_words.py); None while it runs.
+
+    A local job names the model server its run asked (its record keeps it), a forge job this server's."""
+    if job.status in ACTIVE_STATUSES:
+        return None
+    url = getattr(job, "model_url", None) or get_settings().model_base_url
+    return why(job.status, job.exit_reason, job.error, model_url=url)

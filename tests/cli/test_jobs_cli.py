@@ -96,14 +96,15 @@ def test_show_prints_fields_attempts_and_timeline(three_jobs: dict[str, int]) ->
         "acme/calc#3 on gitlab: bug 3",
         "https://gitlab.example/acme/calc/-/merge_requests/7",
         "2ab0eb359c65, branch frogfix/issue-3",
-        "agent after 4 steps",
+        "the agent finished after 4 steps",
         "1.1   verified",
-        "tests before exit 1, after exit 0, 0",
         "timeline (UTC)",
         "created",
         "label added on issue 3",
     ):
         assert expected in text, expected
+    assert "tests: before: failed; after: passed (2 runs)" in " ".join(text.split())  # wrapped to fit
+    assert "  why " not in text  # a job that is done needs none
     assert all(len(line) <= 80 for line in text.splitlines() if "/data/" not in line and "://" not in line)
 
     data = json.loads(manage("show", str(done), "--json").stdout)

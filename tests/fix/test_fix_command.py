@@ -152,8 +152,8 @@ def test_fix_human_output(tmp_path: Path) -> None:
     with ScriptedOpenAIServer(fixing_script()) as server:
         proc = run_fix(repo, tmp_path / "data", server.base_url)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("status: fixed (agent, 4 steps")
-    assert "tests: python3 -m pytest -q: before exit 1, after exit 0" in proc.stdout
+    assert proc.stdout.startswith("status: fixed (the agent finished after 4 steps")
+    assert "tests: python3 -m pytest -q: before: 1 failed, 1 passed; after: 2 passed" in proc.stdout
     assert "+    return a + b" in proc.stdout
 
 

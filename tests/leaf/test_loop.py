@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from app.textcalls import ERROR_NAME, UNREAD_REPLY
 from sandbox.base import SandboxError
 from tests.doubles.openai_server import (
     Hang,
@@ -34,7 +35,6 @@ from worker.leaf.loop import (
     trim_output,
 )
 from worker.leaf.model import ModelReply, OpenAIChatModel, ReplayModel, Usage
-from worker.leaf.textcalls import ERROR_NAME, UNREAD_REPLY
 from worker.leaf.tools import TOOL_SCHEMAS
 
 Serve = Callable[..., ScriptedOpenAIServer]

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from app.textcalls import UNREAD_REPLY, extract_text_calls
 from tests.conftest import SGLANG_FIXTURES, sglang_case, sglang_case_names
 from tests.doubles.openai_server import (
     HISTORY_ARGS_INVALID,
@@ -32,7 +33,6 @@ from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf import model as model_module
 from worker.leaf.loop import LeafResult, history_message, run_leaf
 from worker.leaf.model import ContextOverflow, ModelQueryError, OpenAIChatModel
-from worker.leaf.textcalls import UNREAD_REPLY, extract_text_calls
 from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS
 
 Serve = Callable[..., ScriptedOpenAIServer]

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from app.textcalls import ERROR_NAME, OPEN_PARAM, extract_text_calls, parse_tool_calls, split_think
 from tests.conftest import sglang_case, sglang_case_names
 from tests.doubles.openai_server import text_call
-from worker.leaf.textcalls import ERROR_NAME, OPEN_PARAM, extract_text_calls, parse_tool_calls, split_think
 from worker.leaf.tools import coerce_arguments
 
 EDIT = """<tool_call>
@@ -286,3 +286,24 @@ def test_never_raises_on_tag_soup(text: str) -> None:
         assert all(isinstance(k, str) for k in call.arguments)
         if not call.typed:  # a parameter tag never folds into a value
             assert not any(OPEN_PARAM in value for value in call.arguments.values()), call
+
+
+def test_prose_is_the_visible_text_without_the_blocks_of_the_calls_read() -> None:
+    """What the dashboard shows beside the calls (issue 26): each call's block is cut out once, a mere
+    mention of a tag stays, and a reply without calls is its visible text, as the loop's final answer."""
+    parsed = extract_text_calls(f"<think>hm</think>Fixing it.\n\n{EDIT}\n\nThen the tests.\n{EDIT}")
+    assert [c.name for c in parsed.calls] == ["Edit", "Edit"] and len(parsed.spans) == 2
+    assert [parsed.visible[a:b] for a, b in parsed.spans] == [EDIT, EDIT]
+    assert parsed.prose == "Fixing it.\n\nThen the tests."
+    mention = extract_text_calls(f"Use <tool_call>...</tool_call> blocks.\n{EDIT}")
+    assert mention.prose == "Use <tool_call>...</tool_call> blocks."
+    assert extract_text_calls("  Done.\n\n\nAll green.  ").prose == "Done.\n\n\nAll green."
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(TAGS, st.text(max_size=5)), max_size=40).map("".join))
+def test_spans_match_the_calls_and_lie_in_the_visible_text(text: str) -> None:
+    parsed = extract_text_calls(text)
+    assert len(parsed.spans) == len(parsed.calls)
+    assert all(0 <= a < b <= len(parsed.visible) for a, b in parsed.spans)
+    assert parsed.spans == sorted(parsed.spans)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from app.forge.gitea_webhook import parse_gitea
 from app.forge.gitlab_webhook import parse_gitlab, standard_webhook_signature
 from app.forge.webhook import WebhookError, WebhookEvent, WebhookMalformed, project_path
-from worker.leaf.textcalls import (
+from app.textcalls import (
     CLOSE_CALL,
     CLOSE_FUNCTION,
     CLOSE_PARAM,
@@ -263,7 +263,7 @@ def test_real_project_paths_pass() -> None:
         assert project_path(path, "project") == path.strip()
 
 
-# --- worker.leaf.textcalls ---------------------------------------------------------------------
+# --- app.textcalls ------------------------------------------------------------------------------
 
 fragments = st.sampled_from(
     [

@@ -176,7 +176,10 @@ def test_unknown_and_unreplayable_jobs_are_clear_errors(frogfix_env: dict[str, A
         cancelled = job.id
     with pytest.raises(ReplayError, match="nothing to replay"):
         replay_job(cancelled)
-    assert _events(cancelled)[-1].kind == "replay_failed"
+    assert _events(cancelled) == []  # refused before it started: the job's history is unchanged
+    with pytest.raises(ReplayError, match="nothing to replay"):
+        replay_job(cancelled, requested=True)  # the dashboard's request is on the timeline: so is its outcome
+    assert [e.kind for e in _events(cancelled)] == ["replay_failed"]
 
     for job, expected in (("4242", "no job with id 4242"), ("../etc/passwd", "no job with id '../etc/passwd'")):
         proc = _manage("replay", job)

@@ -19,13 +19,18 @@ DEFAULT_MIN_FREE_BYTES = 2 * 1024**3
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One line of the report. `fix` says what to do when `outcome` is `fail` or `warn` (empty otherwise)."""
+    """One line of the report. `fix` says what to do when `outcome` is `fail` or `warn` (empty otherwise).
+
+    `severity` means something only for those: a `fail` is an `error` or a `warning` (a `warning`
+    fails too, but FrogFix can still run jobs), a `warn` is a `warning`; a passed or skipped check
+    has none (None, `null` in `--json`).
+    """
 
     name: str
     outcome: Outcome
     detail: str
     fix: str = ""
-    severity: Severity = "error"  # a `warning` fails too, but FrogFix can still run jobs
+    severity: Severity | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,7 +5,7 @@ parsed (TOML, INI). The result is a `Plan`: what the setup phase installs into a
 environment, and the human-readable lines saying where each part came from. Where the detection
 guesses wrong, `.frogfix.yml`'s `environment:` replaces a part (see `Overrides`).
 
-The rules, in one place (README "Real repositories" repeats them for operators):
+The rules, in one place (docs/ENVIRONMENTS.md repeats them for operators):
 - the project itself, editable, when it has a build (a `[build-system]`, `[project]` or
   `[tool.poetry]` table, a setup.py or a setup.cfg), so a src/ layout imports the checkout's code;
 - its extras and PEP 735 dependency groups named for tests (`test`, `tests`, `testing`); where

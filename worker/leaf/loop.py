@@ -23,6 +23,7 @@ from typing import Any, Final, Protocol
 
 from app.logs import get_logger
 from app.statuses import LEAF_EXITS, ExitReason
+from app.textcalls import UNREAD_REPLY, extract_text_calls, text_call_id
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker.leaf.model import (
@@ -33,14 +34,12 @@ from worker.leaf.model import (
     ModelReply,
     Usage,
 )
-from worker.leaf.textcalls import UNREAD_REPLY, extract_text_calls
 from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS, coerce_arguments
 
 log = get_logger("frogfix.leaf")  # structlog, as model.py: one logging style in worker/leaf
 
 EXIT_REASONS: Final = LEAF_EXITS  # their one home is app/statuses.py
 LENGTH_FINISH_REASONS: Final = frozenset({"length", "max_tokens", "max_new_tokens"})
-TEXT_CALL_ID_PREFIX: Final = "call_text_"
 
 
 class ToolSandbox(Protocol):
@@ -342,10 +341,10 @@ def plan_calls(message: Mapping[str, Any], step: int) -> tuple[list[_Planned], b
         if error is None:
             arguments = dict(call.arguments) if call.typed else coerce_arguments(call.name, call.arguments)
             error = _non_finite_error(call.name, arguments)
-        call_id = f"{TEXT_CALL_ID_PREFIX}{step}_{index}"
+        call_id = text_call_id(step, index)
         planned.append(_Planned(call_id, call.name, None if error else arguments, error, "text"))
     if not planned and not parsed.visible.strip():
-        planned.append(_Planned(f"{TEXT_CALL_ID_PREFIX}{step}_0", "", None, UNREAD_REPLY, "text"))
+        planned.append(_Planned(text_call_id(step, 0), "", None, UNREAD_REPLY, "text"))
     return planned, bool(planned)
 
 

@@ -25,7 +25,7 @@ import openai
 
 from app import trajectory
 from app.logs import get_logger
-from worker.leaf.textcalls import OPEN_CALL, extract_text_calls
+from app.textcalls import OPEN_CALL, extract_text_calls
 
 # SGLang answers HTTP 200 with finish_reason "abort" when a request was aborted (an operator's
 # /abort_request, a weight update, a pause): not an answer. The client retries it; the loop

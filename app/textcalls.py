@@ -1,5 +1,9 @@
 """Tool calls that arrive as text in the qwen3_coder form, and inline `<think>` reasoning.
 
+The one reader of text calls: the agent loop (worker/leaf) runs what it reads, and the dashboard
+shows the same calls (and the reply's prose without them), so what a trajectory page shows is
+what ran. Standard library only, so both may import it.
+
 SGLang's `qwen3_coder` parser normally turns these into `message.tool_calls`; when it is not
 running the call stays in `content`, and this module reads it back. Only the visible content is
 read: never `reasoning_content` and never inline `<think>` text, because SGLang never runs a
@@ -47,6 +51,14 @@ UNREAD_REPLY: Final = (
     f"{ERROR_NAME}: your last reply held no tool call that could be read, and no answer. {FORM_HINT} "
     "When the task is done, reply with a brief final answer instead."
 )
+TEXT_CALL_ID_PREFIX: Final = "call_text_"
+
+
+def text_call_id(step: int, index: int) -> str:
+    """The id the loop gives a step's `index`-th text call (both 0-based); its tool answer carries it."""
+    return f"{TEXT_CALL_ID_PREFIX}{step}_{index}"
+
+
 _FUNCTION_TAG = re.compile(r"<function=([^<>\n]*)>")
 _PARAM_TAG = re.compile(r"<parameter=([^<>\n]*)>")
 _START = re.compile(re.escape(OPEN_CALL) + "|" + re.escape(OPEN_FUNCTION))
@@ -67,11 +79,21 @@ class TextCall:
 
 @dataclass(frozen=True)
 class TextParse:
-    """What a reply's text holds: calls in order, and the visible text without the thinking."""
+    """What a reply's text holds: calls in order, and the visible text without the thinking.
+
+    `spans` are where each call's block lies in `visible` (start, end), one per call.
+    """
 
     calls: list[TextCall]
     visible: str
     inline_reasoning: str | None
+    spans: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def prose(self) -> str:
+        """The visible text without the blocks of the calls read from it: what the reply said
+        beside its calls (a mere mention of a tag, which is no call, stays)."""
+        return _prose_without(self.visible, self.spans)
 
 
 class _Malformed(Exception):
@@ -118,7 +140,10 @@ def extract_text_calls(content: str | None) -> TextParse:
     is never run (SGLang leaves it there as text, and so do we).
     """
     inline, visible = split_think(content or "")
-    return TextParse(calls=parse_tool_calls(visible), visible=visible, inline_reasoning=inline)
+    found = _scan(visible)
+    return TextParse(
+        calls=[call for call, _ in found], visible=visible, inline_reasoning=inline, spans=[span for _, span in found]
+    )
 
 
 def parse_tool_calls(text: str) -> list[TextCall]:
@@ -129,8 +154,26 @@ def parse_tool_calls(text: str) -> list[TextCall]:
     mentions the tag is not a call, as it is not for SGLang. A block with no `<function=` in it
     is an error only when nothing else in the text is call-like (see `_Malformed.prose`).
     """
-    calls: list[TextCall] = []
-    prose: list[TextCall] = []  # errors for blocks SGLang drops; kept only if they are all there is
+    return [call for call, _ in _scan(text)]
+
+
+def _prose_without(text: str, spans: list[tuple[int, int]]) -> str:
+    """`text` without the given spans, trimmed; where a span was cut out, one blank line."""
+    if not spans:
+        return text.strip()
+    pieces: list[str] = []
+    pos = 0
+    for start, end in sorted(spans):
+        pieces.append(text[pos:start] if start > pos else "")
+        pos = max(pos, end)
+    pieces.append(text[pos:])
+    return "\n\n".join(kept for piece in pieces if (kept := piece.strip()))
+
+
+def _scan(text: str) -> list[tuple[TextCall, tuple[int, int]]]:
+    """`parse_tool_calls` with where each call's block lies in `text`."""
+    calls: list[tuple[TextCall, tuple[int, int]]] = []
+    prose: list[tuple[TextCall, tuple[int, int]]] = []  # errors for blocks SGLang drops; kept if all there is
     pos = 0
     while True:
         match = _START.search(text, pos)
@@ -144,14 +187,16 @@ def parse_tool_calls(text: str) -> list[TextCall]:
             resume = exc.resume if exc.resume is not None else _resume_after(text, start, wrapped)
             pos = max(resume, start + 1)
             if wrapped:
-                (prose if exc.prose else calls).append(TextCall(name="", error=f"{ERROR_NAME}: {exc} {FORM_HINT}"))
+                error = TextCall(name="", error=f"{ERROR_NAME}: {exc} {FORM_HINT}")
+                (prose if exc.prose else calls).append((error, (start, pos)))
             continue
         except Exception as exc:  # pragma: no cover - a parser bug must not end the run
             pos = start + 1
-            calls.append(TextCall(name="", error=f"{ERROR_NAME}: could not read a tool call ({exc!r})."))
+            error = TextCall(name="", error=f"{ERROR_NAME}: could not read a tool call ({exc!r}).")
+            calls.append((error, (start, pos)))
             continue
         if call is not None:
-            calls.append(call)
+            calls.append((call, (start, pos)))
 
 
 def _read_block(text: str, start: int, wrapped: bool) -> tuple[TextCall | None, int]:
