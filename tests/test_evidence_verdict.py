@@ -189,3 +189,21 @@ def test_the_runner_guard_leaves_the_tests_own_scripts_their_usual_path(tmp_path
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, check=False, timeout=300)
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+
+
+def test_logs_drop_only_the_notice_of_frogfixs_own_report() -> None:
+    from worker.evidence import REPORT_PATH, without_report_notice
+
+    log = (
+        "..F\n"
+        f"------------- generated xml file: {REPORT_PATH} -------------\n"
+        "=========== short test summary info ===========\n"
+        "- generated xml file: /tmp/the-projects-own-report.xml -\n"
+        "1 failed, 2 passed in 0.03s\n"
+    )
+    assert without_report_notice(log) == (
+        "..F\n"
+        "=========== short test summary info ===========\n"
+        "- generated xml file: /tmp/the-projects-own-report.xml -\n"
+        "1 failed, 2 passed in 0.03s\n"
+    )

@@ -47,6 +47,7 @@ from worker.evidence import (
     patch_test_files,
     read_report,
     verification_command,
+    without_report_notice,
 )
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
@@ -340,7 +341,8 @@ def run_tests(
         return TestRun(None, f"sandbox failure while running the tests: {exc}")
     finally:
         repos.remove_workspace(workspace)
-    return TestRun(res.exit_code, bounded_log(redact(res.log)), res.timed_out, res.duration_s, tests)
+    log = bounded_log(redact(without_report_notice(res.log)))
+    return TestRun(res.exit_code, log, res.timed_out, res.duration_s, tests)
 
 
 def _glob_literal(path: str) -> str:

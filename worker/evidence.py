@@ -14,6 +14,7 @@ Why it is built this way:
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ REPORT_ENV = {
     "PYTHONSAFEPATH": "1",
     "PYTHONPATH": HOOK_DIR,
 }
+# pytest announces the report it writes; that line is FrogFix's doing, not the project's, so logs drop it.
+REPORT_NOTICE = re.compile(r"^-* ?generated xml file: " + re.escape(REPORT_PATH) + r" ?-*\r?\n?", re.M)
 RUNNERS = ("pytest", "py.test")
 RUNNER_GUARD = f"""import os, sys
 def _frogfix_guard():
@@ -75,6 +78,11 @@ def _frogfix_guard():
 _frogfix_guard()
 del _frogfix_guard
 """
+
+
+def without_report_notice(log: str) -> str:
+    """A verification log as the project's runner would print it without FrogFix's report option."""
+    return REPORT_NOTICE.sub("", log)
 
 
 def verification_command(command: str) -> str:

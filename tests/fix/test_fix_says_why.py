@@ -131,6 +131,7 @@ def test_an_environment_that_cannot_be_built_says_so_and_why(tmp_path: Path) -> 
         "why: the test environment could not be built: installing the declared dependencies failed"
     ), proc.stdout
     assert "No solution found when resolving dependencies" in why[0]  # the installer's own first error line
+    assert "frogfix-no-such-package" in why[0], proc.stderr  # and its cause, which names the package
     assert "environment error:" not in proc.stdout  # said once, by the why line
     assert "mirror-password-26" not in proc.stdout + proc.stderr
 

@@ -447,11 +447,20 @@ def _settle(folder: Path) -> None:
 
 
 def _first_error(log: str) -> str:
-    """The installer's own first error line, if it printed one, for the one-line reason."""
-    for line in log.splitlines():
-        text = line.strip()
+    """The installer's own first error line, if it printed one, for the one-line reason.
+
+    uv follows "No solution found when resolving dependencies" with its cause on the next line ("cause:
+    Because x was not found in the package registry…", or "╰─▶ Because…" when it draws boxes), which
+    names the package: the cause is kept too."""
+    lines = [line.strip() for line in log.splitlines()]
+    for i, text in enumerate(lines):
         if text.startswith(("error:", "ERROR:", "\u00d7", "Because ")) or "No solution found" in text:
-            return f": {text[:300]}"
+            following = next((line for line in lines[i + 1:] if line), "")
+            cause = following.lstrip("\u2570\u2500\u25b6 ")
+            if cause.startswith(("cause:", "Caused by:")) or cause != following:
+                cause = cause.removeprefix("cause:").removeprefix("Caused by:").strip()
+                return f": {text.rstrip(':')}: {cause}"[:302]
+            return f": {text}"[:302]
     return ""
 
 
