@@ -27,8 +27,9 @@ What may import what:
 - Nothing in app/ imports worker/ or sandbox/: the worker depends on app, never the reverse, and
   the web layer reaches the worker only through task names on the queue.
 - app/forge imports nothing else of ours, so the worker's pipeline can use it on its own.
-- statuses.py, trajectory.py, usage.py and textcalls.py (and any other pure vocabulary module
-  added beside them) import only the standard library, so worker/leaf, which must not import a
-  database or web code, may use them; worker/leaf also logs through logs.py (structlog).
+- statuses.py, trajectory.py, usage.py, textcalls.py and outcome_words.py (and any other pure
+  vocabulary module added beside them) import only the standard library (and each other), so
+  worker/leaf, which must not import a database or web code, may use them; worker/leaf also logs
+  through logs.py (structlog).
 - web/ uses the core; the core never imports web/.
 """

@@ -52,20 +52,21 @@ def one_line(text: str | None, limit: int = MAX_CHARS) -> str:
 
 
 def shown_url(url: str | None) -> str | None:
-    """A URL as it may be printed: without user name or password (a model URL may carry them)."""
+    """A server's URL as a log, a record or a why line may name it: scheme, host, port and path, never a
+    user name, password, query or fragment (any may carry a credential). None for none, or an unreadable one.
+
+    The one home: the model client names its server with it (worker/leaf/model.py), `fix` records it."""
     if not url:
         return None
     try:
         parts = urlsplit(url)
-        if parts.username is None and parts.password is None:
-            return url
         host = parts.hostname or ""
         netloc = f"[{host}]" if ":" in host else host
         if parts.port is not None:
             netloc += f":{parts.port}"
-        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
     except ValueError:
         return None
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def plural(n: int, word: str) -> str:

@@ -31,7 +31,7 @@ from worker.attempt import AttemptOutcome, AttemptResult
 from worker.evidence import FAILED
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.model import ModelClient
-from worker.report import ZWSP, disarm, inert
+from worker.report import ZWSP, code_span, inert
 
 log = get_logger("frogfix.question")
 
@@ -126,17 +126,8 @@ def question_comment(
     return redact("\n".join(lines))
 
 
-def _span(text: str) -> str:
-    """Inline code `text` cannot close or leave (a file name, a test id, a command), disarmed inside too."""
-    text = disarm(escape_hidden(text))
-    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
-    ticks = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{ticks}{pad}{text}{pad}{ticks}"
-
-
 def _named(items: Sequence[str], redact: Callable[[str], str], limit: int = MAX_FILES_SHOWN) -> str:
-    shown = ", ".join(_span(shown_path(redact(str(item)))[:300]) for item in list(items)[:limit])
+    shown = ", ".join(code_span(shown_path(redact(str(item)))[:300], in_table=False) for item in list(items)[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
 
 
@@ -174,7 +165,7 @@ def _tried(attempts: Sequence[AttemptResult], redact: Callable[[str], str]) -> l
 def _tests(attempts: Sequence[AttemptResult], command: str | None, redact: Callable[[str], str]) -> list[str]:
     if not command:
         return ["- No test command was found, so no test ran (`.frogfix.yml` can name one: `test_command`)."]
-    lines = [f"- Command: {_span(' '.join(redact(command).split())[:500])}"]
+    lines = [f"- Command: {code_span(' '.join(redact(command).split())[:500], in_table=False)}"]
     verified = [r for r in attempts if r.verification is not None]
     if not verified:
         return [*lines, "- No attempt reached the tests with a change."]

@@ -126,13 +126,17 @@ def inert_title(text: str) -> str:
     return disarm(escape_hidden(" ".join(text.split())))
 
 
-def _code(text: str) -> str:
-    """An inline code span that `text` cannot close or leave, safe in a table cell too."""
+def code_span(text: str, *, in_table: bool = True) -> str:
+    """An inline code span that `text` cannot close or leave, disarmed inside too; `in_table` escapes `|`
+    for a table cell (outside a table a backslash in a code span would show)."""
     text = disarm(escape_hidden(text))
     longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
     ticks = "`" * (longest + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return f"{ticks}{pad}{text.replace('|', chr(92) + '|')}{pad}{ticks}"
+    if in_table:
+        text = text.replace("|", chr(92) + "|")
+    return f"{ticks}{pad}{text}{pad}{ticks}"
+
 
 
 NOT_REPRODUCED = "[not reproduced]"
@@ -198,7 +202,7 @@ def mr_description(
     lines += ["### What the agent says", "", _fence(summary), ""]
     lines += ["### Files changed", "", "| file | + | - |", "| --- | --: | --: |"]
     for path, added, removed in diffstat:
-        lines.append(f"| {_code(shown_path(redact(path)))} | {added} | {removed} |")
+        lines.append(f"| {code_span(shown_path(redact(path)))} | {added} | {removed} |")
     lines += _tests_section(tests, redact)
     if job_url:
         lines += [f"Job: {job_url}", ""]
@@ -214,7 +218,7 @@ def _evidence_section(tests: TestEvidence, redact: Callable[[str], str]) -> list
         return []
 
     def named(ids: Sequence[str], limit: int = 20) -> str:
-        shown = ", ".join(_code(redact(str(i))) for i in list(ids)[:limit])
+        shown = ", ".join(code_span(redact(str(i))) for i in list(ids)[:limit])
         return shown + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
 
     level, reason = str(verdict.get("level")), inert(escape_hidden(redact(str(verdict.get("reason") or ""))))
@@ -259,7 +263,7 @@ def _selection_section(selection: Mapping[str, Any] | None) -> list[str]:
 
 def _tests_section(tests: TestEvidence, redact: Callable[[str], str]) -> list[str]:
     """The test command (the repository's .frogfix.yml chose it), the verdicts and the logs."""
-    lines = ["", "### Tests", "", f"Command: {_code(redact(tests.command))}", ""]
+    lines = ["", "### Tests", "", f"Command: {code_span(redact(tests.command))}", ""]
     lines += [f"- before the patch (base commit): {_exit(tests.before)}"]
     lines += [f"- with the patch, run {i + 1}: {_exit(run)}" for i, run in enumerate(tests.after)]
     lines.append("")
@@ -284,7 +288,7 @@ def _provenance_section(p: Provenance, redact: Callable[[str], str]) -> list[str
     return [
         "<details><summary>Provenance</summary>",
         "",
-        f"- model: {_code(p.model)} ({sampling})",
+        f"- model: {code_span(p.model)} ({sampling})",
         f"- harness: Leaf protocol, FrogFix {p.harness_version}",
         f"- base commit: `{p.base_commit}`",
         f"- sandbox: {inert(escape_hidden(redact(p.sandbox)))}",
@@ -463,7 +467,7 @@ def rounds_section(description: str, rounds: Sequence[RoundLine], redact: Callab
     ]  # fmt: skip
     for r in list(rounds)[-MAX_ROUND_LINES:]:
         number = f"[{r.number}]({r.job_url})" if r.job_url else str(r.number)
-        who = _code(redact(r.asked_by)) if r.asked_by else "-"
+        who = code_span(redact(r.asked_by)) if r.asked_by else "-"
         commit = f"`{r.commit[:12]}`" if r.commit and _SHORT_SHA.fullmatch(r.commit) else "-"
         kind = inert(escape_hidden(r.kind))
         ci = inert(escape_hidden(redact(r.ci)[:20])) if r.ci else "-"
@@ -511,7 +515,7 @@ def round_reply_pushed(
         f"{_job_ref(job_id, job_url)}). Nothing is resolved: that is for the reviewer.",
         "",
     ]
-    files = [f"{_code(shown_path(redact(path)))} (+{added} -{removed})" for path, added, removed in diffstat[:50]]
+    files = [f"{code_span(shown_path(redact(path)))} (+{added} -{removed})" for path, added, removed in diffstat[:50]]
     if len(diffstat) > 50:
         files.append(f"and {len(diffstat) - 50} more")
     lines += ["**Files changed:** " + (", ".join(files) or "none"), ""]

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 
+from app.outcome_words import shown_url
 from tests.doubles.openai_server import Drop, Hang, ScriptedOpenAIServer, Status, assistant, tool_call
 from tests.servers import wait_until
 from worker.leaf.model import (
@@ -20,7 +21,6 @@ from worker.leaf.model import (
     SamplingParams,
     Usage,
     is_context_overflow,
-    server_label,
 )
 from worker.leaf.tools import TOOL_SCHEMAS
 
@@ -190,6 +190,6 @@ def test_replay_model_returns_recordings_in_order() -> None:
 
 
 def test_a_server_is_named_in_logs_without_credentials() -> None:
-    assert server_label("http://frog:s3cret@sglang.internal:30000/v1?token=x#f") == "http://sglang.internal:30000/v1"
-    assert server_label("https://sglang.internal/v1") == "https://sglang.internal/v1"
+    assert shown_url("http://frog:s3cret@sglang.internal:30000/v1?token=x#f") == "http://sglang.internal:30000/v1"
+    assert shown_url("https://sglang.internal/v1") == "https://sglang.internal/v1"
     assert "s3cret" not in OpenAIChatModel("http://frog:s3cret@127.0.0.1:9/v1", "m").server

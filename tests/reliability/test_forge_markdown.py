@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from tests.forge_oracles import bare_mentions, closing_references, quick_action_lines, rendered_outside_code
-from worker.report import Provenance, _code, comment_finished, inert, mr_description
+from worker.report import Provenance, code_span, comment_finished, inert, mr_description
 from worker.report import TestEvidence as Evidence
 
 HOSTILE = (
@@ -32,8 +32,8 @@ def test_inert_removes_mentions_images_html_and_quick_actions() -> None:
 
 
 def test_code_spans_cannot_be_closed_by_the_text() -> None:
-    assert _code("calc.py") == "`calc.py`"
-    span = _code("a`b ``c|d")
+    assert code_span("calc.py") == "`calc.py`"
+    span = code_span("a`b ``c|d")
     assert span.startswith("```") and span.endswith("```") and "\\|" in span
 
 

@@ -19,12 +19,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 import openai
 
 from app import trajectory
 from app.logs import get_logger
+from app.outcome_words import shown_url
 from app.textcalls import OPEN_CALL, extract_text_calls
 
 # SGLang answers HTTP 200 with finish_reason "abort" when a request was aborted (an operator's
@@ -51,13 +51,6 @@ def _warn_once(kind: str, key: str, **fields: Any) -> bool:
         _warned.add((kind, key))
     log.warning(kind, **fields)
     return True
-
-
-def server_label(base_url: str) -> str:
-    """The server as a log line may name it: scheme, host, port and path, never credentials."""
-    parts = urlsplit(base_url)
-    port = f":{parts.port}" if parts.port else ""
-    return urlunsplit((parts.scheme, f"{parts.hostname or ''}{port}", parts.path, "", ""))
 
 
 class ModelError(Exception):
@@ -278,7 +271,7 @@ class OpenAIChatModel:
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
         self._sleep = sleep
-        self.server = server_label(base_url)
+        self.server = shown_url(base_url) or ""
         self._owns_client = client is None
         self._client = client or openai.OpenAI(
             base_url=base_url, api_key=api_key or "EMPTY", max_retries=0, timeout=timeout
