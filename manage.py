@@ -510,11 +510,7 @@ def jobs_command(
 
 def _created(row: dict[str, Any]) -> datetime:
     """A listed job's creation time, for merging forge and local jobs newest first."""
-    try:
-        when = datetime.fromisoformat(row.get("created_at") or "")
-    except ValueError:
-        return datetime.min.replace(tzinfo=UTC)
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
+    return _local_jobs.parse_when(row.get("created_at")) or datetime.min.replace(tzinfo=UTC)
 
 
 def _job_details(job_id: int) -> dict[str, Any]:
@@ -596,15 +592,21 @@ def _print_job(d: dict[str, Any]) -> None:
         if a.get("trajectory_path"):
             lines.append(f"{indent}{_trajectory_shown(a['trajectory_path'])}")
     lines.extend(_usage_lines(d))
-    lines.append("timeline (UTC)")
+    lines.extend(_timeline_lines(d["events"]))
+    typer.echo("\n".join(lines))
+
+
+def _timeline_lines(events: list[dict[str, Any]]) -> list[str]:
+    """A job's timeline, a heading per UTC day: forge and local jobs alike."""
+    lines = ["timeline (UTC)"]
     day = None
-    for e in d["events"]:
+    for e in events:
         when = _when(e.get("at"))
         if when[:10] != day:
             day = when[:10]
             lines.append(f"  {day}")
         lines.extend(_event_lines(e))
-    typer.echo("\n".join(lines))
+    return lines
 
 
 def _usage_lines(d: dict[str, Any]) -> list[str]:
@@ -748,15 +750,7 @@ def _show_local(job: str, json_out: bool) -> None:
         else:
             lines.append("  trajectory none (the job ended before the agent ran)")
         if record.events:
-            lines.append("timeline (UTC)")
-            day = None
-            for event in record.events:
-                e = event.to_dict()
-                when = _when(e.get("at"))
-                if when[:10] != day:
-                    day = when[:10]
-                    lines.append(f"  {day}")
-                lines.extend(_event_lines(e))
+            lines.extend(_timeline_lines([event.to_dict() for event in record.events]))
         typer.echo("\n".join(lines))
         return
 

@@ -172,7 +172,8 @@ class LocalJobRecord:
 # -- reading ------------------------------------------------------------------------------------
 
 
-def _when(value: Any) -> datetime | None:
+def parse_when(value: Any) -> datetime | None:
+    """An ISO time as the record (or a forge job's JSON) writes it, made UTC when it has no offset."""
     if not isinstance(value, str):
         return None
     try:
@@ -191,7 +192,7 @@ class LocalEvent:
     data: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "at": self.at.isoformat() if self.at else None, "kind": self.kind,
+        return {"id": self.id, "at": _iso(self.at), "kind": self.kind,
                 "message": self.message, "data": self.data}
 
 
@@ -321,9 +322,9 @@ class LocalJob:
             "steps": self.steps,
             "base_commit": self.base_commit,
             "model": self.model,
-            "created_at": self.created_at.isoformat() if self.created_at else None,
-            "started_at": self.started_at.isoformat() if self.started_at else None,
-            "finished_at": self.finished_at.isoformat() if self.finished_at else None,
+            "created_at": _iso(self.created_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
             "flags": self.flags,
             "summary": self.summary,
             "tests": self.tests,
@@ -394,7 +395,7 @@ def parse(document: Any, where: Path) -> LocalJob:
     local_id = where.stem
     try:
         events = [
-            LocalEvent(int(e["id"]), _when(e.get("at")), str(e["kind"]), _text(e.get("message")),
+            LocalEvent(int(e["id"]), parse_when(e.get("at")), str(e["kind"]), _text(e.get("message")),
                        e.get("data") if isinstance(e.get("data"), dict) else None)
             for e in document.get("events") or []
         ]
@@ -412,9 +413,9 @@ def parse(document: Any, where: Path) -> LocalJob:
             exit_reason=document.get("exit_reason") if isinstance(document.get("exit_reason"), str) else None,
             error=stopped or (document.get("error") if isinstance(document.get("error"), str) else None),
             steps=int(document.get("steps") or 0),
-            created_at=_when(document.get("created_at")),
-            started_at=_when(document.get("started_at")),
-            finished_at=_when(document.get("finished_at")),
+            created_at=parse_when(document.get("created_at")),
+            started_at=parse_when(document.get("started_at")),
+            finished_at=parse_when(document.get("finished_at")),
             events=events,
             attempt_list=attempts,
             selection=document.get("selection") if isinstance(document.get("selection"), dict) else None,

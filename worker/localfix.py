@@ -370,21 +370,17 @@ def attempt_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
 
 
 def record_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
-    """One attempt in the local job's record (app/local_jobs.py): the names a forge job's attempt row has."""
+    """One attempt in the local job's record (app/local_jobs.py): `fix --json`'s entry, plus what the job
+    page shows of it (the names a forge job's attempt row has)."""
     evidence = result.evidence
     return {
-        "number": result.number,
+        **attempt_entry(result, chosen),
         "status": result.status.value,
-        "exit_reason": result.leaf.exit_reason,
-        "steps": result.leaf.steps,
         "trajectory_path": result.trajectory,
         "patch": result.patch,
         "summary": result.leaf.final_answer,
         "tests": evidence.to_dict() if evidence is not None else None,
-        "flags": result.flags,
         "error": "; ".join(result.refused) or result.leaf.error,
-        "chosen": chosen,
-        "usage": result.usage.to_dict(),
     }
 
 

@@ -406,9 +406,6 @@ def _job_context(job: Any, events: list[Any], views_: list[dict[str, Any]]) -> d
     shown = next((v for v in views_ if v["a"].chosen), None) or next(
         (v for v in reversed(views_) if v["a"].status == verified), views_[-1] if views_ else None
     )
-    # While a run goes on, the job row's exit reason and steps may still be an earlier run's.
-    run = max((v["a"].run for v in views_), default=0)
-    running = [v["a"] for v in views_ if v["a"].run == run == job.run and job.status != JobStatus.queued]
     return {
         "job": job,
         "events": events,
@@ -419,7 +416,6 @@ def _job_context(job: Any, events: list[Any], views_: list[dict[str, Any]]) -> d
         "seconds": views.job_seconds(job.started_at, job.finished_at),
         "poll_ms": LIVE_POLL_MS,
         "last_event_id": events[-1].id if events else 0,
-        "current_steps": sum(a.steps for a in running) if running else 0,
         "why": views.why_line(job),
         "thread": None,
         "active": False,
