@@ -139,6 +139,10 @@ class Job(UsageColumns, Base):
     # What the round was asked: the requests it took, the review thread and the diff it was shown.
     round_input: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     ci_status: Mapped[str | None] = mapped_column(String(32), nullable=True)  # forge CI on pushed_commit
+    # Update rounds (migration 0011), on a thread's round-0 job: its MR as FROGFIX_AUTO_UPDATE's last
+    # check saw it (open, closed, merged; NULL: never checked), and when that was.
+    mr_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    update_checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     # k attempts ranked (migration 0009): how the published attempt was chosen (app/selection.py
     # `Choice.to_dict`), and when FrogFix asked the reporter a question instead of publishing.
     selection: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
@@ -285,7 +289,7 @@ class RoundRequest(Base):
     forge: Mapped[str] = mapped_column(String(16))
     project: Mapped[str] = mapped_column(String(255))
     mr_number: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(16))  # review, stop, ci
+    kind: Mapped[str] = mapped_column(String(16))  # review, stop, update, ci
     status: Mapped[str] = mapped_column(String(16), default="pending")  # a RequestStatus
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     delivery_id: Mapped[str | None] = mapped_column(String(255), nullable=True)

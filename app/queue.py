@@ -18,6 +18,7 @@ RUN_JOB = "frogfix.run_job"
 REPLAY_JOB = "frogfix.replay_job"
 SWEEP = "frogfix.sweep_queued"
 TRIAGE = "frogfix.triage_request"
+CHECK_UPDATE = "frogfix.check_update"  # FROGFIX_AUTO_UPDATE: does a thread's MR conflict with its moved target?
 HARD_TIME_LIMIT_MARGIN_S = 600
 
 celery_app = Celery("frogfix")
@@ -119,6 +120,17 @@ def send_triage(request_id: int) -> bool:
         celery_app.send_task(TRIAGE, args=[request_id], retry=False)
     except Exception as exc:
         log.warning("enqueue_failed", request_id=request_id, task=TRIAGE, error=f"{type(exc).__name__}: {exc}"[:500])
+        return False
+    return True
+
+
+def send_update_check(thread_id: int) -> bool:
+    """Send `frogfix.check_update(thread_id)`; False when the broker is down (the sweep tries again later)."""
+    try:
+        celery_app.send_task(CHECK_UPDATE, args=[thread_id], retry=False)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        log.warning("enqueue_failed", thread_id=thread_id, task=CHECK_UPDATE, error=error)
         return False
     return True
 

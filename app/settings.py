@@ -146,6 +146,11 @@ class Settings(BaseSettings):
     # rounds failed CI may start (review rounds do not count towards it), per MR; log lines a CI round shows.
     max_review_rounds: int = Field(default=5, ge=0, le=100)
     max_ci_rounds: int = Field(default=2, ge=0, le=100)
+    # Update rounds (issue 25): the MR's target branch merged into it, asked for with `/frogfix rebase`,
+    # or started by FrogFix itself when the forge reports a conflict and auto_update is on; capped apart.
+    max_update_rounds: int = Field(default=3, ge=0, le=100)
+    auto_update: bool = False
+    auto_update_check_seconds: float = Field(default=600.0, ge=10.0)  # how often the sweep asks an open MR
     ci_log_tail_lines: int = Field(default=80, ge=5, le=2000)
     allowed_projects: str = ""  # comma-separated glob patterns (e.g. "acme/*,tools/bot"); empty allows all
     public_url: str = ""  # where operators reach this service, for links in comments and MRs

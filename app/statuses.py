@@ -89,6 +89,7 @@ class RoundKind(StrEnum):
 
     review = "review"  # a member's comment, line comment or change request
     ci = "ci"  # a failed pipeline or commit status on the bot's branch
+    update = "update"  # the target branch merged in: `/frogfix rebase`, or a conflict FROGFIX_AUTO_UPDATE saw
 
 
 class RequestStatus(StrEnum):

@@ -1,6 +1,7 @@
 """The requeue sweep: send again every job left queued too long (never sent, or its message lost),
 let go of jobs held for their project's budget once it allows them (app/jobs/scheduler.py), start the
-rounds that accepted review requests wait for, and send again the triage of requests left pending."""
+rounds that accepted review requests wait for, send again the triage of requests left pending, and,
+with FROGFIX_AUTO_UPDATE on, ask the worker to check the open MRs for a moved target branch (issue 25)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from datetime import timedelta
 
 from app.db import session_scope
 from app.jobs.requeue import send_and_stamp
-from app.jobs.rounds import follow_up, stale_pending, touch_requests
+from app.jobs.rounds import follow_up, note_update_sent, stale_pending, threads_to_check, touch_requests
 from app.jobs.scheduler import release_held
 from app.jobs.transitions import jobs_due_for_enqueue, recover_stale_jobs
 from app.logs import get_logger
 from app.models import utcnow
-from app.queue import send_triage
+from app.queue import send_triage, send_update_check
 from app.settings import get_settings
 
 log = get_logger("frogfix.sweep")
@@ -37,6 +38,8 @@ def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int
     if started:
         log.info("started_rounds", jobs=started[:50], count=len(started))
     resend_triage(age, limit)
+    if s.auto_update:
+        send_update_checks(timedelta(seconds=s.auto_update_check_seconds))
     with session_scope() as session:
         due = jobs_due_for_enqueue(session, age, limit)
     sent = 0
@@ -62,6 +65,23 @@ def resend_triage(age: timedelta, limit: int = 500) -> int:
         with session_scope() as session:
             touch_requests(session, sent)
         log.info("resent_triage", requests=sent[:50], count=len(sent))
+    return len(sent)
+
+
+def send_update_checks(every: timedelta, limit: int = 100) -> int:
+    """Send the update check of each open MR not checked for `every`; how many were sent (stops at a down
+    broker). Each is marked checked when sent, so the next sweep does not send it again meanwhile."""
+    with session_scope() as session:
+        due = threads_to_check(session, utcnow() - every, limit)
+    sent: list[int] = []
+    for thread_id in due:
+        if not send_update_check(thread_id):
+            break
+        sent.append(thread_id)
+    if sent:
+        with session_scope() as session:
+            note_update_sent(session, sent)
+        log.info("sent_update_checks", threads=sent[:50], count=len(sent))
     return len(sent)
 
 

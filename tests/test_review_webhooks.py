@@ -104,6 +104,17 @@ def test_gitlab_frogfix_stop_is_a_stop(body: str) -> None:
         assert event.comment is not None and event.comment.body == body
 
 
+@pytest.mark.parametrize("body", ["/frogfix rebase", "/FrogFix update", "/frogfix rebase\nmain moved"])
+def test_gitlab_frogfix_rebase_asks_for_an_update_round(body: str) -> None:
+    for name in ("gitlab_mr_note.json", "gitlab_mr_diff_note.json"):
+        data = doc(name)
+        data["object_attributes"]["note"] = body
+        event = gitlab(data)
+        assert event.intent == "update", name
+        assert event.reason == "/frogfix rebase (an update round) on a merge request"
+        assert event.comment is not None and event.comment.body == body
+
+
 def test_gitlab_frogfix_stopping_is_not_a_stop() -> None:
     data = doc("gitlab_mr_note.json")
     data["object_attributes"]["note"] = "/frogfix stopping the float case is fine, handle negatives"
@@ -449,6 +460,16 @@ def test_gitea_frogfix_stop_is_a_stop() -> None:
     assert gitea(data, "pull_request_rejected", "pull_request_review_rejected").intent == "stop"
 
 
+def test_gitea_frogfix_update_asks_for_an_update_round() -> None:
+    data = doc("gitea_pr_comment.json")
+    data["comment"]["body"] = "/frogfix update"
+    event = gitea(data, "issue_comment", "pull_request_comment")
+    assert event.intent == "update" and event.reason == "/frogfix rebase (an update round) on a pull request"
+    data = doc("gitea_review_rejected.json")
+    data["review"]["content"] = "/frogfix rebase"
+    assert gitea(data, "pull_request_rejected", "pull_request_review_rejected").intent == "update"
+
+
 @pytest.mark.parametrize(
     ("state", "merged", "expected"),
     [("open", False, "open"), ("closed", False, "closed"), ("closed", True, "merged"), ("weird", None, None)],
@@ -763,7 +784,9 @@ def test_malformed_signed_review_hook_is_400_not_500(client: Any) -> None:
 fuzz = settings(
     max_examples=250, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
-odd = st.text(max_size=10) | st.sampled_from(["\x00", "\ud800", "/frogfix stop", "", "a" * 7, GITLAB_HEAD])
+odd = st.text(max_size=10) | st.sampled_from(
+    ["\x00", "\ud800", "/frogfix stop", "/frogfix rebase", "", "a" * 7, GITLAB_HEAD]
+)
 scalar = st.none() | st.booleans() | st.integers(-3, 2**40) | st.floats() | odd
 value = st.recursive(scalar, lambda c: st.lists(c, max_size=3) | st.dictionaries(odd, c, max_size=3), max_leaves=10)
 
@@ -781,11 +804,11 @@ def _nested(name: str) -> st.SearchStrategy[Any]:
 
 
 def _check(event: WebhookEvent) -> None:
-    assert event.intent in ("ignore", "review", "stop", "ci", "answer")
+    assert event.intent in ("ignore", "review", "stop", "update", "ci", "answer")
     if event.intent == "answer":
         assert event.comment is not None and event.project is not None and event.issue is not None
         assert event.mr is None and len(event.comment.body) <= MAX_COMMENT_CHARS
-    if event.intent in ("review", "stop"):
+    if event.intent in ("review", "stop", "update"):
         assert event.comment is not None and event.project is not None and event.mr is not None
         assert len(event.comment.body) <= MAX_COMMENT_CHARS
     if event.intent == "ci":

@@ -53,6 +53,8 @@ from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import RepoGuidance, add_guidance, add_test_command
 from worker.leaf.trajectory import TrajectoryWriter
+from worker.merging import CONFLICT_AUTHOR as RESOLUTION_AUTHOR
+from worker.merging import Resolution, changed_paths, full_patch
 from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.report import TestEvidence
@@ -118,6 +120,10 @@ class AttemptSpec:
     what the patch is taken against; `base_commit` stays the commit the tests run on before the
     patch, and the one `.frogfix.yml` and the guidance are read from, so a commit FrogFix pushed
     cannot change its own verification. Without it the attempt starts from the base.
+
+    `resolution` (an update round that conflicted, worker/merging.py): the start is the conflicted
+    merge, `base_commit` the target's new head; the resolution must meet its rules, and the tests
+    judge the whole change the merged branch makes on the target, not the resolution alone.
     """
 
     job_id: int | str
@@ -133,6 +139,7 @@ class AttemptSpec:
     labels: dict[str, str] = field(default_factory=dict)
     read_guidance: bool = True
     start_commit: str | None = None
+    resolution: Resolution | None = None
 
     @property
     def start(self) -> str:
@@ -503,6 +510,9 @@ class AttemptRunner:
         self.context = AttemptContext(settings, redact, source, root, observer, environments)
         self.verifier = Verifier(self.context)
         self.environment: EnvironmentReport | None = None  # the base commit's, once the first attempt checked it
+        # Agreement runs cross one attempt's patch with another's tests on the start; an update round's
+        # attempts start from a conflicted merge, where that means nothing, so it turns them off.
+        self.agree = True
 
     @property
     def observer(self) -> AttemptObserver:
@@ -528,13 +538,16 @@ class AttemptRunner:
     def _run(self, spec: AttemptSpec, model: ModelClient, review: ReviewPolicy | None) -> AttemptResult:
         ws = self.root / f"attempt-{spec.number}"
         config, guidance = self._base_config(spec, ws)
+        if spec.resolution is not None:  # its dependency files may hold conflict markers: build from the target
+            environment = self._ready_from_base(spec, config, tests=review is not None)
         if spec.start != spec.base_commit:
             self.source.checkout(ws, spec.start)
-        try:
-            environment = self._ready(spec, ws, config, tests=review is not None)
-        except BaseException:
-            repos.remove_workspace(ws)
-            raise
+        if spec.resolution is None:
+            try:
+                environment = self._ready(spec.base_commit, spec.start, ws, config, tests=review is not None)
+            except BaseException:
+                repos.remove_workspace(ws)
+                raise
         try:
             self.observer.stage(
                 "agent_started",
@@ -575,8 +588,32 @@ class AttemptRunner:
         finally:
             result.test_seconds = self.verifier.thread_seconds - tested_before
 
+    def verify_tree(self, config: RepoConfig, base: str, tree: str, review: ReviewPolicy) -> Verification:
+        """The evidence for a whole tree against `base` (an update round: the merged branch on the target's
+        new head): before on `base`, after on `base` with every change to `tree`, and those changes' test
+        files alone on `base` (the reproduction), by the rules every patch meets."""
+        repository = self.source.repository()
+        whole = full_patch(repository, base, tree)
+        tests = patch_test_files(changed_paths(repository, base, tree))
+        return self.verifier.verify(config, base, whole, review.verify_runs, base, tests)
+
+    def check_merge(self, base: str, tree: str, review: ReviewPolicy) -> tuple[RepoConfig, Verification]:
+        """A clean update round's verification, with no agent: `.frogfix.yml` read from `base` (the target's
+        new head), the environment and the tests' start on it checked as before an attempt, then `verify_tree`.
+        Raises EnvironmentUnusable as an attempt would."""
+        ws = self.root / "merge-check"
+        self.source.checkout(ws, base)
+        try:
+            config = load_repo_config(ws)
+            self._ready(base, base, ws, config, tests=True)
+        finally:
+            repos.remove_workspace(ws)
+        return config, self.verify_tree(config, base, tree, review)
+
     def agreement(self, results: Sequence[AttemptResult], cross: dict[Pair, bool], start: str) -> None:
         """Make the agreement runs the choice can turn on (app/selection.py `cross_checks`), each once."""
+        if not self.agree:
+            return
         by_number = {r.number: r for r in results}
         for a, b in cross_checks([r.candidate for r in results]):
             if (a, b) in cross or self.observer.cancelled():
@@ -589,29 +626,29 @@ class AttemptRunner:
                 {"patch_of": a, "tests_of": b, "agrees": agrees},
             )
 
-    def _ready(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+    def _ready(self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
         """Before any model call: the environment (built or cached), then, once per job, the base
         commit's tests. Raises EnvironmentUnusable when either says the tests cannot run here.
         Returns the environment folder for the agent's sandbox (the checkout at `ws`'s own)."""
         with self._ready_lock:
-            return self._ready_once(spec, ws, config, tests=tests)
+            return self._ready_once(base, start, ws, config, tests=tests)
 
-    def _ready_once(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+    def _ready_once(self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
         if self._unusable is not None:  # said once: attempts beside or after it do not build it again
             raise EnvironmentUnusable(self._unusable)
         try:
-            return self._ready_first(spec, ws, config, tests=tests)
+            return self._ready_first(base, start, ws, config, tests=tests)
         except EnvironmentUnusable as exc:
             self._unusable = exc.report
             raise
 
-    def _ready_first(self, spec: AttemptSpec, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+    def _ready_first(self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
         if self.environment is None:
-            report = environment_for(self.context, ws, config, spec.start)
+            report = environment_for(self.context, ws, config, start)
             if not report.ok:
                 raise EnvironmentUnusable(report)
             if tests and config.test_command:
-                before = self.verifier.before(config, spec.base_commit)
+                before = self.verifier.before(config, base)
                 why = could_not_start(config.test_command, before.exit_code, before.timed_out)
                 if why is not None:
                     found = hint(before.log)
@@ -619,7 +656,17 @@ class AttemptRunner:
                     raise EnvironmentUnusable(failed(self.redact(reason), before.log, built=report.built))
             self.environment = report
             return report.path
-        return environment_for(self.context, ws, config, spec.start).path
+        return environment_for(self.context, ws, config, start).path
+
+    def _ready_from_base(self, spec: AttemptSpec, config: RepoConfig, *, tests: bool) -> Path | None:
+        """`_ready` over a checkout of the base commit: the environment an update round's agent gets, whose
+        own checkout (the conflicted merge) may hold markers in the very files the environment is built from."""
+        ws = self.root / f"environment-{spec.number}"
+        self.source.checkout(ws, spec.base_commit)
+        try:
+            return self._ready(spec.base_commit, spec.base_commit, ws, config, tests=tests)
+        finally:
+            repos.remove_workspace(ws)
 
     def _base_config(self, spec: AttemptSpec, ws: Path) -> tuple[RepoConfig, RepoGuidance | None]:
         """`.frogfix.yml` and the guidance from the base commit's checkout at `ws`, which the agent
@@ -715,6 +762,14 @@ class AttemptRunner:
         result.flags = review_flags(changes, config)
         # `config` was read from the base commit, so a patch rewriting .frogfix.yml cannot change the verification.
         refused = refusal_reasons(changes, config, allow_binary=review.allow_binary, allow_ci=review.allow_ci)
+        if spec.resolution is not None:
+            # The judged tree into the repository itself (the evidence's own objects were private), so the
+            # rules, the verification's whole patch and the merge commit can read it.
+            repository, scratch = self.source.repository(), self.root / f"resolution-{n}"
+            repos.commit_patch(repository, spec.start, changes.patch, "resolution", RESOLUTION_AUTHOR, scratch,
+                               expect_tree=changes.tree)  # fmt: skip
+            repos.remove_workspace(scratch)
+            refused += spec.resolution.refusals(repository, changes.tree)
         if review.refuse_flagged:
             refused += [flag for flag in result.flags if flag not in refused]
         if not config.test_command:  # nothing can verify it; the refusals are still reported
@@ -737,9 +792,12 @@ class AttemptRunner:
         config = result.config
         self.observer.stage("verifying", f"attempt {result.number}: verifying the patch", {"attempt": result.number})
         tests = patch_test_files(result.changes.paths) if result.changes is not None else []
-        verification = self.verifier.verify(
-            config, spec.base_commit, result.patch, review.verify_runs, spec.start, tests
-        )
+        if spec.resolution is not None and result.changes is not None:  # the merged branch as a whole
+            verification = self.verify_tree(config, spec.base_commit, result.changes.tree, review)
+        else:
+            verification = self.verifier.verify(
+                config, spec.base_commit, result.patch, review.verify_runs, spec.start, tests
+            )
         result.verification = verification
         verdict = verification.verdict
         if verification.flaky:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import structlog
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -27,18 +26,16 @@ from app.forge.api import (
     ForgeError,
     ForgeTransient,
     Issue,
-    MergeRequest,
     ProjectInfo,
     skip_ci_push_options,
     upsert_draft_mr,
 )
-from app.forge.reviews import STALE_CI, CiReport, ReviewComment, ThreadNote, about_head
 from app.jobs import job_slots, records, rounds, transitions
 from app.jobs.scheduler import production_load
 from app.logs import SecretRedactor, get_logger
 from app.models import utcnow
 from app.settings import Settings, get_settings
-from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus, RequestStatus
+from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker import repos
@@ -48,28 +45,20 @@ from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import (
-    MAX_COMMENT_CHARS,
-    MAX_DIFF_CHARS,
-    render_round_task,
     render_task,
     system_prompt,
 )
-from worker.leaf.trajectory import redact_value
+from worker.merging import Resolution
 from worker.question import answers_since, question_comment
 from worker.repo_config import RepoConfigError
 from worker.report import (
     Provenance,
-    RoundLine,
     comment_finished,
     comment_started,
     commit_message,
     keep_rounds_section,
     mr_description,
     mr_title,
-    round_outcome,
-    round_reply_ended,
-    round_reply_pushed,
-    rounds_section,
 )
 from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
 from worker.wiring import leaf_limits_from, make_forge, model_from, sampling_from
@@ -331,6 +320,7 @@ class Pipeline:
         self.url = job_url(self.s, job_id)
         self.deadline = time.monotonic() + self.s.job_timeout_seconds
         self.selection: dict[str, Any] = {}  # how the published attempt was chosen (app/selection.py)
+        self.resolution: Resolution | None = None  # an update round's conflicted merge, for its attempts
 
     # -- timeline helpers --------------------------------------------------------------------
 
@@ -391,8 +381,7 @@ class Pipeline:
         try:
             self.forge = self.deps.forge_for(self.forge_kind)
             self.admit()
-            prepared = self.prepare()
-            self.publish(prepared, self.attempts(prepared))
+            self.work()
             return JobStatus.done.value
         except Superseded as exc:
             log.warning("superseded", reason=str(exc))
@@ -427,6 +416,11 @@ class Pipeline:
             repos.remove_workspace(self.root)
             if self.forge is not None:
                 self.forge.close()
+
+    def work(self) -> None:
+        """What the job does once admitted: prepare the repository, run the attempts, publish the chosen one."""
+        prepared = self.prepare()
+        self.publish(prepared, self.attempts(prepared))
 
     def end(
         self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None, *, asks: bool = False
@@ -650,6 +644,7 @@ class Pipeline:
             self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, JobObserver(self),
             scope=f"{self.forge_kind}:{self.project}",
         )
+        runner.agree = self.resolution is None
         ids: dict[int, int] = {}
         task = self.task()
         stop = threading.Event()  # one attempt ended the job: the ones beside it stop at their next call
@@ -801,6 +796,12 @@ class Pipeline:
         }
         if self.round:
             fields.update(round=self.round, round_kind=self.round_kind, mr=self.mr_number)
+        if self.resolution is not None:  # what replay needs to make the conflicted start again
+            merge = self.resolution.merge
+            fields["update"] = {
+                "head": merge.head, "target": merge.target, "target_branch": self.resolution.target_branch,
+                "conflicted": list(merge.conflicted),
+            }  # fmt: skip
         spec = AttemptSpec(
             job_id=self.job_id,
             number=number,
@@ -814,6 +815,7 @@ class Pipeline:
             sampling=sampling_from(self.s).body_fields(),
             trajectory_fields=fields,
             labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
+            resolution=self.resolution,
         )
         result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s), observer)
         cancelled = result.outcome == AttemptOutcome.cancelled and self.cancel_asked()
@@ -945,295 +947,6 @@ class Pipeline:
 
         if not in_transaction(finish):  # the MR is there; the run that owns the job now finds and updates it
             raise Superseded(f"the job left 'publishing' in run {self.run_number} while this run published")
-
-
-MAX_THREAD_NOTES = 200  # the newest notes of a long review thread
-
-
-def thread_round_lines(thread_id: int, settings: Settings, *, pushed: tuple[int, str] | None = None) -> list[RoundLine]:
-    """The thread's rounds as the MR's rounds section lists them, round 0 first, each with its forge CI.
-
-    `pushed` (job id, commit): the round publishing now, shown as pushed (its job row is not finished yet)."""
-    with session_scope() as session:
-        jobs = [
-            (j.id, j.round or 0, j.round_kind, j.trigger_user, j.pushed_commit, j.status, j.ci_status)
-            for j in rounds.thread_jobs(session, thread_id)
-        ]
-    lines = []
-    for job_id, number, kind, who, commit, status, ci in jobs:
-        if pushed is not None and job_id == pushed[0]:
-            commit, status = pushed[1], JobStatus.done.value
-        kind = kind or ("issue" if number == 0 else "review")
-        lines.append(RoundLine(number, kind, who, commit, round_outcome(status), job_url(settings, job_id), ci))
-    return lines
-
-
-def show_rounds(
-    forge: Forge, project: str, mr_number: int, lines: list[RoundLine], redact: Callable[[str], str]
-) -> MergeRequest:
-    """Rewrite the MR's one rounds section from `lines` (its title, the rest of its text and its draft
-    state as they are); an MR a human merged or closed is left alone."""
-    mr = forge.get_mr(project, mr_number)
-    if mr.verdict != "open":
-        return mr
-    return forge.update_mr(project, mr, mr.title, rounds_section(mr.description, lines, redact))
-
-
-class RoundPipeline(Pipeline):
-    """A review round (a job with `round > 0`): new commits on the MR FrogFix opened, on top of its head.
-
-    It takes the thread's accepted requests (reviewers' comments, failed CI), starts from the
-    branch's head, verifies as round 0 does (before on the base, after on the head with the patch),
-    pushes one fast-forward commit, rewrites the MR's rounds section and replies to each request.
-    """
-
-    def __init__(self, job_id: int, deps: Deps) -> None:
-        super().__init__(job_id, deps)
-        self.taken: list[dict[str, Any]] = []  # the requests this round took (RoundRequest.to_dict())
-        self.thread: list[ThreadNote] = []
-        self.diff = ""
-
-    def drop_waiting(self, reason: str) -> None:
-        if self.thread_id is not None:
-            thread_id = self.thread_id
-            in_transaction(lambda session: rounds.drop_requests(session, thread_id, reason))
-
-    def admit(self) -> None:
-        assert self.forge is not None
-        if not project_allowed(self.s, self.project):
-            raise JobEnded(JobStatus.rejected, f"project {self.project} is not in FROGFIX_ALLOWED_PROJECTS", None)
-        if self.mr_number is None or self.thread_id is None:
-            raise JobEnded(JobStatus.failed, "the round names no MR or thread", None)
-        issue = self.forge.get_issue(self.project, self.issue)
-        self.refuse_confidential(issue, "did not start")
-        if issue.state != "open" or self.s.trigger_label not in issue.labels:
-            reason = f"the issue is closed or the label {self.s.trigger_label!r} was removed"
-            self.drop_waiting(reason)
-            raise JobEnded(JobStatus.cancelled, reason, None)
-        mr = self.forge.get_mr(self.project, self.mr_number)
-        if mr.verdict != "open":
-            self.drop_waiting(f"the MR is {mr.verdict}")
-            raise JobEnded(JobStatus.cancelled, f"the MR is {mr.verdict}", None)
-        self.taken = self.drop_stale_ci(in_transaction(self.take_requests), mr.head_sha)
-        if not self.taken:  # ends quietly: no request of this round is left to answer
-            raise JobEnded(JobStatus.cancelled, "nothing to do: no accepted request waits for this round", None)
-        # The newest request with an author asked last (a CI result may have none: triage checked its commit).
-        asker = next((r["author"] for r in reversed(self.taken) if r.get("author")), None) or self.trigger_user
-        if asker and not self.forge.can_trigger(self.project, asker):
-            raise JobEnded(
-                JobStatus.rejected,
-                f"{asker} may not ask FrogFix for changes here",
-                "Only members with Developer (write) access can ask FrogFix for changes.",
-            )
-        self.thread = self.forge.review_thread(self.project, self.mr_number)[-MAX_THREAD_NOTES:]
-        self.title, self.body = issue.title, issue.body or ""
-        self.issue_url = issue.web_url or self.issue_url
-        self.update(
-            title=issue.title,
-            body=issue.body,
-            trigger_user=asker,
-            issue_url=self.issue_url,
-            round_input=self.round_input(),
-        )
-        self.event(
-            "admitted",
-            f"round {self.round}: took {len(self.taken)} request(s); {asker or 'CI'} asked last",
-            {"requests": [r.get("id") for r in self.taken]},
-        )
-
-    def drop_stale_ci(self, taken: list[dict[str, Any]], head: str | None) -> list[dict[str, Any]]:
-        """`taken` without the CI results on a commit that is no longer the MR's head, which are dropped.
-
-        A pipeline may fail on a head while a round works on it; once the round pushed, that failure
-        is about code the MR no longer has (and its logs would mislead the next round)."""
-        ci = [r for r in taken if r.get("kind") == "ci"]
-        stale = [int(r["id"]) for r in ci if not about_head((r.get("data") or {}).get("sha"), head)]
-        if not stale:
-            return taken
-        in_transaction(lambda session: rounds.drop_taken(session, self.job_id, stale, STALE_CI))
-        self.event("stale_ci", f"dropped {len(stale)} CI result(s) on an older head", {"requests": stale})
-        return [r for r in taken if r.get("id") not in stale]
-
-    def take_requests(self, session: Session) -> list[dict[str, Any]]:
-        """The thread's accepted requests, now this round's, with those an earlier run of it took (a rerun)."""
-        rounds.take_requests(session, self.job_id)
-        mine = rounds.requests_of(session, job_id=self.job_id)
-        return [r.to_dict() for r in mine if r.status == RequestStatus.taken.value]
-
-    def round_input(self) -> dict[str, Any]:
-        """What the round was given, as the job keeps it (redacted; the thread's notes bounded)."""
-        notes = [{**n.to_dict(), "body": n.body[:MAX_COMMENT_CHARS]} for n in self.thread]
-        given = {"requests": self.taken, "thread": notes, "diff": self.diff}
-        return redact_value(given, self.redact)
-
-    def prepare(self) -> Prepared:
-        """Start from the branch's head in the mirror (a human's pushes included); base = where it left main."""
-        info, mirror = self.fetch_mirror()
-        branch = self.branch or repos.branch_for_issue(self.issue)
-        start = repos.resolve(mirror, branch)
-        base = repos.merge_base(mirror, start, repos.resolve(mirror, info.default_branch))
-        self.branch, self.diff = branch, repos.diff_text(mirror, base, start, limit=MAX_DIFF_CHARS)
-        self.update(start_commit=start, base_commit=base, branch=branch, round_input=self.round_input())
-        self.event(
-            "prepared",
-            f"mirror updated; round {self.round} builds on {branch} at {start[:12]}, base {base[:12]}",
-            {"start_commit": start, "base_commit": base, "default_branch": info.default_branch},
-        )
-        self.root.mkdir(parents=True, exist_ok=True)
-        return Prepared(mirror, base, info.default_branch, info.clone_url, start=start)
-
-    def requests(self) -> list[ReviewComment | CiReport]:
-        """The taken requests as the forge vocabulary has them (what the task quotes)."""
-        asked: list[ReviewComment | CiReport] = []
-        for request in self.taken:
-            data = request.get("data") or {}
-            if request.get("kind") == "ci":
-                asked.append(CiReport.from_dict(data))
-            elif request.get("kind") == "review":
-                asked.append(ReviewComment.from_dict({"author": request.get("author"), **data}))
-        return asked
-
-    def task(self) -> str:
-        return self.redact(
-            render_round_task(
-                self.title,
-                self.body,
-                requests=self.requests(),
-                thread=self.thread,
-                diff=self.diff,
-                prompts_dir=self.s.prompts_dir,
-                project=self.project,
-                issue_number=self.issue,
-                mr_number=self.mr_number or "",
-                round_number=self.round,
-            )
-        )
-
-    def publish(self, prepared: Prepared, result: AttemptResult) -> None:
-        """One commit on the head the round started from, pushed as a fast-forward; then the MR and the replies."""
-        assert self.forge is not None and prepared.start is not None and self.mr_number is not None
-        self.check_cancel()
-        issue = self.forge.get_issue(self.project, self.issue)
-        self.refuse_confidential(issue, "published nothing")
-        if issue.state != "open" or self.s.trigger_label not in issue.labels:
-            self.drop_waiting("the issue was closed or the label removed")
-            raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the round ran", None)
-        self.begin_publishing()
-        skip_ci = not self.s.allow_forge_ci
-        message = self.redact(
-            commit_message(self.issue, self.redact(self.title), self.job_id, skip_ci=skip_ci, round_number=self.round)
-        )
-        assert result.changes is not None, "only a judged attempt is published"
-        sha = repos.commit_patch(
-            prepared.mirror,
-            prepared.start,
-            result.patch,
-            message,
-            BOT_AUTHOR,
-            self.root / "publish",
-            expect_tree=result.changes.tree,
-        )
-        self.push_round(prepared, sha, skip_ci)
-        self.event("pushed", f"pushed {sha[:12]} on {prepared.start[:12]} to {self.branch}", {"commit": sha})
-        assert self.thread_id is not None
-        lines = thread_round_lines(self.thread_id, self.s, pushed=(self.job_id, sha))
-        mr = show_rounds(self.forge, self.project, self.mr_number, lines, self.redact)
-        self.finish(
-            mr.web_url,
-            f"round {self.round} pushed {sha[:12]} to {mr.web_url}",
-            result.flags,
-            {"commit": sha, "round": self.round},
-        )
-        self.reply_all(
-            round_reply_pushed(
-                round_number=self.round,
-                commit=sha,
-                diffstat=result.changes.diffstat(),
-                summary=result.leaf.final_answer,
-                job_id=self.job_id,
-                job_url=self.url,
-                redact=self.redact,
-            )
-        )
-
-    def push_round(self, prepared: Prepared, sha: str, skip_ci: bool) -> None:
-        """A fast-forward from the head the round started on; a branch that moved meanwhile ends the round
-        and gives its requests back."""
-        assert prepared.start is not None
-        if not self.push(prepared, sha, expect_old=prepared.start, fast_forward=True, skip_ci=skip_ci):
-            in_transaction(lambda session: rounds.return_requests(session, self.job_id, BRANCH_MOVED))
-            raise JobEnded(
-                JobStatus.failed,
-                BRANCH_MOVED,
-                "Someone pushed to the branch while this round ran, so FrogFix pushed nothing; "
-                "the next round takes these requests again on the new head.",
-            )
-
-    def reply_all(self, text: str) -> None:
-        """One reply per discussion the taken requests came from (comments without one: one reply on the MR).
-
-        Best effort: a reply that cannot be posted is noted on the timeline, never fatal.
-        """
-        if self.forge is None or self.mr_number is None:
-            return
-        discussions: list[str | None] = []
-        for request in self.taken:
-            data = request.get("data") or {}
-            key = data.get("discussion_id") if request.get("kind") == "review" else None
-            key = key if isinstance(key, str) and key else None
-            if key not in discussions:
-                discussions.append(key)
-        for discussion in discussions:
-            try:
-                self.forge.reply(self.project, self.mr_number, self.redact(text), discussion)
-            except ForgeError as exc:
-                self.event("reply_failed", f"could not reply on the MR: {exc}")
-
-    def tell_end(self, status: JobStatus, reason: str, comment: str | None, notify: str | None) -> None:
-        """A round that pushed nothing says why in the MR's threads it was asked in, not on the issue.
-
-        A round `/frogfix stop` cancelled says nothing: the stop's own reply told the thread."""
-        if not self.taken:
-            return
-        if status == JobStatus.cancelled and in_transaction(
-            lambda session: rounds.stopped_by_request(session, self.job_id)
-        ):
-            return
-        outcome = round_outcome(status.value)
-        self.reply_all(
-            round_reply_ended(
-                round_number=self.round,
-                outcome=outcome,
-                detail=comment or reason,
-                job_id=self.job_id,
-                job_url=self.url,
-                redact=self.redact,
-            )
-        )
-
-
-def pipeline_for(job_id: int, deps: Deps) -> Pipeline:
-    """The job's pipeline: a review round's for a job with `round > 0`, else the issue's."""
-    with session_scope() as session:
-        is_round = (records.get_job(session, job_id).round or 0) > 0
-    return RoundPipeline(job_id, deps) if is_round else Pipeline(job_id, deps)
-
-
-def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[BaseException], ...] = ()) -> str:
-    """Run a claimed job to a final status; never raises."""
-    with structlog.contextvars.bound_contextvars(job_id=job_id):
-        try:
-            deps = deps or Deps.from_settings()
-            deps.time_limit_errors = deps.time_limit_errors or time_limit_errors
-            pipeline = pipeline_for(job_id, deps)
-        except Exception as exc:  # it could not even start: end the claimed job rather than leave it running
-            log.exception("pipeline_start_failed")
-            why = f"could not start: {type(exc).__name__}: {exc}"
-            with session_scope() as session:
-                transitions.set_status(session, job_id, JobStatus.failed, error=why)
-            return JobStatus.failed.value
-        with Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4)), pipeline.run_number):
-            return pipeline.run()
 
 
 def unproven_comment(reason: str) -> str:

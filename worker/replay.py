@@ -59,7 +59,7 @@ from app.logs import SecretRedactor, get_logger
 from app.settings import Settings, get_settings
 from app.statuses import ACTIVE_STATUSES, ExitReason
 from sandbox.base import SandboxError
-from worker import repos
+from worker import merging, repos
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
 from worker.environment.builder import EnvironmentUnusable
 from worker.leaf.loop import LeafLimits, StepRecord, plan_calls
@@ -359,7 +359,7 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
     with session_scope() as session:
         job = records.get_job(session, job_id)
         forge, project, status, job_base = job.forge, job.project, job.status, job.base_commit
-        job_start = job.start_commit
+        job_start, clean_update = job.start_commit, job.round_kind == "update"
         rows = [
             (a.run, a.number, a.trajectory_path, a.patch) for a in records.job_attempts(session, job_id)
         ]
@@ -376,6 +376,8 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
     chosen = _select_attempt(with_files, attempt, job_id)
     if chosen is None:
         why = "it has no attempts" if not rows else "none of its attempts left a trajectory file"
+        if clean_update and not rows:
+            why = "it is an update round that ran no model (git merged the target cleanly; its page shows the tests)"
         raise ReplayError(f"job {job_id} ({status}) has nothing to replay: {why}")
     data = _load_trajectory(chosen.path)
     base = data.get("base_commit") or job_base
@@ -467,6 +469,41 @@ def _has_commit(mirror: Path, commit: str) -> bool:
         return False
 
 
+def _resolution(rec: Recording, source: RepoSource) -> merging.Resolution | None:
+    """An update round's merge as its attempt ran it (its trajectory's `update`), so a live run judges the
+    resolution by the same rules; None for any other attempt, or a record that names no valid merge."""
+    update = rec.data.get("update")
+    if rec.start_commit is None or not isinstance(update, dict):
+        return None
+    head, target, name = update.get("head"), update.get("target"), update.get("target_branch")
+    if not all(isinstance(sha, str) and _COMMIT.fullmatch(sha) for sha in (head, target)):
+        return None
+    try:
+        merge = merging.merge_trees(source.repository(), str(head), str(target))
+        fork = repos.merge_base(source.repository(), str(head), str(target))
+    except repos.RepoError:
+        return None
+    return merging.Resolution(merge, fork, name if isinstance(name, str) and name else "the target branch")
+
+
+def _update_start_made(mirror: Path, rec: Recording, progress: Progress) -> bool:
+    """An update round's conflicted start (never pushed, so a fresh mirror lacks it) made again from the
+    merge its trajectory records (`update`: the branch's head and the target's head); False when it cannot be."""
+    update = rec.data.get("update")
+    if rec.start_commit is None or not isinstance(update, dict) or not (mirror / "HEAD").is_file():
+        return False
+    head, target = update.get("head"), update.get("target")
+    if not all(isinstance(sha, str) and _COMMIT.fullmatch(sha) for sha in (head, target)):
+        return False
+    try:
+        made = merging.ensure_conflicted_commit(mirror, str(head), str(target), rec.start_commit)
+    except repos.RepoError:
+        return False
+    if made:
+        progress(f"repository: the update round's conflicted start {rec.start_commit[:12]}, made again from its merge")
+    return made
+
+
 def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str], progress: Progress,
                 repo_dir: Path | None = None) -> RepoSource:
     """The mirror on disk when it holds the commit the attempt started from, else the mirror updated
@@ -491,7 +528,7 @@ def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str]
     key = repos.mirror_key(rec.forge, rec.project)
     mirror = cache.path_for(key)
     start = rec.checkout_commit
-    if _has_commit(mirror, start):
+    if _has_commit(mirror, start) or _update_start_made(mirror, rec, progress):
         progress(f"repository: the mirror on disk has {start[:12]}")
         return RepoSource("mirror", mirror)
     progress(f"repository: updating the mirror of {rec.project} from {rec.forge}")
@@ -501,7 +538,7 @@ def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str]
         mirror = cache.mirror(key, info.clone_url, forge.git_auth_header())
     finally:
         forge.close()
-    if not _has_commit(mirror, start):
+    if not _has_commit(mirror, start) and not _update_start_made(mirror, rec, progress):
         which = "start commit" if rec.start_commit else "base commit"
         raise ReplayError(f"the {which} {start[:12]} is no longer in {rec.project} (rewritten history?)")
     return RepoSource("mirror", mirror)
@@ -680,7 +717,8 @@ def _replay_model(rec: Recording, settings: Settings, live: bool, model: ModelCl
 
 
 def _spec(
-    rec: Recording, settings: Settings, mode: str, limits: LeafLimits, fields: dict[str, Any] | None = None
+    rec: Recording, settings: Settings, mode: str, limits: LeafLimits, fields: dict[str, Any] | None = None,
+    resolution: merging.Resolution | None = None,
 ) -> AttemptSpec:
     """The recorded system prompt and task, run again under the recorded (or, live, the current) model.
 
@@ -688,6 +726,8 @@ def _spec(
     guidance from the base commit again, as the pipeline does, in place of the recorded one.
     The workspace is made at `checkout_commit` (a round's start) and the patch taken against it;
     the replay's trajectory still records the job's base commit, and the round's start beside it.
+    An update round's attempt (`resolution`) keeps the target as its base, as it ran: its start is a
+    conflicted merge no test can run on.
     """
     messages = rec.messages
     live = mode != "replay"
@@ -695,7 +735,9 @@ def _spec(
     return AttemptSpec(
         job_id=rec.job_id,
         number=rec.number or 1,
-        base_commit=rec.checkout_commit,
+        base_commit=rec.base_commit if resolution is not None else rec.checkout_commit,
+        start_commit=rec.start_commit if resolution is not None else None,
+        resolution=resolution,
         system_prompt=str(messages[0].get("content") or ""),
         task=strip_guidance(task) if live else task,
         limits=limits,
@@ -730,7 +772,7 @@ def _run(
     """
     checker = None if live else Checker(rec.messages, redactor.redact, stop_at_end=rec.exit_reason not in NATURAL_EXITS)
     chosen, replaying, limits = _replay_model(rec, settings, live, model, checker)
-    spec = _spec(rec, settings, (mode or "live") if live else "replay", limits, fields)
+    spec = _spec(rec, settings, (mode or "live") if live else "replay", limits, fields, _resolution(rec, source))
     root = settings.resolved_workspace_dir() / f"replay-{_safe_label(rec.job_id)}-{secrets.token_hex(4)}"
     root.mkdir(parents=True, exist_ok=True)
     runner = AttemptRunner(

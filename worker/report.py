@@ -162,6 +162,21 @@ def commit_message(issue: int, title: str, job_id: int, *, skip_ci: bool, round_
     return f"{subject[:200]}\n\n{body}"
 
 
+def merge_commit_message(
+    issue: int, target_branch: str, target: str, job_id: int, *, skip_ci: bool, round_number: int, conflicted: int
+) -> str:
+    """An update round's merge commit: which target head it merged, and the marker that keeps forge CI off."""
+    target_name = inert_title(target_branch)[:100]
+    subject = f"Merge {target_name} ({target[:12]}) for #{issue} (update round {int(round_number)})"
+    body = (
+        f"Drafted by FrogFix (job {job_id}): the target branch merged in"
+        + (f", {conflicted} conflicted file(s) resolved by the agent." if conflicted else ", cleanly.")
+    )
+    if skip_ci:
+        body += f"\n\nForge CI is skipped until a maintainer runs it on this branch: {SKIP_CI_MARKER}"
+    return f"{subject[:200]}\n\n{body}"
+
+
 def _exit(run: dict[str, Any] | None) -> str:
     if run is None:
         return "not run"
@@ -525,13 +540,51 @@ def round_reply_pushed(
 
 
 def round_reply_ended(
-    *, round_number: int, outcome: str, detail: str, job_id: int, job_url: str | None, redact: Callable[[str], str]
+    *, round_number: int, outcome: str, detail: str, job_id: int, job_url: str | None, redact: Callable[[str], str],
+    kind: str = "review",
 ) -> str:
     """The reply when a round pushed nothing (no fix, failed, cancelled): why, made inert."""
+    what = "update" if kind == "update" else "review"
     text = (
-        f"FrogFix's review round {round_number} ({_job_ref(job_id, job_url)}) ended: **{inert(outcome)}**; "
+        f"FrogFix's {what} round {round_number} ({_job_ref(job_id, job_url)}) ended: **{inert(outcome)}**; "
         "nothing was pushed."
     )
     if detail:
         text += f" {inert(redact(detail)[:REPLY_SUMMARY_LIMIT])}"
     return redact(text)
+
+
+def update_reply_pushed(
+    *,
+    round_number: int,
+    commit: str,
+    target_branch: str,
+    target: str,
+    resolutions: Sequence[tuple[str, str]],
+    tests: str,
+    summary: str,
+    job_id: int,
+    job_url: str | None,
+    redact: Callable[[str], str],
+) -> str:
+    """The reply when an update round pushed its merge: what was merged, each conflicted file and how it was
+    resolved, and the tests on the merged branch. The agent's summary is fenced like a review round's."""
+    short = commit[:12] if _SHORT_SHA.fullmatch(commit) else "?"
+    head = target[:12] if _SHORT_SHA.fullmatch(target) else "?"
+    lines = [
+        f"FrogFix merged {code_span(redact(target_branch))} at `{head}` into this merge request as one merge commit,"
+        f" `{short}` (update round {round_number}, {_job_ref(job_id, job_url)}). No commit was rewritten.",
+        "",
+    ]
+    if resolutions:
+        lines.append(f"**Conflicts resolved ({len(resolutions)}):**")
+        lines += [f"- {code_span(shown_path(redact(path)))}: {inert(said)}" for path, said in resolutions[:50]]
+        if len(resolutions) > 50:
+            lines.append(f"- and {len(resolutions) - 50} more")
+    else:
+        lines.append("**Conflicts:** none; git merged it cleanly.")
+    lines += ["", f"**Tests on the merged branch:** {inert(redact(tests))}"]
+    text = redact(summary.strip())[:REPLY_SUMMARY_LIMIT]
+    if text:
+        lines += ["", "**What the agent says:**", "", _fence(text)]
+    return redact("\n".join(lines))

@@ -15,7 +15,7 @@ from app.jobs import records, rounds, scheduler
 from app.jobs.requeue import send_and_stamp
 from app.logs import get_logger
 from app.models import utcnow
-from app.queue import REPLAY_JOB, RUN_JOB, SWEEP, TRIAGE, celery_app
+from app.queue import CHECK_UPDATE, REPLAY_JOB, RUN_JOB, SWEEP, TRIAGE, celery_app
 from app.settings import get_settings
 from app.sweep import sweep_once
 from sandbox.cgroups import CgroupSupport
@@ -46,10 +46,10 @@ def run_job(job_id: int, *, clock: Callable[[], datetime] = utcnow) -> str:
         log.info("job_claimed", ticket=job_id)
         from celery.exceptions import SoftTimeLimitExceeded
 
-        from worker import pipeline
+        from worker import runs
 
         try:
-            return pipeline.run(claimed.job_id, time_limit_errors=(SoftTimeLimitExceeded,))
+            return runs.run(claimed.job_id, time_limit_errors=(SoftTimeLimitExceeded,))
         finally:
             release_after_run(claimed, clock)
             follow_up_after_run()
@@ -171,6 +171,39 @@ def warn_about_cgroups(support: CgroupSupport) -> bool:
         return False
     log.warning("sandbox_cgroups_missing", detail=support.describe(), fix=DELEGATION_FIX)
     return True
+
+
+@celery_app.task(name=CHECK_UPDATE, acks_late=True)
+def check_update_task(thread_id: int) -> str:
+    """FROGFIX_AUTO_UPDATE: start an update round when the thread's MR conflicts with its moved target
+    (worker/triage.py `check_for_update`); a forge that fails is logged, and the sweep asks again later."""
+    from app.db import session_scope
+    from app.forge.api import ForgeError
+    from app.jobs.requeue import send_and_stamp
+    from app.logs import SecretRedactor
+    from app.models import Job
+    from worker.triage import check_for_update
+    from worker.wiring import make_forge
+
+    settings = get_settings()
+    with session_scope() as session:
+        thread = session.get(Job, int(thread_id))
+        kind = thread.forge if thread is not None else None
+    if kind is None:
+        return "unknown"
+    forge = make_forge(kind, settings, SecretRedactor(settings.secret_values()).redact)
+    with structlog.contextvars.bound_contextvars(thread_id=thread_id):
+        try:
+            started = check_for_update(int(thread_id), forge, settings)
+        except ForgeError as exc:
+            log.warning("update_check_failed", error=str(exc)[:300])
+            return "deferred"
+        finally:
+            forge.close()
+    if started is None:
+        return "nothing"
+    send_and_stamp(started)
+    return f"round {started}"
 
 
 @celery_app.task(name=SWEEP)

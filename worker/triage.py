@@ -6,6 +6,9 @@ a member, whether the CI result is about the MR's head) and then accepts, ignore
 An accepted request starts the thread's next round when none is active; otherwise it waits and
 is batched into the next one (app/jobs/rounds.py). Celery-free: worker/tasks.py registers it.
 Everything in a request was typed by people FrogFix does not trust: it is compared, never run.
+With FROGFIX_AUTO_UPDATE on, `check_for_update` also asks the forge whether the MR conflicts with
+its moved target, after every triage and from the sweep, and starts an update round once per
+target head (issue 25).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any, Literal
 from sqlalchemy.orm import Session
 
 from app.db import session_scope
-from app.forge.api import Forge, ForgeError, ForgeNotFound, ForgeTransient
+from app.forge.api import Forge, ForgeError, ForgeNotFound, ForgeTransient, MergeRequest
 from app.forge.reviews import (
     STALE_CI,
     CiReport,
@@ -36,7 +39,8 @@ from app.logs import SecretRedactor, get_logger
 from app.models import Job, RoundRequest
 from app.settings import Settings
 from app.statuses import RequestStatus, RoundKind
-from worker.pipeline import show_rounds, thread_round_lines
+from worker import merging, repos
+from worker.rounds import show_rounds, thread_round_lines
 
 log = get_logger("frogfix.triage")
 
@@ -123,18 +127,25 @@ def is_own(author: str | None, bot: str) -> bool:
     return bool(author) and bool(bot) and str(author).casefold() == bot.casefold()
 
 
+# Each round kind's cap (its setting's name) and what its requests are called in a reply.
+_CAPS: dict[str, tuple[str, str]] = {
+    RoundKind.review: ("max_review_rounds", "review comments"),
+    RoundKind.ci: ("max_ci_rounds", "CI failures"),
+    RoundKind.update: ("max_update_rounds", "updates from the target branch"),
+}
+
+
 def cap_reason(kind: str, used: int, settings: Settings) -> str | None:
-    """Why the thread may not have another round of `kind` (None: it may); CI rounds and review rounds count apart."""
-    cap = settings.max_ci_rounds if kind == RoundKind.ci else settings.max_review_rounds
+    """Why the thread may not have another round of `kind` (None: it may); each kind's rounds count apart."""
+    name = _CAPS[kind][0]
+    cap = int(getattr(settings, name))
     if used < cap:
         return None
-    setting = "FROGFIX_MAX_CI_ROUNDS" if kind == RoundKind.ci else "FROGFIX_MAX_REVIEW_ROUNDS"
-    return f"the MR reached {setting} ({cap})"
+    return f"the MR reached FROGFIX_{name.upper()} ({cap})"
 
 
 def cap_reply(kind: str, reason: str) -> str:
-    what = "CI failures" if kind == RoundKind.ci else "review comments"
-    return f"FrogFix will not start another round for {what} on this merge request: {reason}."
+    return f"FrogFix will not start another round for {_CAPS[kind][1]} on this merge request: {reason}."
 
 
 def issue_still_asks(forge: Forge, view: RequestView, label: str) -> str | None:
@@ -178,6 +189,9 @@ def decide(view: RequestView, forge: Forge, settings: Settings) -> Verdict:
         return Verdict(RequestStatus.ignored, NOT_MEMBER, reply, "author")
     if view.kind == "stop":
         return Verdict(RequestStatus.taken, f"{view.author} stopped the rounds on this MR", stop=True)
+    if view.kind == RoundKind.update:
+        refused = _capped_or_gone(view, forge, settings, RoundKind.update)
+        return refused or Verdict(RequestStatus.accepted, f"{view.author} asked to merge {mr.target_branch} in")
     refused = _capped_or_gone(view, forge, settings, RoundKind.review)
     return refused or Verdict(RequestStatus.accepted, f"{view.author} asked for changes")
 
@@ -319,11 +333,92 @@ def triage(request_id: int, forge_for: Callable[[str], Forge], settings: Setting
             _reply(forge, view, outcome.reply)
         if outcome.shown_ci:
             _show_ci(forge, view, settings)
+        if outcome.round_job is None and not verdict.stop:  # a comment or CI result came: has the target moved?
+            outcome.round_job = _check_quietly(view.thread_id, forge, settings)
     finally:
         forge.close()
     if outcome.round_job is not None:
         send_and_stamp(outcome.round_job)
     return verdict.status.value
+
+
+# -- FROGFIX_AUTO_UPDATE ---------------------------------------------------------------------------
+
+
+def check_for_update(thread_id: int, forge: Forge, settings: Settings) -> int | None:
+    """With FROGFIX_AUTO_UPDATE on: when the forge reports the thread's MR in conflict with its target, an
+    accepted update request for the target's head and the round it starts (the job id to send, after the
+    commit). Once per target head (the request's dedupe key), so a round that could not merge that head
+    never starts again until the target moves; nothing while the forge is still checking."""
+    if not settings.auto_update:
+        return None
+    with session_scope() as session:
+        thread = session.get(Job, thread_id)
+        if thread is None or thread.thread_id is not None:
+            return None
+        mr_number, project, issue = rounds.thread_mr_number(thread), thread.project, thread.issue
+    if mr_number is None:
+        return None
+    mr = forge.get_mr(project, mr_number)
+    with session_scope() as session:
+        rounds.note_update_check(session, thread_id, mr.verdict)
+    if mr.verdict != "open":
+        return None
+    if mr.conflicts is False or (mr.conflicts is None and forge.kind != "gitea"):
+        return None  # it merges cleanly, or GitLab is still checking (the next check sees its verdict)
+    # A conflict the forge reports, or one Gitea cannot report (it says `mergeable: false` for every draft
+    # pull, and while it checks), is confirmed by git in the mirror, which also names the target's head
+    # now: the key of "once per target head" (GitLab's `diff_refs.start_sha` may lag behind the target).
+    conflicts, target_sha = _conflicts_by_git(forge, project, mr, settings)
+    if conflicts is not True or not target_sha:
+        return None
+    view = RequestView(0, thread_id, forge.kind, project, issue, mr_number, RoundKind.update.value, None, {})
+    with session_scope() as session:
+        if cap_reason(RoundKind.update, rounds.rounds_used(session, thread_id, RoundKind.update), settings):
+            return None
+    if issue_still_asks(forge, view, settings.trigger_label) is not None:
+        return None
+    reason = f"the MR conflicts with {mr.target_branch} at {target_sha[:12]} (FROGFIX_AUTO_UPDATE)"
+    with session_scope() as session:
+        thread = session.get(Job, thread_id)
+        if thread is None:
+            return None
+        request_id = rounds.record_auto_update(session, thread, mr_number, target_sha, reason)
+        if request_id is None:
+            return None
+        add_event(
+            session, thread_id, "request_accepted", f"update request {request_id} accepted: {reason}",
+            {"request_id": request_id, "kind": RoundKind.update.value, "target_sha": target_sha},
+        )
+        return rounds.start_round_if_idle(session, thread_id)
+
+
+def _conflicts_by_git(
+    forge: Forge, project: str, mr: MergeRequest, settings: Settings
+) -> tuple[bool | None, str | None]:
+    """Whether the MR's branch conflicts with its target, asked of git in the mirror (fetched now), and the
+    target's head there. (None, None) when git cannot tell (a branch gone, the mirror failing)."""
+    try:
+        info = forge.project_info(project)
+        cache = repos.RepoCache(settings.data_dir / "mirrors")
+        mirror = cache.mirror(repos.mirror_key(forge.kind, project), info.clone_url, forge.git_auth_header())
+        head = repos.resolve(mirror, f"refs/heads/{mr.source_branch}")
+        target = repos.resolve(mirror, f"refs/heads/{mr.target_branch}")
+        if merging.is_ancestor(mirror, target, head):
+            return False, target
+        return not merging.merge_trees(mirror, head, target).clean, target
+    except repos.RepoError as exc:
+        log.warning("update_check_git_failed", project=project, mr=mr.number, error=str(exc)[:300])
+        return None, None
+
+
+def _check_quietly(thread_id: int, forge: Forge, settings: Settings) -> int | None:
+    """`check_for_update` after a triage: a forge that fails is logged; the sweep asks again later."""
+    try:
+        return check_for_update(thread_id, forge, settings)
+    except ForgeError as exc:
+        log.warning("update_check_failed", thread_id=thread_id, error=str(exc)[:300])
+        return None
 
 
 def _show_ci(forge: Forge, view: RequestView, settings: Settings) -> None:

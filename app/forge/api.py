@@ -20,7 +20,7 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote
 
@@ -142,11 +142,25 @@ class MergeRequest:
     head_sha: str | None = None
     author: str | None = None
     verdict: MrVerdict = "open"
+    # What the forge says of merging it into its target (issue 25): True it conflicts, False it merges
+    # cleanly, None not known (GitLab still checking, or the forge did not say); and the target branch's
+    # head that verdict was made against (GitLab `diff_refs.start_sha`, Gitea/Forgejo `base.sha`).
+    conflicts: bool | None = None
+    target_sha: str | None = None
 
 
 # The MR's number at the end of the web URL we stored for a job: GitLab `/-/merge_requests/N`,
 # Gitea and Forgejo `/pulls/N`.
 _MR_URL_NUMBER = re.compile(r"/(?:-/)?(?:merge_requests|pulls)/([1-9][0-9]{0,9})/?$")
+
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def full_sha(value: Any) -> str | None:
+    """A whole commit id (SHA-1, or SHA-256 for such repositories) in lower case, or None for anything else."""
+    text = value.lower() if isinstance(value, str) else ""
+    return text if _FULL_SHA.fullmatch(text) else None
 
 
 def mr_number_from_url(url: str | None) -> int | None:

@@ -43,6 +43,7 @@ from app.forge.api import (
     comment_marker,
     draft_prefix,
     error_for_status,
+    full_sha,
     post_once,
     secret_forms,
 )
@@ -65,6 +66,35 @@ def gitea_wip_title(title: str, prefixes: tuple[str, ...]) -> bool:
     """
     upper = title.upper()
     return any(p.strip() and upper.startswith(p.strip().upper()) for p in prefixes)
+
+
+def gitea_conflicts(mergeable: Any, *, open_: bool, draft: bool) -> bool | None:
+    """Whether a pull request conflicts with its base branch, from what Gitea/Forgejo's API says.
+
+    Field names: Gitea's api.PullRequest (modules/structs/pull.go; in the shared fixtures
+    forgejo/woodpecker/HookPullRequestEdited.json and gitea/go-playground_webhooks/pull-request-event.json):
+    `mergeable` (bool), `merge_base` (sha), `base` {ref, sha}, `head` {ref, sha}.
+
+    What they mean, read in go-gitea/gitea (services/convert/pull.go, ToAPIPullRequest, and
+    models/issues/pull.go): `mergeable` is `pr.Mergeable()`, false when the pull's status is CHECKING
+    (the conflict check that runs after a push to either branch is not done), CONFLICT or ERROR, *or*
+    when the pull is work in progress (a WIP title prefix: Gitea's draft); it is a plain bool, always
+    sent, never null. `base.sha` is the base branch's head commit, read from the repository when the
+    API answers (GetBranch(pr.BaseBranch).GetCommit()); `merge_base` is the merge base stored by the
+    last check, not the target head. So `base.sha` is the best target head there is, though while a
+    check is pending it may be newer than the verdict.
+
+    Hence: `mergeable` true is conflicts False; false on an open pull that is not a draft is taken as a
+    conflict, True (the API cannot tell it from a check still running or one that failed); false on a
+    draft says nothing (None), and neither does anything on a closed or merged pull, nor a missing field.
+    FrogFix's own pulls are drafts until a human marks them ready, so for them it is mostly None: compare
+    `base.sha` with the head the branch was built on, and merge locally, to know more.
+    """
+    if not open_ or not isinstance(mergeable, bool):
+        return None
+    if mergeable:
+        return False
+    return None if draft else True
 
 
 def _explain_403(exc: ForgeAuthError, why: str) -> ForgeAuthError:
@@ -575,6 +605,9 @@ class GiteaForge:
         if not isinstance(draft, bool):  # Gitea 1.16-1.21: no `draft` field
             draft = gitea_wip_title(title, self._wip_prefixes)
         head, base = data.get("head") or {}, data.get("base") or {}
+        verdict: MrVerdict = (
+            "merged" if data.get("merged") is True else "closed" if data.get("state") == "closed" else "open"
+        )
         return MergeRequest(
             id=int(data.get("id") or 0),
             number=int(data.get("number") or 0),
@@ -587,5 +620,9 @@ class GiteaForge:
             state=str(data.get("state") or ""),
             head_sha=head.get("sha") or None,
             author=self._login(data.get("user")),
-            verdict="merged" if data.get("merged") is True else "closed" if data.get("state") == "closed" else "open",
+            verdict=verdict,
+            conflicts=gitea_conflicts(data.get("mergeable"), open_=verdict == "open", draft=bool(draft)),
+            # `base.sha`: the target branch's head when Gitea answered (see gitea_conflicts), not the
+            # merge base, which Gitea reports apart as `merge_base`.
+            target_sha=full_sha(base.get("sha")),
         )

@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from app.forge.reviews import CiJob, CiReport, CiStatus, CommentKind, ReviewComment, command_text, is_stop
+from app.forge.reviews import CiJob, CiReport, CiStatus, CommentKind, ReviewComment, command_text, comment_intent
 from app.forge.webhook import (
     ANSWER_REASON,
     FORM_MEDIA,
@@ -21,6 +21,7 @@ from app.forge.webhook import (
     answer_ignored,
     body_digest_id,
     bounded_list,
+    comment_reason,
     commit_sha,
     decode_json_object,
     dict_or_empty,
@@ -229,8 +230,9 @@ def _comment(payload: dict[str, Any], event: str, event_type: str, delivery_id: 
         body=text_or_none(raw.get("body"), MAX_COMMENT_CHARS) or "",
         url=text_or_none(raw.get("html_url"), 2000),
     )
-    intent: Intent = "stop" if is_stop(comment.body) else "review"
-    reason = "/frogfix stop on a pull request" if intent == "stop" else "a comment on a pull request"
+    asks = comment_intent(comment.body)
+    intent: Intent = asks
+    reason = comment_reason(asks, "a comment on a pull request", "on a pull request")
     return WebhookEvent("gitea", delivery_id, event, intent, reason, action="created", comment=comment, **fields)
 
 
@@ -328,8 +330,9 @@ def _review(payload: dict[str, Any], event: str, event_type: str, delivery_id: s
     )
     if kind == "review_approved":
         return ignore("an approving review asks for no changes", action=action, comment=comment, **fields)
-    intent: Intent = "stop" if is_stop(body) else "review"
-    reason = "/frogfix stop in a review" if intent == "stop" else f"a {kind} review on a pull request"
+    asks = comment_intent(body)
+    intent: Intent = asks
+    reason = comment_reason(asks, f"a {kind} review on a pull request", "in a review")
     return WebhookEvent("gitea", delivery_id, event, intent, reason, action=action, comment=comment, **fields)
 
 

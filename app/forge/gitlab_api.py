@@ -41,6 +41,7 @@ from app.forge.api import (
     comment_marker,
     draft_prefix,
     error_for_status,
+    full_sha,
     post_once,
     secret_forms,
 )
@@ -53,6 +54,47 @@ _DISCUSSION_ID = re.compile(r"[0-9a-fA-F]{8,64}")  # GitLab's discussion ids are
 DEVELOPER = 30  # GitLab access levels: 10 guest, 20 reporter, 30 developer, 40 maintainer, 50 owner
 # Passed to every python-gitlab call so that only RetryPolicy retries.
 _ONCE: dict[str, Any] = {"obey_rate_limit": False, "retry_transient_errors": False}
+
+
+# GitLab's merge status while it is still (re)computing whether the MR merges: `merge_status` is the
+# MergeRequest state machine (preparing, unchecked, checking, cannot_be_merged_recheck,
+# cannot_be_merged_rechecking; done: can_be_merged, cannot_be_merged), `detailed_merge_status` the
+# 15.6+ field (DetailedMergeStatusService answers preparing, checking or unchecked before any check).
+_MERGE_STATUS_PENDING = frozenset(
+    {"preparing", "unchecked", "checking", "cannot_be_merged_recheck", "cannot_be_merged_rechecking"}
+)
+_DETAILED_STATUS_PENDING = frozenset({"preparing", "checking", "unchecked"})
+def gitlab_conflicts(data: dict[str, Any]) -> bool | None:
+    """Whether an MR, as GitLab's merge request API answers it, conflicts with its target branch.
+
+    The field names are GitLab's merge requests API (doc/api/merge_requests.md; in the shared fixtures
+    gitlab/go-gitlab/api_responses/get_merge_request.json and gitlab/go-gitlab/note_merge_request.json):
+    `state`, `has_conflicts` (bool), `merge_status` (deprecated since 15.6; can_be_merged means "no
+    conflicts between the source and target branches", cannot_be_merged "conflicts", the rest are the
+    pending states above) and `detailed_merge_status` (mergeable, conflict, draft_status, need_rebase,
+    not_open, ci_must_pass, ... or checking/unchecked/preparing).
+
+    GitLab checks mergeability asynchronously: while either status says it is (re)checking, the answer
+    is None (`has_conflicts` then still holds the previous verdict), and so it is for an MR no longer
+    open. Otherwise `detailed_merge_status` conflict or `has_conflicts` true mean it conflicts and
+    `has_conflicts` false that it merges cleanly. A draft MR is `draft_status` whatever its conflicts
+    (GitLab runs the draft check before the conflict check), so for FrogFix's draft MRs `has_conflicts`
+    is what tells. An old GitLab that sends no `has_conflicts` (11.3, for one) still says it in
+    `merge_status`; with none of these the answer is None.
+    """
+    detailed, status = data.get("detailed_merge_status"), data.get("merge_status")
+    if data.get("state") in ("closed", "merged") or detailed == "not_open":
+        return None  # GitLab stops checking an MR that is no longer open: what it last said is moot
+    if detailed in _DETAILED_STATUS_PENDING or status in _MERGE_STATUS_PENDING:
+        return None
+    has_conflicts = data.get("has_conflicts")
+    if detailed == "conflict" or has_conflicts is True:
+        return True
+    if has_conflicts is False:
+        return False
+    if has_conflicts is None and status in ("can_be_merged", "cannot_be_merged"):
+        return status == "cannot_be_merged"
+    return None
 
 
 class GitLabForge:
@@ -502,4 +544,8 @@ class GitLabForge:
             head_sha=data.get("sha") or diff_refs.get("head_sha") or None,
             author=author.get("username") if isinstance(author, dict) else None,
             verdict="merged" if state == "merged" else "closed" if state == "closed" else "open",
+            conflicts=gitlab_conflicts(data),
+            # `diff_refs.start_sha`: the target branch's head recorded with the MR's latest diff version
+            # (`base_sha` is the merge base, `head_sha` the source head); the best GitLab gives here.
+            target_sha=full_sha(diff_refs.get("start_sha")),
         )

@@ -17,7 +17,7 @@ from app.forge.reviews import (
     CommentKind,
     ReviewComment,
     command_text,
-    is_stop,
+    comment_intent,
 )
 from app.forge.webhook import (
     ANSWER_REASON,
@@ -30,6 +30,7 @@ from app.forge.webhook import (
     answer_ignored,
     body_digest_id,
     bounded_list,
+    comment_reason,
     commit_sha,
     decode_json_object,
     dict_or_empty,
@@ -279,8 +280,9 @@ def _note(payload: dict[str, Any], event: str, delivery_id: str, allow_confident
     action = attrs.get("action")
 
     comment = _review_comment(attrs, payload, fields["sender"])
-    intent: Intent = "stop" if is_stop(comment.body) else "review"
-    reason = "/frogfix stop on a merge request" if intent == "stop" else f"a {comment.kind} on a merge request"
+    asks = comment_intent(comment.body)
+    intent: Intent = asks
+    reason = comment_reason(asks, f"a {comment.kind} on a merge request", "on a merge request")
     return WebhookEvent(
         "gitlab", delivery_id, event, intent, reason, action=text_or_none(action, 64), comment=comment, **fields
     )

@@ -17,6 +17,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 COMMAND = "/frogfix"
 STOP_WORDS = ("stop", "cancel")
+# `/frogfix rebase` / `/frogfix update`: merge the MR's moved target branch into it (an update round, issue 25).
+UPDATE_WORDS = ("rebase", "update")
 
 # What a comment on the bot's MR is, as the forge said it:
 # - note: a plain MR/PR comment (GitLab Note on a MergeRequest, Gitea issue_comment on a pull request);
@@ -237,6 +239,29 @@ def is_stop(body: str) -> bool:
     """`/frogfix stop` (or `/frogfix cancel`): cancel the running round and drop the waiting requests."""
     words = (command_text(body) or "").split(None, 1)
     return bool(words) and words[0].lower() in STOP_WORDS
+
+
+def is_update(body: str) -> bool:
+    """`/frogfix rebase` (or a bare `/frogfix update`): merge the target branch into FrogFix's MR in an update round.
+
+    FrogFix never rebases (that would rewrite the branch's commits): "rebase" is the word people
+    use, and it asks for the same thing, the MR brought up to date with a merge commit."""
+    words = [w for w in (w.lower().strip(".!:,") for w in (command_text(body) or "").split()) if w != "please"]
+    if not words or words[0] not in UPDATE_WORDS:
+        return False
+    # `/frogfix rebase ...` is always this; `/frogfix update the docstring` is a review request, so an
+    # update asks for it only alone, or as "update the branch" / "update from main".
+    return words[0] == "rebase" or len(words) == 1 or words[1:] in (["branch"], ["the", "branch"]) or words[1] == "from"
+
+
+CommentIntent = Literal["stop", "update", "review"]
+
+
+def comment_intent(body: str) -> CommentIntent:
+    """What a comment on FrogFix's MR asks for: a stop, an update round, or (maybe) a review round."""
+    if is_stop(body):
+        return "stop"
+    return "update" if is_update(body) else "review"
 
 
 def mentions(body: str, username: str) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.forge.reviews import CiReport, ReviewComment, is_stop
+from app.forge.reviews import CiReport, CommentIntent, ReviewComment, is_stop
 
 
 class WebhookError(Exception):
@@ -38,11 +38,14 @@ class WebhookUnsupportedMedia(WebhookMalformed):
 # start / cancel / recheck: an issue event about the trigger label (the first run).
 # review: a comment or review on an MR/PR (a round request if the MR is FrogFix's and the worker's
 #   triage finds it addressed to FrogFix by a member); stop: `/frogfix stop` on an MR/PR;
+#   update: `/frogfix rebase` (or `update`) on an MR/PR: merge its moved target branch in (issue 25);
 # ci: a finished CI result on a commit (GitLab pipeline, Gitea/Forgejo commit status).
 # answer: a `/frogfix` comment on an issue (not an MR/PR): the reporter answered the question FrogFix
 #   asked instead of opening an MR, so the issue's job may run again (intake checks it asked; the
 #   worker checks the commenter's rights).
-Intent = Literal["start", "cancel", "recheck", "ignore", "review", "stop", "ci", "answer"]
+Intent = Literal["start", "cancel", "recheck", "ignore", "review", "stop", "update", "ci", "answer"]
+# The intents that become a round request on an MR FrogFix opened (app/jobs/rounds.py).
+ROUND_INTENTS: tuple[Intent, ...] = ("review", "stop", "update", "ci")
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,15 @@ def answer_ignored(closed: bool, body: str) -> str | None:
     if is_stop(body):
         return "/frogfix stop on an issue stops nothing: remove the trigger label to stop FrogFix"
     return None
+
+
+# What each comment intent is called in a webhook's reason, per where the comment was made.
+_INTENT_WORDS: dict[CommentIntent, str] = {"stop": "/frogfix stop", "update": "/frogfix rebase (an update round)"}
+
+
+def comment_reason(intent: CommentIntent, otherwise: str, where: str) -> str:
+    """The recorded reason of a comment on an MR/PR: its command, or `otherwise` (what kind of comment it is)."""
+    return f"{_INTENT_WORDS[intent]} {where}" if intent in _INTENT_WORDS else otherwise
 
 
 def body_digest_id(body: bytes) -> str:

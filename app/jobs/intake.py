@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session
 
 from app.forge.reviews import CI_FINAL
-from app.forge.webhook import WebhookEvent
+from app.forge.webhook import ROUND_INTENTS, WebhookEvent
 from app.jobs import records, rounds
 from app.jobs.records import active_job, add_event, prepared
 from app.jobs.transitions import ANSWERABLE_STATUSES, TOO_LATE, request_cancel, requeue_answered
@@ -80,7 +80,7 @@ def record_malformed(session: Session, forge: str, delivery_id: str, event: str,
 
 
 def _act(session: Session, event: WebhookEvent) -> IntakeResult:
-    if event.intent in ("review", "stop", "ci") and event.project is not None:
+    if event.intent in ROUND_INTENTS and event.project is not None:
         return _round_request(session, event)
     if event.intent == "ignore" or event.project is None or event.issue is None:
         return IntakeResult("ignored", event.reason)

@@ -17,14 +17,14 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, Table, exists, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import CursorResult
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from app.forge.api import mr_number_from_url
 from app.forge.reviews import CiReport, ReviewComment
-from app.forge.webhook import WebhookEvent
+from app.forge.webhook import ROUND_INTENTS, WebhookEvent
 from app.jobs.records import active_job, add_event, prepared
-from app.models import Job, JobEvent, RoundRequest, utcnow
-from app.statuses import FINAL_STATUSES, JobStatus, RequestStatus, RoundKind
+from app.models import Job, JobAttempt, JobEvent, RoundRequest, utcnow
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus, RequestStatus, RoundKind
 
 # A comment that starts with this is one FrogFix posted (app/forge/api.py `comment_marker`).
 OWN_COMMENT_MARKER = "<!-- frogfix:"
@@ -227,13 +227,24 @@ def record_request(session: Session, thread: Job, event: WebhookEvent) -> int | 
     """Insert a `pending` request for the thread; its id, or None when this comment or CI result is already recorded."""
     payload: ReviewComment | CiReport | None = event.ci if event.intent == "ci" else event.comment
     mr = event.mr if event.mr is not None else thread_mr_number(thread)
-    if payload is None or mr is None or event.intent not in ("review", "stop", "ci"):
+    if payload is None or mr is None or event.intent not in ROUND_INTENTS:
         raise ValueError(f"a {event.intent} event without its comment, CI result or MR is no round request")
     # A CI result has no asker: whoever ran the pipeline (or posted the status) asked for nothing, so a
     # CI round acts for the person who started the thread (the rounds fall back to its trigger user).
     author = None
     if event.intent != "ci":
         author = event.comment.author if event.comment is not None and event.comment.author else event.sender
+    return _insert_request(
+        session, thread, mr, event.intent, RequestStatus.pending, event.reason, dedupe_key(event),
+        author=author, delivery_id=event.delivery_id, data=payload.to_dict(),
+    )
+
+
+def _insert_request(
+    session: Session, thread: Job, mr: int, kind: str, status: RequestStatus, reason: str, key: str | None, *,
+    author: str | None, delivery_id: str | None, data: dict[str, Any],
+) -> int | None:
+    """One request row for the thread, unless its dedupe key is there already (then None)."""
     now = utcnow()
     return cast(
         int | None,
@@ -245,13 +256,13 @@ def record_request(session: Session, thread: Job, event: WebhookEvent) -> int | 
                 "forge": thread.forge,
                 "project": thread.project,
                 "mr_number": mr,
-                "kind": event.intent,
-                "status": RequestStatus.pending.value,
-                "reason": event.reason[:2000],
-                "delivery_id": event.delivery_id,
-                "dedupe_key": dedupe_key(event),
+                "kind": kind,
+                "status": status.value,
+                "reason": reason[:2000],
+                "delivery_id": delivery_id,
+                "dedupe_key": key[:255] if key else key,
                 "author": author[:255] if author else None,
-                "data": payload.to_dict(),
+                "data": data,
                 "created_at": now,
                 "updated_at": now,
             },
@@ -318,14 +329,26 @@ def ignored_before(
     return session.execute(query.limit(1)).first() is not None
 
 
+def _of_kind(kind: str | None) -> ColumnElement[bool]:
+    """The requests a round of `kind` takes: an update round its update requests, any other round the rest."""
+    if kind == RoundKind.update:
+        return RoundRequest.kind == RoundKind.update.value
+    return RoundRequest.kind != RoundKind.update.value
+
+
 def take_requests(session: Session, job_id: int) -> list[RoundRequest]:
-    """Every accepted request of the round's thread is taken by this round (oldest first)."""
-    thread_id = session.execute(select(Job.thread_id).where(Job.id == job_id)).scalar_one_or_none()
-    if thread_id is None:
+    """Every accepted request of the round's thread that its kind takes is taken by this round (oldest first)."""
+    row = session.execute(select(Job.thread_id, Job.round_kind).where(Job.id == job_id)).first()
+    if row is None or row[0] is None:
         return []
+    thread_id, kind = row
     session.execute(
         update(RoundRequest)
-        .where(RoundRequest.thread_id == thread_id, RoundRequest.status == RequestStatus.accepted.value)
+        .where(
+            RoundRequest.thread_id == thread_id,
+            RoundRequest.status == RequestStatus.accepted.value,
+            _of_kind(kind),
+        )
         .values(status=RequestStatus.taken.value, job_id=job_id, updated_at=utcnow())
     )
     taken = select(RoundRequest).where(RoundRequest.job_id == job_id, RoundRequest.status == RequestStatus.taken.value)
@@ -408,6 +431,8 @@ def touch_requests(session: Session, request_ids: list[int]) -> None:
 def start_round_if_idle(session: Session, thread_id: int) -> int | None:
     """Insert the thread's next round (queued) when requests are accepted and no job of the issue is active.
 
+    An update request waits apart: an update round takes only those, any other round only the rest.
+
     Its id, for the caller to send after the commit; None when nothing waits, or a job of the
     issue is active (the unique active-issue index decides a race: the requests just wait).
     """
@@ -423,7 +448,8 @@ def start_round_if_idle(session: Session, thread_id: int) -> int | None:
     )
     if not waiting or active_job(session, thread.forge, thread.project, thread.issue) is not None:
         return None
-    kind = RoundKind.review if any(k == RoundKind.review.value for k, _ in waiting) else RoundKind.ci
+    kind = _next_kind([k for k, _ in waiting])
+    waiting = [row for row in waiting if (row[0] == RoundKind.update) == (kind == RoundKind.update)]
     author = next((a for _, a in reversed(waiting) if a), None) or thread.trigger_user
     number = _next_round(session, thread_id)
     job_id = _insert_round(session, thread, number, kind, author)
@@ -437,6 +463,14 @@ def start_round_if_idle(session: Session, thread_id: int) -> int | None:
         {"thread_id": thread_id, "round": number, "round_kind": kind.value, "trigger_user": author},
     )
     return job_id
+
+
+def _next_kind(kinds: list[str]) -> RoundKind:
+    """The kind of round the waiting requests ask for first: an update (the branch brought up to date,
+    so the rounds after it work on today's target), then a review, then CI."""
+    if RoundKind.update in kinds:
+        return RoundKind.update
+    return RoundKind.review if RoundKind.review in kinds else RoundKind.ci
 
 
 def _next_round(session: Session, thread_id: int) -> int:
@@ -493,3 +527,80 @@ def follow_up(session: Session) -> list[int]:
         if job_id is not None:
             started.append(job_id)
     return started
+
+
+# -- update rounds (issue 25) -----------------------------------------------------------------------
+
+AUTO_UPDATE_PREFIX = "auto:"  # an update request FrogFix made itself: its dedupe key names the target's head
+
+
+def record_auto_update(session: Session, thread: Job, mr: int, target_sha: str, reason: str) -> int | None:
+    """An accepted update request FrogFix itself makes for the thread, once per target-branch head: its id,
+    or None when this head was asked about already (the dedupe key is the head; a round that could not
+    merge it never makes FrogFix ask again until the target moves)."""
+    return _insert_request(
+        session, thread, mr, RoundKind.update.value, RequestStatus.accepted, reason,
+        f"{AUTO_UPDATE_PREFIX}{target_sha}", author=None, delivery_id=None,
+        data={"auto": True, "target_sha": target_sha, "reason": reason[:2000]},
+    )  # fmt: skip
+
+
+def note_update_check(session: Session, thread_id: int, mr_state: str) -> None:
+    """What an update check saw of the thread's MR, and when (the sweep asks again after a while)."""
+    session.execute(
+        update(Job).where(Job.id == thread_id).values(mr_state=mr_state[:16], update_checked_at=utcnow())
+    )
+
+
+def note_update_sent(session: Session, thread_ids: list[int]) -> None:
+    """Their update check was sent now: the sweep leaves them alone for another check interval."""
+    if thread_ids:
+        session.execute(update(Job).where(Job.id.in_(thread_ids)).values(update_checked_at=utcnow()))
+
+
+def threads_to_check(session: Session, older_than: datetime, limit: int = 100) -> list[int]:
+    """Threads whose MR may still be open (not seen closed or merged) and that no update check looked at
+    since `older_than`, with no job of the issue active; least recently checked first."""
+    opened = [Job.thread_id.is_(None), Job.round == 0, Job.status == JobStatus.done.value]
+    has_mr = or_(Job.mr_number.is_not(None), Job.mr_url.is_not(None))
+    unchecked = or_(Job.update_checked_at.is_(None), Job.update_checked_at < older_than)
+    other = aliased(Job)
+    busy = exists().where(
+        other.forge == Job.forge, other.project == Job.project, other.issue == Job.issue,
+        other.status.in_(ACTIVE_STATUSES),
+    )  # fmt: skip
+    query = (
+        select(Job.id)
+        .where(*opened, has_mr, unchecked, or_(Job.mr_state.is_(None), Job.mr_state == "open"), ~busy)
+        .order_by(Job.update_checked_at.is_not(None), Job.update_checked_at, Job.id)
+        .limit(limit)
+    )
+    return [row[0] for row in session.execute(query)]
+
+
+PROVEN_LEVELS = ("reproduced", "failed_before")  # EvidenceLevel values that prove a fix (worker/evidence.py)
+
+
+def thread_proof(session: Session, thread_id: int, besides: int) -> str | None:
+    """How the thread's fix was proven, when one of its published commits was (`reproduced` or
+    `failed_before`, the strongest first): an update round must prove it again on the new target.
+    Only jobs that pushed count (a refused or unpublished round proved nothing), and never `besides`
+    (the round asking). None when no published attempt proved it."""
+    query = (
+        select(JobAttempt.tests)
+        .join(Job, Job.id == JobAttempt.job_id)
+        .where(
+            or_(Job.id == thread_id, Job.thread_id == thread_id),
+            Job.id != besides,
+            Job.status == JobStatus.done.value,
+            Job.pushed_commit.is_not(None),
+            JobAttempt.chosen.is_(True),
+        )
+    )
+    found = set()
+    for tests in session.execute(query).scalars():
+        evidence = tests.get("evidence") if isinstance(tests, dict) else None  # TestEvidence.to_dict()
+        level = evidence.get("level") if isinstance(evidence, dict) else None
+        if level in PROVEN_LEVELS:
+            found.add(level)
+    return next((level for level in PROVEN_LEVELS if level in found), None)

@@ -197,3 +197,18 @@ def test_text_report_one_line_each_with_fix() -> None:
         "WARN e: open; fix: close it",
         "0 passed, 0 failed, 1 warned, 0 skipped",
     ]
+
+
+def test_git_is_new_enough_for_update_rounds(frogfix_env: dict[str, Any], tmp_path: Path) -> None:
+    from worker.doctor.system import check_git
+
+    [line] = check_git(get_settings(), DoctorOptions())
+    assert (line.name, line.outcome) == ("git.version", "pass"), line  # this machine's git is 2.39
+    old = tmp_path / "bin"
+    old.mkdir()
+    (old / "git").write_text("#!/bin/sh\necho 'git version 2.30.2'\n")
+    (old / "git").chmod(0o755)
+    frogfix_env["monkeypatch"].setenv("PATH", f"{old}{os.pathsep}{os.environ['PATH']}")
+    [line] = check_git(get_settings(), DoctorOptions())
+    assert (line.name, line.outcome, line.severity) == ("git.version", "warn", "warning")
+    assert "older than 2.38" in line.detail and "update rounds" in line.detail

@@ -22,6 +22,12 @@ PullReviewComment: `position` the new line, `original_position` the old one, `re
 commit statuses per sha (`add_status`, gitea/go-scm/api_responses/statuses.json: the state is named
 `status`), a pull's head sha (`set_pull_head`) and a human marking it ready (`set_pull_ready`).
 
+Merge status (issue 25): once `link_repository` ties a repository to its bare git repository, every open
+pull of it is answered from the repository at that moment: `head.sha`, `base.sha` (the base branch's
+head, as Gitea's ToAPIPullRequest reads it from the branch when it answers), `merge_base`, and
+`mergeable`, which is Gitea's PullRequest.Mergeable(): false while the conflict check runs
+(`set_mergeable_unknown`), when the pull conflicts (`git merge-tree`), or when it is work in progress.
+
 Organisation teams (`add_team`) carry `units_map` as Gitea 1.17+ lists them: a "general access"
 team grants its modes per unit, and the repository-level permission of its members reads the
 team's lowest unit mode (so `read` for a team with write on code and read on the wiki).
@@ -36,7 +42,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from tests.doubles.gitlab_api import FIXTURES, JSON_NULL, Answer, JsonApiDouble, load_fixture
+from tests.doubles.gitlab_api import FIXTURES, JSON_NULL, Answer, JsonApiDouble, load_fixture, merge_view
 
 WIP_PREFIXES = ("WIP:", "[WIP]")  # Gitea's default [repository.pull-request] WORK_IN_PROGRESS_PREFIXES
 NOT_FOUND = {"errors": None, "message": "The target couldn't be found.", "url": ""}
@@ -91,6 +97,8 @@ class GiteaDouble(JsonApiDouble):
         self.comments: list[dict[str, Any]] = []
         self.reviews: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.statuses: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self.linked: dict[str, Path] = {}  # repository -> the bare git repository its pulls are computed from
+        self.mergeable_unknown: set[tuple[str, int]] = set()  # pulls whose conflict check is still running
         self._review_template = load_fixture(fixtures, "gitea/jenkins-x_go-scm/api_responses/reviews.json")[0]
         self._status_template = load_fixture(fixtures, "gitea/go-scm/api_responses/statuses.json")[0]
         self._ids = itertools.count(100)
@@ -343,6 +351,57 @@ class GiteaDouble(JsonApiDouble):
         pull["updated_at"] = gitea_time()
         return pull
 
+    def link_repository(self, project: str, bare: Path) -> None:
+        """From now on the repository's pulls are answered from the real bare repository `bare` (the one the
+        git_http double serves): heads, merge base and `mergeable` are read from it at each request, so a
+        push to either branch shows in the next answer (`set_pull_head` is then not needed)."""
+        if project not in self.repos:
+            raise KeyError(project)
+        self.linked[project] = bare
+
+    def set_mergeable_unknown(self, repo: str, number: int, unknown: bool = True) -> dict[str, Any]:
+        """Gitea is still checking the pull for conflicts (its status CHECKING, after a push to either branch).
+
+        What Gitea then sends is `"mergeable": false`: the API's `mergeable` is a plain bool, always
+        present (modules/structs/pull.go), set from PullRequest.Mergeable() (services/convert/pull.go),
+        which is false while the status is CHECKING. So a client cannot tell it from a conflict."""
+        key = (repo, number)
+        if unknown:
+            self.mergeable_unknown.add(key)
+        else:
+            self.mergeable_unknown.discard(key)
+        return self._fresh(repo, self.pulls[key])
+
+    def _fresh(self, repo: str, pull: dict[str, Any]) -> dict[str, Any]:
+        """The pull as Gitea would answer it now (changed in place, and returned).
+
+        For an open pull: `mergeable` is Gitea's PullRequest.Mergeable() (models/issues/pull.go): false while
+        the conflict check runs, when it found conflicts, or when the title has a WIP prefix. For a linked
+        repository also `head.sha` when the branch exists, `base.sha` (the base branch's head) and
+        `merge_base`. The field names are Gitea's API ones, as in the shared fixtures
+        gitea/go-playground_webhooks/pull-request-event.json (the template: `mergeable`, `merge_base`) and
+        forgejo/woodpecker/HookPullRequestEdited.json (`mergeable`, `merge_base`, `base` {ref, sha}).
+        A closed or merged pull is left as it was.
+        """
+        if pull["state"] != "open":
+            return pull
+        clean: bool | None = True  # an unlinked pull merges cleanly, as the template says
+        bare = self.linked.get(repo)
+        if bare is not None:
+            view = merge_view(bare, pull["head"]["ref"], pull["base"]["ref"])
+            if view.source is not None:
+                pull["head"]["sha"] = view.source
+            if view.target is not None:
+                pull["base"]["sha"] = view.target
+            if view.base is not None:
+                pull["merge_base"] = view.base
+            clean = None if view.conflicts is None else not view.conflicts
+        title = pull["title"].upper()
+        wip = any(title.startswith(prefix.upper()) for prefix in self.wip_prefixes)
+        checking = (repo, pull["number"]) in self.mergeable_unknown
+        pull["mergeable"] = clean is True and not checking and not wip
+        return pull
+
     def set_pull_ready(self, repo: str, number: int) -> dict[str, Any]:
         """A human marks the pull ready: Gitea drops the title's WIP prefix."""
         pull = self.pulls[(repo, number)]
@@ -379,7 +438,7 @@ class GiteaDouble(JsonApiDouble):
         """`by` submits a review: `type` is Gitea's state (REQUEST_CHANGES, COMMENT, APPROVED, PENDING);
         `comments` are line comments {path, line, body} (a negative line is on the old side)."""
         user = self.users.get(by) or self.add_user(by)
-        pull = self.pulls[(repo, number)]
+        pull = self._fresh(repo, self.pulls[(repo, number)])
         review = copy.deepcopy(self._review_template)
         review_id = next(self._ids)
         review.update(
@@ -508,7 +567,7 @@ class GiteaDouble(JsonApiDouble):
             found = [p for (r, _), p in sorted(self.pulls.items(), reverse=True) if r == repo_name]
             if state != "all":
                 found = [p for p in found if p["state"] == state]
-            return self._page(found, query, rest, repo_name)
+            return self._page([self._fresh(repo_name, p) for p in found], query, rest, repo_name)
         if rest == ["pulls"] and method == "POST":
             return self._post_pull(repo_name, body)
         if rest[:1] == ["pulls"] and len(rest) == 2 and rest[1].isdigit():
@@ -516,7 +575,7 @@ class GiteaDouble(JsonApiDouble):
             if pull is None:
                 return self._not_found()
             if method == "GET":
-                return Answer(200, pull)
+                return Answer(200, self._fresh(repo_name, pull))
             if method == "PATCH":
                 return self._patch_pull(repo_name, pull, body)
         return self._not_found()
@@ -665,7 +724,7 @@ class GiteaDouble(JsonApiDouble):
                     },
                 )
         pull = self._create_pull(repo, body["head"], body["base"], body["title"], body.get("body") or "")
-        return Answer(201, pull)
+        return Answer(201, self._fresh(repo, pull))
 
     def _create_pull(self, repo_name: str, head: str, base: str, title: str, text: str) -> dict[str, Any]:
         repo = self.repos[repo_name]
@@ -709,7 +768,7 @@ class GiteaDouble(JsonApiDouble):
             pull["state"] = body["state"]
         pull["updated_at"] = gitea_time()
         self._set_draft(repo, pull)
-        return Answer(201, pull)
+        return Answer(201, self._fresh(repo, pull))
 
     def _set_draft(self, repo: str, pull: dict[str, Any]) -> None:
         """Gitea's HasWorkInProgressPrefix, reported (1.22+) on the pull request and its issue view."""

@@ -18,10 +18,13 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlencode, urlsplit
+
+from tests.doubles.git_http import git
 
 FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "forge"
 
@@ -331,6 +334,47 @@ def paginate(
 
 
 # ---------------------------------------------------------------------------------------------
+# The shared git side: what a forge computes from the repository behind a linked project
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MergeView:
+    """An MR's branches as the repository has them now: the source and target heads, their merge base,
+    and whether merging the source into the target conflicts (None when a branch is missing or git
+    could not say, e.g. unrelated histories)."""
+
+    source: str | None
+    target: str | None
+    base: str | None
+    conflicts: bool | None
+
+
+def _git_out(bare: Path, *args: str) -> str | None:
+    done = git("--git-dir", str(bare), *args)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+@lru_cache(maxsize=1024)
+def _merge_conflicts(bare: str, target: str, source: str) -> bool | None:
+    """`git merge-tree --write-tree` (git 2.38+): exit 0 merges cleanly, 1 conflicts, anything else unknown.
+
+    Commit ids name their content, so one answer per (repository, target, source) holds for good."""
+    done = git("--git-dir", bare, "merge-tree", "--write-tree", "--no-messages", target, source)
+    return {0: False, 1: True}.get(done.returncode)
+
+
+def merge_view(bare: Path, source_branch: str, target_branch: str) -> MergeView:
+    """What a forge would compute for an MR from `source_branch` into `target_branch` of the bare repository."""
+    source = _git_out(bare, "rev-parse", "--verify", "--quiet", f"refs/heads/{source_branch}^{{commit}}")
+    target = _git_out(bare, "rev-parse", "--verify", "--quiet", f"refs/heads/{target_branch}^{{commit}}")
+    if source is None or target is None:
+        return MergeView(source, target, None, None)
+    base = _git_out(bare, "merge-base", target, source)
+    return MergeView(source, target, base, _merge_conflicts(str(bare), target, source))
+
+
+# ---------------------------------------------------------------------------------------------
 # GitLab
 # ---------------------------------------------------------------------------------------------
 
@@ -350,6 +394,12 @@ class GitLabDouble(JsonApiDouble):
     the shape of GitLab's discussions API (gitlab/docs/api_responses/list_merge_request_discussions*.json),
     pipelines and their jobs (get_single_pipeline.json, list_pipeline_jobs.json) with a `scope[]`
     filter, and job traces answered as plain text, as GitLab does.
+
+    Merge status (issue 25): once `link_repository` ties a project to its bare git repository, every MR
+    of it that is open is answered as GitLab computes it from the repository at that moment: `sha` and
+    `diff_refs` (head_sha, start_sha = the target's head, base_sha = the merge base), `has_conflicts`,
+    `merge_status` and `detailed_merge_status` (from `git merge-tree`). `set_merge_checking` plays
+    GitLab's asynchronous mergeability check.
     """
 
     def __init__(self, token: str = "glpat-double-token", *, fixtures: Path = FIXTURES) -> None:
@@ -378,6 +428,8 @@ class GitLabDouble(JsonApiDouble):
         self.label_events: dict[tuple[int, int], list[dict[str, Any]]] = {}
         self.mrs: list[dict[str, Any]] = []
         self.notes: list[dict[str, Any]] = []
+        self.linked: dict[int, Path] = {}  # project id -> the bare repository its MRs are computed from
+        self.merge_checking: set[tuple[int, int]] = set()  # (project id, iid) GitLab is still checking
         self._ids = iter(range(1000, 10**9))
         super().__init__()
         self.bot = self.add_user("frogfix-bot", name="FrogFix")
@@ -546,8 +598,10 @@ class GitLabDouble(JsonApiDouble):
     # -- review rounds: MR state, notes and threads, pipelines -------------------------------
 
     def mr(self, project: str, iid: int) -> dict[str, Any]:
+        """The MR as the API would answer it now (a linked project's MR read afresh from its repository)."""
         pid = self._project(project)["id"]
-        return next(m for m in self.mrs if m["project_id"] == pid and m["iid"] == iid)
+        with self.lock:
+            return self._fresh(next(m for m in self.mrs if m["project_id"] == pid and m["iid"] == iid))
 
     def set_mr_head(self, project: str, iid: int, sha: str) -> dict[str, Any]:
         """The MR's source branch now ends at `sha` (tests pass the bare git repository's branch head)."""
@@ -556,6 +610,69 @@ class GitLabDouble(JsonApiDouble):
         mr["diff_refs"] = {**(mr.get("diff_refs") or {}), "head_sha": sha}
         mr["updated_at"] = now_iso()
         return mr
+
+    def link_repository(self, project: str, bare: Path) -> None:
+        """From now on the project's MRs are answered from the real bare repository `bare` (the one the
+        git_http double serves): heads, merge base and conflicts are read from it at each request, so a
+        push to either branch shows in the next answer (`set_mr_head` is then not needed)."""
+        self.linked[self._project(project)["id"]] = bare
+
+    def set_merge_checking(self, project: str, iid: int, checking: bool = True) -> dict[str, Any]:
+        """GitLab is (re)checking whether the MR merges, as it does asynchronously after a push to either
+        branch: `merge_status` and `detailed_merge_status` answer `checking` and `has_conflicts` keeps its
+        last value until this is set False again. Then a linked MR's status comes from its repository, an
+        unlinked one's from its `has_conflicts`."""
+        mr = self.mr(project, iid)
+        key = (mr["project_id"], iid)
+        if checking:
+            self.merge_checking.add(key)
+        else:
+            self.merge_checking.discard(key)
+            if mr["project_id"] not in self.linked and mr["state"] == "opened":
+                self._set_merge_status(mr, bool(mr.get("has_conflicts")))
+        return self._fresh(mr)
+
+    def _fresh(self, mr: dict[str, Any]) -> dict[str, Any]:
+        """The MR as GitLab would answer it now (changed in place, and returned).
+
+        For a linked project's open MR: the source head (`sha`, `diff_refs.head_sha`) when the branch
+        exists, the target's head (`diff_refs.start_sha`), the merge base (`diff_refs.base_sha`), and the
+        merge status. The field names are those of GitLab's API, as in the shared fixture
+        gitlab/go-gitlab/api_responses/get_merge_request.json (has_conflicts, merge_status,
+        detailed_merge_status, diff_refs) and gitlab/go-gitlab/note_merge_request.json (`"merge_status":
+        "cannot_be_merged"`, `"detailed_merge_status": "checking"`). A closed or merged MR is left as it was.
+        """
+        if mr["state"] != "opened":
+            return mr
+        checking = (mr["project_id"], mr["iid"]) in self.merge_checking
+        bare = self.linked.get(mr["project_id"])
+        if bare is not None:
+            view = merge_view(bare, mr["source_branch"], mr["target_branch"])
+            if view.source is not None:
+                mr["sha"] = view.source
+            refs = {**(mr.get("diff_refs") or {}), "head_sha": mr["sha"]}
+            if view.target is not None:
+                refs["start_sha"] = view.target
+            if view.base is not None:
+                refs["base_sha"] = view.base
+            mr["diff_refs"] = refs
+            if view.conflicts is not None and not checking:
+                self._set_merge_status(mr, view.conflicts)
+        if checking:
+            mr.update(merge_status="checking", detailed_merge_status="checking")
+        return mr
+
+    @staticmethod
+    def _set_merge_status(mr: dict[str, Any], conflicts: bool) -> None:
+        """GitLab's verdict once its check is done. `detailed_merge_status` is the first failing of
+        MergeRequest.all_mergeability_checks, whose draft check comes before the conflict check: a draft
+        says `draft_status` whatever its conflicts, and only `has_conflicts` tells them."""
+        detailed = "draft_status" if mr.get("draft") else "conflict" if conflicts else "mergeable"
+        mr.update(
+            has_conflicts=conflicts,
+            merge_status="cannot_be_merged" if conflicts else "can_be_merged",
+            detailed_merge_status=detailed,
+        )
 
     def set_mr_ready(self, project: str, iid: int) -> dict[str, Any]:
         """A human marks the MR ready: GitLab drops the title's draft prefix."""
@@ -792,7 +909,7 @@ class GitLabDouble(JsonApiDouble):
                 if wanted and not (key == "state" and wanted == "all"):
                     found = [m for m in found if m[key] == wanted]
             found.sort(key=lambda m: m["created_at"], reverse=True)
-            return paginate(found, query, self.base_url, f"{base_path}/merge_requests")
+            return paginate([self._fresh(m) for m in found], query, self.base_url, f"{base_path}/merge_requests")
         if rest == ["merge_requests"] and method == "POST":
             return self._post_mr(project, body)
         if rest[:1] == ["merge_requests"] and len(rest) >= 3 and rest[1].isdigit():
@@ -807,7 +924,7 @@ class GitLabDouble(JsonApiDouble):
             if mr is None:
                 return Answer(404, {"message": "404 Not found"})
             if method == "GET":
-                return Answer(200, mr)
+                return Answer(200, self._fresh(mr))
             if method == "PUT":
                 return self._put_mr(mr, body)
         return Answer(404, {"message": "404 Not Found"})
@@ -983,7 +1100,7 @@ class GitLabDouble(JsonApiDouble):
             body.get("description") or "",
             self.bot,
         )
-        return Answer(201, mr)
+        return Answer(201, self._fresh(mr))
 
     def _create_mr(
         self, project: dict[str, Any], source: str, target: str, title: str, description: str, author: dict[str, Any]
@@ -1041,7 +1158,7 @@ class GitLabDouble(JsonApiDouble):
             mr["state"] = "closed"
         mr["updated_at"] = now_iso()
         self._set_draft(mr)
-        return Answer(200, mr)
+        return Answer(200, self._fresh(mr))
 
     @staticmethod
     def _set_draft(mr: dict[str, Any]) -> None:

@@ -54,12 +54,14 @@ def branch_head(world: World, forge: str, branch: str) -> str:
     return git(world.bare(forge), "rev-parse", f"refs/heads/{branch}")
 
 
-def human_push(world: World, forge: str, branch: str, path: str = "NOTES.md", text: str = "by hand\n") -> str:
-    """A reviewer pushes a commit of their own to the bot's branch (adding `path`); its sha."""
+def commit_to(
+    world: World, forge: str, branch: str, files: dict[str, str], message: str, who: str = "Rev"
+) -> str:
+    """Someone (not FrogFix) pushes a commit writing `files` to `branch` of the forge's repository; its sha."""
     bare, parent = world.bare(forge), branch_head(world, forge, branch)
-    env = {"GIT_INDEX_FILE": str(world.tmp / "human-index"), "PATH": "/usr/bin:/bin"}
-    for who in ("AUTHOR", "COMMITTER"):
-        env.update({f"GIT_{who}_NAME": "Rev", f"GIT_{who}_EMAIL": "rev@example.test"})
+    env = {"GIT_INDEX_FILE": str(world.tmp / f"index-{forge}-{who}"), "PATH": "/usr/bin:/bin"}
+    for role in ("AUTHOR", "COMMITTER"):
+        env.update({f"GIT_{role}_NAME": who, f"GIT_{role}_EMAIL": f"{who.lower()}@example.test"})
 
     def run(*args: str, stdin: str | None = None) -> str:
         done = subprocess.run(
@@ -67,12 +69,18 @@ def human_push(world: World, forge: str, branch: str, path: str = "NOTES.md", te
         )
         return done.stdout.strip()
 
-    blob = run("hash-object", "-w", "--stdin", stdin=text)
     run("read-tree", parent)
-    run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
-    theirs = run("commit-tree", run("write-tree"), "-p", parent, "-m", "a reviewer's own commit")
-    run("update-ref", f"refs/heads/{branch}", theirs, parent)
-    return theirs
+    for path, text in files.items():
+        blob = run("hash-object", "-w", "--stdin", stdin=text)
+        run("update-index", "--add", "--cacheinfo", f"100644,{blob},{path}")
+    commit = run("commit-tree", run("write-tree"), "-p", parent, "-m", message)
+    run("update-ref", f"refs/heads/{branch}", commit, parent)
+    return commit
+
+
+def human_push(world: World, forge: str, branch: str, path: str = "NOTES.md", text: str = "by hand\n") -> str:
+    """A reviewer pushes a commit of their own to the bot's branch (adding `path`); its sha."""
+    return commit_to(world, forge, branch, {path: text}, "a reviewer's own commit")
 
 
 def first_user_message(world: World) -> str:

@@ -528,3 +528,121 @@ def test_the_commit_a_ci_result_tested_is_its_own_or_a_merged_results_head(datab
     assert triage.tested_commit(forge, view, report("refs/merge-requests/8/merge")) is None  # type: ignore[arg-type]
     assert triage.tested_commit(object(), view, report("refs/merge-requests/7/merge")) is None  # type: ignore[arg-type]
     assert forge.asked == [merge]
+
+
+# -- update rounds (issue 25) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "intent"),
+    [
+        ("/frogfix rebase", "update"),
+        ("/FrogFix Update please", "update"),
+        ("  /frogfix rebase.", "update"),
+        ("/frogfix stop", "stop"),
+        ("/frogfix update from main", "update"),
+        ("/frogfix rebase onto the new main", "update"),
+        ("/frogfix update the docstring to mention None", "review"),  # a review request that starts with it
+        ("/frogfix rebased it myself, thanks", "review"),  # a word that only starts like the command
+        ("please /frogfix rebase", "review"),  # not at the start: a review comment, if addressed at all
+        ("/frogfix-rebase", "review"),
+        ("rebase", "review"),
+    ],
+)
+def test_what_a_comment_asks_for(body: str, intent: str) -> None:
+    from app.forge.reviews import comment_intent
+
+    assert comment_intent(body) == intent
+
+
+def _update_request(thread: int, delivery: str, comment_id: str, author: str = "bob") -> int:
+    event = comment_event(delivery, comment_id, "/frogfix rebase", author=author, intent="update")
+    request_id = _record(thread, event)
+    assert request_id is not None
+    with session_scope() as s:
+        assert rounds.judge_request(s, request_id, RequestStatus.accepted, f"{author} asked to merge main in")
+    return request_id
+
+
+def test_an_update_round_goes_first_and_takes_only_update_requests(database: str) -> None:
+    thread = make_thread()
+    review = _accept(thread, "d-1", "301")
+    update_request = _update_request(thread, "d-2", "302", author="carol")
+    with session_scope() as s:
+        first = rounds.start_round_if_idle(s, thread)
+        assert first is not None
+        job = records.get_job(s, first)
+        assert job.round_kind == "update" and job.trigger_user == "carol"
+        assert [r.id for r in rounds.take_requests(s, first)] == [update_request]
+    _finish(first)
+    with session_scope() as s:
+        [second] = rounds.follow_up(s)
+        assert records.get_job(s, second).round_kind == "review"
+        assert [r.id for r in rounds.take_requests(s, second)] == [review]  # the update request is not taken again
+        assert rounds.rounds_used(s, thread, "update") == 1 and rounds.rounds_used(s, thread, "review") == 1
+    settings = get_settings().model_copy(update={"max_update_rounds": 1})
+    assert triage.cap_reason("update", 1, settings) == "the MR reached FROGFIX_MAX_UPDATE_ROUNDS (1)"
+    assert triage.cap_reason("review", 1, settings) is None
+    assert "updates from the target branch" in triage.cap_reply("update", "x")
+
+
+def test_frogfix_asks_for_an_update_once_per_target_head(database: str) -> None:
+    thread = make_thread()
+    with session_scope() as s:
+        job = records.get_job(s, thread)
+        first = rounds.record_auto_update(s, job, 7, "c" * 40, "conflicts with main")
+        assert first is not None
+        assert rounds.record_auto_update(s, job, 7, "c" * 40, "conflicts with main") is None  # the same head
+        again = rounds.record_auto_update(s, job, 7, "d" * 40, "conflicts with main")
+        assert again is not None and again != first
+        made = rounds.requests_of(s, thread_id=thread)
+        assert [(r.kind, r.status, r.author, r.dedupe_key) for r in made] == [
+            ("update", "accepted", None, "auto:" + "c" * 40),
+            ("update", "accepted", None, "auto:" + "d" * 40),
+        ]
+        round_job = rounds.start_round_if_idle(s, thread)
+        assert round_job is not None and records.get_job(s, round_job).trigger_user == "alice"  # the thread's
+
+
+def test_the_sweep_checks_open_threads_that_were_not_checked_lately(database: str) -> None:
+    thread = make_thread()
+    other = make_thread(mr=8, issue=2, branch="frogfix/issue-2", pushed="b" * 40)
+    never = make_thread(mr=9, issue=3, branch="frogfix/issue-3", pushed="e" * 40, status="failed")
+    now = utcnow()
+    with session_scope() as s:
+        assert rounds.threads_to_check(s, now) == [thread, other]  # a failed job opened no MR to keep up to date
+        rounds.note_update_sent(s, [thread])
+        assert rounds.threads_to_check(s, now - timedelta(minutes=10)) == [other]
+        rounds.note_update_check(s, other, "merged")
+        assert rounds.threads_to_check(s, now + timedelta(minutes=10)) == [thread]  # merged: never again
+        assert never not in rounds.threads_to_check(s, now + timedelta(minutes=10))
+
+
+def test_the_proof_an_update_must_keep(database: str) -> None:
+    """What `thread_proof` reads is what the pipeline writes: the chosen attempt's TestEvidence, whose
+    `evidence` holds the verdict; only jobs that pushed count, never the asking round, strongest first."""
+    from app.models import JobAttempt
+    from worker.report import TestEvidence
+
+    def attempt(job_id: int, number: int, level: str, chosen: bool) -> JobAttempt:
+        tests = TestEvidence("pytest", {"exit_code": 0}, [], verdict={"level": level}).to_dict()
+        return JobAttempt(job_id=job_id, run=1, number=number, status="verified", chosen=chosen, tests=tests)
+
+    thread = make_thread()
+    asking = _round(thread, 2, "update", status="running")
+    with session_scope() as s:
+        assert rounds.thread_proof(s, thread, asking) is None
+        s.add(attempt(thread, 1, "failed_before", True))
+        s.add(attempt(thread, 2, "reproduced", False))  # not the one published
+        s.add(attempt(asking, 1, "reproduced", True))  # the asking round's own: never its own yardstick
+    with session_scope() as s:
+        assert rounds.thread_proof(s, thread, asking) == "failed_before"
+    refused = _round(thread, 1, "review", status="no_fix")  # pushed nothing: proved nothing
+    later = _round(thread, 3, "review", pushed="f" * 40)
+    with session_scope() as s:
+        s.add(attempt(refused, 1, "reproduced", True))
+        s.add(attempt(later, 1, "reproduced", True))
+    with session_scope() as s:
+        assert rounds.thread_proof(s, thread, asking) == "reproduced"  # the strongest proof the thread pushed
+        s.execute(update(Job).where(Job.id == later).values(status="failed"))
+        assert rounds.thread_proof(s, thread, asking) == "failed_before"

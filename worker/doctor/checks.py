@@ -106,6 +106,7 @@ def default_groups(settings: Settings) -> list[Group]:
         Group("disk", 15, system.check_disk, "check that the data and workspace folders' file systems answer"),
         Group("metrics", 5, system.check_metrics_token, "check FROGFIX_METRICS_TOKEN"),
         Group("evidence", 15, system.check_evidence_bound, "check that `prlimit --version` answers"),
+        Group("git", 10, system.check_git, "check that `git --version` answers"),
     ]
 
 

@@ -1,8 +1,9 @@
 """Doctor's checks of the host side: the database and its schema, the broker, free disk, whether /metrics
-needs a token, and prlimit (the patch evidence's memory bound)."""
+needs a token, prlimit (the patch evidence's memory bound) and git new enough for update rounds."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tempfile
@@ -184,5 +185,29 @@ def check_evidence_bound(settings: Settings, options: DoctorOptions) -> list[Che
             "evidence.prlimit",
             f"git under {argv[0]} --as={bound} does not start ({reason}): every patch evidence would fail",
             "check that prlimit (util-linux) and git run for the worker's user",
+        )
+    ]
+
+
+MERGE_TREE_GIT = (2, 38)  # `git merge-tree --write-tree`, which update rounds merge with (worker/merging.py)
+
+
+def check_git(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    """The worker's git is new enough for update rounds (issue 25): they merge the target with
+    `git merge-tree --write-tree`, git 2.38 or later. Older, only update rounds fail: a warning."""
+    try:
+        done = subprocess.run(["git", "--version"], capture_output=True, text=True, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return [failed("git.version", f"git does not run: {type(exc).__name__}: {exc}", "install git on the worker")]
+    found = re.search(r"(\d+)\.(\d+)", done.stdout)
+    version = (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+    shown = done.stdout.strip()[:80] or f"exit {done.returncode}"
+    if version >= MERGE_TREE_GIT:
+        return [passed("git.version", f"{shown}: update rounds can merge a moved target branch")]
+    return [
+        warned(
+            "git.version",
+            f"{shown} is older than 2.38: update rounds (`/frogfix rebase`, FROGFIX_AUTO_UPDATE) fail",
+            "install git 2.38 or later on the worker's host or image",
         )
     ]

@@ -19,6 +19,10 @@ sanitized like the issue (worker/issue_text.py), bounded, and quoted line by lin
 one can fake the structure around them; the diff is the code the agent's checkout holds, so it is
 bounded and defanged, never rewritten.
 
+An update round that conflicted (issue 25; `render_update_task`, template `update.md`) gives the
+issue, the conflicted files, the MR's own diff and the target's new commits touching those files,
+the last two delimited and bounded like a round's diff.
+
 When FrogFix asked the reporter a question instead of publishing (issue 24) and a member's `/frogfix`
 queued the job again, the comments written since the question follow the issue's task as one more
 delimited block (`add_comments`), each sanitized, bounded and quoted like a round's comments. A task
@@ -43,6 +47,10 @@ GUIDANCE_BEGIN: Final = "<<<REPOSITORY_GUIDANCE_BEGIN>>>"
 GUIDANCE_END: Final = "<<<REPOSITORY_GUIDANCE_END>>>"
 ROUND_MARKERS: Final = tuple(
     f"<<<UNTRUSTED_{block}_{end}>>>" for block in ("REQUESTS", "REVIEW", "DIFF") for end in ("BEGIN", "END")
+)
+# An update round's own blocks: the conflicted files' names and the target's commits.
+UPDATE_MARKERS: Final = tuple(
+    f"<<<UNTRUSTED_{block}_{end}>>>" for block in ("FILES", "COMMITS") for end in ("BEGIN", "END")
 )
 COMMENTS_BEGIN: Final = "<<<UNTRUSTED_COMMENTS_BEGIN>>>"
 COMMENTS_END: Final = "<<<UNTRUSTED_COMMENTS_END>>>"
@@ -72,7 +80,10 @@ def system_prompt(prompts_dir: str | Path | None = None) -> str:
 
 def _defang(text: str) -> str:
     """Keep issue or guidance text from closing (or faking) either delimited block."""
-    markers = (BEGIN_MARKER, END_MARKER, GUIDANCE_BEGIN, GUIDANCE_END, *ROUND_MARKERS, COMMENTS_BEGIN, COMMENTS_END)
+    markers = (
+        BEGIN_MARKER, END_MARKER, GUIDANCE_BEGIN, GUIDANCE_END, *ROUND_MARKERS, *UPDATE_MARKERS, COMMENTS_BEGIN,
+        COMMENTS_END,
+    )  # fmt: skip
     for marker in markers:
         text = text.replace(marker, marker.replace("<<<", "<<(quoted)<"))
     return text.replace("\r\n", "\n")
@@ -154,6 +165,13 @@ _COMMENT_KINDS: Final = {
     "note": "comment", "diff_note": "line comment", "review_changes": "review requesting changes",
     "review_comment": "review comment", "review_approved": "approving review", "review": "review",
 }  # fmt: skip
+
+
+def _cut(text: str, limit: int, what: str) -> str:
+    """`text` cut to `limit` characters, with a note saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[{what} cut: {len(text) - limit} more characters]"
 
 
 def _one_line(text: str | None, limit: int = 200) -> str:
@@ -241,8 +259,7 @@ def render_round_task(
     issue = sanitize_issue_text(body, limit=DEFAULT_MAX_BODY_CHARS) or "(no description)"
     asked = [_request_text(i, r) for i, r in enumerate(requests, 1)]
     notes = [_note_text(i, n) for i, n in enumerate(thread, 1)]
-    if len(diff) > MAX_DIFF_CHARS:
-        diff = f"{diff[:MAX_DIFF_CHARS]}\n[diff cut: {len(diff) - MAX_DIFF_CHARS} more characters]"
+    diff = _cut(diff, MAX_DIFF_CHARS, "diff")
     values = {
         "issue_title": _one_line(title, 500),
         "issue_body": _defang(issue),
@@ -255,6 +272,47 @@ def render_round_task(
         "diff": _defang(diff.replace("\r\n", "\n").strip("\n")) or "(no changes yet)",
     }
     return Template(load_prompt("round.md", prompts_dir)).safe_substitute(values)
+
+
+MAX_COMMITS_CHARS: Final = 30_000
+
+
+def render_update_task(
+    title: str,
+    body: str,
+    *,
+    conflicted: Sequence[str],
+    diff: str,
+    commits: str,
+    target_branch: str,
+    head: str,
+    target: str,
+    prompts_dir: str | Path | None = None,
+    project: str = "",
+    issue_number: str | int = "",
+    mr_number: str | int = "",
+    round_number: int = 1,
+) -> str:
+    """An update round's user message when the merge conflicted: the issue, the conflicted files, the MR's
+    diff and the target's commits touching those files; everything but our template untrusted."""
+    issue = sanitize_issue_text(body, limit=DEFAULT_MAX_BODY_CHARS) or "(no description)"
+
+    values = {
+        "issue_title": _one_line(title, 500),
+        "issue_body": _defang(issue),
+        "project": _defang(project),
+        "issue_number": str(issue_number),
+        "mr_number": str(mr_number),
+        "round_number": str(int(round_number)),
+        "target_branch": _one_line(target_branch, 255),
+        "head_label": head,
+        "target_label": target,
+        "conflicted": "\n".join(f"- {_one_line(path, 300)}" for path in conflicted) or "(none)",  # in FILES
+        "diff": _defang(_cut(diff.replace("\r\n", "\n").strip("\n"), MAX_DIFF_CHARS, "diff")) or "(no changes)",
+        "commits": _defang(_cut(commits.replace("\r\n", "\n").strip("\n"), MAX_COMMITS_CHARS, "commits"))
+        or "(none found)",
+    }
+    return Template(load_prompt("update.md", prompts_dir)).safe_substitute(values)
 
 
 # -- repository guidance ------------------------------------------------------------------------
