@@ -329,7 +329,7 @@ def doctor(
     from pydantic import ValidationError
 
     from worker.doctor import exit_code, render_text, run_doctor
-    from worker.doctor.checks import DoctorOptions, settings_invalid
+    from worker.doctor.results import DoctorOptions, settings_invalid
 
     try:
         settings = _settings()

@@ -11,6 +11,10 @@ Inside:
   `<think>`): the agent loop runs what it reads and the trajectory page shows the same calls.
 - outcome_words.py: a job's ending in plain words (why it failed, how its agent ended, what its
   tests said), for `fix`, `show` and the job page alike.
+- moments.py: a moment in time, one way (aware, UTC, written ISO 8601 with its offset); the
+  database's `UtcDateTime` column type (models.py) hands every datetime back that way.
+- redaction.py: the one place a secret becomes `[REDACTED]`, for the logs, the forge's text,
+  trajectories and job records.
 - local_jobs.py: a local (`fix`, `demo`) job's record in the data folder, written as it runs and
   read back with a forge job's names, so `jobs`, `show` and the dashboard list and show it.
 - models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
@@ -20,14 +24,17 @@ Inside:
 - evaluation_report.py: the one computation of an evaluation's figures and its Markdown.
 - queue.py: the Celery app and the task names (tasks are sent by name); sweep.py sends again
   jobs whose task was lost.
-- forge/: the Forge seam: webhook parsing (pure, no I/O) and the GitLab and Gitea API clients.
+- forge/: the Forge seam: webhook parsing (pure, no I/O), the GitLab and Gitea API clients, and
+  reviews.py, the rounds' shared vocabulary (a review comment, a thread note, a CI result, the
+  `/frogfix` commands) that the parsers, the clients and the worker's rounds all read.
 - web/: FastAPI: webhooks, the JSON API, health and metrics, the dashboard.
 
 What may import what:
 - Nothing in app/ imports worker/ or sandbox/: the worker depends on app, never the reverse, and
   the web layer reaches the worker only through task names on the queue.
-- app/forge imports nothing else of ours, so the worker's pipeline can use it on its own.
-- statuses.py, trajectory.py, usage.py, textcalls.py and outcome_words.py (and any other pure
+- app/forge imports nothing else of ours but redaction.py, so the worker's pipeline can use it on its own.
+- statuses.py, trajectory.py, usage.py, textcalls.py, outcome_words.py, moments.py and
+  redaction.py (and any other pure
   vocabulary module added beside them) import only the standard library (and each other), so
   worker/leaf, which must not import a database or web code, may use them; worker/leaf also logs
   through logs.py (structlog).

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from app.moments import as_utc, iso
 from app.statuses import FixStatus
 from app.trajectory import LOCAL_ID, TrajectoryError, local_path, write_atomic
 
@@ -180,7 +181,7 @@ def parse_when(value: Any) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return as_utc(parsed)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,7 @@ class LocalEvent:
     data: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "at": _iso(self.at), "kind": self.kind,
+        return {"id": self.id, "at": iso(self.at), "kind": self.kind,
                 "message": self.message, "data": self.data}
 
 
@@ -303,8 +304,8 @@ class LocalJob:
             "status": self.status, "trigger_user": self.trigger_user, "attempt": 1, "run": 1,
             "base_commit": self.base_commit, "branch": None, "mr_url": None, "error": self.error,
             "cancel_requested": False, "hold_reason": None, "steps": self.steps, "exit_reason": self.exit_reason,
-            "flags": self.flags, "created_at": _iso(self.created_at), "updated_at": _iso(self.finished_at),
-            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at), "usage": self.usage_figures,
+            "flags": self.flags, "created_at": iso(self.created_at), "updated_at": iso(self.finished_at),
+            "started_at": iso(self.started_at), "finished_at": iso(self.finished_at), "usage": self.usage_figures,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -322,9 +323,9 @@ class LocalJob:
             "steps": self.steps,
             "base_commit": self.base_commit,
             "model": self.model,
-            "created_at": _iso(self.created_at),
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(self.finished_at),
+            "created_at": iso(self.created_at),
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
             "flags": self.flags,
             "summary": self.summary,
             "tests": self.tests,
@@ -337,9 +338,6 @@ class LocalJob:
             "events": [e.to_dict() for e in self.events],
         }
 
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value else None
 
 
 def _text(value: Any, default: str = "") -> str:

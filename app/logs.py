@@ -4,39 +4,12 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Iterable
 from typing import Any
 
 import structlog
 
-REDACTED = "[REDACTED]"
-
-
-class SecretRedactor:
-    """A structlog processor (and a plain callable) that replaces every configured secret value."""
-
-    def __init__(self, secrets: Iterable[str] = ()) -> None:
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def redact(self, text: str) -> str:
-        for secret in self.secrets:
-            if secret in text:
-                text = text.replace(secret, REDACTED)
-        return text
-
-    def _scrub(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.redact(value)
-        if isinstance(value, dict):
-            return {k: self._scrub(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._scrub(v) for v in value]
-        return value
-
-    def __call__(self, _logger: Any, _name: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        if not self.secrets:
-            return event_dict
-        return {k: self._scrub(v) for k, v in event_dict.items()}
+from app.redaction import SecretRedactor
 
 
 def configure_logging(level: str = "INFO", secrets: Iterable[str] = (), stream: Any = None) -> SecretRedactor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     column,
     false,
@@ -27,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 
+from app.moments import as_utc, iso, utcnow
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
 
@@ -43,13 +45,28 @@ __all__ = [
     "JobStatus",
     "Operator",
     "RoundRequest",
+    "UtcDateTime",
     "WebhookDelivery",
+    "iso",
     "utcnow",
 ]
 
 
-def utcnow() -> datetime:
-    return datetime.now(UTC)
+class UtcDateTime(TypeDecorator[datetime]):
+    """A moment in UTC, stored and read back aware on every database.
+
+    PostgreSQL's timestamptz keeps the offset; SQLite keeps none and hands back naive datetimes. Every
+    datetime column is this type, so a value read from either is aware and in UTC, and no caller
+    converts it again; one written with any offset is stored as UTC."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else as_utc(value)  # a naive one is taken as UTC
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else as_utc(value)
 
 
 # The attempts table as the job's summed step count reads it (JobAttempt is defined below Job).
@@ -142,19 +159,19 @@ class Job(UsageColumns, Base):
     # Update rounds (migration 0011), on a thread's round-0 job: its MR as FROGFIX_AUTO_UPDATE's last
     # check saw it (open, closed, merged; NULL: never checked), and when that was.
     mr_state: Mapped[str | None] = mapped_column(String(16), nullable=True)
-    update_checked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    update_checked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     # k attempts ranked (migration 0009): how the published attempt was chosen (app/selection.py
     # `Choice.to_dict`), and when FrogFix asked the reporter a question instead of publishing.
     selection: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    asked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    asked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     # Model slots the job holds beyond its own while its attempts run side by side (app/jobs/job_slots.py).
     extra_slots: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    last_enqueued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    last_enqueued_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 
     events: Mapped[list[JobEvent]] = relationship(back_populates="job", order_by="JobEvent.id")
     # Steps summed over every attempt, for the job's usage (`steps` above is the current attempt's).
@@ -191,10 +208,10 @@ class Job(UsageColumns, Base):
             "steps": self.steps,
             "exit_reason": self.exit_reason,
             "flags": self.flags or [],
-            "created_at": _iso(self.created_at),
-            "updated_at": _iso(self.updated_at),
-            "started_at": _iso(self.started_at),
-            "finished_at": _iso(self.finished_at),
+            "created_at": iso(self.created_at),
+            "updated_at": iso(self.updated_at),
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
             "usage": self.usage.to_dict(),
             "thread_id": self.thread_id,
             "round": self.round,
@@ -204,7 +221,7 @@ class Job(UsageColumns, Base):
             "pushed_commit": self.pushed_commit,
             "ci_status": self.ci_status,
             "selection": self.selection,
-            "asked_at": _iso(self.asked_at),
+            "asked_at": iso(self.asked_at),
             "queue_wait_seconds": None if self.queue_wait_seconds is None else round(self.queue_wait_seconds, 3),
             "queue_wait_total_seconds": (
                 None if self.queue_wait_total_seconds is None else round(self.queue_wait_total_seconds, 3)
@@ -236,15 +253,15 @@ class JobAttempt(UsageColumns, Base):
     flags: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     chosen: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # the one published
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "run": self.run, "number": self.number, "status": self.status, "chosen": self.chosen,
             "exit_reason": self.exit_reason, "steps": self.steps, "trajectory_path": self.trajectory_path,
             "patch": self.patch, "summary": self.summary, "tests": self.tests, "flags": self.flags or [],
-            "error": self.error, "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+            "error": self.error, "started_at": iso(self.started_at), "finished_at": iso(self.finished_at),
             "usage": UsageFigures.of(self).to_dict(),
         }
 
@@ -266,7 +283,7 @@ class WebhookDelivery(Base):
     outcome: Mapped[str] = mapped_column(String(32))
     reason: Mapped[str | None] = mapped_column(Text, nullable=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
-    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    received_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class RoundRequest(Base):
@@ -298,14 +315,14 @@ class RoundRequest(Base):
     # The ReviewComment or CiReport as a dict (app/forge/reviews.py); a CI request gains `failed_jobs` logs.
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "thread_id": self.thread_id, "mr_number": self.mr_number, "kind": self.kind,
             "status": self.status, "reason": self.reason, "author": self.author, "data": self.data,
-            "job_id": self.job_id, "created_at": _iso(self.created_at),
+            "job_id": self.job_id, "created_at": iso(self.created_at),
         }
 
 
@@ -315,7 +332,7 @@ class JobEvent(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     kind: Mapped[str] = mapped_column(String(64))
     message: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
@@ -323,7 +340,7 @@ class JobEvent(Base):
     job: Mapped[Job] = relationship(back_populates="events")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "at": _iso(self.at), "kind": self.kind, "message": self.message, "data": self.data}
+        return {"id": self.id, "at": iso(self.at), "kind": self.kind, "message": self.message, "data": self.data}
 
 
 class Operator(Base):
@@ -334,8 +351,8 @@ class Operator(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     username: Mapped[str] = mapped_column(String(64), unique=True)
     password_hash: Mapped[str] = mapped_column(String(255))
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    last_login_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    last_login_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 
 
 class Evaluation(Base):
@@ -355,13 +372,13 @@ class Evaluation(Base):
     who: Mapped[str | None] = mapped_column(String(255), nullable=True)
     # [{"key", "project", "title", "recorded_solved", "human"}], in the order they run.
     tasks: Mapped[list[Any]] = mapped_column(JSON, default=list)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     # The process running it now (app/jobs/evaluations.py `claim`); all NULL when no process holds it.
     runner_host: Mapped[str | None] = mapped_column(String(255), nullable=True)
     runner_pid: Mapped[int | None] = mapped_column(Integer, nullable=True)
     runner_started: Mapped[str | None] = mapped_column(String(32), nullable=True)  # the pid's start time
-    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     # Model slots its attempts hold now (`take_slot`, `give_slot`); counted only while the claim is live.
     slots_held: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
@@ -392,12 +409,7 @@ class EvaluationResult(Base):
     # The attempt's evidence as the selection rule reads it (app/evaluation_report.py `attempt_evidence`), for
     # chosen@k (migration 0010); NULL for results recorded before it.
     evidence: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    finished_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
-def _iso(value: datetime | None) -> str | None:
-    if value is None:
-        return None
-    if value.tzinfo is None:  # SQLite hands back naive datetimes; they were written as UTC.
-        value = value.replace(tzinfo=UTC)
-    return value.isoformat()
+

@@ -34,7 +34,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sandbox.base import SandboxLimits, SandboxSpec
-from sandbox.kubernetes import RUNNER_PATH, WORKSPACE, KubernetesSandbox
+from sandbox.kubernetes import KubernetesSandbox
+from sandbox.kubernetes_manifests import RUNNER_PATH, WORKSPACE
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 
 CALLS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -7,15 +7,18 @@ What is inside:
   commands, the patch) and answers JSON lines; its error replies carry a `code`.
 - `runner_client.py`: FrogFix's side of that protocol, once for both backends: `RunnerClient`
   over a one-method `RunnerChannel`.
-- `local.py`: `LocalSandbox`, bubblewrap around one runner, its channel over bwrap's pipes.
+- `local.py`: `LocalSandbox`, bubblewrap around one runner, its channel over bwrap's pipes;
+  `namespace_limits.py`: the limits bwrap cannot set (tmpfs inodes, System V IPC) and the helper
+  script that sets them.
 - `cgroups.py`: the local sandbox's own cgroup (memory, pids, CPU of all its processes): where this
   host lets the worker make one (`detect`), making, killing and reaping them; `cgroup_enter.py` is
   the stdlib-only exec wrapper that joins it before bwrap runs.
 - `quantity.py`: stdlib only: the size syntax (`4Gi`, `500m`) both backends and the settings read,
   and `check_local_memory`, the rule that a local sandbox's tmpfs fit in its memory.
-- `kubernetes.py`: `KubernetesSandbox`, one pod per attempt, and `reap()` for leftovers;
-  `kubernetes_stream.py` (the exec stream and the channel over it) and `kubernetes_recovery.py`
-  (the journal that rebuilds a pod after a broken stream) serve it.
+- `kubernetes.py`: `KubernetesSandbox`, one pod per attempt; `kubernetes_manifests.py` (the pod's
+  and its NetworkPolicy's manifests, labels and names, pure), `kubernetes_cluster.py` (the API
+  client, and `reap()` for leftovers), `kubernetes_stream.py` (the exec stream and the channel over
+  it) and `kubernetes_recovery.py` (the journal that rebuilds a pod after a broken stream) serve it.
 - `factory.py`: `open_sandbox(spec, backend)`.
 
 What may import what: this package imports nothing else of FrogFix (the worker and the agent loop
@@ -23,7 +26,8 @@ import it, never the reverse; `app/settings.py` imports `quantity` alone). Insid
 `cgroup_enter` and `runner` import only the stdlib (`runner` is copied into sandboxes,
 `cgroup_enter` runs as a script); `base` imports only `quantity`; `cgroups` imports `base`;
 `runner_client` imports `base` and `runner`; the backends import `runner_client`, `base` and
-`quantity`, and `local` also `cgroups`; `kubernetes*` modules and `websocket`/`kubernetes` are
+`quantity`, and `local` also `cgroups` and `namespace_limits` (stdlib and `quantity` only);
+`kubernetes*` modules and `websocket`/`kubernetes` are
 imported only when the Kubernetes backend is asked for. Callers use this package's names (or `sandbox.base`)
 and start a sandbox with `open_sandbox`.
 """

@@ -43,15 +43,11 @@ import json
 import logging
 import math
 import os
-import re
-import secrets
-import shlex
 import tarfile
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, cast
 
 from sandbox.base import (
@@ -65,12 +61,35 @@ from sandbox.base import (
     SandboxSpec,
     SandboxUnavailable,
 )
+from sandbox.kubernetes_cluster import configured_api_client
 from sandbox.kubernetes_environment import (
-    ENVIRONMENT_VOLUME,
     GENERATED_IN_ENV,
     PACK,
     folder_bytes,
     receive_environment,
+)
+from sandbox.kubernetes_manifests import (
+    COMMON_LABELS,
+    CONTAINER,
+    DEFAULT_IMAGE,
+    DEFAULT_NAMESPACE,
+    HOME,
+    LABEL_SANDBOX,
+    RUNNER_DIR,
+    RUNNER_DIR_SIZE,
+    RUNNER_PATH,
+    SANDBOX_UID,
+    WORKSPACE,
+    check_storage,
+    in_runner_dir,
+    job_labels,
+    login_profile,
+    network_policy_manifest,
+    pod_env,
+    pod_manifest,
+    rfc3339,
+    sandbox_name,
+    tar_entry,
 )
 from sandbox.kubernetes_recovery import RecoveringChannel
 from sandbox.kubernetes_stream import (
@@ -87,45 +106,11 @@ from sandbox.runner_client import RunnerBroken, RunnerClient, read_runner_source
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NAMESPACE = "frogfix-sandboxes"
-DEFAULT_IMAGE = "frogfix-sandbox:latest"
-CONTAINER = "sandbox"
-WORKSPACE = "/workspace"
-RUNNER_DIR = "/frogfix"
-RUNNER_PATH = f"{RUNNER_DIR}/runner.py"
-HOME = "/tmp/home"
-HOSTNAME = "frogfix-sandbox"
-SANDBOX_UID = 1000
-RUNNER_DIR_SIZE = "16Mi"
-LABEL_PREFIX = "frogfix/"
-LABEL_SANDBOX = "frogfix/sandbox"
-ANNOTATION_DEADLINE = "frogfix/deadline"
-COMMON_LABELS = {"app.kubernetes.io/name": "frogfix-sandbox", "app.kubernetes.io/managed-by": "frogfix"}
 # Waiting reasons that will not fix themselves: fail the start now instead of at the timeout.
 FATAL_WAITING = frozenset(
     {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CrashLoopBackOff"}
 )
-SECCOMP = {"type": "RuntimeDefault"}
 COLLECT_TIMEOUT_S = 900.0  # streaming a built environment out of its setup pod
-FORBIDDEN_ENV_PREFIXES = ("FROGFIX_", "GITLAB_", "GITEA_", "FORGEJO_")
-
-# The pod's main process: an init that reaps orphans (exec'd processes re-parent to it) and
-# exits on SIGTERM. Any image with python3 can run it; nothing is baked into the image. It makes
-# itself non-dumpable first (prctl PR_SET_DUMPABLE 0, as the runner does), so no command in the
-# pod, which runs under the same uid, can open, read or ptrace pid 1 either.
-INIT = (
-    "import ctypes, os, signal\n"
-    "if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:\n"
-    "    raise SystemExit('frogfix init: cannot make itself non-dumpable')\n"
-    "wanted = {signal.SIGCHLD, signal.SIGTERM, signal.SIGINT}\n"
-    "signal.pthread_sigmask(signal.SIG_BLOCK, wanted)\n"
-    "while signal.sigwait(wanted) == signal.SIGCHLD:\n"
-    "    try:\n"
-    "        while os.waitpid(-1, os.WNOHANG)[0] > 0:\n"
-    "            pass\n"
-    "    except ChildProcessError:\n"
-    "        pass\n"
-)
 
 # Runs inside the pod (Python 3.8+, stdlib): extracts the tar on stdin. Members under
 # `workspace/` go to argv[1], under `frogfix/` to argv[2], under `home/` to argv[3] (HOME), under
@@ -151,141 +136,6 @@ EXTRACT = (
     "        count += 1\n"
     "print(count)\n"
 )
-
-
-# ----------------------------------------------------------------------------- manifests
-
-
-def network_policy_manifest(name: str, namespace: str, labels: Mapping[str, str], deadline: str) -> dict[str, Any]:
-    """Deny all ingress and egress for the pods of one sandbox (selected by `frogfix/sandbox`)."""
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels),
-            "annotations": {ANNOTATION_DEADLINE: deadline},
-        },
-        "spec": {
-            "podSelector": {"matchLabels": {LABEL_SANDBOX: labels[LABEL_SANDBOX]}},
-            "policyTypes": ["Ingress", "Egress"],
-            "ingress": [],
-            "egress": [],
-        },
-    }
-
-
-def pod_manifest(
-    name: str,
-    namespace: str,
-    *,
-    image: str,
-    labels: Mapping[str, str],
-    env: Mapping[str, str],
-    deadline: str,
-    active_deadline_s: int,
-    resources: Mapping[str, str],
-    workspace_size: str,
-    tmp_size: str,
-    python: str = "python3",
-    run_as_user: int = SANDBOX_UID,
-    image_pull_policy: str = "IfNotPresent",
-    image_pull_secrets: Sequence[str] = (),
-    service_account: str | None = None,
-    runtime_class: str | None = None,
-    priority_class: str | None = None,
-    node_selector: Mapping[str, str] | None = None,
-    tolerations: Sequence[Mapping[str, Any]] = (),
-    runner_dir_size: str = RUNNER_DIR_SIZE,
-    environment_size: str | None = None,
-) -> dict[str, Any]:
-    """The sandbox pod: see the module docstring for why each field is what it is.
-
-    `environment_size`: a size-limited emptyDir at ENV_DIR for the job's test environment (copied
-    in with the workspace) or, in a setup pod, for the one it builds."""
-    restricted = {"runAsNonRoot": True, "runAsUser": run_as_user, "runAsGroup": run_as_user}
-    spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,
-        "enableServiceLinks": False,
-        "hostNetwork": False,
-        "hostPID": False,
-        "hostIPC": False,
-        "shareProcessNamespace": False,
-        "restartPolicy": "Never",
-        "activeDeadlineSeconds": int(active_deadline_s),
-        "terminationGracePeriodSeconds": 1,
-        "hostname": HOSTNAME,
-        "dnsPolicy": "None",
-        "dnsConfig": {"nameservers": ["127.0.0.1"]},
-        "securityContext": {**restricted, "fsGroup": run_as_user, "seccompProfile": SECCOMP},
-        "containers": [_container(image, image_pull_policy, python, env, resources, restricted)],
-        "volumes": [
-            {"name": "workspace", "emptyDir": {"sizeLimit": workspace_size}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
-            {"name": "frogfix", "emptyDir": {"sizeLimit": runner_dir_size}},
-        ],
-    }
-    if environment_size is not None:
-        spec["volumes"].append({"name": ENVIRONMENT_VOLUME, "emptyDir": {"sizeLimit": environment_size}})
-        spec["containers"][0]["volumeMounts"].append({"name": ENVIRONMENT_VOLUME, "mountPath": ENV_DIR})
-    if service_account:
-        spec["serviceAccountName"] = service_account
-    if image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": secret} for secret in image_pull_secrets]
-    if runtime_class:
-        spec["runtimeClassName"] = runtime_class
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if node_selector:
-        spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        spec["tolerations"] = [dict(toleration) for toleration in tolerations]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels),
-            "annotations": {ANNOTATION_DEADLINE: deadline},
-        },
-        "spec": spec,
-    }
-
-
-def _container(
-    image: str,
-    pull_policy: str,
-    python: str,
-    env: Mapping[str, str],
-    resources: Mapping[str, str],
-    restricted: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The pod's one container: the reaping init as its main process, nothing writable but the
-    size-limited emptyDirs, no privilege of any kind."""
-    return {
-        "name": CONTAINER,
-        "image": image,
-        "imagePullPolicy": pull_policy,
-        "command": [python, "-I", "-S", "-B", "-c", INIT],
-        "workingDir": WORKSPACE,
-        "env": [{"name": key, "value": value} for key, value in env.items()],
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
-        "securityContext": {
-            **restricted,
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": SECCOMP,
-        },
-        "volumeMounts": [
-            {"name": "workspace", "mountPath": WORKSPACE},
-            {"name": "tmp", "mountPath": "/tmp"},
-            {"name": "frogfix", "mountPath": RUNNER_DIR},
-        ],
-    }
 
 
 # ----------------------------------------------------------------------------- the backend
@@ -371,7 +221,7 @@ class KubernetesSandbox(RunnerClient):
             reclaim, max_recoveries = False, 0
         if not self.image or any(ch.isspace() for ch in self.image):
             raise ValueError(f"invalid sandbox image {self.image!r}")
-        _check_storage(workspace_size, tmp_size, ephemeral_storage)
+        check_storage(workspace_size, tmp_size, ephemeral_storage)
         memory = memory or format_quantity(spec.limits.memory_bytes)
         env_volume, runner_dir = self._volume_sizes(environment_size)
         extra = (parse_quantity(env_volume) if env_volume else 0) + parse_quantity(runner_dir)
@@ -384,7 +234,7 @@ class KubernetesSandbox(RunnerClient):
         wall = spec.limits.wall_seconds
         self._wall_s = wall if math.isfinite(wall) and wall > 0 else 7 * 24 * 3600.0
         self._deadline = time.monotonic() + self._wall_s
-        self.deadline_at = _rfc3339(time.time() + self._wall_s)
+        self.deadline_at = rfc3339(time.time() + self._wall_s)
         self._pod_options: dict[str, Any] = {
             "image": self.image, "labels": self.labels, "env": self.env, "deadline": self.deadline_at,
             "resources": self.resources, "workspace_size": workspace_size, "tmp_size": tmp_size, "python": python,
@@ -396,7 +246,8 @@ class KubernetesSandbox(RunnerClient):
         self._runner_source = read_runner_source(runner_script)
         self.pod_name = ""
         self._generation = 0
-        self._res = _Resources(_api_client(configuration, kubeconfig, context), namespace, delete_wait_s, api_timeout_s)
+        api = configured_api_client(configuration, kubeconfig, context)
+        self._res = _Resources(api, namespace, delete_wait_s, api_timeout_s)
         self._open(max_recoveries)
 
     @property
@@ -638,9 +489,9 @@ class KubernetesSandbox(RunnerClient):
                 writer = StdinWriter(stream)
                 uid = int(self._pod_options["run_as_user"])
                 with tarfile.open(fileobj=cast(Any, writer), mode="w|", format=tarfile.PAX_FORMAT) as archive:
-                    archive.add(self.workspace, arcname="workspace", filter=lambda info: _tar_entry(info, uid))
+                    archive.add(self.workspace, arcname="workspace", filter=lambda info: tar_entry(info, uid))
                     self._add_environment(archive, uid)
-                    profile = _login_profile(self.env)
+                    profile = login_profile(self.env)
                     if profile:
                         info = tarfile.TarInfo("home/.bash_profile")
                         info.size, info.mode, info.mtime = len(profile), 0o644, int(time.time())
@@ -665,11 +516,11 @@ class KubernetesSandbox(RunnerClient):
     def _add_environment(self, archive: tarfile.TarFile, uid: int) -> None:
         """A setup pod's build files and tools; a job pod's environment and, over its workspace, the
         files the environment's build generated there (as the local backend's seed does)."""
-        owned = lambda info: _tar_entry(info, uid)  # noqa: E731
+        owned = lambda info: tar_entry(info, uid)  # noqa: E731
         if self.setup is not None:
-            archive.add(self.setup.files, arcname=_in_runner_dir(SETUP_FILES_DIR), filter=owned)
+            archive.add(self.setup.files, arcname=in_runner_dir(SETUP_FILES_DIR), filter=owned)
             for tool, src in self.setup.tools:
-                archive.add(src, arcname=f"{_in_runner_dir(TOOLS_DIR)}/{tool}", filter=owned)
+                archive.add(src, arcname=f"{in_runner_dir(TOOLS_DIR)}/{tool}", filter=owned)
         if self.environment is not None:
             archive.add(self.environment, arcname="env", filter=owned)
             generated = os.path.join(self.environment, GENERATED_IN_ENV)
@@ -817,211 +668,18 @@ def _wait_gone(res: _Resources, pods: Iterable[str]) -> bool:
     return True
 
 
-def reap(
-    namespace: str = DEFAULT_NAMESPACE,
-    older_than_s: float | None = None,
-    api: Any = None,
-    *,
-    grace_s: float = 60.0,
-    orphan_policy_s: float = 600.0,
-    now: float | None = None,
-) -> list[str]:
-    """Delete sandbox pods and policies that a dead worker left behind; returns what went.
-
-    An object (labelled `frogfix/sandbox`) goes once it is past its own deadline annotation plus
-    `grace_s`, or older than `older_than_s` when that is given (a cap for objects without a
-    usable annotation). A policy whose sandbox has no pod left also goes after `orphan_policy_s`.
-    Pods go first, and a policy goes only when no live pod of its sandbox is left (a pod past its
-    deadline has already been stopped by the kubelet: activeDeadlineSeconds). `api` is an
-    ApiClient or a Configuration (default: in-cluster, else kubeconfig). Names come back as
-    `pod/<name>` and `networkpolicy/<name>`.
-    """
-    from kubernetes import client
-
-    api_client = api if isinstance(api, client.ApiClient) else _api_client(api, None, None)
-    core: Any = client.CoreV1Api(api_client)
-    net: Any = client.NetworkingV1Api(api_client)
-    current = time.time() if now is None else now
-    removed: list[str] = []
-    pods = core.list_namespaced_pod(namespace, label_selector=LABEL_SANDBOX).items
-    live_sandboxes = set()
-    for pod in pods:
-        if _stale(pod.metadata, current, older_than_s, grace_s):
-            try:
-                core.delete_namespaced_pod(
-                    pod.metadata.name, namespace, grace_period_seconds=0, propagation_policy="Background"
-                )
-                removed.append(f"pod/{pod.metadata.name}")
-            except Exception as exc:
-                if getattr(exc, "status", None) != 404:
-                    log.warning("reaper: cannot delete pod %s: %s", pod.metadata.name, describe_api_error(exc))
-                    live_sandboxes.add((pod.metadata.labels or {}).get(LABEL_SANDBOX))
-        else:
-            live_sandboxes.add((pod.metadata.labels or {}).get(LABEL_SANDBOX))
-    for policy in net.list_namespaced_network_policy(namespace, label_selector=LABEL_SANDBOX).items:
-        meta = policy.metadata
-        sandbox = (meta.labels or {}).get(LABEL_SANDBOX)
-        orphan = sandbox not in live_sandboxes and _age(meta, current) > orphan_policy_s
-        if sandbox in live_sandboxes or not (orphan or _stale(meta, current, older_than_s, grace_s)):
-            continue
-        try:
-            net.delete_namespaced_network_policy(meta.name, namespace)
-            removed.append(f"networkpolicy/{meta.name}")
-        except Exception as exc:
-            if getattr(exc, "status", None) != 404:
-                log.warning("reaper: cannot delete network policy %s: %s", meta.name, describe_api_error(exc))
-    if api_client is not api:
-        with contextlib.suppress(Exception):
-            api_client.close()
-    return removed
 
 
-def _stale(meta: Any, now: float, older_than_s: float | None, grace_s: float) -> bool:
-    if older_than_s is not None and _age(meta, now) > older_than_s:
-        return True
-    deadline = _parse_time((meta.annotations or {}).get(ANNOTATION_DEADLINE))
-    return deadline is not None and now > deadline + grace_s
 
 
-def _age(meta: Any, now: float) -> float:
-    created = meta.creation_timestamp
-    if isinstance(created, str):
-        stamp = _parse_time(created)
-        return 0.0 if stamp is None else now - stamp
-    if isinstance(created, datetime):
-        return now - created.timestamp()
-    return 0.0
 
 
 # ----------------------------------------------------------------------------- helpers
 
-_CONFIG_LOCK = threading.Lock()
-_CONFIGS: dict[tuple[str | None, str | None], Any] = {}
 
 
-def _api_client(configuration: Any, kubeconfig: str | None, context: str | None) -> Any:
-    """A new ApiClient over `configuration`, or over the loaded in-cluster/kubeconfig settings."""
-    from kubernetes import client, config
-
-    if configuration is None:
-        key = (kubeconfig, context)
-        with _CONFIG_LOCK:
-            configuration = _CONFIGS.get(key)
-            if configuration is None:
-                configuration = client.Configuration()
-                try:
-                    if kubeconfig is not None or context is not None:
-                        raise config.ConfigException("a kubeconfig was asked for")
-                    config.load_incluster_config(client_configuration=configuration)
-                except config.ConfigException:
-                    try:
-                        config.load_kube_config(
-                            config_file=kubeconfig, context=context, client_configuration=configuration
-                        )
-                    except Exception as exc:
-                        raise SandboxUnavailable(
-                            "the kubernetes sandbox has no API to talk to (not in a cluster, and no usable "
-                            f"kubeconfig): {describe_api_error(exc)}"
-                        ) from None
-                _CONFIGS[key] = configuration
-    return client.ApiClient(configuration)
 
 
-def pod_env(extra: Mapping[str, str]) -> dict[str, str]:
-    """HOME and LANG plus what the job allows; never a FrogFix setting or a forge variable."""
-    env = {"HOME": HOME, "LANG": "C.UTF-8"}
-    for key, value in extra.items():
-        if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key or ""):
-            raise ValueError(f"invalid environment variable for the sandbox: {key!r}")
-        if key.upper().startswith(FORBIDDEN_ENV_PREFIXES):
-            raise ValueError(f"{key}: FrogFix settings and forge variables (tokens, secrets) never enter a sandbox")
-        if "\0" in str(value):
-            raise ValueError(f"invalid value for {key}: NUL byte")
-        env[key] = str(value)
-    return env
-
-
-def job_labels(labels: Mapping[str, str]) -> dict[str, str]:
-    """The job's labels for the pod and policy: a key without a prefix gets `frogfix/`."""
-    out = {}
-    for key, value in labels.items():
-        full = key if "/" in key else LABEL_PREFIX + key
-        prefix, _, name = full.rpartition("/")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", prefix) or not re.fullmatch(
-            r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?", name
-        ):
-            raise ValueError(f"invalid label key for a sandbox: {key!r}")
-        out[full] = label_value(str(value))
-    return out
-
-
-def label_value(value: str) -> str:
-    """Any text as a valid label value (63 chars of [A-Za-z0-9._-], alphanumeric at both ends)."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", value)[:63]
-    return re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", cleaned)
-
-
-def sandbox_name(labels: Mapping[str, str]) -> str:
-    """`frogfix-<job>-<attempt>-<random>`: a DNS label with room for a `-r<n>` recovery suffix."""
-    parts = ["frogfix"]
-    for key in ("job", "attempt"):
-        value = next((v for k, v in labels.items() if k.rpartition("/")[2] == key), None)
-        if value:
-            parts.append(re.sub(r"[^a-z0-9]+", "-", str(value).lower()).strip("-")[:16])
-    suffix = secrets.token_hex(4)
-    base = "-".join(p for p in parts if p)[: 63 - 4 - len(suffix) - 1].strip("-")
-    return f"{base}-{suffix}"
-
-
-def _check_storage(workspace_size: str, tmp_size: str, ephemeral_storage: str) -> None:
-    """The emptyDirs (workspace, /tmp, the runner's folder) must fit the pod's ephemeral storage."""
-    needed = parse_quantity(workspace_size) + parse_quantity(tmp_size) + parse_quantity(RUNNER_DIR_SIZE)
-    if needed > parse_quantity(ephemeral_storage):
-        raise ValueError(
-            f"workspace_size {workspace_size} + tmp_size {tmp_size} + {RUNNER_DIR_SIZE} exceed "
-            f"ephemeral_storage {ephemeral_storage}"
-        )
-
-
-def _rfc3339(epoch: float) -> str:
-    return datetime.fromtimestamp(int(epoch), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
-    except ValueError:
-        return None
-
-
-def _login_profile(env: Mapping[str, str]) -> bytes:
-    """HOME's .bash_profile: the Bash tool's `bash -lc` reads the image's /etc/profile, which on
-    Debian-based images resets PATH; this puts back the PATH the pod was started with (a built
-    environment's bin first). Nothing when the job sets no PATH."""
-    if "PATH" not in env:
-        return b""
-    return (
-        "# FrogFix: a login shell keeps the PATH the sandbox was started with.\n"
-        f"export PATH={shlex.quote(env['PATH'])}\n"
-    ).encode()
-
-
-def _in_runner_dir(path: str) -> str:
-    """The copy-in tar's name for a path under RUNNER_DIR (its members go under `frogfix/`)."""
-    return "frogfix/" + os.path.relpath(path, RUNNER_DIR)
-
-
-def _tar_entry(info: tarfile.TarInfo, uid: int) -> tarfile.TarInfo | None:
-    """Owned by the sandbox user; folders stay writable to it; no device files."""
-    if info.ischr() or info.isblk():
-        return None
-    info.uid = info.gid = uid
-    info.uname = info.gname = ""
-    if info.isdir():
-        info.mode |= 0o700
-    return info
 
 
 def _pod_summary(phase: str | None, waiting: Any, conditions: Any) -> str:
@@ -1033,7 +691,3 @@ def _pod_summary(phase: str | None, waiting: Any, conditions: Any) -> str:
             parts.append(f"{condition.type}: {condition.message}")
     return "; ".join(parts)
 
-
-def make_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """An ApiClient for the reaper and operators' commands: in-cluster, else the kubeconfig given or found."""
-    return _api_client(None, kubeconfig, context)

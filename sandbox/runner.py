@@ -1,5 +1,8 @@
 """FrogFix sandbox runner: the one long-lived process that executes Leaf tool calls inside a sandbox.
 
+It stays one file, longer than the 800 lines every other module keeps to: it is copied into each
+sandbox as one file and run there alone, importing nothing but the standard library.
+
 Stdlib only, and kept runnable on Python 3.8+, because it runs under whatever `python3` the
 sandbox has (Debian's /usr/bin/python3 locally, the target image's in a Kubernetes pod). Both
 backends start it once and then talk JSON lines over its stdin/stdout, so a tool call costs one

@@ -38,9 +38,26 @@ def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
     configure_celery(get_settings())
 
 
+@pytest.fixture(scope="session")
+def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An SQLite database file Alembic brought to head once per session: each test's database is a copy.
+
+    The migrations themselves are tested on empty SQLite and PostgreSQL databases (tests/test_migrations.py);
+    every other test only needs a database at head, which a file copy gives in well under a millisecond
+    where running the migrations again takes a second or more."""
+    from app.migrate import upgrade
+
+    template = tmp_path_factory.mktemp("migrated") / "frogfix.db"
+    upgrade(f"sqlite:///{template}")
+    return template
+
+
 @pytest.fixture
-def frogfix_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    """Embedded defaults (SQLite + filesystem broker) in a temp folder, migrated to head."""
+def frogfix_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, migrated_database: Path
+) -> Iterator[dict[str, Any]]:
+    """Embedded defaults (SQLite + filesystem broker) in a temp folder, its database at head (a copy of
+    the session's migrated one)."""
     for key in list(os.environ):
         if key.startswith("FROGFIX_"):
             monkeypatch.delenv(key)
@@ -52,10 +69,11 @@ def frogfix_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dic
         "sweep_interval_seconds": "0",
     }
     configure(monkeypatch, **env)
-    from app.migrate import upgrade
     from app.settings import get_settings
 
-    upgrade(get_settings().resolved_database_url())
+    database = get_settings().resolved_database_url().removeprefix("sqlite:///")
+    Path(database).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(migrated_database, database)
     yield {"data_dir": tmp_path / "data", "monkeypatch": monkeypatch}
     from app.db import dispose_engines
 

@@ -8,10 +8,14 @@
   rounds that merge a moved target in) and the MR's rounds section; `triage.py` judges each round
   request once (and, with FROGFIX_AUTO_UPDATE, asks whether the MR conflicts with its target);
   `merging.py` is git's side of an update round.
+- `job_context.py`: what a run of a job holds beside its stages (its seams, heartbeat, flags).
 - `attempt.py`: one attempt, owned in one place (workspace, `.frogfix.yml` and the repository's
   AGENTS.md guidance, trajectory, sandbox, Leaf, patch, review rules, verification). The pipeline,
   `localfix.py` (`manage.py fix`) and `replay.py` (`manage.py replay`) all run attempts through it
-  and differ only in their observer and their workspace source (`workspaces.py`).
+  and differ only in their observer and their workspace source (`workspaces.py`); its test runs
+  are `verifier.py`'s.
+- `recorded.py`: a recorded task (the attempt to run again, its repository and start), which
+  `replay.py` (compare) and `evaluate.py` (score) share.
 - `wiring.py`: settings to seams: the model client, the sandbox and the forge client.
 - `embedded.py`: the worker `manage.py serve` starts beside the app (embedded broker), held by a
   lifeline pipe so it stops itself however serve ends.
@@ -19,8 +23,10 @@
   live attempt, sharing model slots with production (it goes last), never publishing.
 - `doctor/`: `manage.py doctor`'s checks of the configuration, end to end (database, broker,
   forges, model server, sandbox, disk).
-- `repos.py` (mirrors, warm workspace pool, commits and pushes; the isolated git environment every
-  git call of a job uses), `patch_evidence.py` (what git stores for the sandbox's patch, taken
+- `gitcalls.py` (the isolated git environment every git call of a job uses, bounded, and the
+  mirror locks), `mirrors.py` (the forge's repositories mirrored on the worker), `workspace_pool.py`
+  (per-job workspaces and the warm pool), `publishing.py` (the fix commit and its push),
+  `patch_evidence.py` (what git stores for the sandbox's patch, taken
   outside the sandbox, and git's regeneration of it), `ci_config.py` (which paths are CI
   configuration), `repo_config.py` (`.frogfix.yml`, AGENTS.md guidance, test-command detection,
   review rules over the evidence), `report.py` (what is written on the forge), `issue_text.py`,

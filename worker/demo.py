@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from worker.gitcalls import git_environment
 from worker.leaf.model import ModelReply, ReplayModel, Usage
-from worker.repos import git_environment
 
 CALC = '''"""A tiny calculator."""
 

@@ -23,13 +23,12 @@ attempts that had started before it, within the slots production was not using.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +40,17 @@ from app.evaluation_report import UNRUNNABLE, attempt_evidence, counted
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
 from app.jobs.evaluations import TaskSelector, parse_selector
-from app.logs import SecretRedactor, get_logger
+from app.logs import get_logger
+from app.moments import as_utc
 from app.patches import file_diffs
+from app.redaction import SecretRedactor
 from app.settings import Settings, get_settings
 from app.statuses import INFRA_EXITS, LOCAL_VERDICT_STATUSES, FixStatus, JobStatus
 from sandbox.base import SandboxError
 from worker.attempt import AttemptOutcome
 from worker.leaf.model import ModelClient
-from worker.replay import ReplayError, RepoSource, find_recording, repo_source, run_live_attempt
+from worker.recorded import ReplayError, RepoSource, find_recording, repo_source
+from worker.replay import run_live_attempt
 from worker.wiring import make_forge, model_from
 
 log = get_logger("frogfix.eval")
@@ -72,24 +74,18 @@ def _failed_before(tests: Any) -> bool:
     return isinstance(code, int) and code != 0
 
 
-LOCAL_STAMP = re.compile(r"local-(\d{8}-\d{6})(?:-|$)")
-
-
 def local_job_time(key: str, data: dict[str, Any]) -> datetime | None:
     """When a local job ran: the UTC stamp in its id (`local-YYYYMMDD-HHMMSS-...`), else the trajectory's
     `started_at`. Never the file's mtime: a copy, a restore or a later write to the file moves that."""
-    stamp = LOCAL_STAMP.match(key)
-    if stamp is not None:
-        try:
-            return datetime.strptime(stamp.group(1), "%Y%m%d-%H%M%S").replace(tzinfo=UTC)
-        except ValueError:
-            pass
+    stamped = trajectory.local_id_time(key)
+    if stamped is not None:
+        return stamped
     started = data.get("started_at")
     try:
         when = datetime.fromisoformat(started) if isinstance(started, str) else None
     except ValueError:
         return None
-    return when.replace(tzinfo=UTC) if when is not None and when.tzinfo is None else when
+    return as_utc(when) if when is not None else None
 
 
 def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, Any]]:

@@ -7,32 +7,30 @@ patch, then run the test command in fresh sandboxes on the base commit and with 
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from app import local_jobs, trajectory
-from app.logs import SecretRedactor
 from app.outcome_words import ending, shown_url
+from app.redaction import SecretRedactor, redact_value
 from app.settings import Settings, get_settings
 from app.statuses import ExitReason, FixStatus
 from app.usage import UsageFigures, usage_table
 from sandbox.base import SandboxError
-from worker import repos
-from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, TestRun, run_series
+from worker import gitcalls, mirrors
+from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.evidence import Evidence, evidence_line
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord
 from worker.leaf.model import ModelClient
 from worker.leaf.prompts import render_task, system_prompt
-from worker.leaf.trajectory import redact_value
 from worker.repo_config import RepoConfigError
+from worker.verifier import TestRun
 from worker.wiring import leaf_limits_from, model_from, sampling_from
 from worker.workspaces import CheckoutSource
 
@@ -124,7 +122,7 @@ class LocalFix:
         self.repo_dir = repo_dir.resolve()
         self.title, self.body = title, body
         self.progress = progress
-        self.job_id = job_id or datetime.now(UTC).strftime("local-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+        self.job_id = job_id or trajectory.new_local_id()
         self.root = self.settings.resolved_workspace_dir() / self.job_id
         self.trajectory_path = self.settings.data_dir / trajectory.local_path(self.job_id)
         self.redactor = SecretRedactor(self.settings.secret_values())
@@ -158,7 +156,7 @@ class LocalFix:
         try:
             try:
                 outcome = self._run(base)
-            except repos.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
+            except gitcalls.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
                 outcome = self._failed(ExitReason.git_error, str(exc)[:500])
         except BaseException as exc:  # interrupted (Ctrl-C) or a bug: the record must not stay `running`
             why = str(exc)[:300] if isinstance(exc, Stopped) else f"{type(exc).__name__} {str(exc)[:300]}".strip()
@@ -180,10 +178,10 @@ class LocalFix:
         if not (self.repo_dir / ".git").exists():
             raise FixError(f"{self.repo_dir} is not a git checkout")
         try:
-            base = repos.resolve(self.repo_dir, "HEAD")
-        except repos.RepoError as exc:
+            base = mirrors.resolve(self.repo_dir, "HEAD")
+        except gitcalls.RepoError as exc:
             raise FixError(f"{self.repo_dir} has no commits yet") from exc
-        if repos.has_uncommitted_changes(self.repo_dir):
+        if mirrors.has_uncommitted_changes(self.repo_dir):
             self.say("note: uncommitted changes in the checkout are not part of the job (it starts from HEAD)")
         return base
 
@@ -250,7 +248,10 @@ class LocalFix:
             trajectory=trajectory.local_path(self.job_id, number),
             model_label=s.model_name,
             sampling=sampling_from(s).body_fields(),
-            trajectory_fields={"issue": {"title": self.title}, "repository": str(self.repo_dir), "attempt": number},
+            # `kind`: a demo's recording says so, so a replay makes its temporary sample again (worker/recorded.py).
+            trajectory_fields={
+                "issue": {"title": self.title}, "repository": str(self.repo_dir), "attempt": number, "kind": self.kind,
+            },
         )
 
     def outcome(self, result: AttemptResult, before: TestRun | None) -> FixOutcome:

@@ -19,15 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from worker.repos import (
-    LOCAL_TIMEOUT,
-    RepoError,
-    check_sha,
-    git_dir_args,
-    git_environment,
-    reading_lock,
-    run_git,
-)
+from worker.gitcalls import LOCAL_TIMEOUT, RepoError, check_sha, git_dir_args, git_environment, reading_lock, run_git
 
 # A line git writes around a conflict: `<<<<<<< ours`, `=======`, `>>>>>>> theirs` (and `|||||||` for diff3).
 _OPENING = re.compile(rb"^<{7,}(?: |$)", re.M)  # 7 unless `conflict-marker-size` says more

@@ -38,7 +38,7 @@ from pathlib import Path
 from app.patches import shown_path
 from sandbox.base import SandboxLimits
 from worker.ci_config import MAX_CI_FILE_BYTES, CiPaths, CiUnreadable, ci_paths
-from worker.repos import (
+from worker.gitcalls import (
     LOCAL_TIMEOUT,
     RepoError,
     check_sha,

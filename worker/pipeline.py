@@ -1,18 +1,16 @@
 """A job's stages, as plain functions with no Celery inside: admit, prepare, attempts, verify, publish.
 
-`run(job_id)` is called by the `frogfix.run_job` task after it claimed the job. Each stage is
-recorded on the job's timeline. Forge, model and repository access come in through `Deps`, so
-tests hand in doubles that speak the real protocols.
+worker/runs.py runs a claimed job through the pipeline its kind needs (this one for an issue's job,
+worker/rounds.py's for a round). Each stage is recorded on the job's timeline. Forge, model and
+repository access come in through `Deps` (worker/job_context.py), so tests hand in doubles that
+speak the real protocols.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +29,33 @@ from app.forge.api import (
     upsert_draft_mr,
 )
 from app.jobs import job_slots, records, rounds, transitions
-from app.jobs.scheduler import production_load
-from app.logs import SecretRedactor, get_logger
+from app.logs import get_logger
 from app.models import utcnow
-from app.settings import Settings, get_settings
-from app.statuses import FINAL_STATUSES, RUN_STATUSES, AttemptStatus, JobStatus
+from app.statuses import RUN_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
-from worker import repos
+from worker import gitcalls, mirrors, publishing, workspace_pool
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
+from worker.gitcalls import RepoError, RepoTransient
 from worker.issue_text import sanitize_issue_text
+from worker.job_context import (
+    BOT_AUTHOR,
+    BRANCH_MOVED,
+    PREEMPT_POLL_S,
+    CancelCheck,
+    Deps,
+    JobEnded,
+    PolledFlag,
+    Prepared,
+    Superseded,
+    cancelled_on_request,
+    job_url,
+    production_waits,
+    project_allowed,
+    remove_finished_workspaces,
+)
 from worker.leaf.loop import StepRecord, step_usage
-from worker.leaf.model import ModelClient
 from worker.leaf.prompts import (
     render_task,
     system_prompt,
@@ -60,192 +72,10 @@ from worker.report import (
     mr_description,
     mr_title,
 )
-from worker.repos import RepoCache, RepoError, RepoTransient, WorkspacePool
-from worker.wiring import leaf_limits_from, make_forge, model_from, sampling_from
+from worker.wiring import leaf_limits_from, sampling_from
 from worker.workspaces import PoolSource
 
 log = get_logger("frogfix.pipeline")
-BOT_AUTHOR = ("FrogFix", "frogfix@localhost")
-
-
-BRANCH_MOVED = "the branch moved while the job ran"
-
-
-class Superseded(Exception):
-    """The job was re-queued or finished elsewhere while this run went on: touch nothing more."""
-
-
-class JobEnded(Exception):
-    """A stage decided the job's final status (rejected, cancelled, failed, no_fix)."""
-
-    def __init__(
-        self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None, log: str = "",
-        *, asks: bool = False,
-    ) -> None:
-        super().__init__(reason)
-        self.status, self.reason, self.comment, self.notify = status, reason, comment, notify
-        self.log = log  # a log tail the issue comment shows fenced (an environment error's)
-        self.asks = asks  # `comment` is FrogFix's question to the reporter, posted as it is (worker/question.py)
-
-
-@dataclass
-class Deps:
-    """What the pipeline reaches outside itself; the defaults come from settings."""
-
-    settings: Settings
-    forge_for: Callable[[str], Forge]
-    model_for: Callable[[], ModelClient]
-    repos: RepoCache
-    pool: WorkspacePool
-    redactor: SecretRedactor = field(default_factory=SecretRedactor)
-    # What the runner raises when the job's time is up (Celery's soft limit); the pipeline stays Celery-free.
-    time_limit_errors: tuple[type[BaseException], ...] = ()
-
-    @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> Deps:
-        s = settings or get_settings()
-        redactor = SecretRedactor(s.secret_values())
-        return cls(
-            settings=s,
-            forge_for=lambda kind: make_forge(kind, s, redactor.redact),
-            model_for=lambda: model_from(s),
-            repos=RepoCache(s.data_dir / "mirrors"),
-            pool=_pool_for(s.resolved_workspace_dir()),
-            redactor=redactor,
-        )
-
-
-_pools: dict[Path, WorkspacePool] = {}
-
-
-def _pool_for(workspaces: Path) -> WorkspacePool:
-    """One warm-workspace pool per folder and process, so its background refills are shared."""
-    if workspaces not in _pools:
-        _pools[workspaces] = WorkspacePool(workspaces)
-    return _pools[workspaces]
-
-
-def job_url(settings: Settings, job_id: int) -> str | None:
-    return f"{settings.public_url.rstrip('/')}/jobs/{job_id}" if settings.public_url else None
-
-
-def project_allowed(settings: Settings, project: str) -> bool:
-    patterns = [p.strip() for p in settings.allowed_projects.split(",") if p.strip()]
-    return not patterns or any(fnmatch.fnmatchcase(project, p) for p in patterns)
-
-
-WORKSPACE_NAME = re.compile(r"job-(\d+)-run-(\d+)")
-
-
-def remove_finished_workspaces(root: Path) -> list[str]:
-    """Remove workspaces of runs that are over: a job the sweep failed after its worker died leaves one.
-
-    A folder is removed when its job is final or a later run owns the job; folders of jobs this
-    database does not know are left alone (another FrogFix may share the folder).
-    """
-    found = {p: (int(m[1]), int(m[2])) for p in root.glob("job-*-run-*") if (m := WORKSPACE_NAME.fullmatch(p.name))}
-    if not found:
-        return []
-    with session_scope() as session:
-        states = records.run_states(session, {job_id for job_id, _ in found.values()})
-    removed = []
-    for path, (job_id, run) in found.items():
-        state = states.get(job_id)
-        if state is not None and (state[0] in FINAL_STATUSES or run < state[1]):
-            repos.remove_workspace(path)
-            removed.append(path.name)
-    if removed:
-        log.info("removed_finished_workspaces", folders=removed)
-    return removed
-
-
-class Heartbeat:
-    """Stamps the job every few seconds, so a job whose worker died is found and recovered."""
-
-    def __init__(self, job_id: int, interval: float, run: int | None = None) -> None:
-        self.job_id, self.interval, self.run = job_id, interval, run
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
-
-    def _beat(self) -> None:
-        while True:
-            try:
-                with session_scope() as session:
-                    records.touch_heartbeat(session, self.job_id, self.run)
-            except Exception as exc:  # a database hiccup must not end the job
-                log.warning("heartbeat_failed", job_id=self.job_id, error=str(exc)[:300])
-            if self._stop.wait(self.interval):
-                return
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
-def cancelled_on_request() -> JobEnded:
-    """The end of a job a cancel stopped (the dashboard, `manage.py cancel`, a removed label, `/frogfix stop`)."""
-    return JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
-
-
-class PolledFlag:
-    """A flag read from the database at most once every `every` seconds (it is asked between tool
-    calls); once True it stays True. A database hiccup leaves it as it was until the next read."""
-
-    def __init__(self, read: Callable[[Session], bool], what: str, every: float = 2.0) -> None:
-        self.read, self.what, self.every = read, what, every
-        self._last = 0.0
-        self._value = False
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if not self._value and now - self._last >= self.every:
-            self._last = now
-            try:
-                with session_scope() as session:
-                    self._value = self.read(session)
-            except SQLAlchemyError as exc:  # the database away for a moment: ask again at the next check
-                log.warning(f"{self.what}_failed", error=str(exc)[:300])
-        return self._value
-
-
-class CancelCheck(PolledFlag):
-    """Reads the job's cancel flag, at most once every `every` seconds."""
-
-    def __init__(self, job_id: int, every: float = 2.0) -> None:
-        self.job_id = job_id
-        super().__init__(lambda session: records.cancel_requested(session, job_id), "cancel_check", every)
-
-
-PREEMPT_POLL_S = 0.5  # an extra attempt looks for waiting production jobs this often, between its calls
-
-
-def production_waits(session: Session) -> bool:
-    """Whether a runnable production job is queued: an extra attempt then stops or does not start."""
-    return production_load(session)[0] > 0
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """The repository as `prepare` left it: the mirror, the base commit, and where the MR goes.
-
-    `start` is a review round's starting point (the head of the bot's branch); None for round 0,
-    which starts from the base. `replaces` is the head of the bot's branch that round 0 found and
-    may replace ("" when there was none): its push is leased on it, so it never overwrites a commit
-    pushed meanwhile.
-    """
-
-    mirror: Path
-    base: str
-    default_branch: str
-    clone_url: str
-    start: str | None = None
-    replaces: str = ""
-
-
 class JobObserver:
     """An attempt seen by the pipeline: steps on the attempt row, stages on the job's timeline."""
 
@@ -373,7 +203,7 @@ class Pipeline:
 
     def run(self) -> str:
         for leftover in self.root.parent.glob(f"job-{self.job_id}-run-*"):  # from a run whose worker died
-            repos.remove_workspace(leftover)
+            workspace_pool.remove_workspace(leftover)
         try:
             remove_finished_workspaces(self.root.parent)
         except SQLAlchemyError as exc:  # housekeeping only: the next run tries again
@@ -413,7 +243,7 @@ class Pipeline:
                 "FrogFix stopped on an internal error; an operator has the details.",
             )
         finally:
-            repos.remove_workspace(self.root)
+            workspace_pool.remove_workspace(self.root)
             if self.forge is not None:
                 self.forge.close()
 
@@ -552,14 +382,14 @@ class Pipeline:
         """The project as the forge has it, and its mirror brought up to date (every branch)."""
         assert self.forge is not None
         info = self.forge.project_info(self.project)
-        key = repos.mirror_key(self.forge_kind, self.project)
+        key = gitcalls.mirror_key(self.forge_kind, self.project)
         auth = self.forge.git_auth_header()
-        return info, repos.retry_transient("git fetch", lambda: self.deps.repos.mirror(key, info.clone_url, auth))
+        return info, gitcalls.retry_transient("git fetch", lambda: self.deps.repos.mirror(key, info.clone_url, auth))
 
     def prepare(self) -> Prepared:
         info, mirror = self.fetch_mirror()
-        base = repos.resolve(mirror, info.default_branch)
-        branch = self.branch = repos.branch_for_issue(self.issue)
+        base = mirrors.resolve(mirror, info.default_branch)
+        branch = self.branch = gitcalls.branch_for_issue(self.issue)
         head = self.remote_head(mirror, branch)
         self.refuse_to_replace(branch, head)
         self.update(base_commit=base, branch=branch)
@@ -594,8 +424,8 @@ class Pipeline:
     def remote_head(self, mirror: Path, branch: str) -> str | None:
         """`branch`'s head as the forge had it when the mirror was last fetched; None when it has none."""
         try:
-            return repos.resolve(mirror, branch)
-        except repos.RepoError:
+            return mirrors.resolve(mirror, branch)
+        except gitcalls.RepoError:
             return None
 
     def branch_head(self, branch: str) -> str | None:
@@ -615,9 +445,9 @@ class Pipeline:
         # Named before the push: if its answer is lost, a retry still knows the commit as its own.
         self.event(rounds.PUSHING, f"pushing {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
         try:
-            repos.retry_transient(
+            gitcalls.retry_transient(
                 "git push",
-                lambda: repos.push_branch(
+                lambda: publishing.push_branch(
                     prepared.mirror,
                     prepared.clone_url,
                     auth,
@@ -628,7 +458,7 @@ class Pipeline:
                     fast_forward=fast_forward,
                 ),
             )
-        except repos.RepoBranchMoved:
+        except gitcalls.RepoBranchMoved:
             if self.branch_head(branch) != sha:
                 return False
         self.update(pushed_commit=sha)
@@ -861,13 +691,13 @@ class Pipeline:
         if issue.state != "open" or self.s.trigger_label not in issue.labels:
             raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the job ran", None)
         self.begin_publishing()
-        branch = self.branch or repos.branch_for_issue(self.issue)
+        branch = self.branch or gitcalls.branch_for_issue(self.issue)
         title = self.redact(self.title)  # before it is disarmed: a zero-width space could hide a secret
         skip_ci = not self.s.allow_forge_ci
         message = self.redact(commit_message(self.issue, title, self.job_id, skip_ci=skip_ci))
         mirror, base = prepared.mirror, prepared.base
         assert result.changes is not None, "only a judged attempt is published"
-        sha = repos.commit_patch(
+        sha = publishing.commit_patch(
             mirror, base, result.patch, message, BOT_AUTHOR, self.root / "publish", expect_tree=result.changes.tree
         )
         if not self.push(prepared, sha, expect_old=prepared.replaces, fast_forward=False, skip_ci=skip_ci):

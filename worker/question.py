@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Final
 
 from app.forge.api import Forge
@@ -346,8 +346,7 @@ def answers_since(
     if start is not None:
         after = comments[start:]
     else:
-        asked = asked_at if asked_at.tzinfo is not None else asked_at.replace(tzinfo=UTC)  # SQLite: naive UTC
-        after = [c for c in comments if c.created_at is not None and c.created_at > asked]
+        after = [c for c in comments if c.created_at is not None and c.created_at > asked_at]
     return [
         c
         for c in after

@@ -46,9 +46,9 @@ import yaml
 from app.patches import shown_path
 from worker.ci_config import ANY_YAML_FILE
 from worker.environment.declared import Overrides, is_dependency_file
+from worker.gitcalls import git_environment
 from worker.leaf.prompts import GuidanceFile, RepoGuidance
 from worker.patch_evidence import ChangedFile, PatchEvidence
-from worker.repos import git_environment
 
 CONFIG_FILE = ".frogfix.yml"
 DEFAULT_TEST_TIMEOUT = 900.0

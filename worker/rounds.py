@@ -18,24 +18,15 @@ from app.db import in_transaction, session_scope
 from app.forge.api import Forge, ForgeError, MergeRequest
 from app.forge.reviews import STALE_CI, CiReport, ReviewComment, ThreadNote, about_head
 from app.jobs import rounds
+from app.redaction import redact_value
 from app.settings import Settings
 from app.statuses import EvidenceLevel, JobStatus, RequestStatus
-from worker import merging, repos
-from worker.attempt import AttemptResult, AttemptRunner, ReviewPolicy, Verification
+from worker import gitcalls, merging, mirrors, publishing
+from worker.attempt import AttemptResult, AttemptRunner, ReviewPolicy
 from worker.environment.builder import EnvironmentUnusable
+from worker.job_context import BOT_AUTHOR, BRANCH_MOVED, Deps, JobEnded, Prepared, job_url, project_allowed
 from worker.leaf.prompts import MAX_COMMENT_CHARS, MAX_DIFF_CHARS, render_round_task, render_update_task
-from worker.leaf.trajectory import redact_value
-from worker.pipeline import (
-    BOT_AUTHOR,
-    BRANCH_MOVED,
-    Deps,
-    JobEnded,
-    JobObserver,
-    Pipeline,
-    Prepared,
-    job_url,
-    project_allowed,
-)
+from worker.pipeline import JobObserver, Pipeline
 from worker.report import (
     RoundLine,
     commit_message,
@@ -46,6 +37,7 @@ from worker.report import (
     rounds_section,
     update_reply_pushed,
 )
+from worker.verifier import Verification
 from worker.workspaces import PoolSource
 
 MAX_THREAD_NOTES = 200  # the newest notes of a long review thread
@@ -172,10 +164,10 @@ class RoundPipeline(Pipeline):
     def prepare(self) -> Prepared:
         """Start from the branch's head in the mirror (a human's pushes included); base = where it left main."""
         info, mirror = self.fetch_mirror()
-        branch = self.branch or repos.branch_for_issue(self.issue)
-        start = repos.resolve(mirror, branch)
-        base = repos.merge_base(mirror, start, repos.resolve(mirror, info.default_branch))
-        self.branch, self.diff = branch, repos.diff_text(mirror, base, start, limit=MAX_DIFF_CHARS)
+        branch = self.branch or gitcalls.branch_for_issue(self.issue)
+        start = mirrors.resolve(mirror, branch)
+        base = mirrors.merge_base(mirror, start, mirrors.resolve(mirror, info.default_branch))
+        self.branch, self.diff = branch, mirrors.diff_text(mirror, base, start, limit=MAX_DIFF_CHARS)
         self.update(start_commit=start, base_commit=base, branch=branch, round_input=self.round_input())
         self.event(
             "prepared",
@@ -222,7 +214,7 @@ class RoundPipeline(Pipeline):
             commit_message(self.issue, self.redact(self.title), self.job_id, skip_ci=skip_ci, round_number=self.round)
         )
         assert result.changes is not None, "only a judged attempt is published"
-        sha = repos.commit_patch(
+        sha = publishing.commit_patch(
             prepared.mirror,
             prepared.start,
             result.patch,
@@ -351,15 +343,15 @@ class UpdateRoundPipeline(RoundPipeline):
     def prepare(self) -> Prepared:
         """The branch's head and the target's head from the mirror, and git's merge of the two."""
         info, mirror = self.fetch_mirror()
-        branch = self.branch or repos.branch_for_issue(self.issue)
+        branch = self.branch or gitcalls.branch_for_issue(self.issue)
         target_branch = self.target_branch = self.target_branch or info.default_branch
-        head, target = repos.resolve(mirror, branch), repos.resolve(mirror, f"refs/heads/{target_branch}")
+        head, target = mirrors.resolve(mirror, branch), mirrors.resolve(mirror, f"refs/heads/{target_branch}")
         self.branch = branch
         self.update(start_commit=head, base_commit=target, branch=branch)
         if merging.is_ancestor(mirror, target, head):
             why = f"{branch} already contains {target_branch} at {target[:12]}: there is nothing to merge."
             raise JobEnded(JobStatus.no_fix, why, why)
-        fork = repos.merge_base(mirror, head, target)
+        fork = mirrors.merge_base(mirror, head, target)
         merge = self.merge = merging.merge_trees(mirror, head, target)
         if merge.tree == merging.tree_of(mirror, target):
             why = (
@@ -368,7 +360,7 @@ class UpdateRoundPipeline(RoundPipeline):
             )
             raise JobEnded(JobStatus.no_fix, why, why)
         self.resolution = merging.Resolution(merge, fork, target_branch)
-        self.diff = repos.diff_text(mirror, fork, head, limit=MAX_DIFF_CHARS)
+        self.diff = mirrors.diff_text(mirror, fork, head, limit=MAX_DIFF_CHARS)
         data = {"start_commit": head, "base_commit": target, "target_branch": target_branch,
                 "conflicted": list(merge.conflicted)}  # fmt: skip
         if merge.clean:

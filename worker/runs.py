@@ -13,7 +13,8 @@ from app.db import session_scope
 from app.jobs import records, transitions
 from app.logs import get_logger
 from app.statuses import JobStatus, RoundKind
-from worker.pipeline import Deps, Heartbeat, Pipeline
+from worker.job_context import Deps, Heartbeat
+from worker.pipeline import Pipeline
 from worker.rounds import RoundPipeline, UpdateRoundPipeline
 
 log = get_logger("frogfix.pipeline")

@@ -91,7 +91,7 @@ def run_job_task(job_id: int) -> str:
 @celery_app.task(name=TRIAGE, acks_late=True)
 def triage_request_task(request_id: int) -> str:
     """Judge one round request (worker/triage.py); a failure leaves it pending for the sweep to send again."""
-    from app.logs import SecretRedactor
+    from app.redaction import SecretRedactor
     from worker.triage import triage
     from worker.wiring import make_forge
 
@@ -124,7 +124,7 @@ REAP_INTERVAL_S = 300.0
 def reap_sandboxes(older_than_s: float | None = None) -> list[str]:
     """Delete sandbox pods and policies left past their deadline (Kubernetes backend only)."""
     from app.settings import get_settings
-    from sandbox.kubernetes import make_api_client, reap
+    from sandbox.kubernetes_cluster import make_api_client, reap
 
     s = get_settings()
     api = make_api_client(s.kubeconfig or None, s.kube_context or None)
@@ -180,8 +180,8 @@ def check_update_task(thread_id: int) -> str:
     from app.db import session_scope
     from app.forge.api import ForgeError
     from app.jobs.requeue import send_and_stamp
-    from app.logs import SecretRedactor
     from app.models import Job
+    from app.redaction import SecretRedactor
     from worker.triage import check_for_update
     from worker.wiring import make_forge
 

@@ -35,11 +35,12 @@ from app.jobs import rounds
 from app.jobs.records import active_job, add_event
 from app.jobs.requeue import send_and_stamp
 from app.jobs.transitions import CancelOutcome, request_cancel
-from app.logs import SecretRedactor, get_logger
+from app.logs import get_logger
 from app.models import Job, RoundRequest
+from app.redaction import SecretRedactor
 from app.settings import Settings
 from app.statuses import RequestStatus, RoundKind
-from worker import merging, repos
+from worker import gitcalls, merging, mirrors
 from worker.rounds import show_rounds, thread_round_lines
 
 log = get_logger("frogfix.triage")
@@ -400,14 +401,14 @@ def _conflicts_by_git(
     target's head there. (None, None) when git cannot tell (a branch gone, the mirror failing)."""
     try:
         info = forge.project_info(project)
-        cache = repos.RepoCache(settings.data_dir / "mirrors")
-        mirror = cache.mirror(repos.mirror_key(forge.kind, project), info.clone_url, forge.git_auth_header())
-        head = repos.resolve(mirror, f"refs/heads/{mr.source_branch}")
-        target = repos.resolve(mirror, f"refs/heads/{mr.target_branch}")
+        cache = mirrors.RepoCache(settings.data_dir / "mirrors")
+        mirror = cache.mirror(gitcalls.mirror_key(forge.kind, project), info.clone_url, forge.git_auth_header())
+        head = mirrors.resolve(mirror, f"refs/heads/{mr.source_branch}")
+        target = mirrors.resolve(mirror, f"refs/heads/{mr.target_branch}")
         if merging.is_ancestor(mirror, target, head):
             return False, target
         return not merging.merge_trees(mirror, head, target).clean, target
-    except repos.RepoError as exc:
+    except gitcalls.RepoError as exc:
         log.warning("update_check_git_failed", project=project, mr=mr.number, error=str(exc)[:300])
         return None, None
 

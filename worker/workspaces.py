@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol
 
-from worker import repos
+from worker import workspace_pool
 
 
 class WorkspaceSource(Protocol):
@@ -29,7 +29,7 @@ class WorkspaceSource(Protocol):
 class PoolSource:
     """Workspaces from a forge mirror, taken from the warm pool when one is ready."""
 
-    def __init__(self, pool: repos.WorkspacePool, mirror: Path) -> None:
+    def __init__(self, pool: workspace_pool.WorkspacePool, mirror: Path) -> None:
         self.pool, self.mirror = pool, mirror
 
     def checkout(self, dest: Path, commit: str) -> None:
@@ -46,7 +46,7 @@ class MirrorSource:
         self.mirror = mirror
 
     def checkout(self, dest: Path, commit: str) -> None:
-        repos.make_workspace(self.mirror, dest, commit)
+        workspace_pool.make_workspace(self.mirror, dest, commit)
 
     def repository(self) -> Path:
         return self.mirror
@@ -55,7 +55,7 @@ class MirrorSource:
 class CheckoutSource:
     """Workspaces from a local checkout's committed history: `manage.py fix` and its replays.
 
-    Made like a mirror's (repos.make_workspace: the isolated git environment, one commit's
+    Made like a mirror's (workspace_pool.make_workspace: the isolated git environment, one commit's
     objects copied), so none of the user's or the machine's git filters, hooks or drivers runs.
     """
 
@@ -63,7 +63,7 @@ class CheckoutSource:
         self.repo_dir = repo_dir
 
     def checkout(self, dest: Path, commit: str) -> None:
-        repos.make_workspace(self.repo_dir, dest, commit)
+        workspace_pool.make_workspace(self.repo_dir, dest, commit)
 
     def repository(self) -> Path:
         return self.repo_dir

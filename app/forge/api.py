@@ -23,10 +23,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote
+from app.redaction import SecretRedactor
 
 Redactor = Callable[[str], str]
 
-REDACTED = "[REDACTED]"
 DEFAULT_TEXT_LIMIT = 250_000  # far below GitLab's ~1,000,000 and Gitea's database limits
 TITLE_LIMIT = 250  # GitLab caps MR titles at 255 characters
 ERROR_DETAIL_LIMIT = 300  # how much of a forge's own error message we quote
@@ -392,16 +392,14 @@ class OutboundText:
         limit: int = DEFAULT_TEXT_LIMIT,
         title_limit: int = TITLE_LIMIT,
     ) -> None:
-        # Longest first so a secret that contains another is replaced whole.
-        self._secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._secrets = SecretRedactor(secrets)
         self._redact = redact
         self.limit = limit
         self.title_limit = title_limit
 
     def scrub(self, text: str) -> str:
         """Remove our own secrets (and their Basic-auth encodings), then apply the caller's redactor."""
-        for secret in self._secrets:
-            text = text.replace(secret, REDACTED)
+        text = self._secrets.redact(text)
         if self._redact is not None:
             text = self._redact(text)
         return text

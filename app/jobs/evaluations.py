@@ -53,15 +53,14 @@ class Runner:
     def of(cls, pid: int) -> Runner:
         return cls(socket.gethostname()[:255], pid, process_start(pid) or "")
 
-    def alive(self, heartbeat: datetime | None, stale_seconds: float) -> bool:
-        """On this host: the pid still runs and started when it did. Elsewhere: its heartbeat is recent."""
+    def alive(self, heartbeat: datetime | None, stale_seconds: float, now: datetime | None = None) -> bool:
+        """On this host: the pid still runs and started when it did. Elsewhere: its heartbeat is recent
+        (`now`, the clock it is judged by: the present unless a caller says)."""
         if self.host == socket.gethostname()[:255]:
             return bool(self.started) and process_start(self.pid) == self.started
         if heartbeat is None:
             return False
-        if heartbeat.tzinfo is None:
-            heartbeat = heartbeat.replace(tzinfo=UTC)
-        return (utcnow() - heartbeat).total_seconds() < stale_seconds
+        return ((now or utcnow()) - heartbeat).total_seconds() < stale_seconds
 
 
 def process_start(pid: int) -> str | None:
@@ -97,8 +96,6 @@ class TaskSelector:
             return False
         if self.statuses and status not in self.statuses:
             return False
-        if when is not None and when.tzinfo is None:
-            when = when.replace(tzinfo=UTC)
         if self.since is not None and (when is None or when < self.since):
             return False
         return not (self.until is not None and (when is None or when >= self.until))
@@ -239,8 +236,11 @@ def latest_of_command(
     return (int(found[0]), str(found[1])) if found is not None else None
 
 
-def claim(session: Session, evaluation_id: int, runner: Runner, stale_seconds: float) -> None:
+def claim(
+    session: Session, evaluation_id: int, runner: Runner, stale_seconds: float, now: datetime | None = None
+) -> None:
     """Make `runner` the evaluation's one process, or raise EvaluationBusy naming the live one that has it.
+    `now`: the clock a holder elsewhere is judged by (the present unless a caller says).
 
     The row is locked (SELECT ... FOR UPDATE) so two processes cannot both take it; a claim whose
     process is gone (killed, crashed) is taken over, so a killed run can always be resumed.
@@ -250,7 +250,7 @@ def claim(session: Session, evaluation_id: int, runner: Runner, stale_seconds: f
         raise UnknownEvaluation(f"no evaluation with id {evaluation_id}")
     if row.runner_pid is not None and (row.runner_host, row.runner_pid) != (runner.host, runner.pid):
         holder = Runner(row.runner_host or "", row.runner_pid, row.runner_started or "")
-        if holder.alive(row.heartbeat_at, stale_seconds):
+        if holder.alive(row.heartbeat_at, stale_seconds, now):
             raise EvaluationBusy(
                 f"evaluation {evaluation_id} is running in process {holder.pid} on {holder.host}; "
                 "wait for it, or stop it (Ctrl-C / SIGTERM) and run this again to resume"

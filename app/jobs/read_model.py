@@ -14,8 +14,10 @@ from typing import Any
 from sqlalchemy import Row, Select, and_, distinct, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.jobs import rounds
 from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions
 from app.models import Job, JobAttempt, RoundRequest, utcnow
+from app.moments import iso
 from app.statuses import (
     ACTIVE_STATUSES,
     FINAL_STATUSES,
@@ -290,7 +292,7 @@ class ThreadJob:
             "id": self.id, "round": self.round, "round_kind": self.round_kind, "trigger_user": self.trigger_user,
             "status": self.status, "cancel_requested": self.cancel_requested, "start_commit": self.start_commit,
             "pushed_commit": self.pushed_commit, "ci_status": self.ci_status, "mr_url": self.mr_url,
-            "mr_number": self.mr_number, "created_at": _iso(self.created_at), "finished_at": _iso(self.finished_at),
+            "mr_number": self.mr_number, "created_at": iso(self.created_at), "finished_at": iso(self.finished_at),
         }
 
 
@@ -351,7 +353,7 @@ class RequestRow:
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason, "author": self.author,
-            "job_id": self.job_id, "created_at": _iso(self.created_at), "comment_kind": self.comment_kind,
+            "job_id": self.job_id, "created_at": iso(self.created_at), "comment_kind": self.comment_kind,
             "path": self.path, "line": self.line, "text": self.text, "text_cut": self.text_cut, "url": self.url,
             "ci_status": self.ci_status, "ci_jobs": list(self.ci_jobs),
         }
@@ -375,9 +377,6 @@ class JobThread:
             "turned_down": [r.to_dict() for r in self.turned_down],
         }
 
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
 
 
 def _text(value: Any, limit: int | None = None) -> str | None:
@@ -404,10 +403,8 @@ _THREAD_COLUMNS = (
 
 
 def thread_jobs(session: Session, thread_id: int) -> list[ThreadJob]:
-    """Round 0 and every round of the thread, in round order (ix_jobs_thread and the primary key)."""
-    rows = session.execute(
-        select(*_THREAD_COLUMNS).where(or_(Job.id == thread_id, Job.thread_id == thread_id)).order_by(Job.round, Job.id)
-    )
+    """rounds.thread_jobs's rows, as the dashboard shows them (only the columns it reads)."""
+    rows = session.execute(select(*_THREAD_COLUMNS).where(rounds.in_thread(thread_id)).order_by(*rounds.THREAD_ORDER))
     return [
         ThreadJob(
             id=r.id,

@@ -7,7 +7,7 @@ and write inside the session they are given. Status changes are in app/jobs/tran
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final, cast
 
@@ -168,8 +168,6 @@ def oldest_queued_age(session: Session, now: datetime | None = None) -> float:
     oldest = session.execute(select(func.min(Job.created_at)).where(Job.status == JobStatus.queued.value)).scalar()
     if oldest is None:
         return 0.0
-    if oldest.tzinfo is None:
-        oldest = oldest.replace(tzinfo=UTC)
     return max(0.0, ((now or utcnow()) - oldest).total_seconds())
 
 
@@ -207,8 +205,6 @@ def queued_since(session: Session, job_id: int) -> datetime | None:
     ).scalar()
     if at is None:
         at = session.execute(select(Job.created_at).where(Job.id == job_id)).scalar()
-    if at is not None and at.tzinfo is None:  # SQLite hands back naive datetimes, written as UTC
-        at = at.replace(tzinfo=UTC)
     return at
 
 

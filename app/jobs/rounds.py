@@ -111,10 +111,17 @@ def _find_thread(
     return None
 
 
+def in_thread(thread_id: int) -> ColumnElement[bool]:
+    """The jobs of the thread: round 0 and its rounds (read in `THREAD_ORDER`)."""
+    return or_(Job.id == thread_id, Job.thread_id == thread_id)
+
+
+THREAD_ORDER = (Job.round, Job.id)  # round 0 first, then its rounds in order (ix_jobs_thread and the key)
+
+
 def thread_jobs(session: Session, thread_id: int) -> list[Job]:
-    """Round 0 first, then its rounds in order."""
-    query = select(Job).where(or_(Job.id == thread_id, Job.thread_id == thread_id)).order_by(Job.round, Job.id)
-    return list(session.execute(query).scalars())
+    """Round 0 first, then its rounds in order (the dashboard reads the same rows: read_model.thread_jobs)."""
+    return list(session.execute(select(Job).where(in_thread(thread_id)).order_by(*THREAD_ORDER)).scalars())
 
 
 def _counts() -> ColumnElement[bool]:

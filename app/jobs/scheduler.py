@@ -75,11 +75,6 @@ def _serialize(session: Session) -> None:
         session.connection().execute(update(_JOBS).where(false()).values(status=_JOBS.c.status))
 
 
-def _as_utc(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; they were written as UTC."""
-    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
-
-
 def _running(session: Session, paths: set[str]) -> dict[Project, int]:
     rows = session.execute(
         select(Job.forge, Job.project, func.count())
@@ -143,7 +138,7 @@ def _last_claims(session: Session, projects: list[Project]) -> dict[Project, dat
     )
     found = {}
     for forge, path, last in rows:
-        if (at := _as_utc(last)) is not None:
+        if (at := last) is not None:
             found[(forge, path)] = at
     return found
 

@@ -286,7 +286,7 @@ def _cursor(value: str | None) -> tuple[datetime, int] | None:
 def _cursor_text(cursor: tuple[datetime, int] | None) -> str | None:
     if cursor is None:
         return None
-    at = views.aware(cursor[0])
+    at = cursor[0]
     assert at is not None
     delta = at - datetime(1970, 1, 1, tzinfo=UTC)
     return f"{delta // timedelta(microseconds=1)}_{cursor[1]}"

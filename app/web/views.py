@@ -33,20 +33,11 @@ SHOW_CHARS = 200_000  # a single output shown in the page is cut here (the raw f
 MAX_TRAJECTORY_BYTES = 64 * 1024 * 1024
 
 
-def aware(value: datetime | None) -> datetime | None:
-    """SQLite hands back naive datetimes; they were written as UTC."""
-    if value is None:
-        return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-
-
 def fmt_time(value: datetime | None) -> str:
-    value = aware(value)
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if value else "—"
 
 
 def fmt_ago(value: datetime | None, now: datetime | None = None) -> str:
-    value = aware(value)
     if value is None:
         return "—"
     seconds = ((now or datetime.now(UTC)) - value).total_seconds()
@@ -92,7 +83,6 @@ def mr_ref(number: int | None, forge: str) -> str:
 
 def job_seconds(started: datetime | None, finished: datetime | None, now: datetime | None = None) -> float | None:
     """How long a job ran: to its end, or until now while it runs."""
-    started, finished = aware(started), aware(finished)
     if started is None:
         return None
     return max(0.0, ((finished or now or datetime.now(UTC)) - started).total_seconds())

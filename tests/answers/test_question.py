@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from app.forge.reviews import command_text
-from worker.attempt import AttemptOutcome, AttemptResult, Verification
-from worker.attempt import TestRun as Run  # not `Test*`: pytest would try to collect it
+from worker.attempt import AttemptOutcome, AttemptResult
 from worker.leaf.loop import LeafResult, UsageTotals
 from worker.leaf.model import ModelQueryError, ModelReply, OpenAIChatModel, ReplayModel
 from worker.patch_evidence import ChangedFile, PatchEvidence
@@ -28,6 +27,8 @@ from worker.question import (
 )
 from worker.repo_config import RepoConfig
 from worker.report import ZWSP
+from worker.verifier import TestRun as Run  # not `Test*`: pytest would try to collect it
+from worker.verifier import Verification
 
 CANARY = "tok-CANARY-question-5e1d7a"
 SECRET_PARTS = ("tok-CANA", "RY-question-5e1d7a")

@@ -11,8 +11,8 @@ from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
 from tests.doubles.openai_server import ScriptedOpenAIServer, sglang_responder
 from worker.doctor import model as doctor_model
-from worker.doctor.checks import DoctorOptions
 from worker.doctor.model import check_model
+from worker.doctor.results import DoctorOptions
 
 MODEL = "FrogNano-4B-2609"
 

@@ -17,7 +17,7 @@ from sandbox.runner_client import RUNNER_SCRIPT
 from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
 from tests.doubles.kubernetes_api import KubernetesApiDouble
-from worker.doctor.checks import DoctorOptions
+from worker.doctor.results import DoctorOptions
 from worker.doctor.sandboxes import cgroup_line, check_kubernetes, check_local, is_deny_all, start_failure_fix
 
 NS = "frogfix-sandboxes"

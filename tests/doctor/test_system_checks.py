@@ -14,7 +14,8 @@ from app.settings import Settings, get_settings
 from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
 from worker.doctor import exit_code, render_text, run_doctor
-from worker.doctor.checks import CheckResult, DoctorOptions, Group, failed, passed, skipped, warned
+from worker.doctor.checks import Group
+from worker.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped, warned
 from worker.doctor.system import (
     check_broker,
     check_database,

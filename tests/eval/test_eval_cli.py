@@ -165,9 +165,14 @@ def test_a_claim_from_another_host_lives_while_its_heartbeat_beats(frogfix_env: 
         wait_until(beaten, timeout=20)  # the first beat is due after a second; a loaded runner may take longer
         with session_scope() as session, pytest.raises(ev_records.EvaluationBusy, match="process 4242 on other-host"):
             ev_records.claim(session, eid, here, stale_seconds=4)
-    time.sleep(4.5)  # that run died: no beat for longer than stale_seconds
+    # That run died: judged 4.5 s later, its last beat is older than stale_seconds (no waiting on the clock).
     with session_scope() as session:
-        ev_records.claim(session, eid, here, stale_seconds=4)
+        last = ev_records.get_evaluation(session, eid).heartbeat_at
+        assert last is not None
+        with pytest.raises(ev_records.EvaluationBusy):  # a moment before the beat goes stale, still busy
+            ev_records.claim(session, eid, here, stale_seconds=4, now=last + timedelta(seconds=3.5))
+    with session_scope() as session:
+        ev_records.claim(session, eid, here, stale_seconds=4, now=last + timedelta(seconds=4.5))
     with session_scope() as session:
         assert ev_records.get_evaluation(session, eid).runner_host == here.host
         assert not ev_records.beat(session, eid, elsewhere)  # the old run's heartbeat stops once it lost the claim

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app import local_jobs
-from app.logs import REDACTED
+from app.redaction import REDACTED
 from tests.doubles.openai_server import ScriptedOpenAIServer, assistant
 from tests.fix.sample_repo import make_sample_repo
 from tests.fix.test_fix_command import CANARY, fixing_script, run_fix

@@ -14,7 +14,8 @@ import pytest
 
 from sandbox import PatchTooLarge, SandboxError, SandboxSpec, SandboxUnavailable, open_sandbox
 from sandbox.base import SandboxLimits
-from sandbox.kubernetes import DEFAULT_IMAGE, INIT, LABEL_SANDBOX, KubernetesSandbox
+from sandbox.kubernetes import KubernetesSandbox
+from sandbox.kubernetes_manifests import DEFAULT_IMAGE, INIT, LABEL_SANDBOX
 from tests.doubles.kubernetes_api import V4, KubernetesApiDouble
 from tests.kubernetes.conftest import NAMESPACE, TEST_LIMITS, MakeSandbox, sandbox_options
 from tests.sandbox import forged_replies

@@ -16,12 +16,8 @@ import pytest
 import yaml
 
 from sandbox.base import SandboxLimits
-from sandbox.kubernetes import (
-    DEFAULT_NAMESPACE,
-    KubernetesSandbox,
-    network_policy_manifest,
-    pod_manifest,
-)
+from sandbox.kubernetes import KubernetesSandbox
+from sandbox.kubernetes_manifests import DEFAULT_NAMESPACE, network_policy_manifest, pod_manifest
 from sandbox.quantity import parse_quantity
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.kubernetes.conftest import MakeSandbox

@@ -1,4 +1,4 @@
-"""`sandbox.kubernetes.reap`: what a dead worker left behind goes once it is past its deadline."""
+"""`sandbox.kubernetes_cluster.reap`: what a dead worker left behind goes once it is past its deadline."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sandbox.kubernetes import ANNOTATION_DEADLINE, LABEL_SANDBOX, _rfc3339, reap
+from sandbox.kubernetes_cluster import reap
+from sandbox.kubernetes_manifests import ANNOTATION_DEADLINE, LABEL_SANDBOX, rfc3339
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.kubernetes.conftest import NAMESPACE, MakeSandbox
 
 
 def pod(name: str, labels: dict[str, str], deadline: float | None = None) -> dict[str, Any]:
-    annotations = {ANNOTATION_DEADLINE: _rfc3339(deadline)} if deadline is not None else {}
+    annotations = {ANNOTATION_DEADLINE: rfc3339(deadline)} if deadline is not None else {}
     return {
         "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": {"containers": [{"name": "sandbox", "image": "img"}]},
@@ -20,7 +21,7 @@ def pod(name: str, labels: dict[str, str], deadline: float | None = None) -> dic
 
 
 def policy(name: str, sandbox: str, deadline: float | None = None) -> dict[str, Any]:
-    annotations = {ANNOTATION_DEADLINE: _rfc3339(deadline)} if deadline is not None else {}
+    annotations = {ANNOTATION_DEADLINE: rfc3339(deadline)} if deadline is not None else {}
     return {
         "metadata": {"name": name, "labels": {LABEL_SANDBOX: sandbox}, "annotations": annotations},
         "spec": {"podSelector": {"matchLabels": {LABEL_SANDBOX: sandbox}}, "policyTypes": ["Ingress", "Egress"]},

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
+from app.redaction import redact_value
 from tests.doubles.openai_server import ScriptedOpenAIServer, assistant, text_call, tool_call
 from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf.loop import StepRecord, run_leaf
 from worker.leaf.model import ModelReply, OpenAIChatModel, ReplayModel, SamplingParams
 from worker.leaf.tools import TOOL_SCHEMAS
-from worker.leaf.trajectory import HARNESS_VERSION, TrajectoryWriter, redact_value
+from worker.leaf.trajectory import HARNESS_VERSION, TrajectoryWriter
 
 SECRET = "glpat-SECRETTOKEN123"
 

@@ -160,9 +160,9 @@ def test_a_cancel_the_cached_check_missed_still_stops_the_push(
 ) -> None:
     """The worker reads its cancel flag at most every 2 s; a cancel asked inside that window, after the
     last read, must still stop the push: the move to publishing reads the flag in its UPDATE."""
-    from worker import pipeline
+    from worker import job_context
 
-    monkeypatch.setattr(pipeline.CancelCheck.__init__, "__defaults__", (1e12,))  # the cached check never reads
+    monkeypatch.setattr(job_context.CancelCheck.__init__, "__defaults__", (1e12,))  # the cached check never reads
     job_id = _gitlab_job(client, world)
     script, turns, said = fixing_script(), {"n": 0}, {}
 

@@ -321,9 +321,9 @@ class Recorder:
 def test_an_attempt_from_the_branch_head_verifies_on_the_base_and_the_head(
     local_env: dict[str, Any], tmp_path: Path
 ) -> None:
-    from app.logs import SecretRedactor
+    from app.redaction import SecretRedactor
     from app.settings import get_settings
-    from worker import repos
+    from worker import publishing
     from worker.attempt import AttemptOutcome, AttemptRunner, AttemptSpec, ReviewPolicy
     from worker.demo import make_sample_repo
     from worker.leaf.prompts import system_prompt
@@ -388,7 +388,7 @@ def test_an_attempt_from_the_branch_head_verifies_on_the_base_and_the_head(
 
     # published as one commit on the head
     assert result.changes is not None
-    sha = repos.commit_patch(
+    sha = publishing.commit_patch(
         repo, start, result.patch, "Round 1", ("FrogFix", "f@l"), tmp_path / "s", expect_tree=result.changes.tree
     )
     assert git(repo, "rev-parse", f"{sha}^@").split() == [start]

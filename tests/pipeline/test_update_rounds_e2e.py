@@ -381,7 +381,7 @@ def test_an_update_round_replays_from_its_conflicted_start_even_from_a_fresh_mir
 ) -> None:
     import shutil
 
-    from worker import repos
+    from worker import gitcalls, mirrors
     from worker.replay import replay_job
 
     mr = GitLabMr(client, linked(world))
@@ -398,7 +398,7 @@ def test_an_update_round_replays_from_its_conflicted_start_even_from_a_fresh_mir
     assert report.patch and "x + y" in report.patch and "<<<<<<<" in report.patch  # markers resolved away
 
     # The mirror made again from the forge lacks that never-pushed commit: replay makes it again.
-    mirror = repos.RepoCache(get_settings().data_dir / "mirrors").path_for(repos.mirror_key("gitlab", PROJECT))
+    mirror = mirrors.RepoCache(get_settings().data_dir / "mirrors").path_for(gitcalls.mirror_key("gitlab", PROJECT))
     shutil.rmtree(mirror)
     progress: list[str] = []
     again = replay_job(update.id, progress=progress.append)

@@ -602,7 +602,7 @@ def test_disk_filled_in_the_workspace_ends_that_job_and_the_next_one_works(syste
 def test_cancel_check_rides_out_a_database_outage(frogfix_env: dict[str, Any]) -> None:
     """Asked between tool calls; the database being away for a moment must not end the run."""
     from tests.servers import free_port
-    from worker.pipeline import CancelCheck
+    from worker.job_context import CancelCheck
 
     configure(frogfix_env["monkeypatch"], database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
     check = CancelCheck(job_id=1, every=0.0)

@@ -27,9 +27,9 @@ from app.settings import Settings
 from tests.doubles.git_http import git, git_env, make_worktree
 from worker.attempt import ReviewPolicy
 from worker.ci_config import CiUnreadable, local_includes
+from worker.gitcalls import git_argv
 from worker.patch_evidence import EVIDENCE_MEMORY_BYTES, EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 from worker.repo_config import RepoConfig, refusal_reasons, review_flags
-from worker.repos import git_argv
 
 CR_TARGET = "d\r/../../../../etc/passwd"
 

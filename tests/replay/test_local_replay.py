@@ -21,8 +21,8 @@ pytestmark = pytest.mark.bwrap
 
 
 
-def _fix(repo: Path) -> tuple[str, Path]:
-    outcome = LocalFix(repo, ISSUE_TITLE, ISSUE_BODY, model=demo_model()).run()
+def _fix(repo: Path, kind: str = "fix") -> tuple[str, Path]:
+    outcome = LocalFix(repo, ISSUE_TITLE, ISSUE_BODY, model=demo_model(), kind=kind).run()
     assert outcome.status == "fixed", outcome.error
     return outcome.job_id, Path(outcome.trajectory)
 
@@ -52,7 +52,8 @@ def test_a_fix_job_replays_and_a_cut_recording_stops_where_it_ends(local_env: di
 
 def test_a_demo_job_replays_on_the_sample_made_again(local_env: dict[str, Any], tmp_path: Path) -> None:
     repo = make_sample_repo(tmp_path / "frogfix-demo-x1")  # where `manage.py demo` makes it, then deletes it
-    job_id, _ = _fix(repo)
+    job_id, trajectory = _fix(repo, kind="demo")
+    assert json.loads(trajectory.read_text())["kind"] == "demo"  # the recording says it is a demo's
     shutil.rmtree(repo.parent)
 
     report = replay_job(job_id)
@@ -64,6 +65,16 @@ def test_a_demo_job_replays_on_the_sample_made_again(local_env: dict[str, Any], 
     assert live.status == "live" and live.exit_code == 0 and live.patch_identical
     assert live.tests_after and live.tests_after["exit_code"] == 0
     assert live.trajectory and Path(live.trajectory).is_file()
+
+
+def test_a_fix_job_in_a_folder_named_like_the_demos_is_no_demo(local_env: dict[str, Any], tmp_path: Path) -> None:
+    """Only the recording says what made it: a `fix` run on a sample in a folder named like the demo's
+    temporary one is not made again from the sample when its checkout is gone."""
+    repo = make_sample_repo(tmp_path / "frogfix-demo-x2")
+    job_id, _ = _fix(repo)
+    shutil.rmtree(repo.parent)
+    with pytest.raises(ReplayError, match="is gone"):
+        replay_job(job_id)
 
 
 def test_a_fix_job_whose_checkout_is_gone_says_so(local_env: dict[str, Any], tmp_path: Path) -> None:

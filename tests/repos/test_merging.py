@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from worker import merging
-from worker.repos import RepoError
+from worker.gitcalls import RepoError
 
 BASE = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 FIXED = BASE.replace("a - b", "a + b")

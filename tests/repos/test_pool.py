@@ -1,4 +1,4 @@
-"""worker/repos.py's WorkspacePool against a mirror of a real git smart-HTTP server on 127.0.0.1."""
+"""worker/workspace_pool.py's WorkspacePool against a mirror of a real git smart-HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ import pytest
 
 from tests.doubles.git_http import git
 from tests.repos.conftest import HEADER, Upstream
-from worker import repos
-from worker.repos import RepoCache, RepoError, WorkspacePool, make_workspace, mirror_key, resolve
+from worker import workspace_pool
+from worker.gitcalls import RepoError, mirror_key
+from worker.mirrors import RepoCache, resolve
+from worker.workspace_pool import WorkspacePool, make_workspace
 
 KEY = mirror_key("gitea", "acme/widgets")
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,7 +155,7 @@ def test_concurrent_takers_never_get_the_same_workspace(
     pool2 = WorkspacePool(workspaces, size=2)
     pool2.fill(mirror, base)
     script = (
-        "import json, sys\nfrom pathlib import Path\nfrom worker.repos import WorkspacePool\n"
+        "import json, sys\nfrom pathlib import Path\nfrom worker.workspace_pool import WorkspacePool\n"
         "root, mirror, base, dest = sys.argv[1:]\n"
         "sys.stdin.readline()\n"  # wait for the go, so the takes overlap
         "print(json.dumps(WorkspacePool(Path(root), size=2).take(Path(mirror), base, Path(dest))))\n"
@@ -242,8 +244,8 @@ def test_old_and_half_made_workspaces_are_never_taken(
     assert pool.ready(mirror, base) == 2
 
     # an hour later they are too old: skipped by take, replaced by the next fill
-    now = repos._now()
-    monkeypatch.setattr(repos, "_now", lambda: now + 3601)
+    now = workspace_pool._now()
+    monkeypatch.setattr(workspace_pool, "_now", lambda: now + 3601)
     before = set(os.listdir(folder / "ready"))
     assert pool.ready(mirror) == 0
     assert not pool.take(mirror, base, workspaces / "b")
@@ -251,7 +253,7 @@ def test_old_and_half_made_workspaces_are_never_taken(
     after = set(os.listdir(folder / "ready"))
     assert len(after) == 2 and not after & before
     # ... and a fill for another mirror deletes an expired one it finds, too
-    monkeypatch.setattr(repos, "_now", lambda: now + 7300)
+    monkeypatch.setattr(workspace_pool, "_now", lambda: now + 7300)
     other = mirror.parent / "copy.git"
     assert git("clone", "-q", "--bare", str(mirror), str(other)).returncode == 0
     pool.fill(other, base)
@@ -263,13 +265,13 @@ def test_prepare_falls_back_then_refills_in_the_background(
 ) -> None:
     base = upstream.second
     made: list[Path] = []
-    real_make = repos.make_workspace
+    real_make = workspace_pool.make_workspace
 
     def counting_make(mirror: Path, dest: Path, commit: str, **kwargs: object) -> None:
         made.append(Path(dest))
         real_make(mirror, dest, commit, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(repos, "make_workspace", counting_make)
+    monkeypatch.setattr(workspace_pool, "make_workspace", counting_make)
 
     first = workspaces / "job-1-run-1" / "attempt-1"
     pool.prepare(mirror, base, first)  # the pool is empty: made right here

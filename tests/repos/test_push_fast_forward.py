@@ -13,19 +13,12 @@ import pytest
 
 from tests.doubles.git_http import git, git_env
 from tests.repos.conftest import HEADER, TOKEN, Upstream
-from worker import repos
-from worker.repos import (
-    RepoBranchMoved,
-    RepoCache,
-    RepoError,
-    commit_patch,
-    diff_text,
-    merge_base,
-    push_branch,
-    resolve,
-)
+from worker import gitcalls
+from worker.gitcalls import RepoBranchMoved, RepoError
+from worker.mirrors import RepoCache, diff_text, merge_base, resolve
+from worker.publishing import commit_patch, push_branch
 
-KEY = repos.mirror_key("gitlab", "acme/widgets")
+KEY = gitcalls.mirror_key("gitlab", "acme/widgets")
 BOT = ("FrogFix", "frogfix@localhost")
 BRANCH = "frogfix/issue-7"
 

@@ -1,4 +1,5 @@
-"""worker/repos.py against a real git smart-HTTP server on 127.0.0.1 (tests/doubles/git_http.py)."""
+"""worker/gitcalls.py, mirrors.py, workspace_pool.py and publishing.py against a real git smart-HTTP server
+on 127.0.0.1 (tests/doubles/git_http.py)."""
 
 from __future__ import annotations
 
@@ -19,18 +20,11 @@ import pytest
 from app.forge.api import basic_auth_header, secret_forms
 from tests.doubles.git_http import git
 from tests.repos.conftest import BINARY, HEADER, TOKEN, Upstream
-from worker import repos
-from worker.repos import (
-    RepoCache,
-    RepoError,
-    RepoTransient,
-    commit_patch,
-    make_workspace,
-    mirror_key,
-    push_branch,
-    remove_workspace,
-    resolve,
-)
+from worker import gitcalls, mirrors
+from worker.gitcalls import RepoError, RepoTransient, mirror_key
+from worker.mirrors import RepoCache, resolve
+from worker.publishing import commit_patch, push_branch
+from worker.workspace_pool import make_workspace, remove_workspace
 
 CANARIES = [s.encode() for s in secret_forms(TOKEN)] + [HEADER.encode(), b"CANARY"]
 KEY = mirror_key("gitea", "acme/widgets")
@@ -189,13 +183,13 @@ def test_bad_keys_are_refused(cache: RepoCache, key: str) -> None:
 def test_mirror_keys_are_safe_and_distinct() -> None:
     keys = {mirror_key("gitlab", "a/b_c"), mirror_key("gitlab", "a_b/c"), mirror_key("gitea", "a/b_c")}
     assert len(keys) == 3
-    assert all(repos._check_key(k) == k for k in keys | {mirror_key("gitlab", "../../etc")})
+    assert all(gitcalls.check_key(k) == k for k in keys | {mirror_key("gitlab", "../../etc")})
 
 
 def test_concurrent_mirror_calls_fetch_one_at_a_time(
     upstream: Upstream, cache: RepoCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_run = repos.run_git
+    real_run = gitcalls.run_git
     active, peak, fetches = [0], [0], [0]
     guard = threading.Lock()
 
@@ -214,7 +208,7 @@ def test_concurrent_mirror_calls_fetch_one_at_a_time(
                 with guard:
                     active[0] -= 1
 
-    monkeypatch.setattr(repos, "run_git", counting_run)
+    monkeypatch.setattr(mirrors, "run_git", counting_run)  # the mirror's git calls go through its own name
     results: list[Path | BaseException] = []
 
     def call() -> None:
@@ -296,7 +290,7 @@ def test_commit_patch_and_push_land_on_our_branch(upstream: Upstream, cache: Rep
     assert "GIT binary patch" in patch
 
     sha = commit_patch(mirror, base, patch, "Fix add()\n\nCloses #7", ("FrogFix", "frogfix@localhost"), tmp_path / "s")
-    branch = repos.branch_for_issue(7)
+    branch = gitcalls.branch_for_issue(7)
     push_branch(mirror, upstream.url, HEADER, branch, sha)
 
     assert upstream.rev(f"refs/heads/{branch}") == sha
@@ -486,7 +480,7 @@ def test_remove_workspace_reports_what_it_cannot_remove(shared_tmp: Path) -> Non
 
 def test_retry_transient_retries_network_trouble_only() -> None:
     waits: list[float] = []
-    outcomes: list[Exception | str] = [repos.RepoTransient("502"), repos.RepoTransient("reset"), "ok"]
+    outcomes: list[Exception | str] = [gitcalls.RepoTransient("502"), gitcalls.RepoTransient("reset"), "ok"]
 
     def flaky() -> str:
         out = outcomes.pop(0)
@@ -494,22 +488,22 @@ def test_retry_transient_retries_network_trouble_only() -> None:
             raise out
         return out
 
-    assert repos.retry_transient("git fetch", flaky, delays=(1.0, 4.0), sleep=waits.append) == "ok"
+    assert gitcalls.retry_transient("git fetch", flaky, delays=(1.0, 4.0), sleep=waits.append) == "ok"
     assert waits == [1.0, 4.0]
 
     def refused() -> str:
-        raise repos.RepoError("authentication failed")
+        raise gitcalls.RepoError("authentication failed")
 
     waits.clear()
-    with pytest.raises(repos.RepoError, match="authentication"):
-        repos.retry_transient("git push", refused, sleep=waits.append)
+    with pytest.raises(gitcalls.RepoError, match="authentication"):
+        gitcalls.retry_transient("git push", refused, sleep=waits.append)
     assert waits == []  # a permanent error is not worth another try
 
     def down() -> str:
-        raise repos.RepoTransient("connection refused")
+        raise gitcalls.RepoTransient("connection refused")
 
-    with pytest.raises(repos.RepoTransient):
-        repos.retry_transient("git fetch", down, delays=(0.0, 0.0), sleep=waits.append)
+    with pytest.raises(gitcalls.RepoTransient):
+        gitcalls.retry_transient("git fetch", down, delays=(0.0, 0.0), sleep=waits.append)
     assert waits == [0.0, 0.0]  # bounded: the delays, then one last try
 
 
@@ -518,7 +512,7 @@ def test_push_options_reach_the_server_and_odd_ones_are_refused_before_the_netwo
 ) -> None:
     """GitLab's `ci.skip` travels as `git push -o`; nothing else can ride along in an option."""
     mirror = cache.mirror(KEY, upstream.url, HEADER)
-    branch = repos.branch_for_issue(9)
+    branch = gitcalls.branch_for_issue(9)
     push_branch(mirror, upstream.url, HEADER, branch, upstream.second, push_options=["ci.skip"])
     assert upstream.server.pushes[-1].options == ["ci.skip"] and upstream.rev(f"refs/heads/{branch}") == upstream.second
     second = upstream.second

@@ -21,8 +21,10 @@ from pathlib import Path
 import pytest
 
 from sandbox import local
+from sandbox import namespace_limits as limits
 from sandbox.base import ENV_DIR, SandboxLimits, SandboxSpec, SetupMounts
-from sandbox.local import MIN_TMPFS_INODES, LocalSandbox, tmpfs_inodes
+from sandbox.local import LocalSandbox
+from sandbox.namespace_limits import MIN_TMPFS_INODES, tmpfs_inodes
 from sandbox.quantity import SHM_SIZE_BYTES
 from tests.nonroot import NonRoot
 from tests.sandbox.support import bash
@@ -97,9 +99,9 @@ def test_default_inode_bounds_follow_the_sizes(workspace: Path, make_sandbox: Ca
     out = sb.run_command('for d in /workspace /tmp /dev/shm; do stat -f -c "$d %c" $d; done', 30).log
     totals = dict(line.split() for line in out.splitlines())
     assert totals == {
-        "/workspace": str(256 * MiB // local.BYTES_PER_INODE),
+        "/workspace": str(256 * MiB // limits.BYTES_PER_INODE),
         "/tmp": str(MIN_TMPFS_INODES),  # 32 MiB / 16 KiB = 2048, under the floor
-        "/dev/shm": str(max(MIN_TMPFS_INODES, SHM_SIZE_BYTES // local.BYTES_PER_INODE)),
+        "/dev/shm": str(max(MIN_TMPFS_INODES, SHM_SIZE_BYTES // limits.BYTES_PER_INODE)),
     }
 
 
@@ -112,7 +114,7 @@ def test_a_setup_sandboxs_environment_folder_has_an_inode_bound(ws_base: Path, w
     )
     sb = LocalSandbox(SandboxSpec(workspace=str(workspace), setup=setup), use_cgroups=False)
     try:
-        assert sb.run_command(f"stat -f -c %c {ENV_DIR}", 30).log.strip() == str(96 * MiB // local.BYTES_PER_INODE)
+        assert sb.run_command(f"stat -f -c %c {ENV_DIR}", 30).log.strip() == str(96 * MiB // limits.BYTES_PER_INODE)
     finally:
         sb.close()
 
@@ -164,14 +166,14 @@ def test_system_v_ipc_is_bounded(use_cgroups: bool, workspace: Path, make_sandbo
     assert probe["sysctls"] == {
         "shmmax": [str(SHM_SIZE_BYTES)],
         "shmall": [str(SHM_SIZE_BYTES // page)],
-        "shmmni": [str(local.SYSV_SEGMENTS)],
-        "msgmni": [str(local.SYSV_MESSAGE_QUEUES)],
-        "sem": local.SYSV_SEMAPHORES.split(),
+        "shmmni": [str(limits.SYSV_SEGMENTS)],
+        "msgmni": [str(limits.SYSV_MESSAGE_QUEUES)],
+        "sem": limits.SYSV_SEMAPHORES.split(),
     }
     assert probe["rewrite"] == "EROFS"  # /proc/sys is read-only in the sandbox
     assert probe["over_shmmax"] == "EINVAL"
     assert probe["shm"] == [SHM_SIZE_BYTES // (8 * MiB), "ENOSPC"]  # 64 MiB in all
-    assert probe["msg"] == [local.SYSV_MESSAGE_QUEUES, "ENOSPC"]
+    assert probe["msg"] == [limits.SYSV_MESSAGE_QUEUES, "ENOSPC"]
     assert probe["sem"] == [128, "ENOSPC"]  # 32000 semaphores in all, 128 arrays
 
 
@@ -313,7 +315,7 @@ def test_the_limits_hold_for_an_unprivileged_worker(nonroot: NonRoot) -> None:
     workspace = nonroot.folder("kernel-limits-")
     result = nonroot.run_json(nonroot.script(UNPRIVILEGED_WORKER), str(workspace), timeout=120)
     out = result["out"]
-    assert out.startswith(f"Exit code: 1\nSTDOUT:\n{64 * MiB // local.BYTES_PER_INODE}\n"), out
+    assert out.startswith(f"Exit code: 1\nSTDOUT:\n{64 * MiB // limits.BYTES_PER_INODE}\n"), out
     assert out.count("\t0000000000000000\n") == 2 * len(CAP_LINES), out
     assert "/proc/sys/kernel/shmmax: Read-only file system" in out, out
     if kernel_allows_ipc_sysctls_for_non_root():

@@ -1,4 +1,4 @@
-"""The doctor's result type and runner: each group of checks runs in a thread with a deadline."""
+"""The doctor's runner: each group of checks runs in a thread with a deadline (results.py: what a line is)."""
 
 from __future__ import annotations
 
@@ -7,71 +7,12 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
 
+from app.redaction import SecretRedactor
 from app.settings import Settings
-
-Outcome = Literal["pass", "fail", "skip", "warn"]  # warn: worth fixing, but not a failure (exit code 0)
-Severity = Literal["error", "warning"]
-DEFAULT_MIN_FREE_BYTES = 2 * 1024**3
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One line of the report. `fix` says what to do when `outcome` is `fail` or `warn` (empty otherwise).
-
-    `severity` means something only for those: a `fail` is an `error` or a `warning` (a `warning`
-    fails too, but FrogFix can still run jobs), a `warn` is a `warning`; a passed or skipped check
-    has none (None, `null` in `--json`).
-    """
-
-    name: str
-    outcome: Outcome
-    detail: str
-    fix: str = ""
-    severity: Severity | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def passed(name: str, detail: str) -> CheckResult:
-    return CheckResult(name, "pass", detail)
-
-
-def failed(name: str, detail: str, fix: str, severity: Severity = "error") -> CheckResult:
-    return CheckResult(name, "fail", detail, fix, severity)
-
-
-def warned(name: str, detail: str, fix: str) -> CheckResult:
-    """A setting worth changing that FrogFix runs without (the operator's choice): shown, but doctor still exits 0."""
-    return CheckResult(name, "warn", detail, fix, "warning")
-
-
-def skipped(name: str, detail: str) -> CheckResult:
-    return CheckResult(name, "skip", detail)
-
-
-def settings_invalid(errors: list[dict[str, Any]]) -> CheckResult:
-    """Settings that do not load: one failed line naming each variable, never its value (it may be a secret)."""
-    names = []
-    for error in errors:
-        field = ".".join(str(part) for part in error.get("loc", ())) or "?"
-        names.append(f"FROGFIX_{field.upper()}: {error.get('msg', 'invalid')}")
-    return failed(
-        "settings",
-        "the settings do not load: " + "; ".join(names),
-        "correct these variables in the environment or the .env file (see README's Configuration)",
-    )
-
-
-@dataclass(frozen=True)
-class DoctorOptions:
-    """What a run of doctor may tune: the free-disk threshold (`--min-free-gib`)."""
-
-    min_free_bytes: int = DEFAULT_MIN_FREE_BYTES
-
+from worker.doctor import forges, mirror, model, sandboxes, system
+from worker.doctor.results import CheckResult, DoctorOptions, failed
 
 GroupFn = Callable[[Settings, DoctorOptions], list[CheckResult]]
 
@@ -88,7 +29,6 @@ class Group:
 
 def default_groups(settings: Settings) -> list[Group]:
     """Every group, in report order; the sandbox group follows FROGFIX_SANDBOX."""
-    from worker.doctor import forges, mirror, model, sandboxes, system
 
     sandbox_group = (
         Group("sandbox.kubernetes", 90, sandboxes.check_kubernetes, "check that the Kubernetes API answers")
@@ -153,12 +93,10 @@ URL_PASSWORD = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s:@]*:)[^/\s@]*@")
 
 def _scrubbed(results: list[CheckResult], secrets: list[str]) -> list[CheckResult]:
     """No configured secret reaches the report, whatever a server echoed back."""
-    ordered = sorted(set(secrets), key=len, reverse=True)
+    redactor = SecretRedactor(secrets)
 
     def scrub(text: str) -> str:
-        for secret in ordered:
-            text = text.replace(secret, "[REDACTED]")
-        text = URL_PASSWORD.sub(r"\1***@", text)  # a password written into any URL setting
+        text = URL_PASSWORD.sub(r"\1***@", redactor.redact(text))  # a password written into any URL setting
         return " ".join(text.split())
 
     return [

@@ -14,7 +14,7 @@ from urllib.parse import quote
 import httpx
 
 from app.settings import Settings
-from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed, skipped
+from worker.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped
 
 TIMEOUT_S = 10.0
 MAX_PAGES = 5  # projects looked through when FROGFIX_ALLOWED_PROJECTS holds only patterns
@@ -220,7 +220,7 @@ def _token_line(spec: ForgeSpec, client: httpx.Client, token: str) -> CheckResul
 
 def _project_line(spec: ForgeSpec, client: httpx.Client, settings: Settings) -> CheckResult:
     """Exact names in FROGFIX_ALLOWED_PROJECTS are each tried; patterns need one visible match."""
-    from worker.pipeline import project_allowed
+    from worker.job_context import project_allowed
 
     name = f"{spec.key}.project"
     entries = [p.strip() for p in settings.allowed_projects.split(",") if p.strip()]

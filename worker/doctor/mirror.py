@@ -9,7 +9,7 @@ from __future__ import annotations
 import httpx
 
 from app.settings import Settings
-from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed, skipped, warned
+from worker.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped, warned
 from worker.environment.relay import MirrorURL
 
 PROBE_PROJECT = "pip"

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from app.settings import Settings
-from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed, skipped
+from worker.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped
 
 LIST_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 60.0

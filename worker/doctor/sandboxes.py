@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings
-from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed, skipped
+from worker.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped
 
 PROBE_TIMEOUT_S = 30.0
 API_TIMEOUT_S = 10.0
@@ -138,7 +138,7 @@ def check_kubernetes(settings: Settings, options: DoctorOptions) -> list[CheckRe
     from kubernetes import client
 
     from sandbox import SandboxUnavailable
-    from sandbox.kubernetes import make_api_client
+    from sandbox.kubernetes_cluster import make_api_client
 
     ns = settings.sandbox_namespace
     try:

@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from app.settings import Settings
-from worker.doctor.checks import CheckResult, DoctorOptions, failed, passed, warned
+from worker.doctor.results import CheckResult, DoctorOptions, failed, passed, warned
 
 CONNECT_TIMEOUT_S = 5
 
@@ -160,7 +160,7 @@ def check_evidence_bound(settings: Settings, options: DoctorOptions) -> list[Che
     """The worker's git reads the sandbox's hostile patch under prlimit's memory bound; without prlimit it
     still runs (a warning, once, in the worker's log), unbounded, which doctor says up front."""
     from worker.attempt import ReviewPolicy
-    from worker.repos import git_argv, prlimit_path
+    from worker.gitcalls import git_argv, prlimit_path
 
     if prlimit_path() is None:
         return [

@@ -9,5 +9,5 @@
   keyed by what determines an environment; every later sandbox of the job gets it read-only.
 - `readiness`: whether a base-commit test run could start at all (not whether it passed).
 
-Imports: app (settings, logs), sandbox, worker.repos; nothing here imports the pipeline.
+Imports: app (settings, logs), sandbox, worker.gitcalls and worker.mirrors; nothing here imports the pipeline.
 """

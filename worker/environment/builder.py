@@ -55,7 +55,7 @@ from sandbox.base import (
     SetupSandbox,
 )
 from sandbox.quantity import parse_quantity
-from worker import repos
+from worker import mirrors, workspace_pool
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
 from worker.environment.relay import IndexRelay, MirrorURL
 
@@ -204,7 +204,7 @@ class Environments:
     def _version(self, commit: str | None) -> tuple[str | None, str | None]:
         if commit is None or self.source_repository is None:
             return None, None
-        described = repos.describe(self.source_repository(), commit)
+        described = mirrors.describe(self.source_repository(), commit)
         return (None, None) if described is None else (described[0], release_version(*described))
 
     def _cached_or_built(self, request: SetupRequest, key: str) -> EnvironmentReport:
@@ -251,7 +251,7 @@ class Environments:
             return EnvironmentReport(True, built=True, key=key, path=root / key / "env")
         finally:
             if staging.exists():
-                repos.remove_workspace(staging)
+                workspace_pool.remove_workspace(staging)
 
     def _run_setup(
         self, request: SetupRequest, files: Path, relay_dir: Path, out: Path, relay: IndexRelay
@@ -497,7 +497,7 @@ def prune(root: Path, keep_entries: int, keep: str, min_idle_s: float) -> list[s
             os.close(fd)
             continue
         try:
-            repos.remove_workspace(entry)
+            workspace_pool.remove_workspace(entry)
             removed.append(entry.name)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)

@@ -24,28 +24,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from app.redaction import redact_value
 from app.trajectory import FORMAT_VERSION, TRAJECTORY_FORMAT, write_atomic
 from worker.leaf.loop import LeafResult, StepRecord
 from worker.leaf.tools import TOOL_SCHEMAS
 
-__all__ = ["FORMAT_VERSION", "HARNESS_VERSION", "TRAJECTORY_FORMAT", "TrajectoryWriter", "redact_value"]
+__all__ = ["FORMAT_VERSION", "HARNESS_VERSION", "TRAJECTORY_FORMAT", "TrajectoryWriter"]
 
 HARNESS_VERSION: Final = "frogfix-leaf/0.1.0"
 
 
 def _identity(text: str) -> str:
     return text
-
-
-def redact_value(value: Any, redact: Callable[[str], str]) -> Any:
-    """Apply `redact` to every string (keys included) of a JSON-like value."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        return {redact(str(k)): redact_value(v, redact) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [redact_value(v, redact) for v in value]
-    return value
 
 
 def run_usage(result: LeafResult) -> dict[str, Any]:
