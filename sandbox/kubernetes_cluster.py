@@ -26,37 +26,6 @@ from sandbox.kubernetes_stream import (
 
 log = logging.getLogger(__name__)
 
-# Waiting reasons that will not fix themselves: fail the start now instead of at the timeout.
-FATAL_WAITING = frozenset(
-    {"ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CrashLoopBackOff"}
-)
-COLLECT_TIMEOUT_S = 900.0  # streaming a built environment out of its setup pod
-
-# Runs inside the pod (Python 3.8+, stdlib): extracts the tar on stdin. Members under
-# `workspace/` go to argv[1], under `frogfix/` to argv[2], under `home/` to argv[3] (HOME), under
-# `env/` to argv[4] (a built test environment, when there is one).
-EXTRACT = (
-    "import os, sys, tarfile\n"
-    "dest = dict(zip(('workspace', 'frogfix', 'home', 'env'), sys.argv[1:]))\n"
-    "for folder in sys.argv[1:]:\n"
-    "    os.makedirs(folder, exist_ok=True)\n"
-    "kw = {'filter': 'tar'} if hasattr(tarfile, 'tar_filter') else {}\n"
-    "count = 0\n"
-    "with tarfile.open(fileobj=sys.stdin.buffer, mode='r|') as archive:\n"
-    "    for member in archive:\n"
-    "        top, _, rest = member.name.partition('/')\n"
-    "        if top not in dest:\n"
-    "            raise SystemExit('unexpected member %r' % member.name)\n"
-    "        if not rest:\n"
-    "            continue\n"
-    "        member.name = rest\n"
-    "        if member.islnk():\n"
-    "            member.linkname = member.linkname.partition('/')[2]\n"
-    "        archive.extract(member, dest[top], **kw)\n"
-    "        count += 1\n"
-    "print(count)\n"
-)
-
 _CONFIG_LOCK = threading.Lock()
 
 _CONFIGS: dict[tuple[str | None, str | None], Any] = {}

@@ -25,6 +25,7 @@ from typing import Any, Final
 from app.forge.api import Forge
 from app.forge.reviews import IssueComment, command_text
 from app.logs import get_logger
+from app.moments import as_utc
 from app.patches import escape_hidden, shown_path
 from app.textcalls import extract_text_calls
 from worker.attempt import AttemptOutcome, AttemptResult
@@ -346,7 +347,8 @@ def answers_since(
     if start is not None:
         after = comments[start:]
     else:
-        after = [c for c in comments if c.created_at is not None and c.created_at > asked_at]
+        asked = as_utc(asked_at)  # a naive moment (an old record's) is UTC, as every FrogFix writes
+        after = [c for c in comments if c.created_at is not None and c.created_at > asked]
     return [
         c
         for c in after

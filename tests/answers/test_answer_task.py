@@ -109,7 +109,7 @@ def test_without_the_question_comment_answers_are_those_after_asked_at() -> None
         note(3, "rita", "after the question", 5),
         note(4, "frogfix-bot", "our own", 6),
     ])
-    naive = ASKED.replace(tzinfo=None)  # SQLite hands back naive datetimes, written as UTC
+    naive = ASKED.replace(tzinfo=None)  # a naive moment is taken as UTC (app/moments.py), as FrogFix writes them
     assert [c.id for c in answers_since(forge, "p", 1, naive)] == ["3"]  # type: ignore[arg-type]
 
 

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from app.forge.api import (
-    REDACTED,
     ForgeConflict,
     ForgeError,
     ForgeNotFound,
@@ -22,6 +21,7 @@ from app.forge.api import (
     upsert_draft_mr,
 )
 from app.forge.retry import RetryPolicy, parse_retry_after
+from app.redaction import REDACTED
 from tests.forge.conftest import FakeClock
 
 

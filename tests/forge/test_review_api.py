@@ -10,7 +10,6 @@ import pytest
 
 from app.forge.api import (
     CI_JOB_LIMIT,
-    REDACTED,
     THREAD_BODY_LIMIT,
     THREAD_NOTE_LIMIT,
     ForgeError,
@@ -20,6 +19,7 @@ from app.forge.gitea_api import GiteaForge
 from app.forge.gitlab_api import GitLabForge
 from app.forge.retry import RetryPolicy
 from app.forge.reviews import CiReport
+from app.redaction import REDACTED
 from tests.conftest import shared_fixture
 from tests.doubles.gitea_api import GiteaDouble
 from tests.doubles.gitlab_api import GitLabDouble
