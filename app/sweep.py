@@ -6,6 +6,7 @@ with FROGFIX_AUTO_UPDATE on, ask the worker to check the open MRs for a moved ta
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 from app.db import session_scope
@@ -52,15 +53,21 @@ def sweep_once(older_than_s: float | None = None, limit: int = 500) -> tuple[int
     return len(due), sent
 
 
+def _send_each(ids: list[int], send: Callable[[int], bool]) -> list[int]:
+    """`send` each id in turn, stopping at the first that fails (the broker is down); those sent."""
+    sent: list[int] = []
+    for item in ids:
+        if not send(item):
+            break
+        sent.append(item)
+    return sent
+
+
 def resend_triage(age: timedelta, limit: int = 500) -> int:
     """Send again the triage of requests pending longer than `age`; how many were sent (stops at a down broker)."""
     with session_scope() as session:
         stale = stale_pending(session, utcnow() - age, limit)
-    sent: list[int] = []
-    for request_id in stale:
-        if not send_triage(request_id):
-            break
-        sent.append(request_id)
+    sent = _send_each(stale, send_triage)
     if sent:
         with session_scope() as session:
             touch_requests(session, sent)
@@ -73,11 +80,7 @@ def send_update_checks(every: timedelta, limit: int = 100) -> int:
     broker). Each is marked checked when sent, so the next sweep does not send it again meanwhile."""
     with session_scope() as session:
         due = threads_to_check(session, utcnow() - every, limit)
-    sent: list[int] = []
-    for thread_id in due:
-        if not send_update_check(thread_id):
-            break
-        sent.append(thread_id)
+    sent = _send_each(due, send_update_check)
     if sent:
         with session_scope() as session:
             note_update_sent(session, sent)

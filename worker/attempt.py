@@ -246,10 +246,13 @@ class AttemptRunner:
         ws = self.root / f"attempt-{spec.number}"
         config, guidance = self._base_config(spec, ws)
         if spec.resolution is not None:  # its dependency files may hold conflict markers: build from the target
-            environment = self._ready_from_base(spec, config, tests=review is not None)
-        if spec.start != spec.base_commit:
+            _, environment = self._ready_at_base(
+                spec.base_commit, self.root / f"environment-{spec.number}", tests=review is not None, config=config
+            )
             self.source.checkout(ws, spec.start)
-        if spec.resolution is None:
+        else:
+            if spec.start != spec.base_commit:
+                self.source.checkout(ws, spec.start)
             try:
                 environment = self._ready(spec.base_commit, spec.start, ws, config, tests=review is not None)
             except BaseException:
@@ -304,17 +307,13 @@ class AttemptRunner:
         tests = patch_test_files(changed_paths(repository, base, tree))
         return self.verifier.verify(config, base, whole, review.verify_runs, base, tests)
 
-    def check_merge(self, base: str, tree: str, review: ReviewPolicy) -> tuple[RepoConfig, Verification]:
+    def check_merge(self, base: str, tree: str, review: ReviewPolicy) -> tuple[RepoConfig, Verification | None]:
         """A clean update round's verification, with no agent: `.frogfix.yml` read from `base` (the target's
-        new head), the environment and the tests' start on it checked as before an attempt, then `verify_tree`.
-        Raises EnvironmentUnusable as an attempt would."""
-        ws = self.root / "merge-check"
-        self.source.checkout(ws, base)
-        try:
-            config = load_repo_config(ws)
-            self._ready(base, base, ws, config, tests=True)
-        finally:
-            workspace_pool.remove_workspace(ws)
+        new head), the environment and the tests' start on it checked as before an attempt, then `verify_tree`;
+        no verification when no test command was found. Raises EnvironmentUnusable as an attempt would."""
+        config, _ = self._ready_at_base(base, self.root / "merge-check", tests=True)
+        if not config.test_command:
+            return config, None
         return config, self.verify_tree(config, base, tree, review)
 
     def agreement(self, results: Sequence[AttemptResult], cross: dict[Pair, bool], start: str) -> None:
@@ -381,13 +380,16 @@ class AttemptRunner:
             return report.path
         return environment_for(self.context, ws, config, start).path
 
-    def _ready_from_base(self, spec: AttemptSpec, config: RepoConfig, *, tests: bool) -> Path | None:
-        """`_ready` over a checkout of the base commit: the environment an update round's agent gets, whose
-        own checkout (the conflicted merge) may hold markers in the very files the environment is built from."""
-        ws = self.root / f"environment-{spec.number}"
-        self.source.checkout(ws, spec.base_commit)
+    def _ready_at_base(
+        self, base: str, ws: Path, *, tests: bool, config: RepoConfig | None = None
+    ) -> tuple[RepoConfig, Path | None]:
+        """`_ready` over a fresh checkout of `base` at `ws` (removed after), with `.frogfix.yml` read there
+        unless given. For an update round, whose own start (the conflicted merge) may hold markers in the
+        very files the environment is built from, and for a clean merge's check, which has no agent."""
+        self.source.checkout(ws, base)
         try:
-            return self._ready(spec.base_commit, spec.base_commit, ws, config, tests=tests)
+            config = config or load_repo_config(ws)
+            return config, self._ready(base, base, ws, config, tests=tests)
         finally:
             workspace_pool.remove_workspace(ws)
 

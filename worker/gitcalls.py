@@ -402,3 +402,23 @@ def reading_lock(mirror: Path) -> Iterator[None]:
             yield
     else:
         yield
+
+
+def has_commit(repo: Path, commit: str, *, timeout: float = LOCAL_TIMEOUT) -> bool:
+    """Whether `repo` holds commit `commit` (the caller holds the mirror's reading lock where it needs one)."""
+    done = run_git(
+        [*git_dir_args(repo), "cat-file", "-e", f"{check_sha(commit)}^{{commit}}"], env=git_environment(),
+        what="git cat-file", timeout=timeout, check=False,
+    )
+    return done.returncode == 0
+
+
+def is_ancestor(repo: Path, ancestor: str, commit: str) -> bool:
+    """Whether `commit` descends from (or is) `ancestor`; RepoError when git cannot tell."""
+    done = run_git(
+        [*git_dir_args(repo), "merge-base", "--is-ancestor", check_sha(ancestor), check_sha(commit)],
+        env=git_environment(), what="git merge-base --is-ancestor", timeout=LOCAL_TIMEOUT, check=False,
+    )
+    if done.returncode not in (0, 1):
+        raise RepoError(f"git merge-base failed: {error_summary(done.stderr.decode('utf-8', 'replace'), [])}")
+    return done.returncode == 0

@@ -79,7 +79,7 @@ class Deps:
             settings=s,
             forge_for=lambda kind: make_forge(kind, s, redactor.redact),
             model_for=lambda: model_from(s),
-            repos=RepoCache(s.data_dir / "mirrors"),
+            repos=RepoCache.in_data_dir(s.data_dir),
             pool=_pool_for(s.resolved_workspace_dir()),
             redactor=redactor,
         )

@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from worker import gitcalls
 from worker.gitcalls import LOCAL_TIMEOUT, RepoError, check_sha, git_dir_args, git_environment, reading_lock, run_git
 
 # A line git writes around a conflict: `<<<<<<< ours`, `=======`, `>>>>>>> theirs` (and `|||||||` for diff3).
@@ -62,17 +63,9 @@ class Merge:
 
 
 def is_ancestor(repo: Path, ancestor: str, commit: str) -> bool:
-    """Whether `commit` already contains `ancestor` (then there is nothing to merge)."""
-    check_sha(ancestor)
-    check_sha(commit)
+    """Whether `commit` already contains `ancestor` (then there is nothing to merge), read under the mirror's lock."""
     with reading_lock(repo):
-        done = run_git(
-            [*git_dir_args(repo), "merge-base", "--is-ancestor", ancestor, commit], env=git_environment(),
-            what="git merge-base --is-ancestor", timeout=LOCAL_TIMEOUT, check=False,
-        )
-    if done.returncode not in (0, 1):
-        raise RepoError(f"git merge-base --is-ancestor failed: {done.stderr.decode('utf-8', 'replace')[:300]}")
-    return done.returncode == 0
+        return gitcalls.is_ancestor(repo, ancestor, commit)
 
 
 def merge_trees(repo: Path, head: str, target: str) -> Merge:
@@ -133,20 +126,12 @@ def conflicted_commit(repo: Path, merge: Merge) -> str:
 
 def ensure_conflicted_commit(repo: Path, head: str, target: str, expected: str) -> bool:
     """Whether `expected` (an update round's conflicted start) is in `repo`, made again from its merge if not."""
-    if _has_commit(repo, expected):
+    if gitcalls.has_commit(repo, expected):
         return True
-    if not (_has_commit(repo, head) and _has_commit(repo, target)):
+    if not (gitcalls.has_commit(repo, head) and gitcalls.has_commit(repo, target)):
         return False
     merge = merge_trees(repo, head, target)
     return not merge.clean and conflicted_commit(repo, merge) == expected
-
-
-def _has_commit(repo: Path, commit: str) -> bool:
-    done = run_git(
-        [*git_dir_args(repo), "cat-file", "-e", f"{check_sha(commit)}^{{commit}}"], env=git_environment(),
-        what="git cat-file", timeout=LOCAL_TIMEOUT, check=False,
-    )
-    return done.returncode == 0
 
 
 def merge_commit(repo: Path, merge: Merge, tree: str, message: str, author: tuple[str, str]) -> str:

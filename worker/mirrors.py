@@ -36,6 +36,8 @@ from worker.gitcalls import (
 )
 from worker.workspace_pool import remove_workspace
 
+MIRRORS_DIR = "mirrors"  # under the data folder: every forge mirror the worker keeps
+
 
 class RepoCache:
     """Bare mirrors of forge repositories under `root`, one per key, updated in place."""
@@ -43,6 +45,11 @@ class RepoCache:
     def __init__(self, root: Path, *, timeout: float = NETWORK_TIMEOUT) -> None:
         self.root = Path(root)
         self.timeout = timeout
+
+    @classmethod
+    def in_data_dir(cls, data_dir: Path) -> RepoCache:
+        """The worker's mirrors, in the data folder (the pipeline, replay and the update check share them)."""
+        return cls(data_dir / MIRRORS_DIR)
 
     def path_for(self, key: str) -> Path:
         return self.root / f"{check_key(key)}.git"

@@ -29,6 +29,8 @@ from worker.gitcalls import (
     error_summary,
     git_dir_args,
     git_environment,
+    has_commit,
+    is_ancestor,
     reading_lock,
     run_git,
     secret_forms,
@@ -159,17 +161,12 @@ def push_branch(
     source = Path(source_repo)
     repo = git_dir_args(source)
     with reading_lock(source):
-        exists = run_git(
-            [*repo, "cat-file", "-e", f"{commit}^{{commit}}"],
-            env=git_environment(),
-            what="git cat-file",
-            timeout=LOCAL_TIMEOUT,
-            check=False,
-        )
-        if exists.returncode != 0:
+        if not has_commit(source, commit):
             raise RepoError(f"commit {commit[:12]} is not in {source.name}")
-        if fast_forward and expect_old:
-            _check_ancestor(repo, str(expect_old), commit)
+        if fast_forward and expect_old and not is_ancestor(source, str(expect_old), commit):
+            raise RepoBranchMoved(
+                f"{commit[:12]} does not build on {str(expect_old)[:12]}: FrogFix pushes only fast-forwards here"
+            )
         args = ["push", "--porcelain", "--no-verify", *options]
         if expect_old is not None:
             args.append(f"--force-with-lease={ref}:{expect_old}")
@@ -189,17 +186,3 @@ def push_branch(
             raise RepoError(f"git push to {branch} was rejected: {error_summary(output, secrets)}")
         raise classify_failure(f"git push to {branch}", output, secrets)
 
-
-def _check_ancestor(repo: list[str], old: str, commit: str) -> None:
-    """RepoBranchMoved unless `commit` descends from `old`: a fast-forward push from `old` only."""
-    done = run_git(
-        [*repo, "merge-base", "--is-ancestor", old, commit],
-        env=git_environment(),
-        what="git merge-base",
-        timeout=LOCAL_TIMEOUT,
-        check=False,
-    )
-    if done.returncode == 1:
-        raise RepoBranchMoved(f"{commit[:12]} does not build on {old[:12]}: FrogFix pushes only fast-forwards here")
-    if done.returncode != 0:
-        raise RepoError(f"git merge-base failed: {error_summary(done.stderr.decode('utf-8', 'replace'), [])}")

@@ -281,39 +281,48 @@ def _has_commit(mirror: Path, commit: str) -> bool:
     if not (mirror / "HEAD").is_file():
         return False
     try:
-        return mirrors.resolve(mirror, commit) == commit
-    except gitcalls.RepoError:
+        return gitcalls.has_commit(mirror, commit)
+    except gitcalls.RepoError:  # not a commit id
         return False
 
 
-def resolution_of(rec: Recording, source: RepoSource) -> merging.Resolution | None:
-    """An update round's merge as its attempt ran it (its trajectory's `update`), so a live run judges the
-    resolution by the same rules; None for any other attempt, or a record that names no valid merge."""
+def _update_heads(rec: Recording) -> tuple[str, str, str] | None:
+    """An update round's attempt's merge as its trajectory records it (`update`): the branch's head, the
+    target's head (full commit ids only: they become git arguments) and the target's name; None otherwise."""
     update = rec.data.get("update")
     if rec.start_commit is None or not isinstance(update, dict):
         return None
     head, target, name = update.get("head"), update.get("target"), update.get("target_branch")
-    if not all(isinstance(sha, str) and _COMMIT.fullmatch(sha) for sha in (head, target)):
+    if not (isinstance(head, str) and isinstance(target, str)):
         return None
+    if not (_COMMIT.fullmatch(head) and _COMMIT.fullmatch(target)):
+        return None
+    return head, target, name if isinstance(name, str) and name else "the target branch"
+
+
+def resolution_of(rec: Recording, source: RepoSource) -> merging.Resolution | None:
+    """An update round's merge as its attempt ran it, so a live run judges the resolution by the same
+    rules; None for any other attempt, or a record that names no valid merge."""
+    heads = _update_heads(rec)
+    if heads is None:
+        return None
+    head, target, name = heads
     try:
-        merge = merging.merge_trees(source.repository(), str(head), str(target))
-        fork = mirrors.merge_base(source.repository(), str(head), str(target))
+        merge = merging.merge_trees(source.repository(), head, target)
+        fork = mirrors.merge_base(source.repository(), head, target)
     except gitcalls.RepoError:
         return None
-    return merging.Resolution(merge, fork, name if isinstance(name, str) and name else "the target branch")
+    return merging.Resolution(merge, fork, name)
 
 
 def _update_start_made(mirror: Path, rec: Recording, progress: Progress) -> bool:
     """An update round's conflicted start (never pushed, so a fresh mirror lacks it) made again from the
     merge its trajectory records (`update`: the branch's head and the target's head); False when it cannot be."""
-    update = rec.data.get("update")
-    if rec.start_commit is None or not isinstance(update, dict) or not (mirror / "HEAD").is_file():
-        return False
-    head, target = update.get("head"), update.get("target")
-    if not all(isinstance(sha, str) and _COMMIT.fullmatch(sha) for sha in (head, target)):
+    heads = _update_heads(rec)
+    if heads is None or rec.start_commit is None or not (mirror / "HEAD").is_file():
         return False
     try:
-        made = merging.ensure_conflicted_commit(mirror, str(head), str(target), rec.start_commit)
+        made = merging.ensure_conflicted_commit(mirror, heads[0], heads[1], rec.start_commit)
     except gitcalls.RepoError:
         return False
     if made:
@@ -341,7 +350,7 @@ def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str]
         return RepoSource("local", where)
 
     assert rec.forge is not None and rec.project is not None
-    cache = mirrors.RepoCache(settings.data_dir / "mirrors")
+    cache = mirrors.RepoCache.in_data_dir(settings.data_dir)
     key = gitcalls.mirror_key(rec.forge, rec.project)
     mirror = cache.path_for(key)
     start = rec.checkout_commit

@@ -425,7 +425,7 @@ class UpdateRoundPipeline(RoundPipeline):
             config, verification = runner.check_merge(prepared.base, self.merge.tree, review)
         except EnvironmentUnusable as exc:
             raise self.environment_error(exc.report) from exc
-        if not config.test_command:
+        if verification is None:
             raise JobEnded(JobStatus.no_fix, "no test command was found to verify the merge; add test_command to"
                            " .frogfix.yml", None)
         summary = verification.summary(config.test_timeout)

@@ -149,9 +149,9 @@ def cap_reply(kind: str, reason: str) -> str:
     return f"FrogFix will not start another round for {_CAPS[kind][1]} on this merge request: {reason}."
 
 
-def issue_still_asks(forge: Forge, view: RequestView, label: str) -> str | None:
+def issue_still_asks(forge: Forge, project: str, number: int, label: str) -> str | None:
     """Why the issue no longer asks for a fix (closed, or the trigger label removed); None when it does."""
-    issue = forge.get_issue(view.project, view.issue)
+    issue = forge.get_issue(project, number)
     if issue.state != "open":
         return "the issue is closed"
     if label not in issue.labels:
@@ -191,9 +191,9 @@ def decide(view: RequestView, forge: Forge, settings: Settings) -> Verdict:
     if view.kind == "stop":
         return Verdict(RequestStatus.taken, f"{view.author} stopped the rounds on this MR", stop=True)
     if view.kind == RoundKind.update:
-        refused = _capped_or_gone(view, forge, settings, RoundKind.update)
+        refused = capped_or_gone(view.thread_id, view.project, view.issue, forge, settings, RoundKind.update)
         return refused or Verdict(RequestStatus.accepted, f"{view.author} asked to merge {mr.target_branch} in")
-    refused = _capped_or_gone(view, forge, settings, RoundKind.review)
+    refused = capped_or_gone(view.thread_id, view.project, view.issue, forge, settings, RoundKind.review)
     return refused or Verdict(RequestStatus.accepted, f"{view.author} asked for changes")
 
 
@@ -210,7 +210,7 @@ def decide_ci(view: RequestView, forge: Forge, settings: Settings) -> Verdict:
         return Verdict(RequestStatus.ignored, f"forge CI {report.status}: nothing to fix", ci=shown)
     if not about_head(tested, mr.head_sha):
         return Verdict(RequestStatus.ignored, STALE_CI, ci=shown)
-    refused = _capped_or_gone(view, forge, settings, RoundKind.ci)
+    refused = capped_or_gone(view.thread_id, view.project, view.issue, forge, settings, RoundKind.ci)
     if refused is not None:
         return replace(refused, ci=shown)
     failures = forge.ci_failures(view.project, report, settings.ci_log_tail_lines)
@@ -220,15 +220,17 @@ def decide_ci(view: RequestView, forge: Forge, settings: Settings) -> Verdict:
     return Verdict(RequestStatus.accepted, reason, data=data, ci=shown)
 
 
-def _capped_or_gone(view: RequestView, forge: Forge, settings: Settings, kind: RoundKind) -> Verdict | None:
-    """The refusal of a request that would start a round of `kind`: the MR's cap reached, or the issue
-    no longer asking for a fix; None when neither holds."""
+def capped_or_gone(
+    thread_id: int, project: str, issue: int, forge: Forge, settings: Settings, kind: RoundKind
+) -> Verdict | None:
+    """The refusal of a request that would start a round of `kind` in the thread (or of FrogFix's own update
+    check): the MR's cap reached, or the issue no longer asking for a fix; None when neither holds."""
     with session_scope() as session:
-        used = rounds.rounds_used(session, view.thread_id, kind)
+        used = rounds.rounds_used(session, thread_id, kind)
     capped = cap_reason(kind, used, settings)
     if capped is not None:
         return Verdict(RequestStatus.ignored, capped, cap_reply(kind, capped), "kind")
-    gone = issue_still_asks(forge, view, settings.trigger_label)
+    gone = issue_still_asks(forge, project, issue, settings.trigger_label)
     if gone is not None:
         return Verdict(RequestStatus.dropped, gone, drop_thread=True)
     return None
@@ -373,12 +375,8 @@ def check_for_update(thread_id: int, forge: Forge, settings: Settings) -> int | 
     conflicts, target_sha = _conflicts_by_git(forge, project, mr, settings)
     if conflicts is not True or not target_sha:
         return None
-    view = RequestView(0, thread_id, forge.kind, project, issue, mr_number, RoundKind.update.value, None, {})
-    with session_scope() as session:
-        if cap_reason(RoundKind.update, rounds.rounds_used(session, thread_id, RoundKind.update), settings):
-            return None
-    if issue_still_asks(forge, view, settings.trigger_label) is not None:
-        return None
+    if capped_or_gone(thread_id, project, issue, forge, settings, RoundKind.update) is not None:
+        return None  # the cap reached, or the issue no longer asks: FrogFix's own request says nothing
     reason = f"the MR conflicts with {mr.target_branch} at {target_sha[:12]} (FROGFIX_AUTO_UPDATE)"
     with session_scope() as session:
         thread = session.get(Job, thread_id)
@@ -401,7 +399,7 @@ def _conflicts_by_git(
     target's head there. (None, None) when git cannot tell (a branch gone, the mirror failing)."""
     try:
         info = forge.project_info(project)
-        cache = mirrors.RepoCache(settings.data_dir / "mirrors")
+        cache = mirrors.RepoCache.in_data_dir(settings.data_dir)
         mirror = cache.mirror(gitcalls.mirror_key(forge.kind, project), info.clone_url, forge.git_auth_header())
         head = mirrors.resolve(mirror, f"refs/heads/{mr.source_branch}")
         target = mirrors.resolve(mirror, f"refs/heads/{mr.target_branch}")

@@ -32,8 +32,8 @@ from worker.gitcalls import (
     RepoTransient,
     check_sha,
     flock,
-    git_dir_args,
     git_environment,
+    has_commit,
     reading_lock,
     run_git,
 )
@@ -63,14 +63,7 @@ def make_workspace(mirror: Path, dest: Path, commit: str, *, timeout: float = LO
             config.write(WORKSPACE_CONFIG)
         source = Path(mirror).resolve().as_uri()
         with reading_lock(Path(mirror)):
-            present = run_git(
-                [*git_dir_args(Path(mirror)), "cat-file", "-e", f"{commit}^{{commit}}"],
-                env=env,
-                what="git cat-file",
-                timeout=timeout,
-                check=False,
-            )
-            if present.returncode != 0:
+            if not has_commit(Path(mirror), commit, timeout=timeout):
                 raise RepoError(f"commit {commit[:12]} is not in the mirror {Path(mirror).name}")
             run_git(
                 ["-C", str(dest), "fetch", *FETCH_FLAGS, "--depth=1", "--no-auto-maintenance", "--", source, commit],
@@ -419,14 +412,8 @@ class WorkspacePool:
 
 def _check_in_mirror(mirror: Path, commit: str, *, timeout: float) -> None:
     with reading_lock(mirror):
-        present = run_git(
-            [*git_dir_args(mirror), "cat-file", "-e", f"{commit}^{{commit}}"],
-            env=git_environment(),
-            what="git cat-file",
-            timeout=timeout,
-            check=False,
-        )
-    if present.returncode != 0:
+        present = has_commit(mirror, commit, timeout=timeout)
+    if not present:
         raise RepoError(f"commit {commit[:12]} is not in the mirror {mirror.name}")
 
 

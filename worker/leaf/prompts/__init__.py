@@ -239,6 +239,27 @@ def _bounded_blocks(blocks: list[str], limit: int, *, keep_newest: bool, what: s
     return text
 
 
+def _round_values(
+    title: str, body: str, project: str, issue_number: str | int, mr_number: str | int, round_number: int
+) -> dict[str, str]:
+    """What every round's template (`round.md`, `update.md`) says of the issue and the MR."""
+    issue = sanitize_issue_text(body, limit=DEFAULT_MAX_BODY_CHARS) or "(no description)"
+    return {
+        "issue_title": _one_line(title, 500),
+        "issue_body": _defang(issue),
+        "project": _defang(project),
+        "issue_number": str(issue_number),
+        "mr_number": str(mr_number),
+        "round_number": str(int(round_number)),
+    }
+
+
+def _code_block(text: str, limit: int, what: str) -> str:
+    """Code or a log from the repository (a diff, commits): cut to `limit`, line ends normalised, defanged,
+    never rewritten otherwise."""
+    return _defang(_cut(text, limit, what).replace("\r\n", "\n").strip("\n"))
+
+
 def render_round_task(
     title: str,
     body: str,
@@ -256,20 +277,13 @@ def render_round_task(
 
     Everything but our template is untrusted: sanitized (the diff excepted, see the module), bounded, defanged.
     """
-    issue = sanitize_issue_text(body, limit=DEFAULT_MAX_BODY_CHARS) or "(no description)"
     asked = [_request_text(i, r) for i, r in enumerate(requests, 1)]
     notes = [_note_text(i, n) for i, n in enumerate(thread, 1)]
-    diff = _cut(diff, MAX_DIFF_CHARS, "diff")
     values = {
-        "issue_title": _one_line(title, 500),
-        "issue_body": _defang(issue),
-        "project": _defang(project),
-        "issue_number": str(issue_number),
-        "mr_number": str(mr_number),
-        "round_number": str(int(round_number)),
+        **_round_values(title, body, project, issue_number, mr_number, round_number),
         "requests": _bounded_blocks(asked, MAX_REQUESTS_CHARS, keep_newest=False, what="requests") or "(none)",
         "thread": _bounded_blocks(notes, MAX_THREAD_CHARS, keep_newest=True, what="notes") or "(no notes)",
-        "diff": _defang(diff.replace("\r\n", "\n").strip("\n")) or "(no changes yet)",
+        "diff": _code_block(diff, MAX_DIFF_CHARS, "diff") or "(no changes yet)",
     }
     return Template(load_prompt("round.md", prompts_dir)).safe_substitute(values)
 
@@ -295,22 +309,14 @@ def render_update_task(
 ) -> str:
     """An update round's user message when the merge conflicted: the issue, the conflicted files, the MR's
     diff and the target's commits touching those files; everything but our template untrusted."""
-    issue = sanitize_issue_text(body, limit=DEFAULT_MAX_BODY_CHARS) or "(no description)"
-
     values = {
-        "issue_title": _one_line(title, 500),
-        "issue_body": _defang(issue),
-        "project": _defang(project),
-        "issue_number": str(issue_number),
-        "mr_number": str(mr_number),
-        "round_number": str(int(round_number)),
+        **_round_values(title, body, project, issue_number, mr_number, round_number),
         "target_branch": _one_line(target_branch, 255),
         "head_label": head,
         "target_label": target,
         "conflicted": "\n".join(f"- {_one_line(path, 300)}" for path in conflicted) or "(none)",  # in FILES
-        "diff": _defang(_cut(diff.replace("\r\n", "\n").strip("\n"), MAX_DIFF_CHARS, "diff")) or "(no changes)",
-        "commits": _defang(_cut(commits.replace("\r\n", "\n").strip("\n"), MAX_COMMITS_CHARS, "commits"))
-        or "(none found)",
+        "diff": _code_block(diff, MAX_DIFF_CHARS, "diff") or "(no changes)",
+        "commits": _code_block(commits, MAX_COMMITS_CHARS, "commits") or "(none found)",
     }
     return Template(load_prompt("update.md", prompts_dir)).safe_substitute(values)
 
