@@ -10,9 +10,10 @@ its parent when that one already enables the controllers for its children (syste
 `DelegateSubgroup=`). `detect()` probes this once per process; what it cannot place is reported
 (`CgroupSupport.problems`), and the sandbox then has its rlimits only.
 
-How processes enter: the worker spawns `cgroup_enter.py`, which writes its own pid into each
-cgroup.procs, drops to the sandbox's host uid and execs bwrap under the same pid, so every
-sandboxed process is inside from its first instruction (see that file for why not preexec_fn).
+How processes enter: the worker's launcher (sandbox/launcher.py) forks `cgroup_enter.py`'s wrapper,
+which writes its own pid into each cgroup.procs, drops to the sandbox's host uid and execs bwrap
+under the same pid, so every sandboxed process is inside from its first instruction (see that
+file for why not preexec_fn). `wrapped_argv` is the same wrapper as a command of its own.
 
 Names are `frogfix-sandbox-<worker pid>.<its start time>.<random>`: a sandbox's cgroup is
 removed when it closes, and `reap_stale()` (run before every new sandbox cgroup) removes those
@@ -133,9 +134,14 @@ def wrapped_argv(argv: list[str], host_ids: tuple[int, int] | None, procs_files:
     """`argv` (bwrap's) behind the exec wrapper (cgroup_enter.py): it joins `procs_files` (none
     where the host gives no cgroup), drops to `host_ids`, ties bwrap to this worker's life and
     leaves the watchdog that kills what bwrap's own death signal misses."""
-    drop = ["--uid", str(host_ids[0]), "--gid", str(host_ids[1])] if host_ids else []
     parent = ["--parent", str(os.getpid())]
-    return [sys.executable, "-I", "-S", ENTER_SCRIPT, *parent, *drop, *procs_files, "--", *argv]
+    return [sys.executable, "-I", "-S", ENTER_SCRIPT, *parent, *wrapper_options(argv, host_ids, procs_files)]
+
+
+def wrapper_options(argv: list[str], host_ids: tuple[int, int] | None, procs_files: list[str]) -> list[str]:
+    """The wrapper's options and `argv` after them, as `wrapped_argv` and the launcher's `spawn` take them."""
+    drop = ["--uid", str(host_ids[0]), "--gid", str(host_ids[1])] if host_ids else []
+    return [*drop, *procs_files, "--", *argv]
 
 
 # ----------------------------------------------------------------------------- detection
@@ -325,6 +331,7 @@ def _kill_and_remove(paths: Iterable[str], wait_s: float) -> list[str]:
     """Kill every process in `paths` (v2's cgroup.kill where there is one) and rmdir them."""
     left = [p for p in paths if os.path.isdir(p)]
     deadline = time.monotonic() + wait_s
+    pause = 0.001  # a killed member leaves within a few ms, or it is one that takes longer
     while left:
         for path in left:
             _kill_members(path)
@@ -339,7 +346,8 @@ def _kill_and_remove(paths: Iterable[str], wait_s: float) -> list[str]:
         left = remaining
         if not left or time.monotonic() >= deadline:
             break
-        time.sleep(0.02)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
     return left
 
 

@@ -16,8 +16,8 @@ Why it is built this way:
   Every writable tmpfs also has an inode bound (`bytes_per_inode`): empty files take no space,
   but each is about 1-2 KiB of kernel memory, and a tmpfs's default allows millions of them.
 - Limits bwrap cannot set (`_limit_namespaces`): before anything of the job runs, while the
-  sandbox's first process waits for a line on its stdin (SEED_SCRIPT), the worker starts a helper
-  as the sandbox's host uid (or root, for a root worker).
+  sandbox's first process waits for a line on its stdin (SEED_SCRIPT), the worker's launcher
+  (sandbox/launcher.py) forks a helper as the sandbox's host uid (or root, for a root worker).
   That uid owns the user namespace bwrap made first, which owns the sandbox's mount and IPC
   namespaces (the sandbox's processes run one user namespace further down, without a single
   capability, and cannot make another). The helper enters them, sets the inode bounds (tmpfs
@@ -29,11 +29,12 @@ Why it is built this way:
   any kernel) the sandbox runs without them (`ipc_limited` False). On every kernel the runner
   removes all System V objects between commands, after killing the leftovers (`--clear-ipc`).
 - Cgroups (sandbox/cgroups.py), where the host allows: one per sandbox bounding the memory, tasks
-  and CPU of all its processes; bwrap is spawned through an exec wrapper that joins it first, so
-  no process of the sandbox is ever outside. The memory bound is `limits.memory_bytes` itself
-  (FROGFIX_SANDBOX_MEMORY), one total for the processes *and* the tmpfs pages (workspace, /tmp,
-  /dev/shm are RAM charged to the cgroup); settings refuse sizes that leave processes less than
-  `quantity.PROCESS_FLOOR_BYTES` of it, so a full workspace is ENOSPC, not an OOM kill.
+  and CPU of all its processes; bwrap is started by the launcher's fork of the exec wrapper
+  (sandbox/cgroup_enter.py), which joins it first, so no process of the sandbox is ever outside.
+  The memory bound is `limits.memory_bytes` itself (FROGFIX_SANDBOX_MEMORY), one total for the
+  processes *and* the tmpfs pages (workspace, /tmp, /dev/shm are RAM charged to the cgroup);
+  settings refuse sizes that leave processes less than `quantity.PROCESS_FLOOR_BYTES` of it, so a
+  full workspace is ENOSPC, not an OOM kill.
 - Limits: the runner sets RLIMIT_NPROC/AS/FSIZE/CPU/CORE on itself *inside* the sandbox's user
   namespace, where the kernel counts processes per namespace, so a fork bomb is stopped by the
   sandbox's own budget. RLIMIT_NPROC never binds a uid that maps to host root, so when FrogFix
@@ -50,8 +51,14 @@ Why it is built this way:
   patch is taken by the runner, inside. `close()` waits until every sandboxed process is gone
   before handing the workspace back, and does so without following symlinks.
 
-Create and use a LocalSandbox from a thread that outlives it: bwrap's `--die-with-parent` ties
-the sandbox to the thread that started it.
+- Start-up: a sandbox starts in about 40 ms (bench/harness_sandbox.py). The worker's launcher
+  pays Python's start-up once per worker process instead of twice per sandbox, the runner goes in
+  compiled (`runner_client.compiled_runner`) and imports little, and close() waits for the cgroup to empty
+  instead of sleeping.
+
+bwrap's `--die-with-parent` ties a sandbox to its launcher, a single-threaded process that lives
+as long as the worker process that started it: any thread of the worker may open, use and close
+a sandbox.
 """
 
 from __future__ import annotations
@@ -66,7 +73,6 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import threading
 import time
 import weakref
@@ -86,12 +92,14 @@ from sandbox.base import (
     SandboxSpec,
     SandboxUnavailable,
 )
+from sandbox.launcher import LaunchedProcess, launcher
 from sandbox.namespace_limits import BYTES_PER_INODE, LIMIT_NAMESPACES, ipc_sysctls, tmpfs_inodes
 from sandbox.quantity import SHM_SIZE_BYTES
 from sandbox.runner_client import (
     RunnerBroken,
     RunnerClient,
     StderrTail,
+    compiled_runner,
     decode_reply,
     encode_request,
     read_runner_source,
@@ -102,7 +110,7 @@ SANDBOX_GID = 1000
 DEFAULT_HOST_UID = 65534
 DEFAULT_HOST_GID = 65534
 MOUNT_POINT = "/workspace"
-RUNNER_IN_SANDBOX = "/frogfix/runner.py"
+RUNNER_IN_SANDBOX = "/frogfix/runner.py"  # its source, or its bytecode (runner_client.compiled_runner)
 SEED_IN_SANDBOX = "/frogfix/seed"  # the host workspace, read-only: copied into the sandbox's own at start
 # Says it is ready (SEED_READY on the protocol's stdout), waits until the worker has set the limits
 # bwrap cannot (SEED_GO on stdin, which `read` takes byte by byte, leaving the requests to the runner;
@@ -233,7 +241,7 @@ class LocalSandbox(RunnerClient):
         self.python = _find_python(python)
         binds = _binds_with_python(env, spec.env, self.python, ro_binds)
         self.host_ids = _host_ids(self.workspace, host_uid, host_gid)
-        runner_source = read_runner_source(runner_script)
+        runner_source = compiled_runner(self.python, read_runner_source(runner_script), RUNNER_IN_SANDBOX)
 
         # Runs once: on close(), or at interpreter exit if the caller never closed the sandbox.
         self._finalizer = weakref.finalize(self, _release, self._res)
@@ -299,18 +307,7 @@ class LocalSandbox(RunnerClient):
             )
             fds += [passwd, group, profile, runner, info_w]
             argv = self._bwrap_argv(env, binds, (passwd, group, profile, runner), tmp_size_bytes, info_w)
-            argv, drop = self._in_cgroup(argv)
-            self._res.proc = proc = _spawn(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                env={"PATH": "/usr/bin:/bin"},
-                cwd="/",
-                pass_fds=fds,
-                start_new_session=True,
-                **drop,
-            )
+            self._res.proc = proc = launcher().spawn(self._in_cgroup(argv), pass_fds=fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -367,23 +364,13 @@ class LocalSandbox(RunnerClient):
             "inodes": [[path, tmpfs_inodes(size, self.bytes_per_inode)] for path, size in tmpfs],
             "sysctls": [[name, value] for name, value in ipc_sysctls().items()],
         }
-        argv = [sys.executable, "-I", "-S", "-c", LIMIT_NAMESPACES, json.dumps(config)]
-        try:
-            done = subprocess.run(
-                argv,
-                capture_output=True,
-                timeout=max(timeout, 1.0),
-                pass_fds=(self._res.pidfd,),
-                env={"PATH": "/usr/bin:/bin"},
-                cwd="/",
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise SandboxUnavailable(f"cannot set the sandbox's inode bounds: {exc}") from None
-        if done.returncode != 0:
-            why = done.stderr.decode(errors="replace").strip()
-            raise SandboxUnavailable(f"cannot set the sandbox's inode bounds (Linux 5.2 or later needed): {why}")
-        result = json.loads(done.stdout)
+        returncode, stdout, stderr = launcher().limit_namespaces(
+            LIMIT_NAMESPACES, config, self._res.pidfd, max(timeout, 1.0)
+        )
+        if returncode != 0:
+            needs = " (Linux 5.2 or later needed)" if returncode > 0 else ""  # not when it was killed
+            raise SandboxUnavailable(f"cannot set the sandbox's inode bounds{needs}: {stderr.strip()}")
+        result = json.loads(stdout)
         self.ipc_limited = result["ipc"] is True
         if not self.ipc_limited:
             self.ipc_problem = (
@@ -391,15 +378,13 @@ class LocalSandbox(RunnerClient):
                 "needs Linux 6.9 or later for them"
             )
 
-    def _in_cgroup(self, argv: list[str]) -> tuple[list[str], dict[str, Any]]:
-        """bwrap's argv behind the exec wrapper, which joins the sandbox's cgroups where the host
-        gives them, drops to `host_ids` and leaves a watchdog for the worker's death (see
-        sandbox/cgroup_enter.py)."""
+    def _in_cgroup(self, argv: list[str]) -> list[str]:
+        """bwrap's argv behind the wrapper's options: the launcher's fork joins the sandbox's cgroups
+        where the host gives them, drops to `host_ids` and leaves a watchdog for the worker's death
+        (see sandbox/cgroup_enter.py)."""
         cgroup = cgroups.create(self.cgroup_limits, cgroups.host_support()) if self._use_cgroups else None
         self._res.cgroup = cgroup
-        if cgroup is not None:
-            return cgroup.enter_argv(argv, self.host_ids), {}
-        return cgroups.wrapped_argv(argv, self.host_ids, []), {}
+        return cgroups.wrapper_options(argv, self.host_ids, cgroup.procs_files() if cgroup is not None else [])
 
     def _bwrap_argv(
         self,
@@ -528,7 +513,7 @@ class _Resources:
     """What a sandbox holds on the host; kept apart from LocalSandbox so a finalizer can free it."""
 
     def __init__(self) -> None:
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: LaunchedProcess | None = None
         self.pidfd: int | None = None
         self.threads: list[threading.Thread] = []
         self.timer: threading.Timer | None = None
@@ -576,6 +561,8 @@ def _release(res: _Resources) -> None:
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
+        with res.lock:
+            proc.close()
     with res.lock:
         if res.pidfd is not None:
             os.close(res.pidfd)
@@ -589,13 +576,6 @@ def _release(res: _Resources) -> None:
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def _spawn(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
-    try:
-        return subprocess.Popen(argv, **options)
-    except OSError as exc:
-        raise SandboxUnavailable(f"cannot start bwrap: {exc}") from exc
 
 
 def _read_lines(stream: IO[bytes], replies: queue.Queue[object]) -> None:

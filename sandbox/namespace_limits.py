@@ -24,7 +24,8 @@ MIN_TMPFS_INODES = 4096
 SYSV_SEGMENTS = 128
 SYSV_MESSAGE_QUEUES = 32
 SYSV_SEMAPHORES = "32000 32000 500 128"  # kernel.sem: per array, in all, per semop call, arrays
-# The helper `_limit_namespaces` runs (python -I -S -c, stdlib only, single-threaded as setns needs):
+# The helper `_limit_namespaces` has the worker's launcher run in a fork of itself (stdlib only,
+# single-threaded as setns needs; cgroup_enter.py `_limit`):
 # argv[1] is its JSON config; it prints {"ipc": true} or {"ipc": false, "problem": ...}, and exits 1
 # with one line on stderr when the inode bounds cannot be set. Not root: as the owner of the sandbox's
 # first user namespace it enters it (every capability there, none outside), then the IPC and mount

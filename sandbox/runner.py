@@ -95,17 +95,20 @@ import io
 import json
 import math
 import os
-import platform
 import re
 import resource
-import selectors
+import select
 import signal
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+
+# typing is only for the type checker: importing it is a tenth of the runner's start-up.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import IO, Any
 
 READ_LIMIT = 20_000
 BASH_LIMIT = 30_000
@@ -332,7 +335,7 @@ class _Spawner:
         self.clear_ipc = clear_ipc and reclaim  # only once no other process can be using them
 
     def popen(self, argv: list[str], cwd: str, merge_stderr: bool) -> subprocess.Popen[bytes]:
-        if self.reclaim and leftovers():
+        if self.reclaim and any_leftover():
             reclaim_processes()
         if self.clear_ipc:
             clear_ipc_objects()
@@ -356,6 +359,25 @@ class _Spawner:
             close_fds=True,
             restore_signals=True,
         )
+
+
+def any_leftover() -> bool:
+    """Whether `leftovers()` has any, asked cheaply before every command: as the pid namespace's
+    init the runner has every other process of it below itself, so its children's lists (a small
+    read per thread) say; elsewhere, or without /proc/<pid>/task/<tid>/children, it scans."""
+    if os.getpid() == 1:
+        try:
+            for task in os.listdir("/proc/self/task"):
+                fd = os.open(f"/proc/self/task/{task}/children", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    if os.read(fd, 64).strip():
+                        return True
+                finally:
+                    os.close(fd)
+            return False
+        except OSError:
+            pass
+    return bool(leftovers())
 
 
 def leftovers() -> list[int]:
@@ -402,14 +424,49 @@ def sysv_ipc_ids() -> dict[str, list[int]]:
     return found
 
 
+# The *_INFO commands answer how many objects of each kind this IPC namespace holds, in one call
+# each: the first int of struct shm_info (used_ids) and of struct msginfo (msgpool), the eighth of
+# struct seminfo (semusz). A buffer of 16 ints holds any of the three.
+SHM_INFO, MSG_INFO, SEM_INFO = 14, 12, 19
+_INFO_INTS = 16
+
+
+def any_ipc_object() -> bool:
+    """Whether this IPC namespace holds any System V object, asked before every command: three
+    system calls instead of reading /proc/sysvipc (where they fail, it is read)."""
+    import ctypes  # loaded already: make_undumpable needs it
+
+    libc = _libc()
+    counts = []
+    for ask in (
+        lambda info: libc.shmctl(0, SHM_INFO, info),
+        lambda info: libc.msgctl(0, MSG_INFO, info),
+        lambda info: libc.semctl(0, 0, SEM_INFO, info),
+    ):
+        info = (ctypes.c_int * _INFO_INTS)()
+        if ask(info) < 0:
+            return any(sysv_ipc_ids().values())
+        counts.append(info)
+    return counts[0][0] > 0 or counts[1][0] > 0 or counts[2][7] > 0
+
+
+_LIBC: list[Any] = []
+
+
+def _libc() -> Any:
+    if not _LIBC:
+        import ctypes
+
+        _LIBC.append(ctypes.CDLL(None, use_errno=True))
+    return _LIBC[0]
+
+
 def clear_ipc_objects() -> None:
     """Remove every System V object of this IPC namespace (IPC_RMID; all are the sandbox uid's)."""
-    found = sysv_ipc_ids()
-    if not any(found.values()):
+    if not any_ipc_object():
         return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
+    found = sysv_ipc_ids()
+    libc = _libc()
     for ident in found["shm"]:
         libc.shmctl(ident, IPC_RMID, None)
     for ident in found["msg"]:
@@ -487,12 +544,12 @@ def run_captured(
     proc = spawner.popen(argv, cwd, merge_stderr=err is None)
     deadline = start + timeout
     sinks: dict[int, Callable[[bytes, bool], None]] = {}
-    selector = selectors.DefaultSelector()
+    poller = select.poll()  # (no epoll descriptor to make and close for each command)
     streams = [(proc.stdout, out)] if err is None else [(proc.stdout, out), (proc.stderr, err)]
     for stream, sink in streams:
         assert stream is not None
         os.set_blocking(stream.fileno(), False)
-        selector.register(stream.fileno(), selectors.EVENT_READ)
+        poller.register(stream.fileno(), select.POLLIN)
         sinks[stream.fileno()] = sink
     timed_out = False
     drain_until = 0.0
@@ -507,24 +564,20 @@ def run_captured(
                 break
             wait = (drain_until if timed_out else deadline) - now
             reap_orphans(proc)
-            for key, _ in selector.select(timeout=max(0.0, min(wait, 1.0))):
+            for fd, _ in poller.poll(math.ceil(max(0.0, min(wait, 1.0)) * 1000)):
                 try:
-                    data = os.read(key.fd, PIPE_CHUNK)
+                    data = os.read(fd, PIPE_CHUNK)
                 except BlockingIOError:
                     continue
                 if data:
-                    sinks[key.fd](data, False)
+                    sinks[fd](data, False)
                 else:
-                    selector.unregister(key.fd)
-                    del sinks[key.fd]
-        if not timed_out:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc.pid)
+                    poller.unregister(fd)
+                    del sinks[fd]
+        if not timed_out and not _exited_within(proc, max(0.0, deadline - time.monotonic())):
+            timed_out = True
+            _kill_group(proc.pid)
     finally:
-        selector.close()
         for stream, sink in streams:
             sink(b"", True)
             if stream is not None:
@@ -537,6 +590,30 @@ def run_captured(
         # before the next call needs them.
         _wait_group_gone(proc.pid, KILL_DRAIN_S)
     return proc.returncode, timed_out, time.monotonic() - start
+
+
+def _exited_within(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Wait for `proc` to exit, woken by its pidfd: Popen.wait(timeout) sleeps in steps from 0.5 ms,
+    a third of an `echo`'s whole call."""
+    if proc.poll() is not None:
+        return True
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # before Linux 5.3 / Python 3.9: Popen's own wait
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    deadline = time.monotonic() + timeout
+    try:
+        while not select.select([pidfd], [], [], min(max(deadline - time.monotonic(), 0.0), 3600.0))[0]:
+            if time.monotonic() >= deadline:  # (a timeout past any clock is waited an hour at a time)
+                return False
+    finally:
+        os.close(pidfd)
+    proc.wait()
+    return True
 
 
 # --------------------------------------------------------------------------- the five tools
@@ -971,7 +1048,8 @@ class Server:
             patch = take_patch(self.root, base, max_bytes=max_bytes, spawner=self.spawner)
             return {"patch_b64": base64.b64encode(patch).decode("ascii"), "size": len(patch)}
         if op == "ping":
-            return {"pong": True, "pid": os.getpid(), "uid": os.getuid(), "python": platform.python_version()}
+            python = ".".join(map(str, sys.version_info[:3]))
+            return {"pong": True, "pid": os.getpid(), "uid": os.getuid(), "python": python}
         if op == "shutdown":
             self.stopping = True
             return {}
@@ -1035,25 +1113,65 @@ def make_undumpable() -> None:
     """
     import ctypes
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
     if libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(errno.EPERM, "the runner is still dumpable after prctl(PR_SET_DUMPABLE, 0)")
 
 
+USAGE = """usage: runner.py [--root DIR] [--limits JSON] [--default-timeout SECONDS] [--reclaim] [--clear-ipc]
+
+FrogFix sandbox runner (JSON lines on stdin/stdout).
+  --root DIR                 the workspace root (default: the current folder)
+  --limits JSON              rlimits, e.g. {"nproc": 256, "fsize": 536870912}
+  --default-timeout SECONDS  a Bash call's timeout when it names none
+  --reclaim                  alone in a pid namespace: may kill(-1)
+  --clear-ipc                with --reclaim, in its own IPC namespace
+"""
+
+
+class Options:
+    """The runner's command line (read by hand: argparse and what it imports would be a fifth of
+    the runner's start-up, paid by every sandbox)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.root = os.getcwd()
+        self.limits = "{}"
+        self.default_timeout = DEFAULT_BASH_TIMEOUT
+        self.reclaim = self.clear_ipc = False
+        rest = list(argv)
+        while rest:
+            option = rest.pop(0)
+            name, has_value, value = option.partition("=")
+            if name in ("--reclaim", "--clear-ipc") and not has_value:
+                setattr(self, name[2:].replace("-", "_"), True)
+                continue
+            if name not in ("--root", "--limits", "--default-timeout"):
+                raise ValueError(f"unknown option {option!r}")
+            if not has_value:
+                if not rest:
+                    raise ValueError(f"{name} needs a value")
+                value = rest.pop(0)
+            if name == "--default-timeout":
+                self.default_timeout = float(value)
+            else:
+                setattr(self, name[2:], value)
+
+
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    arguments = sys.argv[1:] if argv is None else argv
+    if "-h" in arguments or "--help" in arguments:
+        sys.stdout.write(USAGE)
+        return 0
+    try:
+        options = Options(arguments)
+        limits = json.loads(options.limits)
+    except ValueError as exc:
+        sys.stderr.write(f"{USAGE}runner.py: error: {exc}\n")
+        return 2
 
-    parser = argparse.ArgumentParser(description="FrogFix sandbox runner (JSON lines on stdin/stdout)")
-    parser.add_argument("--root", default=os.getcwd(), help="the workspace root")
-    parser.add_argument("--limits", default="{}", help='JSON, e.g. {"nproc": 256, "fsize": 536870912}')
-    parser.add_argument("--default-timeout", type=float, default=DEFAULT_BASH_TIMEOUT)
-    parser.add_argument("--reclaim", action="store_true", help="alone in a pid namespace: may kill(-1)")
-    parser.add_argument("--clear-ipc", action="store_true", help="with --reclaim, in its own IPC namespace")
-    options = parser.parse_args(argv)
-
-    apply_limits(json.loads(options.limits))
+    apply_limits(limits)
     try:
         make_undumpable()
     except (ImportError, OSError) as exc:

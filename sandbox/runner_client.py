@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import json
 import math
 import os
+import subprocess
 import threading
 from types import TracebackType
 from typing import IO, Any, Protocol, Self
@@ -78,6 +80,48 @@ def read_runner_source(runner_script: str | None) -> bytes:
     """The runner program a backend puts into its sandbox (tests pass a fake one)."""
     with open(runner_script or RUNNER_SCRIPT, "rb") as handle:
         return handle.read()
+
+
+def compiled_runner(python: str, source: bytes, filename: str) -> bytes:
+    """The runner as `python` itself compiles it (a .pyc's bytes), else `source` where that fails.
+
+    A sandbox runs the runner with -B from a file it cannot write, so from source every start
+    compiled it again (about 12 ms, a tenth of a local sandbox's start). Python runs a file that
+    begins with its own bytecode magic as bytecode, whatever the file's name (`filename` is the
+    one tracebacks show). The bytecode is made by the same interpreter binary the sandbox runs (the
+    host's, never a job's), once per worker process and binary.
+    """
+    real = os.path.realpath(python)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return source
+    return _compiled_by(real, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), source, filename)
+
+
+# Reads the source on stdin, writes a .pyc's bytes (magic, 12 header bytes a script run ignores, the code).
+COMPILE_RUNNER = (
+    "import importlib.util, marshal, sys; "
+    "code = compile(sys.stdin.buffer.read(), sys.argv[1], 'exec', dont_inherit=True, optimize=0); "
+    "sys.stdout.buffer.write(importlib.util.MAGIC_NUMBER + bytes(12) + marshal.dumps(code))"
+)
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled_by(python: str, binary: tuple[int, int, int, int], source: bytes, filename: str) -> bytes:
+    try:
+        done = subprocess.run(
+            [python, "-I", "-S", "-B", "-c", COMPILE_RUNNER, filename],
+            input=source,
+            capture_output=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin"},
+            cwd="/",
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return source
+    return done.stdout if done.returncode == 0 and len(done.stdout) > 16 else source
 
 
 class StderrTail:

@@ -25,6 +25,23 @@ GITEA_SECRET = "gitea-hook-secret-for-tests"
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """test.sh runs the suite in two phases, named by FROGFIX_TEST_PHASE: `parallel` (under
+    pytest-xdist) keeps the tests not marked `serial`, `serial` keeps only those. Without the
+    variable (plain pytest) every test runs."""
+    phase = os.environ.get("FROGFIX_TEST_PHASE", "")
+    if phase not in ("", "parallel", "serial"):
+        raise pytest.UsageError(f"FROGFIX_TEST_PHASE={phase!r}: use parallel, serial, or leave it unset")
+    if not phase:
+        return
+    keep, drop = [], []
+    for item in items:
+        (keep if (item.get_closest_marker("serial") is not None) == (phase == "serial") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
     """Point every cached piece (settings, engines, Celery) at a fresh configuration."""
     for key, value in env.items():

@@ -48,7 +48,8 @@ def checkout(tmp_path: Path, *files: str) -> Path:
 
 
 def run(argv: list[str | Path], cwd: Path, path_first: Path | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "FROGFIX_MANAGE_REEXEC"}
+    outer = ("FROGFIX_MANAGE_REEXEC", "FROGFIX_TEST_PHASE", "FROGFIX_TEST_WORKERS")  # this run's own
+    env = {k: v for k, v in os.environ.items() if k not in outer}
     if path_first is not None:
         env["PATH"] = f"{path_first}:{env.get('PATH', '/usr/bin:/bin')}"
     return subprocess.run([str(a) for a in argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
@@ -114,7 +115,8 @@ def test_test_sh_runs_pytest_in_the_venv_and_counts_no_tests_as_a_failure(tmp_pa
     log = tmp_path / "calls.log"
     recorder(root / ".venv" / "bin" / "python", log, exit_code=5)
     done = run(["./test.sh", "-q", "tests/x"], cwd=root)
-    assert log.read_text() == "python -m pytest -q tests/x\n"
+    # (the recorder is no interpreter with xdist, so both phases run in one process)
+    assert log.read_text() == "python -c import xdist\n" + "python -m pytest -q tests/x\n" * 2
     assert done.returncode == 1 and "collected no tests; that is a failure" in done.stderr
 
 
@@ -124,8 +126,43 @@ def test_test_sh_without_a_venv_uses_python3_and_passes_its_exit_code_on(tmp_pat
     bin_dir = tmp_path / "bin"
     recorder(bin_dir / "python3", log, exit_code=3)
     done = run(["./test.sh", "-k", "webhooks"], cwd=root, path_first=bin_dir)
-    assert log.read_text() == "python3 -m pytest -k webhooks\n"
+    assert log.read_text() == "python3 -c import xdist\n" + "python3 -m pytest -k webhooks\n" * 2
     assert done.returncode == 3
+
+
+PHASED_PYTHON = """
+echo "python $* phase=${{FROGFIX_TEST_PHASE:-}}" >>"{log}"
+case "$*" in
+  "-c import xdist") exit 0 ;;
+esac
+[ "$FROGFIX_TEST_PHASE" = parallel ] && exit {parallel}
+exit {serial}
+"""
+
+
+@pytest.mark.parametrize(("parallel", "serial", "expected"), [(0, 5, 0), (5, 0, 0), (0, 1, 1), (2, 0, 2), (5, 5, 1)])
+def test_test_sh_spreads_the_suite_then_runs_the_serial_tests_and_needs_tests_in_one_phase(
+    tmp_path: Path, parallel: int, serial: int, expected: int
+) -> None:
+    root = checkout(tmp_path, "test.sh")
+    log = tmp_path / "calls.log"
+    script(root / ".venv" / "bin" / "python", PHASED_PYTHON.format(log=log, parallel=parallel, serial=serial))
+    done = run(["env", "FROGFIX_TEST_WORKERS=3", "./test.sh", "-q"], cwd=root)
+    assert log.read_text().splitlines() == [
+        "python -c import xdist phase=",
+        "python -m pytest -n 3 --dist worksteal -q phase=parallel",
+        "python -m pytest -q phase=serial",
+    ]
+    assert done.returncode == expected, done.stderr
+    assert ("collected no tests" in done.stderr) == (parallel == serial == 5)
+
+
+def test_test_sh_with_no_workers_runs_the_first_phase_in_process(tmp_path: Path) -> None:
+    root = checkout(tmp_path, "test.sh")
+    log = tmp_path / "calls.log"
+    script(root / ".venv" / "bin" / "python", PHASED_PYTHON.format(log=log, parallel=0, serial=0))
+    assert run(["env", "FROGFIX_TEST_WORKERS=0", "./test.sh"], cwd=root).returncode == 0
+    assert log.read_text().splitlines() == ["python -m pytest phase=parallel", "python -m pytest phase=serial"]
 
 
 # install.sh

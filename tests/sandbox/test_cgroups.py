@@ -307,6 +307,7 @@ KILLED_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.serial  # any other process's sandbox start would reap them first
 @pytest.mark.parametrize("reaper", ["next sandbox", "manage.py reap-sandboxes"])
 def test_cgroups_of_a_killed_worker_are_reaped(
     reaper: str, workspace: Path, make_sandbox: Callable[..., LocalSandbox], tmp_path: Path
