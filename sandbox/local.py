@@ -51,10 +51,10 @@ Why it is built this way:
   patch is taken by the runner, inside. `close()` waits until every sandboxed process is gone
   before handing the workspace back, and does so without following symlinks.
 
-- Start-up: a sandbox starts in about 40 ms (bench/harness_sandbox.py). The worker's launcher
-  pays Python's start-up once per worker process instead of twice per sandbox, the runner goes in
-  compiled (`runner_client.compiled_runner`) and imports little, and close() waits for the cgroup to empty
-  instead of sleeping.
+- Start-up: a sandbox starts and closes in about 55 ms (bench/harness_sandbox.py; 128 ms before).
+  The worker's launcher pays Python's start-up once per worker process instead of twice per
+  sandbox, the runner goes in compiled (`runner_client.compiled_runner`) and imports little, and
+  close() waits for the cgroup to empty instead of sleeping.
 
 bwrap's `--die-with-parent` ties a sandbox to its launcher, a single-threaded process that lives
 as long as the worker process that started it: any thread of the worker may open, use and close

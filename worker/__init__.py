@@ -1,14 +1,15 @@
 """The worker: what happens to a job after the webhook service recorded it.
 
-- `tasks.py`: thin Celery tasks on `app.queue`'s app; they claim a job and call `runs.py`, which
-  picks its pipeline and runs it under a heartbeat.
+- `tasks.py`: thin Celery tasks on `app.queue`'s app; they claim a job, start its heartbeat
+  (`heartbeat.py`, light on imports so it beats from the claim on) and call `runs.py`, which picks
+  its pipeline and runs it.
 - `pipeline.py`: one run of one job, stage by stage (admit, prepare, attempts, publish), with no
   Celery inside; its attempts go through `attempt.py` with an observer that writes the database.
 - `rounds.py`: the pipelines of rounds on an MR FrogFix opened (review and CI rounds, update
   rounds that merge a moved target in) and the MR's rounds section; `triage.py` judges each round
   request once (and, with FROGFIX_AUTO_UPDATE, asks whether the MR conflicts with its target);
   `merging.py` is git's side of an update round.
-- `job_context.py`: what a run of a job holds beside its stages (its seams, heartbeat, flags).
+- `job_context.py`: what a run of a job holds beside its stages (its seams, flags).
 - `attempt.py`: one attempt, owned in one place (workspace, `.frogfix.yml` and the repository's
   AGENTS.md guidance, trajectory, sandbox, Leaf, patch, review rules, verification). The pipeline,
   `localfix.py` (`manage.py fix`) and `replay.py` (`manage.py replay`) all run attempts through it

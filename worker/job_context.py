@@ -1,6 +1,6 @@
-"""What one run of a job holds beside its stages: its seams (`Deps`), the heartbeat that says it is alive,
-the flags it polls (a cancel, a production job waiting), where its repository stands (`Prepared`), and
-the two ways a stage ends it early (`JobEnded` with a status, `Superseded` when another run owns it).
+"""What one run of a job holds beside its stages: its seams (`Deps`), the flags it polls (a cancel,
+a production job waiting), where its repository stands (`Prepared`), and the two ways a stage ends
+it early (`JobEnded` with a status, `Superseded` when another run owns it).
 
 worker/pipeline.py and worker/rounds.py run jobs with these; nothing here runs a stage.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -127,33 +126,6 @@ def remove_finished_workspaces(root: Path) -> list[str]:
     if removed:
         log.info("removed_finished_workspaces", folders=removed)
     return removed
-
-
-class Heartbeat:
-    """Stamps the job every few seconds, so a job whose worker died is found and recovered."""
-
-    def __init__(self, job_id: int, interval: float, run: int | None = None) -> None:
-        self.job_id, self.interval, self.run = job_id, interval, run
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{job_id}", daemon=True)
-
-    def _beat(self) -> None:
-        while True:
-            try:
-                with session_scope() as session:
-                    records.touch_heartbeat(session, self.job_id, self.run)
-            except Exception as exc:  # a database hiccup must not end the job
-                log.warning("heartbeat_failed", job_id=self.job_id, error=str(exc)[:300])
-            if self._stop.wait(self.interval):
-                return
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(5)
 
 
 def cancelled_on_request() -> JobEnded:

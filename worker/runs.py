@@ -1,6 +1,7 @@
-"""Running a claimed job: which pipeline it gets, under a heartbeat, to a final status.
+"""Running a claimed job: which pipeline it gets, to a final status.
 
-The `frogfix.run_job` task calls `run`. A job with `round > 0` is a round on an MR FrogFix opened
+The `frogfix.run_job` task calls `run`, under the heartbeat it started at the claim
+(worker/heartbeat.py). A job with `round > 0` is a round on an MR FrogFix opened
 (worker/rounds.py): an update round merges the target in, any other round answers its requests;
 every other job is the issue's first run (worker/pipeline.py).
 """
@@ -13,7 +14,7 @@ from app.db import session_scope
 from app.jobs import records, transitions
 from app.logs import get_logger
 from app.statuses import JobStatus, RoundKind
-from worker.job_context import Deps, Heartbeat
+from worker.job_context import Deps
 from worker.pipeline import Pipeline
 from worker.rounds import RoundPipeline, UpdateRoundPipeline
 
@@ -31,7 +32,8 @@ def pipeline_for(job_id: int, deps: Deps) -> Pipeline:
 
 
 def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[BaseException], ...] = ()) -> str:
-    """Run a claimed job to a final status; never raises."""
+    """Run a claimed job to a final status; never raises. The caller keeps the claim's heartbeat
+    (worker/heartbeat.py), from the claim on."""
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         try:
             deps = deps or Deps.from_settings()
@@ -43,5 +45,4 @@ def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[
             with session_scope() as session:
                 transitions.set_status(session, job_id, JobStatus.failed, error=why)
             return JobStatus.failed.value
-        with Heartbeat(job_id, max(1.0, min(15.0, deps.settings.stale_job_seconds / 4)), pipeline.run_number):
-            return pipeline.run()
+        return pipeline.run()

@@ -19,6 +19,7 @@ from app.queue import CHECK_UPDATE, REPLAY_JOB, RUN_JOB, SWEEP, TRIAGE, celery_a
 from app.settings import get_settings
 from app.sweep import sweep_once
 from sandbox.cgroups import CgroupSupport
+from worker.heartbeat import Heartbeat, beat_interval
 
 log = get_logger("frogfix.worker")
 # Celery's own per-task lines carry no job id; ours do (bound below), so keep Celery's quieter.
@@ -33,23 +34,27 @@ def run_job(job_id: int, *, clock: Callable[[], datetime] = utcnow) -> str:
     A redelivered ticket, or one whose job another ticket ran, runs the next fair job or nothing;
     every claim is guarded, so no job runs twice in one run number.
     """
+    settings = get_settings()
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         with session_scope() as session:
-            claimed = scheduler.claim_next(session, get_settings(), clock(), preferred=job_id)
+            claimed = scheduler.claim_next(session, settings, clock(), preferred=job_id)
             if claimed is not None:
                 ticket = None if claimed.job_id == job_id else {"ticket": job_id}
                 records.add_event(session, claimed.job_id, "claimed", "a worker claimed the job", ticket)
+                run = records.get_job(session, claimed.job_id).run
         if claimed is None:
             log.info("job_not_claimed", reason="nothing queued that its project's budget lets start")
             return "not_claimed"
     with structlog.contextvars.bound_contextvars(job_id=claimed.job_id):
         log.info("job_claimed", ticket=job_id)
-        from celery.exceptions import SoftTimeLimitExceeded
-
-        from worker import runs
-
         try:
-            return runs.run(claimed.job_id, time_limit_errors=(SoftTimeLimitExceeded,))
+            # Beating from the claim on: importing the pipeline can take seconds on a loaded worker.
+            with Heartbeat(claimed.job_id, beat_interval(settings.stale_job_seconds), run):
+                from celery.exceptions import SoftTimeLimitExceeded
+
+                from worker import runs
+
+                return runs.run(claimed.job_id, time_limit_errors=(SoftTimeLimitExceeded,))
         finally:
             release_after_run(claimed, clock)
             follow_up_after_run()

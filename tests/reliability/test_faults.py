@@ -563,7 +563,14 @@ def small_disk(system: System) -> Iterator[Path]:
     mount = Path(tempfile.mkdtemp(prefix="frogfix-small-disk-"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0711", "tmpfs", str(mount)], check=True)
     try:
-        configure(system.world.env["monkeypatch"], workspace_dir=str(mount), sandbox_workspace_size="24Mi")
+        # No worker dies here: a stale claim (3 s in `system`, for the kill tests) would only be a
+        # loaded machine's heartbeat arriving late, and a second run of the job.
+        configure(
+            system.world.env["monkeypatch"],
+            workspace_dir=str(mount),
+            sandbox_workspace_size="24Mi",
+            stale_job_seconds="60",
+        )
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
