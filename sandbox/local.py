@@ -445,15 +445,19 @@ class LocalSandbox(RunnerClient):
         return rlimits
 
     def _broken(self, message: str) -> SandboxError:
-        """Mark the sandbox unusable, kill it, and build the error for the caller to raise."""
+        """Mark the sandbox unusable, kill it, and build the error for the caller to raise. The
+        stderr tail is read once the processes are gone and their stderr drained: read earlier, it
+        could end mid-line (a runner that exits leaves the rest of its last words in the pipe)."""
         if self._expired:
             message = f"the sandbox reached its wall-clock limit of {self.limits.wall_seconds:g}s"
-        else:
-            tail = self._stderr.text()
-            if tail:
-                message = f"{message}; stderr: {tail}"
         self._dead = message
         self._kill()
+        if not self._expired:
+            for thread in self._res.threads[1:]:  # the stderr drain ends at EOF, now that all are gone
+                thread.join(timeout=2)
+            tail = self._stderr.text()
+            if tail:
+                message = self._dead = f"{message}; stderr: {tail}"
         return SandboxError(message)
 
     def _unavailable(self, message: str) -> SandboxUnavailable:
