@@ -24,7 +24,7 @@ from typing import Any
 
 from app.statuses import EvidenceLevel
 
-# Lower is better; levels absent here never publish.
+# Lower is better; levels absent here (tampered, regressed, unrunnable) never publish.
 LEVEL_RANK: Mapping[EvidenceLevel, int] = {
     EvidenceLevel.reproduced: 0,
     EvidenceLevel.failed_before: 1,

@@ -34,6 +34,7 @@ class AttemptStatus(StrEnum):
     running = "running"
     verified = "verified"
     unproven = "unproven"  # passed, but nothing reproduces the bug or failed before (publishable, marked)
+    tampered = "tampered"  # its test results were forged (evidence level tampered): never published
     no_fix = "no_fix"
     failed = "failed"
     rejected = "rejected"
@@ -59,11 +60,15 @@ class ExitReason(StrEnum):
 class EvidenceLevel(StrEnum):
     """What the tests prove about a patch (worker/evidence.py decides it; everything else reads it).
 
-    unrunnable: the tests could not run with the patch; regressed: a test that did not fail on the
-    base fails with it; reproduced: the patch's own tests fail on the base source and pass with the
-    fix; failed_before: tests that failed on the base pass with it; unproven: none of these.
+    tampered: a run with the patch reported what did not happen (its sentinels, summary line, exit code
+    or results disagree; worker/run_checks.py), ranked above every other level: never fixed, never
+    chosen, never published; unrunnable: the tests could not run with the patch; regressed: a test
+    that did not fail on the base fails with it; reproduced: the patch's own tests fail on the base
+    source and pass with the fix; failed_before: tests that failed on the base pass with it;
+    unproven: none of these.
     """
 
+    tampered = "tampered"
     unrunnable = "unrunnable"
     regressed = "regressed"
     reproduced = "reproduced"
@@ -79,6 +84,7 @@ class FixStatus(StrEnum):
 
     fixed = "fixed"
     unproven = "unproven"
+    tampered = "tampered"  # every attempt that changed code forged its test results: nothing is proposed
     no_fix = "no_fix"
     failed = "failed"
     environment_error = "environment_error"  # the tests could not run: no model call was made
@@ -173,6 +179,7 @@ EVIDENCE_LABELS: Final[dict[str, str]] = {
     EvidenceLevel.unproven.value: "proves nothing",
     EvidenceLevel.regressed.value: "breaks a test",
     EvidenceLevel.unrunnable.value: "the tests could not run with the patch",
+    EvidenceLevel.tampered.value: "its test results were forged",
 }
 
 

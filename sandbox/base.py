@@ -53,6 +53,7 @@ class CommandResult:
     log: str
     timed_out: bool = False
     duration_s: float = 0.0
+    results: str | None = None  # the results channel's lines, when asked for (None: not asked, or it overflowed)
 
 
 # A sandbox's PATH when the job sets none (the image's or the host's usual folders).
@@ -131,9 +132,13 @@ class Sandbox(Protocol):
         """Run one Leaf tool call; the result is the exact Leaf text (tool errors included)."""
         ...
 
-    def run_command(self, command: str, timeout: float, log_limit: int | None = None) -> CommandResult:
+    def run_command(
+        self, command: str, timeout: float, log_limit: int | None = None, results_limit: int = 0
+    ) -> CommandResult:
         """Run a shell command in the workspace (used for tests and setup, not by the model); its log
-        keeps head and tail up to `log_limit` bytes (default: the limits' output_bytes)."""
+        keeps head and tail up to `log_limit` bytes (default: the limits' output_bytes). With
+        `results_limit`, the command gets the results channel (sandbox/runner.py) and `results` what
+        it carried while the command ran."""
         ...
 
     def patch(self, base_commit: str) -> str:

@@ -112,6 +112,10 @@ if TYPE_CHECKING:
 
 READ_LIMIT = 20_000
 BASH_LIMIT = 30_000
+# The results channel of a pipeline command (worker/run_checks.py reads it): the variable naming its
+# descriptor, and the most it keeps; past that it says so ("overflow") instead of cutting a line.
+RESULTS_FD_VARIABLE = "FROGFIX_RESULTS_FD"
+MAX_RESULTS_BYTES = 64 * 1024 * 1024
 GLOB_LIMIT = 1_000
 DEFAULT_BASH_TIMEOUT = 120.0
 MIN_TIMEOUT = 0.1
@@ -334,29 +338,33 @@ class _Spawner:
         self.reclaim = reclaim
         self.clear_ipc = clear_ipc and reclaim  # only once no other process can be using them
 
-    def popen(self, argv: list[str], cwd: str, merge_stderr: bool) -> subprocess.Popen[bytes]:
+    def popen(self, argv: list[str], cwd: str, merge_stderr: bool, side: int | None = None) -> subprocess.Popen[bytes]:
         if self.reclaim and any_leftover():
             reclaim_processes()
         if self.clear_ipc:
             clear_ipc_objects()
         try:
-            return self._popen(argv, cwd, merge_stderr)
+            return self._popen(argv, cwd, merge_stderr, side)
         except BlockingIOError:
             if not self.reclaim:
                 raise
             reclaim_processes()
-            return self._popen(argv, cwd, merge_stderr)
+            return self._popen(argv, cwd, merge_stderr, side)
 
     @staticmethod
-    def _popen(argv: list[str], cwd: str, merge_stderr: bool) -> subprocess.Popen[bytes]:
+    def _popen(argv: list[str], cwd: str, merge_stderr: bool, side: int | None) -> subprocess.Popen[bytes]:
+        """`side`: a pipe's write end the command inherits, named in RESULTS_FD_VARIABLE (the results channel)."""
+        env = None if side is None else {**os.environ, RESULTS_FD_VARIABLE: str(side)}
         return subprocess.Popen(
             argv,
             cwd=cwd,
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
             start_new_session=True,
             close_fds=True,
+            pass_fds=() if side is None else (side,),
             restore_signals=True,
         )
 
@@ -533,15 +541,25 @@ def run_captured(
     timeout: float,
     out: Callable[[bytes, bool], None],
     err: Callable[[bytes, bool], None] | None,
+    side: Callable[[bytes, bool], None] | None = None,
 ) -> tuple[int, bool, float]:
     """Run `argv` in its own process group, streaming its output into bounded sinks.
 
     Returns (exit code, timed out, seconds). Output is read until both pipes close (so
     a background child that keeps them open runs into the timeout, as under Leaf); on timeout
     the whole process group is killed, not just the shell.
+
+    `side`: the results channel, a pipe the command inherits (RESULTS_FD_VARIABLE names its
+    descriptor). It is read while the output is, and once more, without waiting, when the command
+    has ended: what a leftover writes there later is never read.
     """
     start = time.monotonic()
-    proc = spawner.popen(argv, cwd, merge_stderr=err is None)
+    channel = os.pipe() if side is not None else None
+    try:
+        proc = spawner.popen(argv, cwd, merge_stderr=err is None, side=channel[1] if channel else None)
+    finally:
+        if channel is not None:
+            os.close(channel[1])
     deadline = start + timeout
     sinks: dict[int, Callable[[bytes, bool], None]] = {}
     poller = select.poll()  # (no epoll descriptor to make and close for each command)
@@ -551,10 +569,15 @@ def run_captured(
         os.set_blocking(stream.fileno(), False)
         poller.register(stream.fileno(), select.POLLIN)
         sinks[stream.fileno()] = sink
+    outputs = set(sinks)  # the command's own output: read until it closes (the channel is not waited for)
+    if channel is not None and side is not None:
+        os.set_blocking(channel[0], False)
+        poller.register(channel[0], select.POLLIN)
+        sinks[channel[0]] = side
     timed_out = False
     drain_until = 0.0
     try:
-        while sinks:
+        while outputs & sinks.keys():
             now = time.monotonic()
             if not timed_out and now >= deadline:
                 timed_out = True
@@ -565,23 +588,21 @@ def run_captured(
             wait = (drain_until if timed_out else deadline) - now
             reap_orphans(proc)
             for fd, _ in poller.poll(math.ceil(max(0.0, min(wait, 1.0)) * 1000)):
-                try:
-                    data = os.read(fd, PIPE_CHUNK)
-                except BlockingIOError:
-                    continue
-                if data:
-                    sinks[fd](data, False)
-                else:
-                    poller.unregister(fd)
-                    del sinks[fd]
+                _pump(poller, sinks, fd)
         if not timed_out and not _exited_within(proc, max(0.0, deadline - time.monotonic())):
             timed_out = True
             _kill_group(proc.pid)
+        if channel is not None and channel[0] in sinks:
+            _pump(poller, sinks, channel[0], until_empty=True)
     finally:
         for stream, sink in streams:
             sink(b"", True)
             if stream is not None:
                 stream.close()
+        if channel is not None:
+            if side is not None:
+                side(b"", True)
+            os.close(channel[0])
         if proc.poll() is None:
             _kill_group(proc.pid)
         proc.wait()
@@ -590,6 +611,26 @@ def run_captured(
         # before the next call needs them.
         _wait_group_gone(proc.pid, KILL_DRAIN_S)
     return proc.returncode, timed_out, time.monotonic() - start
+
+
+def _pump(
+    poller: select.poll, sinks: dict[int, Callable[[bytes, bool], None]], fd: int, until_empty: bool = False
+) -> None:
+    """Read what `fd` holds into its sink; at EOF the descriptor leaves the poll. `until_empty`: read
+    until nothing is waiting (the results channel's last look), never waiting for more."""
+    while True:
+        try:
+            data = os.read(fd, PIPE_CHUNK)
+        except BlockingIOError:
+            return
+        if data:
+            sinks[fd](data, False)
+            if not until_empty:
+                return
+        else:
+            poller.unregister(fd)
+            del sinks[fd]
+            return
 
 
 def _exited_within(proc: subprocess.Popen[bytes], timeout: float) -> bool:
@@ -938,13 +979,33 @@ def _walk_dirs(base: str) -> Iterator[str]:
 # --------------------------------------------------------------------------- pipeline helpers
 
 
-def run_command(spawner: _Spawner, root: str, command: str, timeout: float, log_limit: int) -> dict[str, Any]:
-    """A pipeline command (tests, setup): stdout and stderr merged into one head+tail log."""
+def run_command(
+    spawner: _Spawner, root: str, command: str, timeout: float, log_limit: int, results_limit: int = 0
+) -> dict[str, Any]:
+    """A pipeline command (tests, setup): stdout and stderr merged into one head+tail log.
+
+    With `results_limit`, the command also gets the results channel, and the reply carries what
+    arrived on it while the command ran (`results`, at most that many bytes; `results_overflow`
+    when more came)."""
     log = HeadTail(log_limit)
+    results = bytearray()
+    overflow = [False]
+
+    def collect(data: bytes, final: bool) -> None:
+        if len(results) + len(data) > results_limit:
+            overflow[0] = True
+        elif not overflow[0]:
+            results.extend(data)
+
     code, timed_out, duration = run_captured(
-        spawner, ["/bin/bash", "-lc", command], root, max(MIN_TIMEOUT, timeout), log.feed, None
+        spawner, ["/bin/bash", "-lc", command], root, max(MIN_TIMEOUT, timeout), log.feed, None,
+        side=collect if results_limit > 0 else None,
     )
-    return {"exit_code": code, "log": log.result(), "timed_out": timed_out, "duration_s": round(duration, 3)}
+    reply = {"exit_code": code, "log": log.result(), "timed_out": timed_out, "duration_s": round(duration, 3)}
+    if results_limit > 0:
+        reply["results"] = "" if overflow[0] else results.decode("utf-8", "replace")
+        reply["results_overflow"] = overflow[0]
+    return reply
 
 
 def take_patch(
@@ -1039,7 +1100,8 @@ class Server:
                 raise BadRequest("bad request: exec needs a non-empty string 'command'")
             timeout = _request_number(request, "timeout", self.tools.default_timeout)
             log_limit = int(_request_number(request, "log_limit", BASH_LIMIT))
-            return run_command(self.spawner, self.root, command, timeout, log_limit)
+            results_limit = min(int(_request_number(request, "results_limit", 0)), MAX_RESULTS_BYTES)
+            return run_command(self.spawner, self.root, command, timeout, log_limit, results_limit)
         if op == "patch":
             base = request.get("base")
             if not isinstance(base, str):

@@ -188,17 +188,26 @@ class RunnerClient:
         reply = self._request(payload, self._tool_deadline(name, arguments))
         return str(self._field(reply, "output", str))
 
-    def run_command(self, command: str, timeout: float, log_limit: int | None = None) -> CommandResult:
-        """Run a pipeline command (tests, setup) with its own timeout; the log is head+tail bounded."""
+    def run_command(
+        self, command: str, timeout: float, log_limit: int | None = None, results_limit: int = 0
+    ) -> CommandResult:
+        """Run a pipeline command (tests, setup) with its own timeout; the log is head+tail bounded.
+        With `results_limit`, also what the command wrote on the results channel (None if over it)."""
         limit = self.limits.output_bytes if log_limit is None else log_limit
-        payload = {"op": "exec", "command": command, "timeout": timeout, "log_limit": limit}
+        payload: dict[str, Any] = {"op": "exec", "command": command, "timeout": timeout, "log_limit": limit}
+        if results_limit > 0:
+            payload["results_limit"] = results_limit
         reply = self._request(payload, timeout + self.reply_grace_s)
+        results = None
+        if results_limit > 0 and not self._field(reply, "results_overflow", bool):
+            results = self._field(reply, "results", str)
         return CommandResult(
             command=command,
             exit_code=self._field(reply, "exit_code", int),
             log=self._field(reply, "log", str),
             timed_out=self._field(reply, "timed_out", bool),
             duration_s=float(self._field(reply, "duration_s", (int, float))),
+            results=results,
         )
 
     def patch(self, base_commit: str) -> str:

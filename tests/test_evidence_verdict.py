@@ -1,4 +1,4 @@
-"""The one verdict (worker/evidence.py) as a pure function, and the report reader on pytest's real JUnit XML."""
+"""The one verdict (worker/evidence.py) as a pure function; the results channel has tests/test_run_checks.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.statuses import EvidenceLevel
-from worker.evidence import REPORT_READER, RunOutcome, evidence_line, judge, patch_test_files, read_report
+from worker.evidence import RunOutcome, evidence_line, judge, patch_test_files
 
 P, F, E, S = "passed", "failed", "error", "skipped"
 
@@ -69,77 +69,9 @@ def test_exit_codes_alone_when_a_run_has_no_report() -> None:
     assert "evidence: unproven" in evidence_line(judge(run(None, 1), [run(None, 1)], None, []))
 
 
-def test_the_reader_takes_only_its_own_lines() -> None:
-    assert read_report('["passed", "t.py::a"]\n["failed", "t.py::a"]\n') == {"t.py::a": "failed"}
-    assert read_report('3 passed\n') is None  # text a test could print is no report
-    assert read_report('["passed", "t.py::a"]\n[... 12 chars cut ...]\n') is None
-    assert read_report("") is None
-    assert read_report('["won", "t.py::a"]\n') is None
-    assert read_report('[["passed"], "t.py::a"]\n') is None
-
-
 def test_the_patch_test_files_are_tests_and_their_data() -> None:
     paths = ["src/mod.py", "tests/test_mod.py", "tests/data/case.json", "pkg/test_x.py", "pkg/x_test.py", "README"]
     assert patch_test_files(paths) == ["tests/test_mod.py", "tests/data/case.json", "pkg/test_x.py", "pkg/x_test.py"]
-
-
-TESTS = '''import pytest
-
-
-class TestGroup:
-    class TestInner:
-        def test_nested(self):
-            pass
-
-    def test_fails(self):
-        assert 1 == 2
-
-
-@pytest.mark.parametrize("n", [1, 2])
-def test_param(n):
-    assert n == 1
-
-
-@pytest.mark.skip(reason="later")
-def test_skipped():
-    pass
-
-
-@pytest.fixture
-def broken():
-    raise RuntimeError("setup")
-
-
-def test_setup_error(broken):
-    pass
-'''
-
-
-def test_node_ids_from_pytest_s_own_report_match_pytest_s_ids(tmp_path: Path) -> None:
-    (tmp_path / "pkg" / "tests").mkdir(parents=True)
-    (tmp_path / "pkg" / "tests" / "test_cases.py").write_text(TESTS)
-    report = tmp_path / "report.xml"
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    env["PYTEST_ADDOPTS"] = f"--junitxml={report} -o junit_family=xunit1 -p no:cacheprovider"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "pkg"], cwd=tmp_path, env=env, capture_output=True,
-                   check=False, timeout=300)
-    read = subprocess.run([sys.executable, "-I", "-S", "-c", REPORT_READER, str(report)], capture_output=True,
-                          text=True, check=True, timeout=300)
-    prefix = "pkg/tests/test_cases.py::"
-    assert read_report(read.stdout) == {
-        prefix + "TestGroup::TestInner::test_nested": P,
-        prefix + "TestGroup::test_fails": F,
-        prefix + "test_param[1]": P,
-        prefix + "test_param[2]": F,
-        prefix + "test_skipped": S,
-        prefix + "test_setup_error": E,
-    }
-
-
-def test_no_report_is_no_per_test_result(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", REPORT_READER, str(tmp_path / "none.xml")],
-                          capture_output=True, text=True, check=False, timeout=300)
-    assert done.returncode == 3 and done.stdout == ""
 
 
 @pytest.mark.parametrize("level", list(EvidenceLevel))
@@ -175,6 +107,7 @@ def test_the_runner_guard_leaves_the_tests_own_scripts_their_usual_path(tmp_path
     drops the guard's hook while PYTHONSAFEPATH stayed, so the script could not import its siblings and the
     suite hung. The guard still keeps a root `pytest.py` from running as the runner."""
     from worker.evidence import REPORT_ENV, RUNNER_GUARD
+    from worker.run_checks import PLUGIN_MODULE, plugin_source
 
     (tmp_path / "tests" / "live").mkdir(parents=True)
     (tmp_path / "tests" / "test_child.py").write_text(CHILD_TEST)
@@ -184,6 +117,7 @@ def test_the_runner_guard_leaves_the_tests_own_scripts_their_usual_path(tmp_path
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(RUNNER_GUARD)
+    (hook / f"{PLUGIN_MODULE}.py").write_text(plugin_source({}))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTEST_ADDOPTS", "PYTHONPATH")}
     env.update(PYTHONSAFEPATH=REPORT_ENV["PYTHONSAFEPATH"], PYTHONPATH=str(hook))
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=tmp_path,
@@ -191,19 +125,23 @@ def test_the_runner_guard_leaves_the_tests_own_scripts_their_usual_path(tmp_path
     assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
 
 
-def test_logs_drop_only_the_notice_of_frogfixs_own_report() -> None:
-    from worker.evidence import REPORT_PATH, without_report_notice
-
-    log = (
-        "..F\n"
-        f"------------- generated xml file: {REPORT_PATH} -------------\n"
-        "=========== short test summary info ===========\n"
-        "- generated xml file: /tmp/the-projects-own-report.xml -\n"
-        "1 failed, 2 passed in 0.03s\n"
-    )
-    assert without_report_notice(log) == (
-        "..F\n"
-        "=========== short test summary info ===========\n"
-        "- generated xml file: /tmp/the-projects-own-report.xml -\n"
-        "1 failed, 2 passed in 0.03s\n"
-    )
+def test_tampered_outranks_every_level_and_a_reach_in_caps_a_proof() -> None:
+    base = run({"t::a": P, "t::b": F}, 1)
+    why = "FrogFix's sentinel test that must fail was reported passed"
+    forged = RunOutcome(0, True, {"t::a": P, "t::b": P}, tampered=why)
+    found = judge(base, [forged], None, [])
+    assert found.level == EvidenceLevel.tampered and not found.proves_fix and "sentinel" in found.reason
+    # in the reproduction run too (the patch's tests alone can forge)
+    assert judge(base, [run({"t::a": P, "t::b": P})], forged, ["t"]).level == EvidenceLevel.tampered
+    honest = judge(base, [run({"t::a": P, "t::b": P})], None, [])
+    assert honest.level == EvidenceLevel.failed_before
+    capped = judge(base, [run({"t::a": P, "t::b": P})], None, [], reach_in=["m.py imports the test runner's internals"])
+    assert capped.level == EvidenceLevel.unproven and "reaches into the test runner" in capped.reason
+    assert capped.publishable_unproven  # every test passes: a draft marked "not reproduced", flagged in bold
+    # A run that exits 0 and sends nothing, where the base's did: forged.
+    silent = judge(base, [run(None, 0)], None, [])
+    assert silent.level == EvidenceLevel.tampered and "sent no results" in silent.reason
+    # The base's own run failing a check: the project cannot be checked, so nothing is called forgery.
+    odd_base = RunOutcome(1, True, {"t::a": P, "t::b": F}, tampered="pytest's summary line says 3 passed")
+    lenient = judge(odd_base, [forged], None, [])
+    assert lenient.level == EvidenceLevel.failed_before and any("base commit" in c for c in lenient.checks)

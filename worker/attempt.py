@@ -25,7 +25,7 @@ from typing import Any
 from app.outcome_words import ending
 from app.selection import Candidate, Choice, Pair, choose, cross_checks, settled
 from app.settings import Settings
-from app.statuses import INFRA_EXITS, AttemptStatus, ExitReason
+from app.statuses import INFRA_EXITS, AttemptStatus, EvidenceLevel, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import PatchTooLarge
 from worker import publishing, workspace_pool
@@ -41,6 +41,7 @@ from worker.leaf.trajectory import TrajectoryWriter
 from worker.merging import CONFLICT_AUTHOR as RESOLUTION_AUTHOR
 from worker.merging import Resolution, changed_paths, full_patch
 from worker.patch_evidence import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
+from worker.reach_in import reach_in
 from worker.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.report import TestEvidence
 from worker.verifier import AttemptContext, AttemptObserver, Verification, Verifier, environment_for
@@ -48,6 +49,8 @@ from worker.wiring import open_job_sandbox, open_setup_sandbox, sandbox_limits
 from worker.workspaces import WorkspaceSource
 
 FLAKY_FLAG = "the patched tests gave different results between runs (flaky)"
+REACH_IN_FLAG = "reaches into the test runner (its tests prove nothing)"
+TAMPERED_FLAG = "tampered: its test results were forged"
 NOT_REPRODUCED_FLAG = "not reproduced"
 
 
@@ -56,6 +59,7 @@ class AttemptOutcome(enum.StrEnum):
     """How an attempt ended; `AttemptResult.status` maps it to the attempt row's status."""
 
     verified = "verified"  # the evidence proves the fix (worker/evidence.py: reproduced or failed_before)
+    tampered = "tampered"  # a run with the patch reported what did not happen: never chosen, never published
     unproven = "unproven"  # the tests pass, but nothing failed before and nothing reproduces the bug
     not_verified = "not_verified"  # tests failed, timed out or were flaky
     refused = "refused"  # a review rule (or the patch size) refused the patch: never tested, never pushed
@@ -140,6 +144,7 @@ class AttemptResult:
     trajectory: str  # relative to the data folder
     flags: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    reach_in: list[str] = field(default_factory=list)  # how the patch's code reaches into the runner
     verification: Verification | None = None
     guidance: RepoGuidance | None = None  # what the agent was given, as read from the base commit
     sandbox_patch: str = ""  # the sandbox's own text, as the trajectory records it: never judged, never pushed
@@ -162,6 +167,8 @@ class AttemptResult:
             return AttemptStatus.verified
         if self.outcome == AttemptOutcome.unproven:
             return AttemptStatus.unproven
+        if self.outcome == AttemptOutcome.tampered:
+            return AttemptStatus.tampered
         if self.outcome == AttemptOutcome.refused:
             return AttemptStatus.rejected
         if self.outcome == AttemptOutcome.cancelled:
@@ -298,14 +305,16 @@ class AttemptRunner:
         finally:
             result.test_seconds = self.verifier.thread_seconds - tested_before
 
-    def verify_tree(self, config: RepoConfig, base: str, tree: str, review: ReviewPolicy) -> Verification:
+    def verify_tree(
+        self, config: RepoConfig, base: str, tree: str, review: ReviewPolicy, reach_in: list[str] | None = None
+    ) -> Verification:
         """The evidence for a whole tree against `base` (an update round: the merged branch on the target's
         new head): before on `base`, after on `base` with every change to `tree`, and those changes' test
         files alone on `base` (the reproduction), by the rules every patch meets."""
         repository = self.source.repository()
         whole = full_patch(repository, base, tree)
         tests = patch_test_files(changed_paths(repository, base, tree))
-        return self.verifier.verify(config, base, whole, review.verify_runs, base, tests)
+        return self.verifier.verify(config, base, whole, review.verify_runs, base, tests, reach_in=reach_in)
 
     def check_merge(self, base: str, tree: str, review: ReviewPolicy) -> tuple[RepoConfig, Verification | None]:
         """A clean update round's verification, with no agent: `.frogfix.yml` read from `base` (the target's
@@ -485,6 +494,8 @@ class AttemptRunner:
         if not changes.files:
             return _ended(result, AttemptOutcome.no_patch, f"attempt {n}'s patch changes nothing once applied")
         result.flags = review_flags(changes, config)
+        result.reach_in = reach_in(changes, self.source.repository())
+        result.flags += [f"{REACH_IN_FLAG}: {line}" for line in result.reach_in]
         # `config` was read from the base commit, so a patch rewriting .frogfix.yml cannot change the verification.
         refused = refusal_reasons(changes, config, allow_binary=review.allow_binary, allow_ci=review.allow_ci)
         if spec.resolution is not None:
@@ -518,10 +529,10 @@ class AttemptRunner:
         self.observer.stage("verifying", f"attempt {result.number}: verifying the patch", {"attempt": result.number})
         tests = patch_test_files(result.changes.paths) if result.changes is not None else []
         if spec.resolution is not None and result.changes is not None:  # the merged branch as a whole
-            verification = self.verify_tree(config, spec.base_commit, result.changes.tree, review)
+            verification = self.verify_tree(config, spec.base_commit, result.changes.tree, review, result.reach_in)
         else:
             verification = self.verifier.verify(
-                config, spec.base_commit, result.patch, review.verify_runs, spec.start, tests
+                config, spec.base_commit, result.patch, review.verify_runs, spec.start, tests, result.reach_in
             )
         result.verification = verification
         verdict = verification.verdict
@@ -531,6 +542,10 @@ class AttemptRunner:
         summary = f"attempt {result.number}: {verification.summary(config.test_timeout)}"
         data = {"attempt": result.number, "flaky": verification.flaky, "evidence": verdict.level.value}
         self.observer.stage(kind, summary, data)
+        if verdict.level == EvidenceLevel.tampered:
+            result.flags = [*result.flags, f"{TAMPERED_FLAG}: {verdict.reason}"]
+            reason = f"attempt {result.number}'s test results were forged: {verdict.reason}"
+            return _ended(result, AttemptOutcome.tampered, reason)
         if verdict.proves_fix:
             return _ended(result, AttemptOutcome.verified, f"verified ({verdict.level}: {verdict.reason})")
         if verdict.publishable_unproven:

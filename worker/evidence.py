@@ -1,9 +1,14 @@
 """Evidence that proves a fix: each test's outcome on the base and with the patch, the reproduction, one verdict.
 
 Why it is built this way:
-- Per-test outcomes come from pytest's own JUnit XML report, written to a file in the sandbox
-  and read back by a separate command of FrogFix's (REPORT_READER), never from the test log,
-  whose text a patch's code can print at will. Runners FrogFix cannot read keep exit codes.
+- Per-test outcomes come from FrogFix's pytest plugin, sent out of the test process on the results
+  channel as each test ends (worker/run_checks.py), never from the test log or a report file, which
+  the code under test can write at will. Runners FrogFix cannot read keep exit codes.
+- The code under review runs inside the test process, so it can still lie to the plugin. A run
+  whose own reports disagree (the sentinels, the summary line, the exit code) is `tampered`, ranked
+  above every other level; a patch whose code reaches into the runner (worker/reach_in.py) proves
+  nothing, whatever its tests say. Evidence makes the known forgeries visible; a person still reads
+  the diff (docs/EVIDENCE.md lists what is not caught).
 - The reproduction is the strongest evidence a fix can carry: the tests the patch adds or
   changes, run on the base source (the patch's test changes alone), fail there and pass with
   the whole patch. The bug is shown, then shown fixed.
@@ -13,8 +18,6 @@ Why it is built this way:
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,24 +25,23 @@ from typing import Any
 
 from app.statuses import EvidenceLevel
 from worker.repo_config import CONFIG_FILE, TEST_FILES, matches
+from worker.run_checks import PLUGIN_MODULE, plugin_source
 
-REPORT_PATH = "/tmp/.frogfix-test-report.xml"
 HOOK_DIR = "/tmp/.frogfix-python"
 # The verification runs' environment. pytest reads PYTEST_ADDOPTS wherever the test command starts it
-# (make, tox with pass_env, scripts); xunit1 keeps each test's file, so node ids are exact
-# (`tests/test_x.py::TestC::test_y[1]`). PYTHONSAFEPATH keeps Python from putting the working tree
-# first on sys.path at start, so `python -m pytest` cannot import a `pytest.py` or `pytest/` the
-# patch adds; HOOK_DIR's sitecustomize (RUNNER_GUARD) imports the runner, then puts the tree back
-# where Python would have, so the tests import the repository's code as they always did, and drops
-# PYTHONSAFEPATH for the runner's children (werkzeug's tests start scripts with their own PYTHONPATH:
-# with PYTHONSAFEPATH inherited, a script could not import its sibling modules).
+# (make, tox with pass_env, scripts): `-p` loads FrogFix's plugin (worker/evidence_plugin.py), which
+# sends each result out on the results channel as it happens (worker/run_checks.py reads it).
+# PYTHONSAFEPATH keeps Python from putting the working tree first on sys.path at start, so
+# `python -m pytest` cannot import a `pytest.py` or `pytest/` the patch adds; HOOK_DIR's sitecustomize
+# (RUNNER_GUARD) imports the runner and the plugin, then puts the tree back where Python would have, so
+# the tests import the repository's code as they always did, and drops PYTHONSAFEPATH for the runner's
+# children (werkzeug's tests start scripts with their own PYTHONPATH: with PYTHONSAFEPATH inherited, a
+# script could not import its sibling modules).
 REPORT_ENV = {
-    "PYTEST_ADDOPTS": f"--junitxml={REPORT_PATH} -o junit_family=xunit1",
+    "PYTEST_ADDOPTS": f"-p {PLUGIN_MODULE}",
     "PYTHONSAFEPATH": "1",
     "PYTHONPATH": HOOK_DIR,
 }
-# pytest announces the report it writes; that line is FrogFix's doing, not the project's, so logs drop it.
-REPORT_NOTICE = re.compile(r"^-* ?generated xml file: " + re.escape(REPORT_PATH) + r" ?-*\r?\n?", re.M)
 RUNNERS = ("pytest", "py.test")
 RUNNER_GUARD = f"""import os, sys
 def _frogfix_guard():
@@ -64,6 +66,7 @@ def _frogfix_guard():
         i += 1
     if module in {RUNNERS!r} or (script is not None and os.path.basename(script) in {RUNNERS!r}):
         import pytest  # the installed runner, before the working tree is on the path
+        import PLUGIN_MODULE  # FrogFix's plugin, which takes the results channel before any project code runs
         # The runner is in: the tests' own subprocesses (a script run with its own PYTHONPATH, which
         # drops this hook) get Python's usual path again. Before the runner, children keep it safe.
         os.environ.pop("PYTHONSAFEPATH", None)
@@ -77,73 +80,22 @@ def _frogfix_guard():
         sys.path.insert(0, first)
 _frogfix_guard()
 del _frogfix_guard
-"""
+""".replace("PLUGIN_MODULE", PLUGIN_MODULE)
 
 
-def without_report_notice(log: str) -> str:
-    """A verification log as the project's runner would print it without FrogFix's report option."""
-    return REPORT_NOTICE.sub("", log)
+def verification_command(command: str, sentinels: Mapping[str, str]) -> str:
+    """The test command behind the runner guard and FrogFix's plugin: both are written first (a fresh
+    sandbox's /tmp), so they exist before any Python of the test command starts."""
+    files = {"sitecustomize.py": RUNNER_GUARD, f"{PLUGIN_MODULE}.py": plugin_source(sentinels)}
+    writes = " && ".join(f"printf '%s' {shlex.quote(text)} > {HOOK_DIR}/{name}" for name, text in files.items())
+    return f"mkdir -p {HOOK_DIR} && {writes} && {{ {command}\n}}"
 
 
-def verification_command(command: str) -> str:
-    """The test command behind the runner guard: HOOK_DIR's sitecustomize is written first (a fresh
-    sandbox's /tmp), so it exists before any Python of the test command starts."""
-    write = f"mkdir -p {HOOK_DIR} && printf '%s' {shlex.quote(RUNNER_GUARD)} > {HOOK_DIR}/sitecustomize.py"
-    return f"{write} && {{ {command}\n}}"
-MAX_TESTS = 200_000
-READER_LOG_LIMIT = 32 * 1024**2
-# A test case's outcome, worst last: a case reported twice (a pass, then a teardown error) keeps the worst.
-OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
-# Runs in the sandbox after the test command (python3 -I -S: no site, no working tree on sys.path):
-# one JSON line per test case, [outcome, node id]; exit 3 when there is no report.
-REPORT_READER = r"""
-import json, os, sys
-from xml.etree import ElementTree
-path = sys.argv[1]
-if not os.path.isfile(path):
-    sys.exit(3)
-rank = OUTCOME_RANK
-for _, case in ElementTree.iterparse(path):
-    if case.tag != "testcase":
-        continue
-    outcome = "passed"
-    for child in case:
-        kind = {"failure": "failed", "error": "error", "skipped": "skipped"}.get(child.tag)
-        if kind and rank[kind] > rank[outcome]:
-            outcome = kind
-    name, klass, file = case.get("name", ""), case.get("classname", ""), case.get("file", "")
-    if file:
-        module = file[:-3].replace("/", ".") if file.endswith(".py") else ""
-        inner = klass[len(module) + 1:] if module and klass.startswith(module + ".") else ""
-        node = file + "::" + (inner.replace(".", "::") + "::" if inner else "") + name
-    else:
-        node = (klass + "::" if klass else "") + name
-    print(json.dumps([outcome, node]))
-    case.clear()
-""".replace("OUTCOME_RANK", repr(OUTCOME_RANK))
 # The patch's test changes, which the reproduction applies alone to the base source: the review rules'
 # test files (worker/repo_config.py), conftest.py files among them, less FrogFix's own configuration.
 TEST_PATHS = (*(p for p in TEST_FILES if p != CONFIG_FILE), "**/test/**", "**/conftest.py")
 PASSED = frozenset({"passed"})
 FAILED = frozenset({"failed", "error"})
-
-
-def read_report(log: str) -> dict[str, str] | None:
-    """The reader's output as {node id: outcome}; None when it is not a whole report."""
-    outcomes: dict[str, str] = {}
-    rank = OUTCOME_RANK
-    for line in log.splitlines():
-        if not line.strip():
-            continue
-        try:
-            outcome, node = json.loads(line)
-        except (ValueError, TypeError):
-            return None  # not our reader's line: a cut log, or something else wrote here
-        if not (isinstance(node, str) and isinstance(outcome, str) and outcome in rank) or len(outcomes) >= MAX_TESTS:
-            return None
-        if node not in outcomes or rank[outcome] > rank[outcomes[node]]:
-            outcomes[node] = outcome
-    return outcomes or None
 
 
 @dataclass(frozen=True)
@@ -152,7 +104,9 @@ class RunOutcome:
 
     exit_code: int | None
     started: bool  # False: the runner could not start (pytest 2-5, 126/127) or no run happened
-    tests: Mapping[str, str] | None = None  # None: no per-test report (another runner, or none written)
+    tests: Mapping[str, str] | None = None  # None: no per-test results (another runner, or none sent)
+    tampered: str = ""  # how its own reports were found to disagree (worker/run_checks.py); "" if they agree
+    unavailable: tuple[str, ...] = ()  # the checks that could not be made on it, and why
 
 
 @dataclass
@@ -181,6 +135,7 @@ class Evidence:
     per_test: bool = False  # False: judged by exit codes (the runner's report could not be read)
     reason: str = ""
     passing: bool = False  # the patched runs agree and no test fails in them
+    checks: list[str] = field(default_factory=list)  # forgery checks that could not be made, and why
 
     @property
     def proves_fix(self) -> bool:
@@ -204,6 +159,7 @@ class Evidence:
             "per_test": self.per_test,
             "reason": self.reason,
             "passing": self.passing,
+            "checks": self.checks,
         }
 
     @classmethod
@@ -220,6 +176,7 @@ class Evidence:
             bool(data.get("per_test")),
             str(data.get("reason") or ""),
             bool(data.get("passing")),
+            [str(note) for note in data.get("checks") or []],
         )
 
 
@@ -229,12 +186,50 @@ def judge(
     reproduction: RunOutcome | None,
     test_files: Sequence[str],
     base_again: Sequence[RunOutcome] = (),
+    reach_in: Sequence[str] = (),
 ) -> Evidence:
-    """The one verdict: unrunnable, else regressed, else reproduced, else failed_before, else unproven.
+    """The one verdict: tampered, else unrunnable, else regressed, else reproduced, else failed_before,
+    else unproven; with `reach_in` (the patch's code reaches into the runner), at most unproven.
 
     `base_again`: more runs on the base (made to confirm a suspected regression); a test whose
     outcome differs between the base runs is flaky, as one that differs between the patched runs."""
     repro = Reproduction(files=list(test_files), ran=reproduction is not None)
+    checks = list(dict.fromkeys(n for run in (before, *after, *([reproduction] if reproduction else []))
+                                for n in run.unavailable))  # fmt: skip
+    forged = _forged(before, after, reproduction)
+    if forged:
+        return Evidence(EvidenceLevel.tampered, reproduction=repro, reason=forged, checks=checks)
+    if before.tampered:  # the project's own runs fail a check: it cannot tell a patch's forgery here
+        checks.append(f"forgery checks: the base commit's own run fails them ({before.tampered})")
+    evidence = _verdict(before, after, reproduction, repro, base_again)
+    evidence.checks = checks
+    if reach_in and evidence.proves_fix:
+        evidence.level = EvidenceLevel.unproven
+        evidence.reason = f"the patch's code reaches into the test runner ({reach_in[0]}), so its tests prove nothing"
+    return evidence
+
+
+def _forged(before: RunOutcome, after: Sequence[RunOutcome], reproduction: RunOutcome | None) -> str:
+    """How a run with the patch was found forged; "" when none was, or the base's own run already disagrees."""
+    if before.tampered:
+        return ""
+    runs = [(run, "after the patch") for run in after]
+    runs += [(reproduction, "of the patch's tests on the base source")] if reproduction is not None else []
+    for run, label in runs:
+        if run.tampered:
+            return f"{run.tampered} (in the run {label})"
+        if run.started and run.exit_code == 0 and run.tests is None and before.tests is not None:
+            return f"the run {label} exited 0 and sent no results on the results channel, though the base's run did"
+    return ""
+
+
+def _verdict(
+    before: RunOutcome,
+    after: Sequence[RunOutcome],
+    reproduction: RunOutcome | None,
+    repro: Reproduction,
+    base_again: Sequence[RunOutcome],
+) -> Evidence:
     if not before.started or not after or not all(run.started for run in after):
         return Evidence(EvidenceLevel.unrunnable, reproduction=repro, reason="the tests could not run with the patch")
     if before.tests is not None and all(run.tests is not None for run in after):

@@ -214,7 +214,9 @@ class LocalFix:
             return self._failed(ExitReason.tool_error, f"sandbox failure: {exc}", trajectory=True)
         except EnvironmentUnusable as exc:
             return self._environment_error(runner, exc.report)
-        result = series.chosen or series.results[-1]
+        # None chosen: a tampered attempt is the one reported (the job ends `tampered`, saying how it was found).
+        forged = [r for r in series.results if r.outcome == AttemptOutcome.tampered]
+        result = series.chosen or (forged[0] if forged else series.results[-1])
         if len(series.results) > 1:
             self.say(f"chosen: {series.choice.why}")
         before = runner.verifier.before(result.config, base) if result.config.test_command else None
@@ -261,6 +263,8 @@ class LocalFix:
             status = FixStatus.fixed
         elif result.outcome == AttemptOutcome.unproven:
             status = FixStatus.unproven
+        elif result.outcome == AttemptOutcome.tampered:
+            status = FixStatus.tampered
         else:
             status = FixStatus.failed if result.infrastructure_failure else FixStatus.no_fix
         leaf, verification = result.leaf, result.verification
@@ -387,7 +391,7 @@ def record_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
 
 EXIT_CODES: dict[str, int] = {
     FixStatus.fixed: 0, FixStatus.no_fix: 1, FixStatus.failed: 2, FixStatus.environment_error: 3,
-    FixStatus.unproven: 4,
+    FixStatus.unproven: 4, FixStatus.tampered: 5,
 }
 
 

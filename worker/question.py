@@ -64,6 +64,7 @@ SYSTEM_PROMPT: Final = (
 _OUTCOME_WORDS: Final = {
     AttemptOutcome.verified: "verified",
     AttemptOutcome.unproven: "unproven",
+    AttemptOutcome.tampered: "tampered: its test results were forged",
     AttemptOutcome.not_verified: "tests failed",
     AttemptOutcome.refused: "refused",
     AttemptOutcome.no_patch: "no patch",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-import shlex
 import threading
 import time
 from collections.abc import Callable
@@ -25,34 +24,25 @@ from sandbox.base import SandboxError
 from worker import gitcalls, workspace_pool
 from worker.environment.builder import EnvironmentReport, Environments, EnvironmentUnusable
 from worker.environment.readiness import could_not_start
-from worker.evidence import (
-    READER_LOG_LIMIT,
-    REPORT_ENV,
-    REPORT_PATH,
-    REPORT_READER,
-    Evidence,
-    RunOutcome,
-    judge,
-    read_report,
-    verification_command,
-    without_report_notice,
-)
+from worker.evidence import REPORT_ENV, Evidence, RunOutcome, judge, verification_command
 from worker.leaf.loop import StepRecord
 from worker.repo_config import RepoConfig
 from worker.report import TestEvidence
+from worker.run_checks import RESULTS_LIMIT, check_run, new_sentinels
 from worker.wiring import open_job_sandbox
 from worker.workspaces import WorkspaceSource
 
 LOG_LIMIT = 60_000
 PatchStep = tuple[str, list[str] | None, list[str] | None]  # a patch, the paths it is limited to, the paths left out
-READER_TIMEOUT_S = 120.0
 @dataclass
 class TestRun:
     exit_code: int | None
     log: str
     timed_out: bool = False
     seconds: float = 0.0
-    tests: dict[str, str] | None = None  # node id -> outcome, from the runner's own report (worker/evidence.py)
+    tests: dict[str, str] | None = None  # node id -> outcome, as sent on the results channel (worker/run_checks.py)
+    tampered: str = ""  # how the run's own reports were found to disagree; "" when they agree
+    unavailable: list[str] = field(default_factory=list)  # the forgery checks that could not be made
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -66,11 +56,15 @@ class TestRun:
             for outcome in self.tests.values():
                 counts[outcome] = counts.get(outcome, 0) + 1
             data["counts"] = counts
+        if self.tampered:
+            data["tampered"] = self.tampered
+        if self.unavailable:
+            data["checks"] = self.unavailable
         return data
 
     def outcome(self, command: str) -> RunOutcome:
         started = self.exit_code is not None and could_not_start(command, self.exit_code, self.timed_out) is None
-        return RunOutcome(self.exit_code, started, self.tests)
+        return RunOutcome(self.exit_code, started, self.tests, self.tampered, tuple(self.unavailable))
 
 @dataclass
 class Verification:
@@ -83,6 +77,7 @@ class Verification:
     reproduction: TestRun | None = None
     test_files: list[str] = field(default_factory=list)
     base_again: list[TestRun] = field(default_factory=list)  # the base once more, to confirm a regression
+    reach_in: list[str] = field(default_factory=list)  # how the patch reaches into the runner (worker/reach_in.py)
 
     @functools.cached_property
     def verdict(self) -> Evidence:
@@ -90,7 +85,7 @@ class Verification:
         repro = self.reproduction.outcome(self.command) if self.reproduction is not None else None
         after = [run.outcome(self.command) for run in self.after]
         again = [run.outcome(self.command) for run in self.base_again]
-        return judge(self.before.outcome(self.command), after, repro, self.test_files, again)
+        return judge(self.before.outcome(self.command), after, repro, self.test_files, again, self.reach_in)
 
     @property
     def flaky(self) -> bool:
@@ -179,20 +174,21 @@ def run_tests(
     command = config.test_command or ""
     if config.setup_command and environment is None:
         command = f"{config.setup_command} && {command}"
-    tests = None
+    sentinels = new_sentinels()
     try:
         with closing(open_job_sandbox(workspace, settings, image, environment=environment, env=REPORT_ENV)) as box:
-            res = box.run_command(verification_command(command), timeout=config.test_timeout)
-            if not res.timed_out:  # the runner's own report, read by a command of ours, not from the log
-                reader = f"python3 -I -S -c {shlex.quote(REPORT_READER)} {REPORT_PATH}"
-                read = box.run_command(reader, timeout=READER_TIMEOUT_S, log_limit=READER_LOG_LIMIT)
-                tests = read_report(read.log) if read.exit_code == 0 and not read.timed_out else None
+            res = box.run_command(
+                verification_command(command, sentinels), timeout=config.test_timeout, results_limit=RESULTS_LIMIT
+            )
     except SandboxError as exc:
         return TestRun(None, f"sandbox failure while running the tests: {exc}")
     finally:
         workspace_pool.remove_workspace(workspace)
-    log = bounded_log(redact(without_report_notice(res.log)))
-    return TestRun(res.exit_code, log, res.timed_out, res.duration_s, tests)
+    # Per-test results as they left the test process, checked against what it printed and returned.
+    check = check_run(res.results, res.log, res.exit_code, res.timed_out, config.test_command or "", sentinels)
+    log = bounded_log(redact(res.log))
+    return TestRun(res.exit_code, log, res.timed_out, res.duration_s, check.tests, redact(check.tampered),
+                   [redact(note) for note in check.unavailable])
 
 
 def _glob_literal(path: str) -> str:
@@ -238,10 +234,11 @@ class Verifier:
 
     def verify(
         self, config: RepoConfig, base: str, patch: str, runs: int, start: str | None = None,
-        test_files: list[str] | None = None,
+        test_files: list[str] | None = None, reach_in: list[str] | None = None,
     ) -> Verification:
         """Before on `base`; after on `start` (the base unless a round built on a later head) with the
-        patch; with `test_files` (the patch's test changes), those alone on `start` (the reproduction)."""
+        patch; with `test_files` (the patch's test changes), those alone on `start` (the reproduction).
+        `reach_in`: how the patch's code reaches into the runner (worker/reach_in.py): it caps the verdict."""
         before = self.before(config, base)
         label = "after the patch" if runs == 1 else "after the patch, run {}"
         after = [self.run(config, start or base, patch, label.format(i + 1)) for i in range(runs)]
@@ -250,14 +247,15 @@ class Verifier:
             label = "with the patch's tests alone (the reproduction)"
             reproduction = self.run(config, start or base, patch, label, only=test_files)
         command, files = config.test_command or "", list(test_files or [])
-        verification = Verification(command, before, after, reproduction, files)
+        reach = list(reach_in or [])
+        verification = Verification(command, before, after, reproduction, files, reach_in=reach)
         if not (verification.verdict.pass_to_fail and verification.verdict.per_test):
             return verification
         # A test that breaks only in a loaded moment is no regression: one more run on each side,
         # and a test whose outcome differs across them is reported flaky instead.
         again = self.run(config, base, None, "before the patch, confirming")
         confirming = self.run(config, start or base, patch, "after the patch, confirming")
-        return Verification(command, before, [*after, confirming], reproduction, files, [again])
+        return Verification(command, before, [*after, confirming], reproduction, files, [again], reach)
 
     def _spent(self, seconds: float) -> None:
         with self._lock:

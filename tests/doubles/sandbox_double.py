@@ -78,7 +78,9 @@ class SandboxDouble:
             code, out, err = self.bash.get(command, (0, "", ""))
         return f"Exit code: {code}\nSTDOUT:\n{out}\nSTDERR:\n{err}"
 
-    def run_command(self, command: str, timeout: float, log_limit: int | None = None) -> CommandResult:
+    def run_command(
+        self, command: str, timeout: float, log_limit: int | None = None, results_limit: int = 0
+    ) -> CommandResult:
         code, out, err = self.bash(command) if callable(self.bash) else self.bash.get(command, (0, "", ""))
         return CommandResult(command=command, exit_code=code, log=out + err)
 
