@@ -15,6 +15,9 @@ the line could not be parsed) and carries `ok`.
     {"id": 2, "op": "tool", "name": "Read", "arguments": {}} -> {"id": 2, "ok": true, "output": "..."}
     {"id": 3, "op": "exec", "command": "pytest -q", "timeout": 600, "log_limit": 30000}
         -> {"id": 3, "ok": true, "exit_code": 0, "log": "...", "timed_out": false, "duration_s": 1.2}
+    with "results_limit": N the command also gets the results channel: a pipe whose write end it
+    inherits, named by FROGFIX_RESULTS_FD; the reply adds "results" (what arrived while the command
+    ran, read once more when it ended and never after) and "results_overflow" (more than N bytes)
     {"id": 4, "op": "patch", "base": "<sha>"}                -> {"id": 4, "ok": true, "patch_b64": "..."}
     {"id": 5, "op": "shutdown"}                              -> {"id": 5, "ok": true}, then exit 0
     anything malformed or failing in the runner itself

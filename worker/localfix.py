@@ -278,7 +278,7 @@ class LocalFix:
             before=before,
             after=verification.after if verification else [],
             trajectory=str(self.trajectory_path),
-            error="; ".join(result.refused) or leaf.error,
+            error="; ".join(result.refused) or (result.reason if status == FixStatus.tampered else leaf.error),
             flags=result.refused + [f for f in result.flags if f not in result.refused],
             final_answer=leaf.final_answer,
             evidence=verification.verdict if verification else None,

@@ -71,6 +71,7 @@ from worker.report import (
     keep_rounds_section,
     mr_description,
     mr_title,
+    tampered_comment,
 )
 from worker.wiring import leaf_limits_from, sampling_from
 from worker.workspaces import PoolSource
@@ -546,7 +547,8 @@ class Pipeline:
             raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}")
         forged = [r for r in series.results if r.outcome == AttemptOutcome.tampered]
         if chosen is None and forged:  # no question: the issue is told which attempt forged what, and how
-            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(forged))
+            found = [(r.number, r.verification.verdict.reason if r.verification else r.reason) for r in forged]
+            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found))
         if chosen is None:
             last = series.results[-1].reason if series.results else "no attempt ran"
             raise self.abstain(series.results, last)
@@ -780,20 +782,6 @@ class Pipeline:
 
         if not in_transaction(finish):  # the MR is there; the run that owns the job now finds and updates it
             raise Superseded(f"the job left 'publishing' in run {self.run_number} while this run published")
-
-
-def tampered_comment(forged: list[AttemptResult]) -> str:
-    """The issue's comment when the only patches FrogFix has forged their test results: which, and how found."""
-    found = "; ".join(
-        f"attempt {r.number}: {r.verification.verdict.reason if r.verification else r.reason}" for r in forged
-    )
-    return (
-        f"FrogFix proposes no change for this issue: the test results of {len(forged)} attempt(s) were forged"
-        f" ({found}). The code under test changed what the test runner reported, so nothing those runs claimed"
-        " can be trusted, and no patch was published. FrogFix adds check tests of its own to every run and"
-        " compares each test's result, sent out of the test process as it happened, with the summary line and"
-        " the exit code; the job page shows each run."
-    )
 
 
 def unproven_comment(reason: str) -> str:

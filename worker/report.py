@@ -588,3 +588,15 @@ def update_reply_pushed(
     if text:
         lines += ["", "**What the agent says:**", "", _fence(text)]
     return redact("\n".join(lines))
+
+
+def tampered_comment(forged: list[tuple[int, str]]) -> str:
+    """The issue's comment when the only patches FrogFix has forged their test results: which, and how found."""
+    found = "; ".join(f"attempt {number}: {how}" for number, how in forged)
+    return (
+        f"FrogFix proposes no change for this issue: the test results of {len(forged)} attempt(s) were forged"
+        f" ({found}). The code under test changed what the test runner reported, so nothing those runs claimed"
+        " can be trusted, and no patch was published. FrogFix adds check tests of its own to every run and"
+        " compares each test's result, sent out of the test process as it happened, with the summary line and"
+        " the exit code; the job page shows each run."
+    )

@@ -76,3 +76,37 @@ def test_a_proven_fix_leads_the_mr_with_its_evidence(client: Any, world: World) 
     description = mr["description"]
     assert "Verdict: **failed_before**" in description and "`tests/test_calc.py::test_add`" in description
     assert description.index("### Evidence") < description.index("### What the agent says")
+
+
+FORGERY = '''"""A tiny calculator."""
+import _pytest.reports as _reports
+
+_made = _reports.TestReport.from_item_and_call.__func__
+
+
+def _passed(cls, item, call):
+    report = _made(cls, item, call)
+    report.outcome = "passed"
+    return report
+
+
+_reports.TestReport.from_item_and_call = classmethod(_passed)'''
+
+
+def test_a_patch_that_forges_its_results_is_never_published_and_the_issue_says_how_it_was_found(
+    client: Any, world: World
+) -> None:
+    """The bug stays (calc still subtracts); the patch's code makes every report say passed. The job's
+    one attempt is `tampered`: no MR, no question, and the issue names the attempt and the check."""
+    edit = text_call("Edit", file_path="calc.py", old_string='"""A tiny calculator."""', new_string=FORGERY)
+    world.model._script[:] = [assistant(edit), assistant("Fixed: every test passes now.")]
+    job_id = _gitlab_job(client, world)
+    assert run_job(job_id) == "no_fix"
+    job, kinds, attempts = _job(job_id)
+    [attempt] = attempts
+    assert attempt.status == "tampered" and attempt.tests["evidence"]["level"] == "tampered", attempt.tests
+    assert "sentinel" in attempt.tests["evidence"]["reason"]
+    assert world.gitlab.open_mrs(PROJECT) == [] and "asked" not in kinds and job.asked_at is None
+    note = world.gitlab.notes[-1]["body"]
+    assert "attempt 1:" in note and "were forged" in note and "must fail was reported passed" in note, note
+    assert any(flag.startswith("reaches into the test runner") for flag in attempt.flags or []), attempt.flags
