@@ -71,7 +71,7 @@ def pytest_of(python: str) -> bool:
     return subprocess.run([python, "-c", "import pytest"], capture_output=True, check=False).returncode == 0
 
 
-def run_with_channel(  # type: ignore[type-arg]
+def run_with_channel(
     tmp_path: Path, python: str, args: str, monkeypatch: pytest.MonkeyPatch,
     sentinels: dict[str, str] | None = None, plugin: bool = True,
 ) -> tuple[dict, dict[str, str]]:

@@ -11,17 +11,15 @@ each ends as, next to what goes undetected. Honest patches are in tests/fix/test
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.doubles.openai_server import ScriptedOpenAIServer, assistant, text_call
+from tests.doubles.openai_server import text_call
 from tests.fix.sample_repo import git
-from tests.fix.test_runner_swap import WRAPPER, chown_tree
+from tests.fix.test_runner_swap import fix_as
 from tests.nonroot import NonRoot
 
-ROOT = Path(__file__).resolve().parents[2]
 MATHX = "def clamp(x, low, high):\n    return max(low, x)\n"
 EXISTING = '''from mathx import clamp
 
@@ -239,25 +237,12 @@ def repository(root: Path) -> Path:
     return repo
 
 
-def forge(nonroot: NonRoot, files: dict[str, str]) -> tuple[int, dict]:  # type: ignore[type-arg]
+def forge(nonroot: NonRoot, files: dict[str, str]) -> tuple[int, dict]:
     base = nonroot.folder("forged-")
-    repo = repository(base)
-    (base / "issue.md").write_text(ISSUE)
-    (base / "run_manage.py").write_text(WRAPPER)
-    chown_tree(base, nonroot.uid, nonroot.gid)
     writes = [text_call("Write", file_path="tests/test_clamp_high.py", content=REGRESSION_TEST)]
     writes += [text_call("Write", file_path=path, content=text) for path, text in files.items()]
-    with ScriptedOpenAIServer([*(assistant(w) for w in writes), assistant("Fixed clamp().")]) as model:
-        env = {
-            "FROGFIX_DATA_DIR": str(base / "data"),
-            "FROGFIX_WORKSPACE_DIR": str(base / "workspaces"),
-            "FROGFIX_MODEL_BASE_URL": model.base_url,
-            "FROGFIX_MODEL_NAME": "scripted",
-        }
-        done = nonroot.run_python(base / "run_manage.py", json.dumps(env), str(ROOT / "manage.py"), "fix",
-                                  str(repo), "--issue", str(base / "issue.md"), "--json", timeout=600)
-    assert done.stdout, done.stderr[-3000:]
-    return done.returncode, json.loads(done.stdout)
+    out = fix_as(nonroot, base, repository(base), ISSUE, writes)
+    return out.pop("_exit_code"), out
 
 
 @pytest.mark.bwrap
@@ -275,4 +260,3 @@ def test_a_forged_result_is_never_fixed(nonroot: NonRoot, variant: str) -> None:
     else:
         assert any(flag.startswith("reaches into the test runner") for flag in flags), shown
         assert evidence["level"] in ("unproven", "tampered", "regressed"), shown
-    os.sync()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,15 +38,12 @@ def chown_tree(path: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(folder, name), uid, gid, follow_symlinks=False)
 
 
-@pytest.mark.bwrap
-def test_a_patched_in_pytest_py_does_not_run_in_place_of_pytest(nonroot: NonRoot) -> None:
-    base = nonroot.folder("runner-swap-")
-    repo = make_sample_repo(base)  # `add` subtracts; tests/test_calc.py::test_add fails on the base
-    (base / "issue.md").write_text(ISSUE)
+def fix_as(nonroot: NonRoot, base: Path, repo: Path, issue: str, turns: list[str]) -> dict[str, Any]:
+    """`manage.py fix --json` on `repo` as the unprivileged user, the model playing `turns` then finishing."""
+    (base / "issue.md").write_text(issue)
     (base / "run_manage.py").write_text(WRAPPER)
     chown_tree(base, nonroot.uid, nonroot.gid)
-    swap = text_call("Write", file_path="pytest.py", content=FAKE_PYTEST)
-    with ScriptedOpenAIServer([assistant(swap), assistant("Fixed: the tests pass now.")]) as model:
+    with ScriptedOpenAIServer([*(assistant(t) for t in turns), assistant("Fixed: the tests pass now.")]) as model:
         env = {
             "FROGFIX_DATA_DIR": str(base / "data"),
             "FROGFIX_WORKSPACE_DIR": str(base / "workspaces"),
@@ -55,7 +53,16 @@ def test_a_patched_in_pytest_py_does_not_run_in_place_of_pytest(nonroot: NonRoot
         done = nonroot.run_python(base / "run_manage.py", json.dumps(env), str(ROOT / "manage.py"), "fix",
                                   str(repo), "--issue", str(base / "issue.md"), "--json", timeout=600)
     assert done.stdout, done.stderr[-3000:]
-    out = json.loads(done.stdout)
+    out: dict[str, Any] = json.loads(done.stdout)
+    out["_exit_code"] = done.returncode
+    return out
+
+
+@pytest.mark.bwrap
+def test_a_patched_in_pytest_py_does_not_run_in_place_of_pytest(nonroot: NonRoot) -> None:
+    base = nonroot.folder("runner-swap-")
+    repo = make_sample_repo(base)  # `add` subtracts; tests/test_calc.py::test_add fails on the base
+    out = fix_as(nonroot, base, repo, ISSUE, [text_call("Write", file_path="pytest.py", content=FAKE_PYTEST)])
     after = out["tests"]["after"]
     assert "3 passed in 0.01s" not in after["log"] and after["exit_code"] == 1, after["log"][-2000:]
     assert out["status"] != "fixed" and out["evidence"]["level"] != "failed_before", out["evidence"]
