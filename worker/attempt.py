@@ -570,6 +570,11 @@ class AttemptSeries:
     def chosen(self) -> AttemptResult | None:
         return next((r for r in self.results if r.number == self.choice.chosen), None)
 
+    @property
+    def tampered(self) -> list[AttemptResult]:
+        """The attempts whose test results were forged: never chosen; named when nothing is published."""
+        return [r for r in self.results if r.outcome == AttemptOutcome.tampered]
+
 
 def run_series(
     runner: AttemptRunner,

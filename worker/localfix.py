@@ -215,7 +215,7 @@ class LocalFix:
         except EnvironmentUnusable as exc:
             return self._environment_error(runner, exc.report)
         # None chosen: a tampered attempt is the one reported (the job ends `tampered`, saying how it was found).
-        forged = [r for r in series.results if r.outcome == AttemptOutcome.tampered]
+        forged = series.tampered
         result = series.chosen or (forged[0] if forged else series.results[-1])
         if len(series.results) > 1:
             self.say(f"chosen: {series.choice.why}")

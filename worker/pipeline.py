@@ -545,7 +545,7 @@ class Pipeline:
             if isinstance(first, BaseException):
                 raise first
             raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}")
-        forged = [r for r in series.results if r.outcome == AttemptOutcome.tampered]
+        forged = series.tampered
         if chosen is None and forged:  # no question: the issue is told which attempt forged what, and how
             found = [(r.number, r.verification.verdict.reason if r.verification else r.reason) for r in forged]
             raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found))

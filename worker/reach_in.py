@@ -77,13 +77,18 @@ def added_lines(patch: str) -> dict[str, list[str]]:
 def reach_in(changes: PatchEvidence, repository: Path) -> list[str]:
     """How the patch's code reaches into the test runner, one line each ("" kinds the base already has)."""
     found: list[str] = []
+    excused: dict[tuple[str, bool], bool] = {}  # (kind, in tests) -> the base already does it: one git grep each
     for path, lines in added_lines(changes.patch).items():
         test = matches(path, _TEST_PATHS)
         for reach, pattern in _COMPILED:
             if (test and not reach.in_tests) or not matches(path, reach.files):
                 continue
             hit = next((line.strip() for line in lines if pattern.search(line)), None)
-            if hit is None or _base_does(repository, changes.base, reach, test):
+            if hit is None:
+                continue
+            if (reach.what, test) not in excused:
+                excused[reach.what, test] = _base_does(repository, changes.base, reach, test)
+            if excused[reach.what, test]:
                 continue
             shown = hit if len(hit) <= 80 else hit[:77] + "..."
             found.append(f"{path} {reach.what}: `{shown}`")

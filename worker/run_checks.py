@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sandbox.runner import MAX_RESULTS_BYTES
+
 PLUGIN_MODULE = "frogfix_results"
 PLUGIN_SOURCE = Path(__file__).with_name("evidence_plugin.py").read_text(encoding="utf-8")
-RESULTS_LIMIT = 64 * 1024 * 1024  # the runner's own bound (sandbox/runner.py MAX_RESULTS_BYTES)
+RESULTS_LIMIT = MAX_RESULTS_BYTES  # ask for all the runner keeps
 MAX_TESTS = 200_000
 # A test case's outcome, worst last: a case reported twice (a pass, then a teardown error) keeps the worst.
 OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
