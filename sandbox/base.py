@@ -60,13 +60,18 @@ class CommandResult:
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 # Where a job's built test environment (a virtual environment) is, in every sandbox of the job.
 ENV_DIR = "/frogfix/env"
-# The setup phase only: its files (build script, pump, plan), the relay's socket folder, the copy-out folder.
+# The setup phase only: its files (build script, pump, plan) and the relay's socket folder.
 SETUP_FILES_DIR = "/frogfix/setup"
 RELAY_DIR = "/frogfix/relay"
-OUT_DIR = "/frogfix/out"
-# Files the setup phase's build wrote into the checkout that git ignores (hatch-vcs's and setuptools-scm's
-# `_version.py`): kept in the environment, copied into every later sandbox's workspace at its start.
-GENERATED_DIR = f"{ENV_DIR}/.frogfix-workspace"
+# A job's own layer over the environment: the project's install (its editable install's files in PROJECT_SITE,
+# which the environment's FrogFix-written .pth adds as a site folder, and its console scripts in PROJECT_BIN, last
+# on PATH), made per job, offline, from the job's checkout; never cached (worker/environment/builder.py).
+PROJECT_DIR = "/frogfix/project"
+PROJECT_SITE = f"{PROJECT_DIR}/site"
+PROJECT_BIN = f"{PROJECT_SITE}/bin"
+# Files that install wrote into the checkout that git ignores (setuptools-scm's `_version.py`): the worker lays
+# them into each later checkout where no tracked file is (worker/environment/generated.py).
+PROJECT_GENERATED = f"{PROJECT_DIR}/workspace"
 TOOLS_DIR = "/frogfix/bin"
 # The mirror inside a setup sandbox is http://127.0.0.1:PUMP_PORT/<index path> (sandbox/index_pump.py
 # listens there and writes READY_FILE); locally the pump reaches RELAY_DIR/RELAY_SOCKET, on Kubernetes
@@ -80,28 +85,30 @@ RELAY_SOCKET = "index.sock"
 class SetupMounts:
     """What a setup-phase sandbox has besides the workspace (worker/environment/builder.py).
 
-    ENV_DIR starts empty and writable, `env_size_bytes` large (in RAM, so a build cannot fill the
-    host's disk); `files` (read-only at SETUP_FILES_DIR) holds the build script and the plan;
-    `relay` (read-only at RELAY_DIR) holds the index relay's unix socket, the sandbox's only way
-    out; `out` (writable at OUT_DIR) receives the finished environment, copied by a command that
-    runs after every process of the build is gone; `tools` are read-only files at TOOLS_DIR/<name>.
-    A backend without host binds (Kubernetes) copies `files` and `tools` in, tunnels to the relay's
-    socket, and streams ENV_DIR out into `out` in `collect_environment()`.
+    `target` (ENV_DIR, or PROJECT_DIR over a built environment) starts empty and writable,
+    `env_size_bytes` large (in RAM, so a build cannot fill the host's disk); `files` (read-only at
+    SETUP_FILES_DIR) holds the build script and the plan; `relay` (read-only at RELAY_DIR), where
+    given, holds the index relay's unix socket, the sandbox's only way out (None: no way out at
+    all); `tools` are read-only files at TOOLS_DIR/<name>. Nothing of the host is writable:
+    `collect_environment()` streams `target` into the host folder `out` once every process of the
+    build is gone, and the host stops at `env_size_bytes` (sandbox/environment_stream.py).
     """
 
     env_size_bytes: int
     files: str
-    relay: str
+    relay: str | None
     out: str
     tools: tuple[tuple[str, str], ...] = ()
+    target: str = ENV_DIR
 
 
 @dataclass
 class SandboxSpec:
     """What a backend needs to start: the prepared workspace and the environment the job allows.
 
-    `environment` is a built test environment on the host, read-only at ENV_DIR; `setup` makes the
-    sandbox a setup-phase one instead (see SetupMounts).
+    `environment` is a built test environment on the host, read-only at ENV_DIR; `project` the job's
+    own layer over it, read-only at PROJECT_DIR; `setup` makes the sandbox a setup-phase one (see
+    SetupMounts), which may have a built environment too (the project's own install).
     """
 
     workspace: str
@@ -111,6 +118,7 @@ class SandboxSpec:
     labels: dict[str, str] = field(default_factory=dict)
     environment: str | None = None
     setup: SetupMounts | None = None
+    project: str | None = None
 
 
 class SetupSandbox(Protocol):
@@ -119,7 +127,8 @@ class SetupSandbox(Protocol):
     def run_command(self, command: str, timeout: float, log_limit: int | None = None) -> CommandResult: ...
 
     def collect_environment(self) -> None:
-        """Make SetupMounts.out hold ENV_DIR's files (after the save script ran); SandboxError if not."""
+        """Make SetupMounts.out hold `target`'s files, at most `env_size_bytes` (after the save script
+        ran); SandboxError (EnvironmentRefused) if not."""
         ...
 
     def close(self) -> None: ...

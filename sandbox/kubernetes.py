@@ -15,7 +15,7 @@ Why it is built this way:
   the image's python3, so a target image needs only python3 (and git, bash) -- no tar, no
   baked-in FrogFix. Nothing is written back to the host: the patch is taken inside, by the runner.
   The one exception is a setup pod's built test environment, streamed out and read as hostile
-  (kubernetes_environment.py); its package traffic goes through an exec tunnel to the worker's
+  (environment_stream.py); its package traffic goes through an exec tunnel to the worker's
   index relay (kubernetes_tunnel.py), so even a setup pod keeps the deny-all policy.
 - The runner (`runner.py`, the same JSON-lines protocol as the local backend) then runs as one
   exec whose WebSocket stays open: a tool call is one message out and one reply back, not a new
@@ -52,6 +52,7 @@ from typing import Any, cast
 
 from sandbox.base import (
     ENV_DIR,
+    PROJECT_DIR,
     PUMP_PORT,
     READY_FILE,
     RELAY_SOCKET,
@@ -61,13 +62,12 @@ from sandbox.base import (
     SandboxSpec,
     SandboxUnavailable,
 )
-from sandbox.kubernetes_cluster import configured_api_client
-from sandbox.kubernetes_environment import (
-    GENERATED_IN_ENV,
+from sandbox.environment_stream import (
     PACK,
     folder_bytes,
     receive_environment,
 )
+from sandbox.kubernetes_cluster import configured_api_client
 from sandbox.kubernetes_manifests import (
     COMMON_LABELS,
     CONTAINER,
@@ -192,11 +192,13 @@ class KubernetesSandbox(RunnerClient):
         other process in the pod when a fork bomb has used up the pod's pids.
 
         `spec.environment` (a built test environment on the host) is copied into an ENV_DIR volume
-        of `environment_size` with the workspace, its generated files over the workspace; each pod
-        has its own copy, so nothing a job does reaches the cache. `spec.setup` makes a setup pod:
-        the build files and tools copied in, an empty ENV_DIR volume of the setup's size, the index
-        tunnel to the relay's socket (the pod's policy still denies all traffic), no `reclaim` (it
-        would kill the tunnel) and no recovery (a broken build is built again by a later job).
+        of `environment_size` with the workspace, and `spec.project` (the job's project layer) into
+        PROJECT_DIR; each pod has its own copy, so nothing a job does reaches the cache. `spec.setup`
+        makes a setup pod: the build files and tools copied in, its empty `target` (an ENV_DIR volume
+        of the setup's size, or PROJECT_DIR in a runner folder grown by that size), the index tunnel
+        to the relay's socket where the setup has a relay (the pod's policy still denies all
+        traffic), no `reclaim` (it would kill the tunnel) and no recovery (a broken build is built
+        again by a later job).
         """
         super().__init__(
             spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
@@ -211,9 +213,8 @@ class KubernetesSandbox(RunnerClient):
         self.workspace = os.path.realpath(spec.workspace)
         if not os.path.isdir(self.workspace):
             raise SandboxError(f"workspace {spec.workspace} is not a directory")
-        if spec.setup is not None and spec.environment is not None:
-            raise SandboxError("a sandbox is either a setup phase or has a built environment, not both")
         self.setup = spec.setup
+        self.project = os.path.realpath(spec.project) if spec.project is not None else None
         self.environment = os.path.realpath(spec.environment) if spec.environment is not None else None
         if self.environment is not None and not os.path.isdir(self.environment):
             raise SandboxError(f"the built environment {spec.environment} is not a directory")
@@ -278,12 +279,12 @@ class KubernetesSandbox(RunnerClient):
                 stream.close()
 
     def collect_environment(self) -> None:
-        """A setup pod's ENV_DIR, streamed into the host's `spec.setup.out` (see kubernetes_environment)."""
+        """A setup pod's `target`, streamed into the host's `spec.setup.out` (see environment_stream)."""
         if self.setup is None:
             raise SandboxError("only a setup sandbox has an environment to collect")
         with self._lock:
             self._check_usable()
-            argv = [self.python, "-I", "-S", "-B", "-c", PACK, ENV_DIR]
+            argv = [self.python, "-I", "-S", "-B", "-c", PACK, self.setup.target]
             stream = self._open_exec(self.pod_name, argv, stdin=False)
             try:
                 deadline = min(time.monotonic() + COLLECT_TIMEOUT_S, self._deadline)
@@ -315,17 +316,23 @@ class KubernetesSandbox(RunnerClient):
     # ------------------------------------------------------------------------- start
 
     def _volume_sizes(self, environment_size: str) -> tuple[str | None, str]:
-        """(the ENV_DIR volume's size or None, the runner folder's size): a setup pod's holds its tools too."""
+        """(the ENV_DIR volume's size or None, the runner folder's size): a setup pod's holds its tools
+        too, and the project layer it fills or a job pod's copy of it."""
+        copied = folder_bytes(self.project) if self.project is not None else 0
+        volume = None
         if self.setup is not None:
-            copied = folder_bytes(self.setup.files) + sum(os.path.getsize(src) for _, src in self.setup.tools)
-            runner = format_quantity(parse_quantity(RUNNER_DIR_SIZE) + -(-copied // 2**20) * 2**20)
-            return format_quantity(self.setup.env_size_bytes), runner
+            copied += folder_bytes(self.setup.files) + sum(os.path.getsize(src) for _, src in self.setup.tools)
+            if self.setup.target == ENV_DIR:
+                volume = format_quantity(self.setup.env_size_bytes)
+            else:
+                copied += self.setup.env_size_bytes
         if self.environment is not None:
             limit = parse_quantity(environment_size)
             if folder_bytes(self.environment) > limit:
                 raise SandboxError(f"the built environment is over FROGFIX_ENVIRONMENT_SIZE ({environment_size})")
-            return environment_size, RUNNER_DIR_SIZE
-        return None, RUNNER_DIR_SIZE
+            volume = environment_size
+        runner = format_quantity(parse_quantity(RUNNER_DIR_SIZE) + -(-copied // 2**20) * 2**20)
+        return volume, runner if copied else RUNNER_DIR_SIZE
 
     def _open(self, max_recoveries: int) -> None:
         """Wire the channels, then create the policy and the first pod (or clean up and raise)."""
@@ -417,12 +424,12 @@ class KubernetesSandbox(RunnerClient):
             self.runner_info = self._stream_channel.exchange({"id": "start", "op": "ping"}, self.start_timeout_s)
         except StreamBroken as exc:
             raise SandboxUnavailable(f"the sandbox runner did not start in pod {name}: {exc}") from None
-        if self.setup is not None:
+        if self.setup is not None and self.setup.relay is not None:
             self._start_tunnel(name)
 
     def _start_tunnel(self, name: str) -> None:
         """The setup pod's one way to the mirror: its 127.0.0.1:PUMP_PORT, over an exec stream to the relay."""
-        assert self.setup is not None
+        assert self.setup is not None and self.setup.relay is not None
         pump = f"{SETUP_FILES_DIR}/index_pump.py"
         argv = [self.python, "-I", "-S", "-B", pump, "--tunnel", str(PUMP_PORT), READY_FILE]
         stream = self._open_exec(name, argv)
@@ -514,8 +521,7 @@ class KubernetesSandbox(RunnerClient):
             raise SandboxUnavailable(f"copying the workspace into pod {name} failed (exit {code}): {detail}")
 
     def _add_environment(self, archive: tarfile.TarFile, uid: int) -> None:
-        """A setup pod's build files and tools; a job pod's environment and, over its workspace, the
-        files the environment's build generated there (as the local backend's seed does)."""
+        """A setup pod's build files and tools; the environment and the job's project layer."""
         owned = lambda info: tar_entry(info, uid)  # noqa: E731
         if self.setup is not None:
             archive.add(self.setup.files, arcname=in_runner_dir(SETUP_FILES_DIR), filter=owned)
@@ -523,9 +529,8 @@ class KubernetesSandbox(RunnerClient):
                 archive.add(src, arcname=f"{in_runner_dir(TOOLS_DIR)}/{tool}", filter=owned)
         if self.environment is not None:
             archive.add(self.environment, arcname="env", filter=owned)
-            generated = os.path.join(self.environment, GENERATED_IN_ENV)
-            if os.path.isdir(generated):
-                archive.add(generated, arcname="workspace", filter=owned)
+        if self.project is not None:
+            archive.add(self.project, arcname=in_runner_dir(PROJECT_DIR), filter=owned)
 
     def _open_exec(self, name: str, argv: list[str], stdin: bool = True) -> ExecStream:
         from kubernetes.stream import stream

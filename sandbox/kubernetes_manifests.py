@@ -20,7 +20,7 @@ from typing import Any
 from sandbox.base import (
     ENV_DIR,
 )
-from sandbox.kubernetes_environment import (
+from sandbox.environment_stream import (
     ENVIRONMENT_VOLUME,
 )
 from sandbox.quantity import parse_quantity

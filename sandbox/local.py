@@ -73,6 +73,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 import weakref
@@ -83,8 +84,7 @@ from sandbox import cgroups
 from sandbox.base import (
     DEFAULT_PATH,
     ENV_DIR,
-    GENERATED_DIR,
-    OUT_DIR,
+    PROJECT_DIR,
     RELAY_DIR,
     SETUP_FILES_DIR,
     TOOLS_DIR,
@@ -92,6 +92,7 @@ from sandbox.base import (
     SandboxSpec,
     SandboxUnavailable,
 )
+from sandbox.environment_stream import PACK, receive_environment
 from sandbox.launcher import LaunchedProcess, launcher
 from sandbox.namespace_limits import BYTES_PER_INODE, LIMIT_NAMESPACES, ipc_sysctls, tmpfs_inodes
 from sandbox.quantity import SHM_SIZE_BYTES
@@ -114,16 +115,15 @@ RUNNER_IN_SANDBOX = "/frogfix/runner.py"  # its source, or its bytecode (runner_
 SEED_IN_SANDBOX = "/frogfix/seed"  # the host workspace, read-only: copied into the sandbox's own at start
 # Says it is ready (SEED_READY on the protocol's stdout), waits until the worker has set the limits
 # bwrap cannot (SEED_GO on stdin, which `read` takes byte by byte, leaving the requests to the runner;
-# EOF or anything else: stop), copies the checkout into the size-limited workspace $0 (and, over it,
-# the files a built environment's setup phase generated there), then becomes the runner (same pid).
+# EOF or anything else: stop), copies the checkout into the size-limited workspace $0, then becomes the
+# runner (same pid).
 # Only builtins and /bin/cp by its full path: the job's PATH leads into its environment, which a
 # setup phase wrote, and nothing of that may run while the protocol pipes are open.
 SEED_READY = b"frogfix-seed-ready\n"
 SEED_GO = b"go\n"
 SEED_SCRIPT = (
     'echo frogfix-seed-ready && read -r go && [ "$go" = go ] && '
-    f'/bin/cp -a {SEED_IN_SANDBOX}/. "$0"/ && {{ [ ! -d {GENERATED_DIR} ] || /bin/cp -a {GENERATED_DIR}/. "$0"/; }} '
-    '&& exec "$@"'
+    f'/bin/cp -a {SEED_IN_SANDBOX}/. "$0"/ && exec "$@"'
 )
 HOME_IN_SANDBOX = "/tmp/home"
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -251,10 +251,6 @@ class LocalSandbox(RunnerClient):
                 st = os.lstat(self.workspace)
                 self._res.workspace, self._res.owner = self.workspace, (st.st_uid, st.st_gid)
                 _chown_tree(self.workspace, *self.host_ids)
-                if spec.setup is not None:  # the copy-out folder is the sandbox's while it lives
-                    out = os.lstat(spec.setup.out)
-                    self._res.handed.append((spec.setup.out, (out.st_uid, out.st_gid)))
-                    _chown_tree(spec.setup.out, *self.host_ids)
                 for src, _ in binds:
                     _check_reachable(src, *self.host_ids)
             self._start(env, binds, runner_source, tmp_size_bytes, start_timeout_s)
@@ -265,9 +261,33 @@ class LocalSandbox(RunnerClient):
         self._start_wall_timer()
 
     def collect_environment(self) -> None:
-        """Nothing to move: the setup's copy-out folder is bound at OUT_DIR, and the save script filled it."""
-        if self.spec.setup is None:
+        """The setup's `target`, read on the host through the sandbox's own root (/proc/<pid>/root) by
+        the same stream and receiver as a pod's (sandbox/environment_stream.py): links are kept,
+        never followed, and the host stops at the setup's size. Call it between commands: the runner
+        has ended every process of the build, so nothing inside changes the tree while it is read."""
+        setup = self.spec.setup
+        if setup is None:
             raise SandboxError("only a setup sandbox has an environment to collect")
+        with self._lock:
+            self._check_usable()
+            pid = self._res.child
+            if pid is None or self._res.pidfd is None:
+                raise SandboxError("the sandbox is not running")
+            root = f"/proc/{pid}/root{setup.target}"
+            argv = [sys.executable, "-I", "-S", "-B", "-c", PACK, root]
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as pack:
+                assert pack.stdout is not None and pack.stderr is not None
+                try:
+                    signal.pidfd_send_signal(self._res.pidfd, 0)  # still the sandbox's process: the path is its root
+                    receive_environment(pack.stdout, setup.out, setup.env_size_bytes)
+                except BaseException:
+                    pack.kill()
+                    raise
+                finally:
+                    error = pack.stderr.read(4000).decode("utf-8", "replace").strip()
+                    code = pack.wait()
+            if code != 0:
+                raise SandboxError(f"copying the built environment out of the sandbox failed (exit {code}): {error}")
 
     def __repr__(self) -> str:
         return f"<LocalSandbox {self.workspace} {self._state()}>"
@@ -326,6 +346,7 @@ class LocalSandbox(RunnerClient):
             raise self._unavailable("bwrap did not start the sandbox")
         with contextlib.suppress(ProcessLookupError):
             self._res.pidfd = os.pidfd_open(child)
+            self._res.child = child
         try:
             ready = self._replies.get(timeout=max(deadline - time.monotonic(), 0.1))
         except queue.Empty:
@@ -345,7 +366,7 @@ class LocalSandbox(RunnerClient):
         """The sandbox's writable tmpfs and their sizes (all made by `_bwrap_argv`)."""
         mounts = [(self.mount_point, self.workspace_size_bytes), ("/tmp", tmp_size_bytes), ("/dev/shm", SHM_SIZE_BYTES)]
         if self.spec.setup is not None:
-            mounts.append((ENV_DIR, self.spec.setup.env_size_bytes))
+            mounts.append((self.spec.setup.target, self.spec.setup.env_size_bytes))
         return mounts
 
     def _limit_namespaces(self, child: int, tmpfs: list[tuple[str, int]], timeout: float) -> None:
@@ -417,8 +438,8 @@ class LocalSandbox(RunnerClient):
         for src, dest in binds:
             argv += ["--ro-bind", src, dest]
         setup = self.spec.setup
-        if setup is not None:  # an empty, size-bounded environment folder to fill, and the copy-out folder
-            argv += ["--size", str(setup.env_size_bytes), "--tmpfs", ENV_DIR, "--bind", setup.out, OUT_DIR]
+        if setup is not None:  # an empty, size-bounded folder to fill (read by collect_environment)
+            argv += ["--size", str(setup.env_size_bytes), "--tmpfs", setup.target]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         argv += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
@@ -519,12 +540,12 @@ class _Resources:
     def __init__(self) -> None:
         self.proc: LaunchedProcess | None = None
         self.pidfd: int | None = None
+        self.child: int | None = None  # the sandbox's first process (its pid 1), on the host
         self.threads: list[threading.Thread] = []
         self.timer: threading.Timer | None = None
         self.cgroup: cgroups.SandboxCgroup | None = None
         self.workspace = ""
         self.owner: tuple[int, int] | None = None
-        self.handed: list[tuple[str, tuple[int, int]]] = []  # other host folders handed to the sandbox's uid
         self.lock = threading.Lock()  # the wall-clock timer may kill while close() releases
 
 
@@ -574,9 +595,6 @@ def _release(res: _Resources) -> None:
     if res.owner is not None:
         owner, res.owner = res.owner, None
         _chown_tree(res.workspace, *owner, strip_setid=True)
-    while res.handed:
-        path, owner = res.handed.pop()
-        _chown_tree(path, *owner, strip_setid=True)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -668,15 +686,21 @@ def _binds_with_python(
 
 
 def _environment_binds(spec: SandboxSpec) -> list[tuple[str, str]]:
-    """The read-only binds of a built environment, or of a setup phase's files, relay and tools."""
-    if spec.setup is not None and spec.environment is not None:
-        raise SandboxError("a sandbox is either a setup phase or has a built environment, not both")
+    """The read-only binds of a built environment and the job's project layer, and of a setup phase's
+    files, relay and tools."""
+    binds = []
     if spec.environment is not None:
-        return [_bind_pair((os.path.realpath(spec.environment), ENV_DIR))]
-    if spec.setup is None:
-        return []
+        binds.append(_bind_pair((os.path.realpath(spec.environment), ENV_DIR)))
+    if spec.project is not None:
+        binds.append(_bind_pair((os.path.realpath(spec.project), PROJECT_DIR)))
     setup = spec.setup
-    binds = [_bind_pair((setup.files, SETUP_FILES_DIR)), _bind_pair((setup.relay, RELAY_DIR))]
+    if setup is None:
+        return binds
+    if (setup.target == ENV_DIR and spec.environment is not None) or (setup.target == PROJECT_DIR and spec.project):
+        raise SandboxError(f"the setup phase fills {setup.target}: it cannot also be bound there")
+    binds.append(_bind_pair((setup.files, SETUP_FILES_DIR)))
+    if setup.relay is not None:
+        binds.append(_bind_pair((setup.relay, RELAY_DIR)))
     return binds + [_bind_pair((src, f"{TOOLS_DIR}/{name}")) for name, src in setup.tools]
 
 

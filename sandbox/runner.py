@@ -1018,7 +1018,7 @@ def take_patch(
     patch's shape (prefixes, external diff drivers, textconv, fsmonitor) pinned."""
     if not base or base.startswith("-") or any(ch.isspace() or ord(ch) < 32 for ch in base):
         raise BadRequest(f"bad base commit: {base!r}")
-    git = ["git", "-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "diff.noprefix=false"]
+    git = [_system_git(), "-c", "safe.directory=*", "-c", "core.fsmonitor=false", "-c", "diff.noprefix=false"]
     spawner = spawner or _Spawner()
     _git(spawner, [*git, "add", "-A"], "add", root, timeout, 1 << 20)
     # --no-renames: a moved file is a deletion and an addition, so a reviewer (and our refusal rules) see
@@ -1026,6 +1026,15 @@ def take_patch(
     diff = [*git, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames"]
     diff += ["--src-prefix=a/", "--dst-prefix=b/", base, "--"]
     return _git(spawner, diff, "diff", root, timeout, max_bytes)
+
+
+def _system_git() -> str:
+    """git from the system's folders, never through the job's PATH, whose first folder is the job's
+    environment: a `git` there (put by a build or by the code under test) would write the patch."""
+    for folder in ("/usr/bin", "/usr/local/bin", "/bin"):
+        if os.access(folder + "/git", os.X_OK):
+            return folder + "/git"
+    return "git"
 
 
 def _git(spawner: _Spawner, argv: list[str], label: str, root: str, timeout: float, max_bytes: int) -> bytes:

@@ -45,7 +45,7 @@ from worker.reach_in import reach_in
 from worker.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.report import TestEvidence
 from worker.verifier import AttemptContext, AttemptObserver, Verification, Verifier, environment_for
-from worker.wiring import open_job_sandbox, open_setup_sandbox, sandbox_limits
+from worker.wiring import open_job_sandbox, sandbox_limits, setup_opener
 from worker.workspaces import WorkspaceSource
 
 FLAKY_FLAG = "the patched tests gave different results between runs (flaky)"
@@ -216,10 +216,11 @@ class AttemptRunner:
         environments = Environments(
             settings,
             redact,
-            lambda ws, mounts, env, image: open_setup_sandbox(ws, settings, mounts, env, image),
+            setup_opener(settings),
             scope=scope,
             source_repository=source.repository,
             on_stage=observer.stage,
+            private=root / "environments",  # the job's own layers go with its folder
         )
         self.context = AttemptContext(settings, redact, source, root, observer, environments)
         self.verifier = Verifier(self.context)
@@ -357,14 +358,18 @@ class AttemptRunner:
             return all(run.tests.get(test) == "passed" for test in wanted)
         return run.exit_code == 0
 
-    def _ready(self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+    def _ready(
+        self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool
+    ) -> EnvironmentReport | None:
         """Before any model call: the environment (built or cached), then, once per job, the base
         commit's tests. Raises EnvironmentUnusable when either says the tests cannot run here.
-        Returns the environment folder for the agent's sandbox (the checkout at `ws`'s own)."""
+        Returns the environment for the agent's sandbox (the checkout at `ws`'s own)."""
         with self._ready_lock:
             return self._ready_once(base, start, ws, config, tests=tests)
 
-    def _ready_once(self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+    def _ready_once(
+        self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool
+    ) -> EnvironmentReport | None:
         if self._unusable is not None:  # said once: attempts beside or after it do not build it again
             raise EnvironmentUnusable(self._unusable)
         try:
@@ -373,9 +378,11 @@ class AttemptRunner:
             self._unusable = exc.report
             raise
 
-    def _ready_first(self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool) -> Path | None:
+    def _ready_first(
+        self, base: str, start: str, ws: Path, config: RepoConfig, *, tests: bool
+    ) -> EnvironmentReport | None:
         if self.environment is None:
-            report = environment_for(self.context, ws, config, start)
+            report = environment_for(self.context, ws, config, start, trusted=start == base)
             if not report.ok:
                 raise EnvironmentUnusable(report)
             if tests and config.test_command:
@@ -386,12 +393,12 @@ class AttemptRunner:
                     reason = f"the tests could not start on the base commit: {why}" + (f"; {found}" if found else "")
                     raise EnvironmentUnusable(failed(self.redact(reason), before.log, built=report.built))
             self.environment = report
-            return report.path
-        return environment_for(self.context, ws, config, start).path
+            return report
+        return environment_for(self.context, ws, config, start, trusted=start == base)
 
     def _ready_at_base(
         self, base: str, ws: Path, *, tests: bool, config: RepoConfig | None = None
-    ) -> tuple[RepoConfig, Path | None]:
+    ) -> tuple[RepoConfig, EnvironmentReport | None]:
         """`_ready` over a fresh checkout of `base` at `ws` (removed after), with `.frogfix.yml` read there
         unless given. For an update round, whose own start (the conflicted merge) may hold markers in the
         very files the environment is built from, and for a clean merge's check, which has no agent."""
@@ -423,7 +430,7 @@ class AttemptRunner:
         ws: Path,
         config: RepoConfig,
         guidance: RepoGuidance | None,
-        environment: Path | None,
+        environment: EnvironmentReport | None,
     ) -> tuple[LeafResult, str, PatchTooLarge | None]:
         """Leaf in a fresh sandbox over `ws`, then the patch against the base; an oversized patch is kept out.
 
@@ -451,7 +458,8 @@ class AttemptRunner:
         task = spec.task
         if spec.read_guidance:  # a plain replay sends the recorded task as it is
             task = add_guidance(add_test_command(task, config.test_command), guidance)
-        with closing(open_job_sandbox(ws, self.settings, config.image, spec.labels, environment)) as box:
+        env, project = (environment.path, environment.project) if environment is not None else (None, None)
+        with closing(open_job_sandbox(ws, self.settings, config.image, spec.labels, env, project=project)) as box:
             leaf = run_leaf(
                 model, box, task, system_prompt=spec.system_prompt, limits=spec.limits,
                 on_step=on_step, cancel=self.observer.cancelled,

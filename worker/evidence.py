@@ -85,10 +85,11 @@ del _frogfix_guard
 
 def verification_command(command: str, sentinels: Mapping[str, str]) -> str:
     """The test command behind the runner guard and FrogFix's plugin: both are written first (a fresh
-    sandbox's /tmp), so they exist before any Python of the test command starts."""
+    sandbox's /tmp), so they exist before any Python of the test command starts; `mkdir` from the
+    system's own folders (`command -p`), never from the environment first on the job's PATH."""
     files = {"sitecustomize.py": RUNNER_GUARD, f"{PLUGIN_MODULE}.py": plugin_source(sentinels)}
     writes = " && ".join(f"printf '%s' {shlex.quote(text)} > {HOOK_DIR}/{name}" for name, text in files.items())
-    return f"mkdir -p {HOOK_DIR} && {writes} && {{ {command}\n}}"
+    return f"command -p mkdir -p {HOOK_DIR} && {writes} && {{ {command}\n}}"
 
 
 # The patch's test changes, which the reproduction applies alone to the base source: the review rules'

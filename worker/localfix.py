@@ -325,7 +325,7 @@ class LocalFix:
 
     def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
         self.record.event(kind, message)
-        if kind in ("environment", "environment_building"):
+        if kind in ("environment", "environment_building", "environment_project"):
             self.say(message)
             for line in data.get("detected", []) if kind == "environment" and not data.get("cached") else []:
                 self.say(f"  from {line}")

@@ -24,13 +24,18 @@ number of git processes does not grow with the patch: 4,000 links once cost two 
 A patch of more than `EvidenceLimits.max_files` files is refused before anything is read per file.
 When the patch touches a symlink, every symlink of the base and the patched tree is read too, so the
 review rules can resolve a link through the others (a chain of inward-looking links can lead out).
+Both trees' build code (worker/environment/build_code.py: setup.py and what it imports, an in-tree
+backend, build hooks) is found from one `ls-tree -r` per tree and one `cat-file --batch` process
+that both trees' reads share, so a patch rewriting it is flagged like a dependency file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +43,8 @@ from pathlib import Path
 from app.patches import shown_path
 from sandbox.base import SandboxLimits
 from worker.ci_config import MAX_CI_FILE_BYTES, CiPaths, CiUnreadable, ci_paths
+from worker.environment.build_code import build_code_paths
+from worker.environment.declared import MAX_DECLARATION_BYTES, is_dependency_file
 from worker.gitcalls import (
     LOCAL_TIMEOUT,
     RepoError,
@@ -55,6 +62,7 @@ LONG_LINK_TARGET = f"/(a target longer than {MAX_LINK_TARGET_BYTES} bytes)"
 # No person reviews more files than this in one MR; the evidence reads each file, so it is refused first.
 MAX_PATCH_FILES = 5_000
 _LINK_MODE = "120000"
+_FILE_MODES = ("100644", "100755")
 _REGENERATE = (
     "diff", "--binary", "--full-index", "--no-renames", "--no-ext-diff", "--no-textconv", "--no-color",
     "--src-prefix=a/", "--dst-prefix=b/",
@@ -131,6 +139,9 @@ class PatchEvidence:
     # touches a symlink: a link is judged by where it leads through all the others.
     links: tuple[tuple[str, str], ...] = ()
     base_links: tuple[tuple[str, str], ...] = ()
+    # The build code of the base and of the patched tree (worker/environment/build_code.py), one union:
+    # the files the project's install runs, flagged by review_flags like a dependency file.
+    build_code: tuple[str, ...] = ()
 
     @property
     def paths(self) -> list[str]:
@@ -242,7 +253,8 @@ def _evidence(git: _Git, base: str, patch: bytes, limits: EvidenceLimits) -> Pat
     if regenerated is None:
         raise PatchRefused(f"the patch as git stores it is larger than {max_bytes} bytes (FROGFIX_MAX_PATCH_BYTES)")
     touches_links = any(_LINK_MODE in (c.old_mode, c.new_mode) for c in changes)
-    base_links, links = (_tree_links(git, base), _tree_links(git, tree)) if touches_links else ([], [])
+    base_entries, entries = _tree_entries(git, base), _tree_entries(git, tree)
+    base_links, links = (_links(base_entries), _links(entries)) if touches_links else ([], [])
     targets = _link_targets(git, {blob for _, blob in base_links + links})  # the changed links' among them
     files = _changed_files(git, base, tree, changes, sizes, targets)
     ci = ci_paths(_reader(git, base), "base") + ci_paths(_reader(git, tree), "patched")
@@ -250,6 +262,7 @@ def _evidence(git: _Git, base: str, patch: bytes, limits: EvidenceLimits) -> Pat
         base, tree, regenerated.decode("utf-8", "surrogateescape"), files, ci,
         links=tuple((path, targets[blob]) for path, blob in links),
         base_links=tuple((path, targets[blob]) for path, blob in base_links),
+        build_code=_build_code(git, (base_entries, entries)),
     )  # fmt: skip
 
 
@@ -359,15 +372,101 @@ def _size(git: _Git, blob: str) -> int:
     return int(git("cat-file", "-s", blob, what="git cat-file"))
 
 
-def _tree_links(git: _Git, treeish: str) -> list[tuple[str, str]]:
-    """Every symlink of `treeish` as (path, blob), from one `ls-tree -r` (no content read)."""
-    links = []
+def _tree_entries(git: _Git, treeish: str) -> dict[str, tuple[str, str]]:
+    """Every file of `treeish` as path -> (mode, blob), from one `ls-tree -r` (no content read)."""
+    entries = {}
     for entry in git("ls-tree", "-r", "-z", "--full-tree", treeish, what="git ls-tree").split(b"\0"):
         meta, _, path = entry.partition(b"\t")
         mode, _, rest = meta.partition(b" ")
-        if mode.decode() == _LINK_MODE:
-            links.append((path.decode("utf-8", "surrogateescape"), rest.rpartition(b" ")[2].decode()))
-    return links
+        if path:
+            entries[path.decode("utf-8", "surrogateescape")] = (mode.decode(), rest.rpartition(b" ")[2].decode())
+    return entries
+
+
+def _links(entries: dict[str, tuple[str, str]]) -> list[tuple[str, str]]:
+    """Every symlink of a tree (`_tree_entries`) as (path, blob)."""
+    return [(path, blob) for path, (mode, blob) in entries.items() if mode == _LINK_MODE]
+
+
+def _build_code(git: _Git, trees: tuple[dict[str, tuple[str, str]], ...]) -> tuple[str, ...]:
+    """The union of the trees' build code (`build_code_paths`), each blob read from one shared `cat-file --batch`.
+
+    Only regular files are read (a symlink, a submodule or a folder reads as absent), each up to
+    MAX_DECLARATION_BYTES, as `read_from_folder` reads a checkout.
+    """
+    found: set[str] = set()
+    with _Blobs(git) as blobs:
+        for entries in trees:
+
+            def read(path: str, entries: dict[str, tuple[str, str]] = entries) -> str | None:
+                mode, blob = entries.get(path, ("", ""))
+                return blobs.text(blob) if mode in _FILE_MODES else None
+
+            requirements = [path for path in entries if path.endswith(".txt") and is_dependency_file(path)]
+            found.update(build_code_paths(read, requirements))
+    return tuple(sorted(found))
+
+
+class _Blobs:
+    """Blobs' text through one `git cat-file --batch`, started at the first read and killed past LOCAL_TIMEOUT."""
+
+    def __init__(self, git: _Git) -> None:
+        self._git = git
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> _Blobs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        assert proc.stdin is not None and proc.stdout is not None
+        with contextlib.suppress(OSError):  # git stopped already: its exit code says why
+            proc.stdin.close()
+        proc.stdout.close()
+        code = proc.wait()
+        assert self._timer is not None
+        self._timer.cancel()
+        if code != 0 and exc == (None, None, None):
+            raise RepoError(f"git cat-file --batch exited {code} reading the build code")
+
+    def text(self, blob: str) -> str | None:
+        """The blob's text (UTF-8, undecodable bytes replaced); None when larger than MAX_DECLARATION_BYTES."""
+        proc = self._start()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(blob.encode() + b"\n")
+            proc.stdin.flush()
+        except OSError as exc:
+            raise RepoError(f"git cat-file stopped reading the build code: {exc}") from None
+        header = proc.stdout.readline().decode("utf-8", "replace")
+        if not header:
+            raise RepoError(f"git cat-file stopped reading the build code (failed, or ran past {LOCAL_TIMEOUT:.0f}s)")
+        name, kind, size = [*header.split(), "", "", ""][:3]
+        if name != blob or kind != "blob" or not size.isdigit():
+            raise RepoError(f"git cat-file cannot read {blob[:80]!r}: {header.strip()[:80]!r}")
+        kept, left = int(size) <= MAX_DECLARATION_BYTES, int(size) + 1  # the content, then a newline
+        data = b""
+        while left:  # a larger blob is read past in bounded pieces, never held
+            piece = proc.stdout.read(left if kept else min(left, 1 << 20))
+            if not piece:
+                raise RepoError(f"git cat-file stopped in the middle of {blob[:80]!r}")
+            data, left = (data + piece if kept else b""), left - len(piece)
+        return data[:-1].decode("utf-8", "replace") if kept else None
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._proc is None:
+            git = self._git
+            self._proc = subprocess.Popen(
+                git_argv([f"--git-dir={git.repo}", "cat-file", "--batch"], git.max_memory),
+                env=git.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+            self._timer = threading.Timer(LOCAL_TIMEOUT, self._proc.kill)
+            self._timer.daemon = True
+            self._timer.start()
+        return self._proc
 
 
 def _link_targets(git: _Git, blobs: set[str]) -> dict[str, str]:

@@ -62,6 +62,9 @@ _KNOWN_KEYS = {
     "test_command", "setup_command", "image", "protected_paths", "test_timeout", "instructions", "environment",
 }
 DEPENDENCY_NOTE = "a dependency file: the tests ran in an environment built from the patched one"
+# Build code (worker/environment/build_code.py: setup.py and the modules it imports, an in-tree backend, build
+# hooks) is flagged like a dependency file: the environment the tests ran in was built by running it.
+BUILD_CODE_NOTE = "the project's install runs it: the tests ran in an environment built from the patched one"
 _ENVIRONMENT_KEYS = {"extras", "groups", "requirements", "packages", "project"}
 _EXTRA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Paths whose change is always flagged for the reviewer as tests (and FrogFix's own configuration).
@@ -429,7 +432,8 @@ def matches(path: str, patterns: tuple[str, ...] | list[str]) -> bool:
 
 def review_flags(changes: PatchEvidence, config: RepoConfig) -> list[str]:
     """What a reviewer must look at twice: changed tests, the test runner, CI configuration, protected
-    paths, agent instructions. With FROGFIX_REFUSE_PROTECTED_CHANGES each one refuses the patch.
+    paths, agent instructions, dependency files and build code (`changes.build_code`: what the
+    project's install runs). With FROGFIX_REFUSE_PROTECTED_CHANGES each one refuses the patch.
 
     Read from what git stored (`changes`), never from the patch text. An AGENTS.md the patch writes
     guided nobody in this run (guidance is read from the base commit), but it would guide every
@@ -437,9 +441,11 @@ def review_flags(changes: PatchEvidence, config: RepoConfig) -> list[str]:
     """
     flags = []
     named = command_paths(config.test_command)
+    build_code = frozenset(changes.build_code)
     for path in changes.paths:
         shown = shown_path(path)
-        note = f" ({DEPENDENCY_NOTE})" if is_dependency_file(path) else ""
+        dependency = is_dependency_file(path)
+        note = f" ({DEPENDENCY_NOTE})" if dependency else f" ({BUILD_CODE_NOTE})" if path in build_code else ""
         if matches(path, config.protected_paths):
             flags.append(f"changes protected path {shown}")
         elif posixpath.basename(path) == AGENTS_FILE:
@@ -452,8 +458,10 @@ def review_flags(changes: PatchEvidence, config: RepoConfig) -> list[str]:
             flags.append(f"changes the test runner or its configuration {shown}{note}")
         elif matches(path, TEST_FILES):
             flags.append(f"changes test file or test-runner configuration {shown}{note}")
-        elif note:
+        elif dependency:
             flags.append(f"changes dependency file {shown}{note}")
+        elif note:
+            flags.append(f"changes build code {shown}{note}")
     return flags
 
 

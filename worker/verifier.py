@@ -166,6 +166,7 @@ def run_tests(
     redact: Callable[[str], str],
     image: str | None = None,
     environment: Path | None = None,
+    project: Path | None = None,
 ) -> TestRun:
     """The repository's test command in a fresh sandbox over `workspace` (which is then removed).
 
@@ -176,7 +177,9 @@ def run_tests(
         command = f"{config.setup_command} && {command}"
     sentinels = new_sentinels()
     try:
-        with closing(open_job_sandbox(workspace, settings, image, environment=environment, env=REPORT_ENV)) as box:
+        with closing(open_job_sandbox(
+            workspace, settings, image, environment=environment, env=REPORT_ENV, project=project
+        )) as box:
             res = box.run_command(
                 verification_command(command, sentinels), timeout=config.test_timeout, results_limit=RESULTS_LIMIT
             )
@@ -286,7 +289,7 @@ class Verifier:
                 return TestRun(None, problem)
         started = time.monotonic()
         try:
-            env = environment_for(c, ws, config, base)
+            env = environment_for(c, ws, config, base, trusted=not steps)
         except BaseException:
             workspace_pool.remove_workspace(ws)
             raise
@@ -298,15 +301,21 @@ class Verifier:
             return TestRun(None, f"the environment for the patched dependency files could not be built: {env.reason}")
         c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
         try:
-            run = run_tests(ws, config, c.settings, c.redact, image=config.image, environment=env.path)
+            run = run_tests(
+                ws, config, c.settings, c.redact, image=config.image, environment=env.path, project=env.project
+            )
         finally:
             self._spent(time.monotonic() - started)
         c.observer.stage("tested", f"tests {label}: {run_words(run.to_dict())}", {"label": label})
         return run
 
-def environment_for(context: AttemptContext, ws: Path, config: RepoConfig, commit: str) -> EnvironmentReport:
-    """The environment for the checkout at `ws` (one build per distinct declaration; see worker/environment)."""
+def environment_for(
+    context: AttemptContext, ws: Path, config: RepoConfig, commit: str, *, trusted: bool
+) -> EnvironmentReport:
+    """The environment for the checkout at `ws` (one build per distinct declaration; see worker/environment).
+    `trusted`: an unpatched checkout of the base, whose environment may be cached for later jobs."""
     return context.environments.for_checkout(
-        ws, config.test_command, config.setup_command, config.environment, commit=commit, image=config.image
+        ws, config.test_command, config.setup_command, config.environment, commit=commit, image=config.image,
+        trusted=trusted,
     )
 

@@ -13,18 +13,32 @@ from typing import Any, cast
 from app.forge.api import Forge, ForgeError
 from app.forge.retry import RetryPolicy
 from app.settings import Settings
-from sandbox.base import DEFAULT_PATH, ENV_DIR, Sandbox, SandboxLimits, SandboxSpec, SetupMounts, SetupSandbox
+from sandbox.base import (
+    DEFAULT_PATH,
+    ENV_DIR,
+    PROJECT_BIN,
+    PROJECT_DIR,
+    PROJECT_GENERATED,
+    Sandbox,
+    SandboxLimits,
+    SandboxSpec,
+    SetupMounts,
+    SetupSandbox,
+)
 from sandbox.factory import open_sandbox
 from sandbox.quantity import parse_cpus, parse_quantity
+from worker.environment import generated
 from worker.leaf.loop import LeafLimits
 from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
 
+GENERATED_IN_PROJECT = PROJECT_GENERATED.removeprefix(PROJECT_DIR + "/")
 # Bytecode caches would otherwise land in `git add -A` and so in the patch.
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
-# A sandbox with a built environment (worker/environment) has it active, as `source bin/activate` would.
+# A sandbox with a built environment (worker/environment) has it active, as `source bin/activate` would; the
+# project's own console scripts come last, so nothing its install wrote stands in for a system command.
 ENVIRONMENT_ENV = {
     "VIRTUAL_ENV": ENV_DIR,
-    "PATH": f"{ENV_DIR}/bin:{DEFAULT_PATH}",
+    "PATH": f"{ENV_DIR}/bin:{DEFAULT_PATH}:{PROJECT_BIN}",
 }
 
 
@@ -76,6 +90,7 @@ def sandbox_spec(
     labels: dict[str, str] | None = None,
     environment: Path | None = None,
     env: dict[str, str] | None = None,
+    project: Path | None = None,
 ) -> SandboxSpec:
     return SandboxSpec(
         workspace=str(workspace),
@@ -84,6 +99,7 @@ def sandbox_spec(
         image=image,
         labels=labels or {},
         environment=str(environment) if environment is not None else None,
+        project=str(project) if project is not None else None,
     )
 
 
@@ -125,13 +141,17 @@ def open_job_sandbox(
     labels: dict[str, str] | None = None,
     environment: Path | None = None,
     env: dict[str, str] | None = None,
+    project: Path | None = None,
 ) -> Sandbox:
     """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox.
 
-    `environment` is the job's built test environment (worker/environment), mounted read-only and active;
-    `env` adds variables (the verification's test-report options)."""
+    `environment` is the job's built test environment (worker/environment), mounted read-only and active,
+    `project` the job's project layer over it (its generated files laid into `workspace` first, where
+    nothing is: worker/environment/generated.py); `env` adds variables (the verification's test-report options)."""
     options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
-    spec = sandbox_spec(workspace, settings, image, labels, environment, env)
+    if project is not None:
+        generated.lay(workspace, project / GENERATED_IN_PROJECT)
+    spec = sandbox_spec(workspace, settings, image, labels, environment, env, project)
     return open_sandbox(spec, settings.sandbox, **options)
 
 
@@ -142,9 +162,11 @@ def open_setup_sandbox(
     env: dict[str, str],
     image: str | None = None,
     labels: dict[str, str] | None = None,
+    environment: Path | None = None,
 ) -> SetupSandbox:
-    """A setup phase's sandbox (worker/environment/builder.py): the job's bounds, plus room for the
-    environment it builds (in RAM locally, so its memory total grows by that size), and the relay."""
+    """A setup phase's sandbox (worker/environment/builder.py): the job's bounds, plus room for what it
+    builds (in RAM locally, so its memory total grows by that size), the relay where it has one, and
+    the environment it installs the project over."""
     limits = sandbox_limits(settings)
     limits = SandboxLimits(
         wall_seconds=settings.environment_timeout_seconds + 600,
@@ -157,6 +179,7 @@ def open_setup_sandbox(
         image=image,
         labels=labels or {},
         setup=mounts,
+        environment=str(environment) if environment is not None else None,
     )
     return cast(SetupSandbox, open_sandbox(spec, settings.sandbox, **sandbox_options(settings)))
 
@@ -176,3 +199,13 @@ def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> F
 
         return GiteaForge(settings.gitea_url, settings.gitea_token.get_secret_value(), **options)
     raise ForgeError(f"unknown forge {kind!r}")
+
+
+SetupOpener = Callable[[Path, SetupMounts, dict[str, str], str | None, Path | None], SetupSandbox]
+
+
+def setup_opener(settings: Settings) -> SetupOpener:
+    """`open_setup_sandbox` with `settings` bound: what worker/environment's Environments opens each step with."""
+    return lambda ws, mounts, env, image, environment: open_setup_sandbox(
+        ws, settings, mounts, env, image, environment=environment
+    )

@@ -15,7 +15,7 @@ from pathlib import Path
 from app.settings import Settings
 from tests.environment.test_setup_phase import repo
 from worker.environment.builder import Environments
-from worker.wiring import open_job_sandbox, open_setup_sandbox
+from worker.wiring import open_job_sandbox, setup_opener
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     checkout = repo(settings.resolved_workspace_dir() / "checkout", "frogdep==1.0\n")
     environments = Environments(
         settings, lambda text: text,
-        lambda ws, mounts, env, image: open_setup_sandbox(ws, settings, mounts, env, image), scope="test:nonroot",
+        setup_opener(settings), scope="test:nonroot",
     )
     report = environments.for_checkout(checkout, "python3 -m unittest", None, None)
     used = ""

@@ -28,7 +28,7 @@ from tests.doubles.openai_server import ScriptedOpenAIServer
 from tests.nonroot import NonRoot
 from tests.realrepos.mirror import PackageMirror
 from worker.environment.builder import Environments
-from worker.wiring import open_job_sandbox, open_setup_sandbox
+from worker.wiring import open_job_sandbox, setup_opener
 
 ROOT = Path(__file__).resolve().parents[2]
 CANARY = "mirror-canary-7f3e91c2"
@@ -102,7 +102,7 @@ def environments(settings: Settings, stages: list[tuple[str, str]] | None = None
     seen = stages if stages is not None else []
     return Environments(
         settings, lambda text: text.replace(CANARY, "[REDACTED]"),
-        lambda ws, mounts, env, image: open_setup_sandbox(ws, settings, mounts, env, image),
+        setup_opener(settings),
         scope="test:project", on_stage=lambda kind, message, data: seen.append((kind, message)),
     )
 
@@ -163,7 +163,7 @@ def test_the_environment_comes_from_the_mirror_and_the_host_packages_stay_out(
     assert again.ok and again.cached and again.path == report.path
     (checkout / "requirements.txt").write_text("frogdep==1.0\n# changed\n")  # a patched dependency file
     changed = environments(settings).for_checkout(checkout, "python3 -m unittest", None, None)
-    assert changed.ok and not changed.cached and changed.key != report.key
+    assert changed.ok and not changed.cached and changed.path == report.path  # resolved again: the same pins
 
 
 def test_the_setup_phase_reaches_the_mirror_and_nothing_else(roots: tuple[Path, Path], mirror: PackageMirror) -> None:

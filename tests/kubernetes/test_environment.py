@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from app.settings import Settings
-from sandbox import kubernetes_environment
+from sandbox import environment_stream
 from sandbox.base import ENV_DIR, PUMP_PORT
-from sandbox.kubernetes_environment import EnvironmentRefused, receive_environment
+from sandbox.environment_stream import EnvironmentRefused, receive_environment
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.environment.test_setup_phase import CANARY, repo
 from tests.environment.test_setup_phase import mirror as mirror  # a fixture, used by name
@@ -77,7 +77,7 @@ def environments(settings: Settings) -> Environments:
     return Environments(
         settings,
         lambda text: text.replace(CANARY, "[REDACTED]"),
-        lambda ws, mounts, env, image: wiring.open_setup_sandbox(ws, settings, mounts, env, image),
+        wiring.setup_opener(settings),
         scope="test:project",
     )
 
@@ -105,21 +105,28 @@ def test_a_setup_pod_builds_from_the_mirror_through_the_tunnel_and_job_pods_use_
     assert report.ok and report.built and not report.cached, (report.reason, report.log_tail)
     assert "frogdep-1.0-py3-none-any.whl" in mirror.downloads()  # through tunnel and relay, with the password
 
-    setup_pod = kube.received[[kind for kind, _ in kube.received].index("pods")][1]
-    spec = setup_pod["spec"]
-    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
-    volume = next(v for v in spec["volumes"] if v["name"] == mounts[ENV_DIR])
-    assert volume["emptyDir"]["sizeLimit"] == "2Gi"
+    # Three setup pods: resolve (16Mi of pins), the mirror's packages (the environment's 2Gi), the project's own
+    # install (offline: no tunnel; the environment copied in, its layer in the runner's folder).
+    setup_pods = [body for kind, body in kube.received if kind == "pods"]
+    assert len(setup_pods) == 3
+
+    def env_size(pod: dict[str, Any]) -> str:
+        mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+        return next(v for v in pod["spec"]["volumes"] if v["name"] == mounts[ENV_DIR])["emptyDir"]["sizeLimit"]
+
+    assert [env_size(pod) for pod in setup_pods] == ["16Mi", "2Gi", "2Gi"]
     policies = [body for kind, body in kube.received if kind == "networkpolicies"]
     assert policies and all(p["spec"]["egress"] == [] and p["spec"]["ingress"] == [] for p in policies)
     tunnel = [e for e in kube.execs if "--tunnel" in e.argv]
-    assert len(tunnel) == 1 and str(PUMP_PORT) in tunnel[0].argv
-    env_names = {item["name"] for item in spec["containers"][0]["env"]}
-    assert not any(name.startswith("FROGFIX_") for name in env_names)
+    assert len(tunnel) == 2 and all(str(PUMP_PORT) in t.argv for t in tunnel)
+    for pod in setup_pods:
+        env_names = {item["name"] for item in pod["spec"]["containers"][0]["env"]}
+        assert not any(name.startswith("FROGFIX_") for name in env_names)
     assert report.path is not None and (report.path / "bin" / "python").is_symlink()
+    assert report.project is not None and (report.project / "workspace" / "_generated.py").is_file()
 
     created = len([k for k, _ in kube.received if k == "pods"])
-    with closing(wiring.open_job_sandbox(checkout, settings, environment=report.path)) as box:
+    with closing(wiring.open_job_sandbox(checkout, settings, environment=report.path, project=report.project)) as box:
         run = box.run_command("python3 -m unittest -v 2>&1; python3 -c 'import sys; print(sys.prefix)'", timeout=120)
     assert run.exit_code == 0 and "OK" in run.log and ENV_DIR in run.log, run.log
     job_pod = [body for kind, body in kube.received if kind == "pods"][created]
@@ -127,7 +134,8 @@ def test_a_setup_pod_builds_from_the_mirror_through_the_tunnel_and_job_pods_use_
     assert ENV_DIR in job_mounts
 
     again = environments(settings).for_checkout(checkout, "python3 -m unittest", setup, None)
-    assert again.ok and again.cached and len([k for k, _ in kube.received if k == "pods"]) == created + 1
+    # The environment is the cache's; the project's own install runs again (one pod), in the new job.
+    assert again.ok and again.cached and len([k for k, _ in kube.received if k == "pods"]) == created + 2
 
     texts = json.dumps([body for _, body in kube.received]) + json.dumps([e.argv for e in kube.execs])
     assert CANARY not in texts
@@ -228,7 +236,7 @@ def test_the_pack_script_is_what_receive_reads(tmp_path: Path) -> None:
     (env / "lib.py").write_text("X = 1\n")
     (env / "bin" / "run").write_bytes(b"#!/bin/sh\n" * 200_000)
     (env / "bin" / "run").chmod(0o755)
-    packed = subprocess.run([PYTHON, "-I", "-S", "-c", kubernetes_environment.PACK, str(env)], capture_output=True,
+    packed = subprocess.run([PYTHON, "-I", "-S", "-c", environment_stream.PACK, str(env)], capture_output=True,
                             check=True).stdout
     dest = tmp_path / "dest"
     dest.mkdir()

@@ -66,7 +66,7 @@ def test_thousands_of_symlinks_cost_the_same_git_processes_as_three(
     assert len(many.links) == 3004 and dict(many.links)["odd/newline"] == "a\nb"
 
 
-def test_a_patch_without_symlinks_reads_no_tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_patch_without_symlinks_reads_no_link_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = make_worktree(tmp_path / "repo", {"calc.py": "x = 1\n"})
     (repo / "calc.py").write_text("x = 2\n")
     changes, _ = counted(monkeypatch, repo)

@@ -1,21 +1,28 @@
-"""The setup phase: a repository's test environment built from the mirror, cached, then mounted read-only.
+"""The setup phase: a repository's test environment from the mirror, in two layers, mounted read-only.
 
-Why it is built this way:
-- The environment is a virtual environment at ENV_DIR (`/frogfix/env`) in every sandbox of a job,
-  built with uv (fast, resolves and installs offline-capably, one static binary) where the
-  sandbox has it, else with the interpreter's venv and pip. The project is installed editable, so
-  it points at /workspace: the agent's edits and the patch are what the tests import. Built from
-  the sandbox's own interpreter with no system site-packages, none of the host's packages is seen.
-- The setup sandbox runs the repository's build code (setup.py, build backends, setup_command),
-  so it is a sandbox like any other: no credentials, its own empty network namespace, and one
-  way out, the index relay's unix socket (relay.py), which reaches the mirror's origin only.
-- The environment is built in RAM (a size-bounded tmpfs) and copied to the host by a command
-  that runs after every process of the build is gone, so a build cannot fill the host's disk or
-  write there afterwards.
-- Cached by what determines it: the declared plan, the dependency files' bytes, the interpreter,
-  the mirror (without credentials), `setup_command`, the project's last release tag, and the
-  project (`scope`): another project's identical files never share its environment, since a
-  build runs that project's own code. Two builds of one key wait for each other (a file lock).
+Why it is built this way (docs/ENVIRONMENTS.md and docs/SECURITY.md say it for operators):
+- **The environment (ENV_DIR) holds only what the mirror served**, and it is what later jobs reuse.
+  It is made in three steps, each its own sandbox with no credentials, its own empty network
+  namespace and, where it needs the mirror, one way out, the index relay's unix socket (relay.py):
+  1. *resolve*: uv resolves what the checkout declares (which may run the project's own build for its
+     metadata) and writes the pins; only `name==version` lines and paths inside the checkout are
+     accepted from it, so whatever else that build does dies with the sandbox;
+  2. *dependencies*: the pins are installed, `--no-deps`, into a fresh virtual environment made from
+     the sandbox's own interpreter, in a sandbox with no checkout at all: no code of the project runs
+     there. This environment is cached, by the pins (and the interpreter, mirror, project);
+  3. *project*: the project's own install (editable: setup.py and what it imports, the build backend
+     and `backend-path`, build hooks, local path dependencies) and `setup_command` run offline, in
+     each job, with the environment read-only, into the job's own layer (PROJECT_DIR: the editable
+     install's files, and the files it generated in the checkout, which are laid into later
+     checkouts only where no tracked file is, never as conftest.py, *.pth, sitecustomize.py or
+     usercustomize.py: worker/environment/generated.py). The layer dies with the job.
+- A checkout that is not an unpatched base (a patch or a round changed its declarations or build
+  code, so its key differs) gets layers of its own, used by that checkout's runs and never cached.
+- Nothing a build writes reaches the host's disk but what `collect_environment` reads out of the
+  sandbox afterwards, with the host stopping at FROGFIX_ENVIRONMENT_SIZE.
+- Cached by what determines it: the declared plan, the dependency files' and build code's bytes, the
+  interpreter, the mirror (without credentials), `setup_command`, the last release tag, and the
+  project (`scope`). Two builds of one environment wait for each other (a file lock).
 """
 
 from __future__ import annotations
@@ -27,7 +34,6 @@ import json
 import os
 import re
 import secrets
-import shlex
 import shutil
 import stat
 import time
@@ -40,40 +46,44 @@ from typing import Any
 from app.settings import Settings
 from sandbox import index_pump
 from sandbox.base import (
-    DEFAULT_PATH,
     ENV_DIR,
-    GENERATED_DIR,
-    OUT_DIR,
+    PROJECT_DIR,
+    PROJECT_GENERATED,
+    PROJECT_SITE,
     PUMP_PORT,
-    READY_FILE,
-    RELAY_DIR,
     RELAY_SOCKET,
     SETUP_FILES_DIR,
-    TOOLS_DIR,
     SandboxError,
     SetupMounts,
     SetupSandbox,
 )
 from sandbox.quantity import parse_quantity
 from worker import mirrors, workspace_pool
+from worker.environment import generated
+from worker.environment.build_code import build_code_paths, read_from_folder
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
 from worker.environment.relay import IndexRelay, MirrorURL
-
-BUILDER_VERSION = "2"  # part of every cache key: a change in how environments are built starts afresh
-LOG_TAIL_CHARS = 4_000
-SCRIPT = "build.sh"
-SAVE_SCRIPT = "save.sh"
-# Kept from what the build wrote into the checkout: files git ignores, less caches and build output.
-NOT_GENERATED = (
-    r"(^|/)(__pycache__|\.pytest_cache|\.mypy_cache|\.tox|\.nox|\.venv|\.eggs|build|dist|[^/]*\.egg-info)(/|$)"
-    r"|\.py[co]$"
+from worker.environment.steps import (
+    RESOLVED,
+    SAVE,
+    SAVE_SCRIPT,
+    SCRIPT,
+    Resolution,
+    ResolutionRefused,
+    dependencies_script,
+    parse_resolution,
+    project_script,
+    resolve_script,
+    setup_env,
 )
-SAVE = f"""set -e -o pipefail
-mkdir -p {GENERATED_DIR}
-git ls-files -z --others --ignored --exclude-standard 2>/dev/null \\
-  | {{ grep -zvE '{NOT_GENERATED}' || true; }} | xargs -0 -r cp -a --parents -t {GENERATED_DIR}/
-if [ -d {OUT_DIR} ]; then cp -a {ENV_DIR}/. {OUT_DIR}/; fi  # bound locally; on Kubernetes streamed out
-"""
+
+BUILDER_VERSION = "3"  # part of every key: environments cached before the mirror-only layer (v2) are rebuilt
+LOG_TAIL_CHARS = 4_000
+RESOLVE_SIZE = 16 * 1024**2  # the resolve step keeps only its pins
+PROJECT_PTH = "_frogfix_project.pth"  # written by FrogFix into the environment: PROJECT_SITE as a site folder
+PROJECT_PTH_LINE = (
+    f"import os, site; os.path.isdir({PROJECT_SITE!r}) and site.addsitedir({PROJECT_SITE!r})\n"
+)
 
 
 class EnvironmentUnusable(Exception):
@@ -96,11 +106,15 @@ class EnvironmentReport:
     log_tail: str = ""
     detected: list[str] = field(default_factory=list)
     key: str = ""
-    path: Path | None = None  # the host folder; never reported
+    project_seconds: float = 0.0  # the project's own install, which runs again in every job
+    path: Path | None = None  # the environment's host folder (ENV_DIR); never reported
+    project: Path | None = None  # the job's project layer (PROJECT_DIR), where the project is installed
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"ok": self.ok, "built": self.built, "cached": self.cached}
         data["seconds"] = round(self.seconds, 3)
+        if self.project_seconds:
+            data["project_seconds"] = round(self.project_seconds, 3)
         if self.detected:
             data["detected"] = self.detected
         if self.key:
@@ -117,7 +131,8 @@ class EnvironmentReport:
             return f"environment error: {self.reason}"
         if not self.built:
             return f"environment: none built ({self.reason})"
-        return f"environment: {'cached' if self.cached else 'built'} in {self.seconds:.1f}s"
+        own = f" (the project's own install {self.project_seconds:.1f}s)" if self.project is not None else ""
+        return f"environment: {'cached' if self.cached else 'built'} in {self.seconds:.1f}s{own}"
 
 
 def failed(reason: str, log: str = "", *, built: bool = True) -> EnvironmentReport:
@@ -126,6 +141,14 @@ def failed(reason: str, log: str = "", *, built: bool = True) -> EnvironmentRepo
 
 def _tail(text: str) -> str:
     return text if len(text) <= LOG_TAIL_CHARS else "[...]\n" + text[-LOG_TAIL_CHARS:]
+
+
+class StepFailed(Exception):
+    """One step of the setup phase failed; `report` says why."""
+
+    def __init__(self, report: EnvironmentReport) -> None:
+        super().__init__(report.reason)
+        self.report = report
 
 
 @dataclass(frozen=True)
@@ -139,16 +162,19 @@ class SetupRequest:
     version: str | None  # the project's version from its last release tag, for setuptools-scm and hatch-vcs
     tag: str | None
     image: str | None = None  # the job's sandbox image (`.frogfix.yml` image:), where the backend uses one
+    build_code: tuple[str, ...] = ()  # the files the project's own install runs (worker/environment/build_code.py)
 
 
-# (workspace, mounts, environment variables, image) -> a started setup sandbox
-SandboxOpener = Callable[[Path, SetupMounts, dict[str, str], str | None], SetupSandbox]
+# (workspace, mounts, environment variables, image, built environment) -> a started setup sandbox
+SandboxOpener = Callable[[Path, SetupMounts, dict[str, str], str | None, Path | None], SetupSandbox]
 
 
 class Environments:
-    """One job's environments: one per distinct declaration, each built once (or found in the cache).
+    """One job's environments: one per distinct declaration, each made once (or found in the cache).
 
-    `open_setup` opens a setup-phase sandbox (worker/wiring.py), so both backends serve.
+    `open_setup` opens a setup-phase sandbox (worker/wiring.py), so both backends serve. `private` is
+    the job's own folder for what is never cached (project layers, environments of patched
+    declarations); it goes with the job (the caller removes it), else with `close()`.
     """
 
     def __init__(
@@ -160,6 +186,7 @@ class Environments:
         scope: str,
         source_repository: Callable[[], Path] | None = None,
         on_stage: Callable[[str, str, dict[str, Any]], None] | None = None,
+        private: Path | None = None,
     ) -> None:
         self.settings = settings
         self.redact = redact
@@ -169,17 +196,29 @@ class Environments:
         self.on_stage = on_stage or (lambda kind, message, data: None)
         self._mirror = _mirror(settings)
         self._known: dict[str, EnvironmentReport] = {}
+        self._private = private
+        self._own_private = private is None
+        self._announced = False
 
     @property
     def enabled(self) -> bool:
         return self._mirror is not None
 
+    def close(self) -> None:
+        """Remove the job's own layers when this object made their folder (else the job's folder goes)."""
+        if self._own_private and self._private is not None:
+            workspace_pool.remove_workspace(self._private)
+            self._private = None
+
     def for_checkout(
         self, workspace: Path, test_command: str | None, setup_command: str | None, overrides: Overrides | None,
         commit: str | None = None,
         image: str | None = None,
+        trusted: bool = True,
     ) -> EnvironmentReport:
-        """The environment for the checkout at `workspace` (ok or not; nothing raises for the repository's faults)."""
+        """The environment for the checkout at `workspace` (ok or not; nothing raises for the repository's faults).
+
+        `trusted`: the checkout is an unpatched base, so what is built from it may be cached."""
         if self._mirror is None:
             why = "FROGFIX_PIP_INDEX_URL is not set: the sandbox image's Python runs the tests"
             return EnvironmentReport(True, reason=why)
@@ -187,14 +226,20 @@ class Environments:
             return EnvironmentReport(True, reason="not a Python repository: nothing to build")
         try:
             plan = plan_for(workspace, test_command, overrides)
+            build_code = build_code_paths(read_from_folder(workspace), plan.requirement_files)
         except (DeclarationError, OSError) as exc:
             return failed(self.redact(f"the repository's dependency files cannot be read: {exc}"), built=False)
         tag, version = self._version(commit)
-        request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag, image)
-        key = cache_key(request, self._mirror, self.settings)
+        request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag, image, build_code)
+        key = declaration_key(request, self._mirror, self.settings)
         if key in self._known:
             return self._known[key]
-        report = self._cached_or_built(request, key)
+        started = time.monotonic()
+        try:
+            report = self._prepared(request, key, trusted)
+        except StepFailed as exc:
+            report = exc.report
+        report.seconds = time.monotonic() - started
         report.detected = list(plan.detected)
         if report.ok:
             self._known[key] = report
@@ -207,82 +252,193 @@ class Environments:
         described = mirrors.describe(self.source_repository(), commit)
         return (None, None) if described is None else (described[0], release_version(*described))
 
-    def _cached_or_built(self, request: SetupRequest, key: str) -> EnvironmentReport:
+    def _prepared(self, request: SetupRequest, key: str, trusted: bool) -> EnvironmentReport:
         root = self.settings.resolved_environment_dir()
-        entry = root / key
-        started = time.monotonic()
-        with _locked(root / f"{key}.lock"):
-            if (entry / "env").is_dir():
-                os.utime(entry)  # the cache's least recently used order
-                return EnvironmentReport(True, built=True, cached=True, seconds=time.monotonic() - started,
-                                         key=key, path=entry / "env")
-            self.on_stage("environment_building", "building the test environment from the package mirror", {})
-            report = self._build(request, key, root)
-            report.seconds = time.monotonic() - started
-        if report.ok:
-            prune(root, self.settings.environment_cache_entries, key, self.settings.job_timeout_seconds)
+        root.mkdir(parents=True, exist_ok=True)
+        self._announced = False
+        resolution, resolved_cached = self._resolution(request, key, trusted, root)
+        env_key = dependencies_key(request, resolution, self._mirror_url, self.settings)
+        env, cached = self._dependencies(request, resolution, env_key, trusted, root)
+        report = EnvironmentReport(True, built=True, cached=cached and resolved_cached, key=env_key, path=env)
+        if resolution.local or request.setup_command:
+            began = time.monotonic()
+            report.project = self._project(request, resolution, key, env)
+            report.project_seconds = time.monotonic() - began
         return report
 
-    def _build(self, request: SetupRequest, key: str, root: Path) -> EnvironmentReport:
+    def _building(self) -> None:
+        """Say once per environment that it is being built (its first step that is not cached)."""
+        if not self._announced:
+            self._announced = True
+            self.on_stage("environment_building", "building the test environment from the package mirror", {})
+
+    @property
+    def _mirror_url(self) -> MirrorURL:
         assert self._mirror is not None
-        staging = root / f".build-{key[:16]}-{secrets.token_hex(4)}"
-        files, relay_dir, out = staging / "files", staging / "relay", staging / "out"
+        return self._mirror
+
+    def private_folder(self) -> Path:
+        """The job's own folder for what is never cached (made on first use, reachable by the sandbox)."""
+        if self._private is None:
+            base = self.settings.resolved_environment_dir() / ".jobs"
+            base.mkdir(parents=True, exist_ok=True)
+            base.chmod(0o755)
+            self._private = base / secrets.token_hex(8)
+        self._private.mkdir(parents=True, exist_ok=True)
+        self._private.chmod(0o755)
+        return self._private
+
+    # -- step 1: resolve ----------------------------------------------------------------------
+
+    def _resolution(self, request: SetupRequest, key: str, trusted: bool, root: Path) -> tuple[Resolution, bool]:
+        """The pins for this declaration: the cached ones of an unpatched base, else resolved now."""
+        saved = root / "resolved" / f"{key}.json"
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            data = json.loads(saved.read_text(encoding="utf-8"))
+            if data.get("builder") == BUILDER_VERSION:
+                return Resolution(tuple(data["pins"]), tuple(data["local"])), True
+        self._building()
         try:
-            for folder in (staging, files, relay_dir, out):
-                folder.mkdir(mode=0o755)
-                folder.chmod(0o755)
-            _write_files(files, request)
-            with IndexRelay(self._mirror, relay_dir / RELAY_SOCKET) as relay:
-                relay.inside_origin = f"http://127.0.0.1:{PUMP_PORT}"
-                report = self._run_setup(request, files, relay_dir, out, relay)
-                if relay.requests == 0 and not report.ok:
-                    report.reason += " (the package mirror was never reached)"
-                elif relay.errors and not report.ok:
-                    report.reason += f" ({relay.errors[0]})"
-            if not report.ok:
-                return report
+            script = resolve_script(request.workspace, request.plan)
+        except ValueError as exc:
+            raise StepFailed(failed(str(exc), built=False)) from None
+        with self._staging("resolve") as staging:
+            out = self._run_setup(
+                "installing the declared dependencies", request.workspace, staging, script,
+                relay=True, size=RESOLVE_SIZE, image=request.image,
+            )
+            resolution = _read_resolution(out / RESOLVED, request.plan.project)
+        if trusted:
+            saved.parent.mkdir(exist_ok=True)
+            partial = saved.with_name(f".{saved.name}.{secrets.token_hex(4)}")
+            data = {"builder": BUILDER_VERSION, "pins": resolution.pins, "local": resolution.local}
+            partial.write_text(json.dumps(data), encoding="utf-8")
+            partial.rename(saved)
+            _prune_resolved(saved.parent, 4 * self.settings.environment_cache_entries)
+        return resolution, False
+
+    # -- step 2: the mirror's packages ----------------------------------------------------------
+
+    def _dependencies(
+        self, request: SetupRequest, resolution: Resolution, key: str, trusted: bool, root: Path
+    ) -> tuple[Path, bool]:
+        """The environment of the pins: from the cache, else installed; cached only from a trusted checkout."""
+        entry = root / key if trusted or (root / key / "env").is_dir() else self.private_folder() / f"env-{key[:16]}"
+        with _locked(entry.parent / f"{entry.name}.lock"):
+            if (entry / "env").is_dir():
+                if entry.parent == root:
+                    os.utime(entry)  # the cache's least recently used order
+                return entry / "env", True
+            self._building()
+            empty = self.private_folder() / f"empty-{secrets.token_hex(4)}"
+            empty.mkdir(mode=0o755)
+            empty.chmod(0o755)
+            try:
+                with self._staging("dependencies", entry.parent) as staging:
+                    out = self._run_setup(
+                        "installing the declared dependencies", empty, staging, dependencies_script(resolution),
+                        relay=True, size=parse_quantity(self.settings.environment_size), image=request.image,
+                    )
+                    _add_project_site(out)
+                    _settle(out)
+                    meta = {"builder": BUILDER_VERSION, "key": key, "pins": list(resolution.pins),
+                            "built_at": time.time(), "scope": request.scope}
+                    (staging / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+                    out.rename(staging / "env")
+                    for leftover in ("files", "relay"):
+                        shutil.rmtree(staging / leftover, ignore_errors=True)
+                    staging.rename(entry)  # the whole entry appears at once
+            finally:
+                workspace_pool.remove_workspace(empty)
+        if entry.parent == root:
+            prune(root, self.settings.environment_cache_entries, key, self.settings.job_timeout_seconds)
+        return entry / "env", False
+
+    # -- step 3: the project's own install --------------------------------------------------------
+
+    def _project(self, request: SetupRequest, resolution: Resolution, key: str, env: Path) -> Path:
+        """The project installed (editable, offline) over `env`, and `setup_command` run, in the job's own layer."""
+        layer = self.private_folder() / f"project-{key[:16]}"
+        if layer.is_dir():
+            return layer
+        self.on_stage("environment_project", "installing the project itself (offline, in this job only)", {})
+        with self._staging("project", self.private_folder()) as staging:
+            script = project_script(request.plan, resolution, request.setup_command, _scm_version(request))
+            out = self._run_setup(
+                "the project's own install", request.workspace, staging, script,
+                relay=False, size=parse_quantity(self.settings.environment_size), image=request.image,
+                environment=env, target=PROJECT_DIR, save=True,
+            )
+            refused = generated.refused_in(out / PROJECT_GENERATED.removeprefix(PROJECT_DIR + "/"))
+            if refused:
+                raise StepFailed(failed(
+                    f"the project's install generated {refused} in the checkout: FrogFix never lays a conftest.py, "
+                    "*.pth, sitecustomize.py or usercustomize.py into a checkout (it would run in every test run)"
+                ))
             _settle(out)
-            meta = {"key": key, "plan": request.plan.to_dict(), "built_at": time.time(), "scope": request.scope}
-            (staging / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
-            out.rename(staging / "env")
-            shutil.rmtree(files)
-            shutil.rmtree(relay_dir, ignore_errors=True)
-            staging.rename(root / key)  # the whole entry appears at once
-            return EnvironmentReport(True, built=True, key=key, path=root / key / "env")
+            out.rename(layer)
+        return layer
+
+    # -- one setup sandbox --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _staging(self, step: str, parent: Path | None = None) -> Iterator[Path]:
+        folder = (parent or self.private_folder()) / f".{step}-{secrets.token_hex(6)}"
+        folder.mkdir(mode=0o755)
+        folder.chmod(0o755)
+        try:
+            yield folder
         finally:
-            if staging.exists():
-                workspace_pool.remove_workspace(staging)
+            if folder.exists():
+                workspace_pool.remove_workspace(folder)
 
     def _run_setup(
-        self, request: SetupRequest, files: Path, relay_dir: Path, out: Path, relay: IndexRelay
-    ) -> EnvironmentReport:
+        self, what: str, workspace: Path, staging: Path, script: str, *, relay: bool, size: int,
+        image: str | None, environment: Path | None = None, target: str = ENV_DIR, save: bool = False,
+    ) -> Path:
+        """`script` in a setup sandbox over `workspace`; returns the host folder holding its `target`.
+
+        Raises StepFailed with the reason (the log redacted) when the step fails."""
         s = self.settings
+        files, relay_dir, out = staging / "files", staging / "relay", staging / "out"
+        for folder in (files, relay_dir, out):
+            folder.mkdir(mode=0o755)
+            folder.chmod(0o755)
+        _write_files(files, script)
         mounts = SetupMounts(
-            env_size_bytes=parse_quantity(s.environment_size),
-            files=str(files),
-            relay=str(relay_dir),
-            out=str(out),
-            tools=_tools(),
+            env_size_bytes=size, files=str(files), relay=str(relay_dir) if relay else None, out=str(out),
+            tools=_tools(), target=target,
         )
-        env = setup_env(relay.inside_index_url(), request)
-        try:
-            with closing(self.open_setup(request.workspace, mounts, env, request.image)) as box:
-                built = box.run_command(f"bash {SETUP_FILES_DIR}/{SCRIPT}", timeout=s.environment_timeout_seconds)
-                log = self.redact(built.log)
-                if built.timed_out:
-                    return failed(f"the setup phase ran past FROGFIX_ENVIRONMENT_TIMEOUT_SECONDS "
-                                  f"({s.environment_timeout_seconds:g} s)", log)
-                if built.exit_code != 0:
-                    return failed(f"installing the declared dependencies failed (exit {built.exit_code})"
-                                  f"{_first_error(log)}", log)
-                copied = box.run_command(f"bash {SETUP_FILES_DIR}/{SAVE_SCRIPT}", timeout=600)
-                if copied.exit_code != 0:
-                    return failed(f"the built environment could not be saved (exit {copied.exit_code})",
-                                  self.redact(copied.log))
-                box.collect_environment()
-        except SandboxError as exc:
-            return failed(self.redact(f"the setup sandbox failed: {exc}"))
-        return EnvironmentReport(True, built=True)
+        with contextlib.ExitStack() as stack:
+            index = None
+            if relay:
+                index = stack.enter_context(IndexRelay(self._mirror_url, relay_dir / RELAY_SOCKET))
+                index.inside_origin = f"http://127.0.0.1:{PUMP_PORT}"
+            env = setup_env(index.inside_index_url() if index else None)
+            try:
+                with closing(self.open_setup(workspace, mounts, env, image, environment)) as box:
+                    built = box.run_command(f"bash {SETUP_FILES_DIR}/{SCRIPT}", timeout=s.environment_timeout_seconds)
+                    log = self.redact(built.log)
+                    if built.timed_out:
+                        raise StepFailed(failed(f"{what} ran past FROGFIX_ENVIRONMENT_TIMEOUT_SECONDS "
+                                                f"({s.environment_timeout_seconds:g} s)", log))
+                    if built.exit_code != 0:
+                        reason = f"{what} failed (exit {built.exit_code}){_first_error(log)}"
+                        if index is not None and index.requests == 0:
+                            reason += " (the package mirror was never reached)"
+                        elif index is not None and index.errors:
+                            reason += f" ({index.errors[0]})"
+                        raise StepFailed(failed(reason, log))
+                    if save:
+                        copied = box.run_command(f"bash {SETUP_FILES_DIR}/{SAVE_SCRIPT}", timeout=600)
+                        if copied.exit_code != 0:
+                            raise StepFailed(failed(f"the files {what} generated could not be saved "
+                                                    f"(exit {copied.exit_code})", self.redact(copied.log)))
+                    box.collect_environment()
+            except SandboxError as exc:
+                raise StepFailed(failed(self.redact(f"{what} failed: the setup sandbox: {exc}"))) from None
+        return out
+
 
 
 def _mirror(settings: Settings) -> MirrorURL | None:
@@ -290,8 +446,8 @@ def _mirror(settings: Settings) -> MirrorURL | None:
     return MirrorURL(url) if url else None
 
 
-def cache_key(request: SetupRequest, mirror: MirrorURL, settings: Settings) -> str:
-    """What determines an environment, hashed (see the module docstring)."""
+def declaration_key(request: SetupRequest, mirror: MirrorURL, settings: Settings) -> str:
+    """What the checkout declares and runs to install itself, hashed (see the module docstring)."""
     digest = hashlib.sha256()
     plan = {k: v for k, v in request.plan.to_dict().items() if k != "detected"}
     parts = {
@@ -305,11 +461,24 @@ def cache_key(request: SetupRequest, mirror: MirrorURL, settings: Settings) -> s
         "size": settings.environment_size,
     }
     digest.update(json.dumps(parts, sort_keys=True).encode())
-    for path in sorted(request.plan.inputs):
+    for path in sorted(set(request.plan.inputs) | set(request.build_code)):
         digest.update(path.encode() + b"\0")
         with contextlib.suppress(OSError):
             digest.update(hashlib.sha256((request.workspace / path).read_bytes()).digest())
     return digest.hexdigest()
+
+
+def dependencies_key(request: SetupRequest, resolution: Resolution, mirror: MirrorURL, settings: Settings) -> str:
+    """The environment of the mirror's packages: what the pins, the interpreter and the mirror make."""
+    parts = {
+        "builder": BUILDER_VERSION,
+        "scope": request.scope,
+        "mirror": mirror.without_credentials(),
+        "interpreter": interpreter_identity(settings, request.image),
+        "pins": sorted(resolution.pins),
+        "size": settings.environment_size,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
 
 def interpreter_identity(settings: Settings, image: str | None = None) -> str:
@@ -336,86 +505,52 @@ def release_version(tag: str, distance: int) -> str | None:
     return f"{'.'.join(map(str, parts))}.dev{distance}"
 
 
-def setup_env(index_url: str, request: SetupRequest) -> dict[str, str]:
-    """The setup sandbox's environment: the mirror as the relay serves it, the environment active."""
-    env = {
-        "PATH": f"{ENV_DIR}/bin:{TOOLS_DIR}:{DEFAULT_PATH}",
-        "VIRTUAL_ENV": ENV_DIR,
-        "PIP_INDEX_URL": index_url,
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-        "PIP_NO_INPUT": "1",
-        "UV_INDEX_URL": index_url,
-        "UV_NO_CONFIG": "1",
-        "UV_CACHE_DIR": "/tmp/uv-cache",
-        "UV_LINK_MODE": "copy",
-        "UV_PYTHON_DOWNLOADS": "never",
-        "UV_NO_PROGRESS": "1",
-        "UV_HTTP_TIMEOUT": "120",
-        # A pod's workspace volume is root's (fsGroup'd), so git would call it dubious: build backends that
-        # read versions from git (setuptools-scm, hatch-vcs) and the save script need it trusted.
-        "GIT_CONFIG_COUNT": "1",
-        "GIT_CONFIG_KEY_0": "safe.directory",
-        "GIT_CONFIG_VALUE_0": "*",
-    }
+def _scm_version(request: SetupRequest) -> dict[str, str]:
+    """The version from the last release tag, for setuptools-scm and hatch-vcs (a checkout has no tags)."""
     if request.version and request.plan.dist_name:
         name = re.sub(r"[-_.]+", "_", request.plan.dist_name).upper()
-        env[f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{name}"] = request.version
-    return env
+        return {f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{name}": request.version}
+    return {}
 
 
-def build_script(request: SetupRequest) -> str:
-    """The setup phase as one script (one command: the runner ends every leftover before the next)."""
-    plan = request.plan
-    args = ["-r", f"{SETUP_FILES_DIR}/requirements.txt"] if plan.requirements else []
-    args += ["-c", f"{SETUP_FILES_DIR}/constraints.txt"] if plan.constraints else []
-    args += plan.install_args()
-    quoted = " ".join(shlex.quote(a) for a in args)
-    lines = [
-        "set -u",
-        # The pump must not hold the command's output open, or the command would never end.
-        # Locally the relay's socket is bound in; on Kubernetes the backend's tunnel already listens.
-        f"if [ -S {RELAY_DIR}/{RELAY_SOCKET} ]; then",
-        f"  python3 -I -S {SETUP_FILES_DIR}/index_pump.py {PUMP_PORT} {RELAY_DIR}/{RELAY_SOCKET} {READY_FILE}"
-        " </dev/null >/dev/null 2>&1 &",
-        "  pump=$!",
-        "  trap 'kill \"$pump\" 2>/dev/null' EXIT",
-        "fi",
-        f"for _ in $(seq 1 400); do [ -e {READY_FILE} ] && break; sleep 0.05; done",
-        "set -e -o pipefail",
-        'echo "frogfix: building the test environment"',
-        "if command -v uv >/dev/null; then",
-        f"  uv venv --quiet --allow-existing --python \"$(command -v python3)\" {ENV_DIR}",
-        f"  {'uv pip install --python ' + ENV_DIR + '/bin/python ' + quoted if quoted else 'true'}",
-        "else",
-        f"  python3 -m venv {ENV_DIR}",
-        f"  {ENV_DIR + '/bin/python -m pip install ' + quoted if quoted else 'true'}",
-        "fi",
-    ]
-    if request.setup_command:
-        lines += ['echo "frogfix: running setup_command"', request.setup_command]
-    lines += ['echo "frogfix: environment ready"']
-    return "\n".join(lines) + "\n"
+def _read_resolution(path: Path, project: bool) -> Resolution:
+    """The pins the resolve step left (a regular file of bounded size), parsed strictly."""
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > RESOLVE_SIZE:
+            raise OSError("not a regular file within its size")
+        return parse_resolution(path.read_text(encoding="utf-8"), project)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StepFailed(failed(f"resolving the declared dependencies left no readable pins ({exc})")) from None
+    except ResolutionRefused as exc:
+        raise StepFailed(failed(str(exc))) from None
 
 
-def _write_files(files: Path, request: SetupRequest) -> None:
-    plan = request.plan
-    (files / SCRIPT).write_text(build_script(request), encoding="utf-8")
+def _write_files(files: Path, script: str) -> None:
+    (files / SCRIPT).write_text(script, encoding="utf-8")
     (files / SAVE_SCRIPT).write_text(SAVE, encoding="utf-8")
-    (files / "requirements.txt").write_text("\n".join(plan.requirements) + "\n", encoding="utf-8")
-    (files / "constraints.txt").write_text("\n".join(plan.constraints) + "\n", encoding="utf-8")
     shutil.copyfile(index_pump.__file__, files / "index_pump.py")
     for item in files.iterdir():
         item.chmod(0o644)
 
 
+def _add_project_site(env: Path) -> None:
+    """FrogFix's own .pth in the environment: the job's project layer (PROJECT_SITE) is a site folder too."""
+    for site in env.glob("lib/python3*/site-packages"):
+        if site.is_dir() and not site.is_symlink():
+            target = site / PROJECT_PTH
+            with contextlib.suppress(FileNotFoundError):
+                target.unlink()
+            target.write_text(PROJECT_PTH_LINE, encoding="utf-8")
+
+
 def _tools() -> tuple[tuple[str, str], ...]:
-    """uv for the setup sandbox, where the worker has it (FrogFix's own dependency); else pip builds."""
+    """uv for the setup sandbox (FrogFix's own dependency): every step runs it."""
     import sysconfig
 
     for candidate in (Path(sysconfig.get_path("scripts")) / "uv", shutil.which("uv")):
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return (("uv", _reachable_copy(Path(candidate))),)
-    return ()
+    raise StepFailed(failed("uv (one of FrogFix's own dependencies) is not installed on the worker", built=False))
 
 
 def _reachable_copy(binary: Path) -> str:
@@ -462,6 +597,14 @@ def _first_error(log: str) -> str:
                 return f": {text.rstrip(':')}: {cause}"[:302]
             return f": {text}"[:302]
     return ""
+
+
+def _prune_resolved(folder: Path, keep: int) -> None:
+    """The saved pins beyond the `keep` newest (each a small file; an environment's own key is its pins)."""
+    saved = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in saved[keep:]:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 @contextlib.contextmanager

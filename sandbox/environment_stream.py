@@ -1,7 +1,9 @@
-"""Test environments across pods: a setup pod's ENV_DIR streamed to the host, and the host's copy into job pods.
+"""What a setup sandbox built, brought to the host: streamed out of a pod, read from a local sandbox's root.
 
-Why it is its own module: what comes out of a setup pod was written by the repository's own
-build code (and the setup pod may run the repository's own image), so it is read as hostile.
+Why it is its own module: what comes out of a setup sandbox was written by build code (the
+project's own install, a package's build; a pod may run the repository's own image), so it is
+read as hostile, by both backends the same way (locally PACK runs on the host over
+/proc/<pid>/root/<folder> of the sandbox, once every process of the build is gone).
 Not as a tar: tarfile's extraction filters have had bypasses, and its headers (PAX, long names)
 are read whole into memory. The stream is FrogFix's own, one JSON header line per entry, the
 file's bytes after it, and `receive_environment` builds the tree itself:
@@ -21,10 +23,9 @@ import os
 import stat
 from typing import Any, Protocol
 
-from sandbox.base import ENV_DIR, GENERATED_DIR, SandboxError
+from sandbox.base import SandboxError
 
 ENVIRONMENT_VOLUME = "environment"
-GENERATED_IN_ENV = os.path.relpath(GENERATED_DIR, ENV_DIR)
 MAX_HEADER = 16 * 1024
 MAX_ENTRIES = 500_000
 MAX_NAME = 4096
@@ -49,7 +50,7 @@ for folder, dirs, files in os.walk(root):
         elif stat.S_ISREG(st.st_mode):
             size = st.st_size
             emit({"p": path, "t": "f", "x": bool(st.st_mode & 0o100), "n": size})
-            with open(full, "rb") as source:
+            with os.fdopen(os.open(full, os.O_RDONLY | os.O_NOFOLLOW), "rb") as source:
                 while size > 0:
                     chunk = source.read(min(size, 1 << 20)) or bytes(min(size, 1 << 20))
                     out.write(chunk)
