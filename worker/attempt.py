@@ -387,7 +387,7 @@ class AttemptRunner:
                 raise EnvironmentUnusable(report)
             if tests and config.test_command:
                 before = self.verifier.before(config, base)
-                why = could_not_start(config.test_command, before.exit_code, before.timed_out)
+                why = could_not_start(config.test_command, before.exit_code, before.timed_out, before.log)
                 if why is not None:
                     found = hint(before.log)
                     reason = f"the tests could not start on the base commit: {why}" + (f"; {found}" if found else "")

@@ -63,7 +63,8 @@ class TestRun:
         return data
 
     def outcome(self, command: str) -> RunOutcome:
-        started = self.exit_code is not None and could_not_start(command, self.exit_code, self.timed_out) is None
+        why = could_not_start(command, self.exit_code, self.timed_out, self.log)
+        started = self.exit_code is not None and why is None
         return RunOutcome(self.exit_code, started, self.tests, self.tampered, tuple(self.unavailable))
 
 @dataclass

@@ -38,7 +38,9 @@ tests = ["pytest>=8", "freezegun"]
     plan = plan_for(repo, "python -m pytest -q")
     assert plan.project and plan.extras == ("tests",) and plan.dist_name == "demo-pkg"
     assert plan.install_args() == ["-e", ".[tests]"]
-    assert "pytest" not in plan.requirements  # the tests extra names it
+    # pytest is always asked for, unpinned, when the test command runs it (the resolver meets the extra's
+    # own specifier); it is not called undeclared when a chosen declaration names it.
+    assert plan.requirements == ("pytest",) and not any(line.startswith("pytest") for line in plan.detected)
 
 
 def test_dependency_groups_follow_include_group_once(tmp_path: Path) -> None:
@@ -110,7 +112,7 @@ setup(name="parso", extras_require={
 """})
     plan = plan_for(repo, "python -m pytest -q")
     assert plan.extras == ("testing",) and plan.project
-    assert "pytest" not in plan.requirements  # setup.py names it
+    assert plan.requirements == ("pytest",)  # asked for whatever setup.py's extras hold
 
 
 def test_requirement_files_for_tests_and_tox_deps(tmp_path: Path) -> None:
@@ -125,7 +127,7 @@ def test_requirement_files_for_tests_and_tox_deps(tmp_path: Path) -> None:
     })
     plan = plan_for(repo, "python -m pytest")
     assert plan.requirement_files == ("requirements/requirements-tests.txt",)
-    assert plan.requirements == ("hypothesis",)  # no factor line, no substitution, no packaging tool
+    assert plan.requirements == ("hypothesis", "pytest")  # no factor line, no substitution, no packaging tool
 
 
 def test_pytest_is_added_only_when_the_test_command_runs_it_and_nothing_names_it(tmp_path: Path) -> None:

@@ -14,46 +14,27 @@ only, and nothing a build writes reaches the host but what is read out, within t
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.environment.nonroot_poison import MARK
+from tests.environment.pypi_wheels import copy_wheels, wheels
 from tests.environment.test_setup_phase import CANARY, wheel
 from tests.nonroot import NonRoot
-from tests.realrepos.mirror import PackageMirror, _pip_download
+from tests.realrepos.mirror import PackageMirror
 
 pytestmark = pytest.mark.bwrap
 SCRIPT = Path(__file__).with_name("nonroot_poison.py")
-
-
-def build_tools() -> Path:
-    """setuptools and wheel from PyPI, once per machine (a setup.py project's build needs them from the mirror)."""
-    base = os.environ.get("FROGFIX_TEST_MIRROR_CACHE") or str(Path.home() / ".cache" / "frogfix-test-mirror")
-    folder = Path(base) / "build-tools"
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name("build-tools.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".filled").is_file():
-            done = _pip_download(folder, ["--only-binary=:all:", "setuptools", "wheel"])
-            if done.returncode != 0:
-                raise RuntimeError(f"could not download setuptools and wheel from PyPI:\n{done.stderr[-2000:]}")
-            (folder / ".filled").write_text("ok\n")
-    return folder
 
 
 @pytest.fixture(scope="module")
 def mirror(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PackageMirror]:
     packages = tmp_path_factory.mktemp("packages")
     wheel(packages, "frogdep", "1.0", "VALUE = 42\n")
-    for item in build_tools().iterdir():
-        if item.suffix == ".whl":
-            shutil.copy(item, packages / item.name)
+    copy_wheels(wheels("setuptools", "wheel"), packages)
     with PackageMirror(packages, CANARY) as served:
         yield served
 

@@ -245,3 +245,22 @@ def test_a_non_root_worker_builds_the_environment_and_its_sandboxes_use_it(
     leaked = [str(p) for p in base.rglob("*")
               if p.is_file() and not p.is_symlink() and CANARY.encode() in p.read_bytes()]
     assert leaked == [] and CANARY not in json.dumps(out)
+
+
+def test_a_patched_declarations_environment_serves_that_checkout_alone_and_is_never_cached(
+    roots: tuple[Path, Path], mirror: PackageMirror
+) -> None:
+    """An environment built because a patch changed the declarations is the job's own: gone with it."""
+    settings = settings_for(roots, mirror)
+    checkout = repo(settings.resolved_workspace_dir() / "checkout", "frogdep==1.0\n# patched\n")
+    job = environments(settings)
+    report = job.for_checkout(checkout, "python3 -m unittest", None, None, trusted=False)
+    assert report.ok and report.built and not report.cached, report
+    root = settings.resolved_environment_dir()
+    assert report.path is not None and root not in (report.path.parent, report.path.parent.parent)
+    assert [p.name for p in root.iterdir() if len(p.name) == 64] == []  # no entry in the cache
+    assert not list((root / "resolved").glob("*.json")) if (root / "resolved").exists() else True
+    later = environments(settings).for_checkout(checkout, "python3 -m unittest", None, None)  # a trusted base now
+    assert later.ok and not later.cached and later.path != report.path
+    job.close()
+    assert not report.path.exists()

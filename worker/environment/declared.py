@@ -21,6 +21,7 @@ The rules, in one place (docs/ENVIRONMENTS.md repeats them for operators):
 
 from __future__ import annotations
 
+import ast
 import configparser
 import re
 import tomllib
@@ -48,6 +49,7 @@ MAX_DECLARATION_BYTES = 2 * 1024**2  # a dependency file larger than this is not
 DEPENDENCY_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "uv.lock", "poetry.lock")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _SETUP_EXTRAS = re.compile(r"extras_require\s*=\s*(?:dict\s*\(|\{)(?P<body>.{0,20000}?)(?:\}\s*[,)]|\)\s*,)", re.S)
+_EXTRA = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SETUP_KEY = re.compile(r"""['"]([A-Za-z0-9][A-Za-z0-9._-]*)['"]\s*:|\b([A-Za-z_][A-Za-z0-9_]*)\s*=\s*\[""")
 
 
@@ -132,7 +134,8 @@ def plan_for(workspace: Path, test_command: str | None, overrides: Overrides | N
         extras = _chosen(offered)
         if extras:
             detected.append(f"extras {', '.join(extras)} ({offered[extras[0]]})")
-        tox_extras = [e for e in _tox_list(tox, "extras") if e in offered and e not in extras]
+        # tox installs these for its test run, offered where FrogFix can see it or not (uv warns of an unknown one).
+        tox_extras = [e for e in _tox_list(tox, "extras") if _EXTRA.fullmatch(e) and e not in extras]
         if tox_extras:
             extras += tox_extras
             detected.append(f"extras {', '.join(tox_extras)} (tox.ini [testenv] extras)")
@@ -180,11 +183,14 @@ def plan_for(workspace: Path, test_command: str | None, overrides: Overrides | N
         detected.append(f"{lock} pins {len(constraints)} packages (as constraints)")
 
     if test_command and runs_pytest(test_command):
+        # Always asked for, unpinned: the resolver meets what the declarations say of it, and it is there
+        # even when the declaration that names it was not chosen (an extra named for something else).
         declared = _names(requirements) + _names(_project_deps(project_table, extras))
         declared += _names(_requirement_file_lines(workspace, files))
-        if "pytest" not in declared and not _setup_py_mentions(workspace, "pytest"):
+        if "pytest" not in declared:
+            detected.append("pytest (the test command runs it; nothing chosen above declares it)")
+        if "pytest" not in _names(requirements):
             requirements.append("pytest")
-            detected.append("pytest (the test command runs it and nothing declares it)")
 
     return Plan(
         project=project,
@@ -275,11 +281,71 @@ def _offered_extras(
         offered.update({name: "setup.cfg [options.extras_require]" for name in setup_cfg["options.extras_require"]})
     text = _read(workspace, "setup.py")
     if text:
-        match = _SETUP_EXTRAS.search(text)
-        if match:
-            for quoted, keyword in _SETUP_KEY.findall(match.group("body")):
-                offered.setdefault(quoted or keyword, "setup.py extras_require")
+        for name in setup_py_extras(text):
+            offered.setdefault(name, "setup.py extras_require")
     return offered
+
+
+def setup_py_extras(text: str) -> list[str]:
+    """The extras a setup.py offers, read with `ast` (never run): `extras_require=` as a dict literal,
+    `dict(...)`, or a module-level name bound to one (and keys it is given later, `EXTRAS["x"] = ...`).
+    A setup.py Python cannot parse falls back to a bounded regex over `extras_require={...}`."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError):
+        match = _SETUP_EXTRAS.search(text)
+        found = _SETUP_KEY.findall(match.group("body")) if match else []
+        return list(dict.fromkeys(quoted or keyword for quoted, keyword in found))
+    bound: dict[str, list[str]] = {}
+    for statement in tree.body:
+        targets: list[ast.expr] = []
+        if isinstance(statement, ast.Assign):
+            targets = statement.targets
+        elif isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets = [statement.target]
+        value = getattr(statement, "value", None)
+        for target in targets:
+            if isinstance(target, ast.Name) and value is not None:
+                bound[target.id] = _dict_keys(value, bound)
+            elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+                key = target.slice
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    bound.setdefault(target.value.id, []).append(key.value)
+    names: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and _called(node) in ("setup", "setuptools.setup"):
+            for keyword in node.keywords:
+                if keyword.arg == "extras_require":
+                    names += _dict_keys(keyword.value, bound)
+    return list(dict.fromkeys(name for name in names if _EXTRA.fullmatch(name)))
+
+
+def _called(call: ast.Call) -> str:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+
+
+def _dict_keys(value: ast.expr, bound: dict[str, list[str]]) -> list[str]:
+    """The string keys of a dict literal, `dict(...)` call, a name bound to one, or `{**a, **b}` of those."""
+    if isinstance(value, ast.Name):
+        return list(bound.get(value.id, []))
+    if isinstance(value, ast.Dict):
+        keys: list[str] = []
+        for key, item in zip(value.keys, value.values, strict=True):
+            if key is None:
+                keys += _dict_keys(item, bound)  # {**other}
+            elif isinstance(key, ast.Constant) and isinstance(key.value, str):
+                keys.append(key.value)
+        return keys
+    if isinstance(value, ast.Call) and _called(value) == "dict":
+        keys = [k.arg for k in value.keywords if k.arg]
+        for keyword in value.keywords:
+            if keyword.arg is None:  # dict(**other)
+                keys += _dict_keys(keyword.value, bound)
+        for arg in value.args:
+            keys += _dict_keys(arg, bound)
+        return keys
+    return []
 
 
 def _group(table: dict[str, Any], name: str, seen: set[str]) -> list[str]:
@@ -376,10 +442,23 @@ def _requirement_file_lines(workspace: Path, files: list[str]) -> list[str]:
     return lines
 
 
-def _tox_list(tox: configparser.RawConfigParser, key: str) -> list[str]:
+def _tox_value(tox: configparser.RawConfigParser, key: str) -> str:
+    """`[testenv]`'s `key`, its `{[section]key}` references to other sections replaced (three deep)."""
     if not tox.has_option("testenv", key):
-        return []
-    items = re.split(r"[\s,]+", tox.get("testenv", key))
+        return ""
+    text = tox.get("testenv", key)
+
+    def substituted(match: re.Match[str]) -> str:
+        section, name = match.group(1), match.group(2)
+        return tox.get(section, name) if tox.has_option(section, name) else match.group(0)
+
+    for _ in range(3):
+        text = re.sub(r"\{\[([^\]{}]+)\]([\w-]+)\}", substituted, text)
+    return text
+
+
+def _tox_list(tox: configparser.RawConfigParser, key: str) -> list[str]:
+    items = re.split(r"[\s,]+", _tox_value(tox, key))
     return [item for item in items if item and "{" not in item and ":" not in item]
 
 
@@ -389,11 +468,9 @@ def _tox_deps(workspace: Path, tox: configparser.RawConfigParser) -> tuple[list[
     Lines conditional on a factor (`py38: foo`) and substitutions other than `{toxinidir}` are
     left out: they name environments FrogFix does not run.
     """
-    if not tox.has_option("testenv", "deps"):
-        return [], []
     deps: list[str] = []
     files: list[str] = []
-    for raw in tox.get("testenv", "deps").splitlines():
+    for raw in _tox_value(tox, "deps").splitlines():
         line = raw.split(" #", 1)[0].strip().replace("{toxinidir}/", "")
         if not line or line.startswith("#") or "{" in line or re.match(r"^[\w,!-]+\s*:", line):
             continue
