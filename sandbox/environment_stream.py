@@ -32,29 +32,43 @@ MAX_NAME = 4096
 HEADER_COST = 512
 CHUNK = 1024 * 1024
 
-# Runs inside the setup pod (stdlib): ENV_DIR (argv[1]) as the stream above, on stdout, then the end mark.
+# Stdlib, run inside a setup pod, or on the host over a local sandbox's /proc/<pid>/root/<folder>
+# (argv[1]): that folder as the stream above, on stdout, then the end mark. It walks by descriptors:
+# each folder and file is opened relative to its parent's descriptor with O_NOFOLLOW, so no path is
+# ever resolved again by name (on the host, an absolute link met by name would lead into the host's
+# own root, and a folder swapped for a link mid-walk fails the walk instead of being followed).
 PACK = r"""
 import json, os, stat, sys
 root, out = sys.argv[1], sys.stdout.buffer
+FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 def emit(header):
     out.write(json.dumps(header).encode() + b"\n")
-for folder, dirs, files in os.walk(root):
-    rel = os.path.relpath(folder, root)
-    for name in sorted(dirs + files):
-        full, path = os.path.join(folder, name), os.path.normpath(os.path.join(rel, name))
-        st = os.lstat(full)
+def walk(folder, rel):
+    for name in sorted(os.listdir(folder)):
+        path = name if rel == "." else rel + "/" + name
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
         if stat.S_ISLNK(st.st_mode):
-            emit({"p": path, "t": "l", "to": os.readlink(full)})
+            emit({"p": path, "t": "l", "to": os.readlink(name, dir_fd=folder)})
         elif stat.S_ISDIR(st.st_mode):
-            emit({"p": path, "t": "d"})
+            inner = os.open(name, FLAGS | os.O_DIRECTORY, dir_fd=folder)
+            try:
+                emit({"p": path, "t": "d"})
+                walk(inner, path)
+            finally:
+                os.close(inner)
         elif stat.S_ISREG(st.st_mode):
-            size = st.st_size
-            emit({"p": path, "t": "f", "x": bool(st.st_mode & 0o100), "n": size})
-            with os.fdopen(os.open(full, os.O_RDONLY | os.O_NOFOLLOW), "rb") as source:
+            with os.fdopen(os.open(name, FLAGS, dir_fd=folder), "rb") as source:
+                st = os.fstat(source.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                size = st.st_size
+                emit({"p": path, "t": "f", "x": bool(st.st_mode & 0o100), "n": size})
                 while size > 0:
                     chunk = source.read(min(size, 1 << 20)) or bytes(min(size, 1 << 20))
                     out.write(chunk)
                     size -= len(chunk)
+top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+walk(top, ".")
 emit({"end": True})
 out.flush()
 """

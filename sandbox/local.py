@@ -262,12 +262,16 @@ class LocalSandbox(RunnerClient):
 
     def collect_environment(self) -> None:
         """The setup's `target`, read on the host through the sandbox's own root (/proc/<pid>/root) by
-        the same stream and receiver as a pod's (sandbox/environment_stream.py): links are kept,
-        never followed, and the host stops at the setup's size. Call it between commands: the runner
-        has ended every process of the build, so nothing inside changes the tree while it is read."""
+        the same stream and receiver as a pod's (sandbox/environment_stream.py): walked by descriptors,
+        links kept and never followed, and the host stops at the setup's size. The runner first kills
+        every other process of the sandbox (`settle`), so no leftover of the build changes the tree
+        while it is read."""
         setup = self.spec.setup
         if setup is None:
             raise SandboxError("only a setup sandbox has an environment to collect")
+        settled = self._request({"op": "settle"}, 60.0)
+        if settled.get("left"):
+            raise SandboxError(f"{settled['left']} processes of the build outlived the settle: nothing is read")
         with self._lock:
             self._check_usable()
             pid = self._res.child

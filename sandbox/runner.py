@@ -19,7 +19,10 @@ the line could not be parsed) and carries `ok`.
     inherits, named by FROGFIX_RESULTS_FD; the reply adds "results" (what arrived while the command
     ran, read once more when it ended and never after) and "results_overflow" (more than N bytes)
     {"id": 4, "op": "patch", "base": "<sha>"}                -> {"id": 4, "ok": true, "patch_b64": "..."}
-    {"id": 5, "op": "shutdown"}                              -> {"id": 5, "ok": true}, then exit 0
+    {"id": 5, "op": "settle"}                                -> {"id": 5, "ok": true, "left": 0}
+    (with --reclaim: every other process of the sandbox killed and reaped, so what the worker then reads
+    of the sandbox's files no process changes; `left` counts any that remain)
+    {"id": 6, "op": "shutdown"}                              -> {"id": 6, "ok": true}, then exit 0
     anything malformed or failing in the runner itself
         -> {"id": ..., "ok": false, "code": "bad_request", "error": "ValueError: bad request: ..."}
 
@@ -1121,6 +1124,11 @@ class Server:
             max_bytes = int(_request_number(request, "max_bytes", MAX_PATCH_BYTES))
             patch = take_patch(self.root, base, max_bytes=max_bytes, spawner=self.spawner)
             return {"patch_b64": base64.b64encode(patch).decode("ascii"), "size": len(patch)}
+        if op == "settle":
+            if not self.spawner.reclaim:
+                raise BadRequest("bad request: settle needs a runner started with --reclaim")
+            reclaim_processes()
+            return {"left": len(leftovers())}
         if op == "ping":
             python = ".".join(map(str, sys.version_info[:3]))
             return {"pong": True, "pid": os.getpid(), "uid": os.getuid(), "python": python}

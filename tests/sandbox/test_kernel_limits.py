@@ -119,6 +119,35 @@ def test_a_setup_sandboxs_environment_folder_has_an_inode_bound(ws_base: Path, w
         sb.close()
 
 
+def test_no_leftover_of_the_build_runs_while_the_host_reads_what_it_built(ws_base: Path, workspace: Path) -> None:
+    """A build's background process could swap a folder for a link while the worker reads the sandbox's
+    files over /proc/<pid>/root (issue 34 review): the runner kills every leftover first (`settle`)."""
+    folders = {name: Path(tempfile.mkdtemp(prefix=f"setup-{name}-", dir=ws_base)) for name in ("files", "out")}
+    for folder in folders.values():
+        folder.chmod(0o755)
+    setup = SetupMounts(env_size_bytes=32 * MiB, files=str(folders["files"]), relay=None, out=str(folders["out"]))
+    sb = LocalSandbox(SandboxSpec(workspace=str(workspace), setup=setup), use_cgroups=False)
+    try:
+        loop = f"while :; do mkdir -p {ENV_DIR}/z; rm -rf {ENV_DIR}/z; ln -sfn / {ENV_DIR}/z; sleep 0.01; done"
+        started = sb.run_command(f"setsid sh -c {shlex.quote(loop)} >/dev/null 2>&1 < /dev/null & echo started",
+                                 30)
+        assert "started" in started.log
+        child = sb._res.child
+        assert child is not None
+
+        def children() -> str:
+            return "".join(Path(f"/proc/{child}/task/{task}/children").read_text()
+                           for task in os.listdir(f"/proc/{child}/task"))
+
+        assert children().strip(), "the leftover runs before the read"
+        sb.collect_environment()
+        assert children().strip() == "", "a leftover outlived the settle"
+        got = folders["out"] / "z"
+        assert not got.exists() or got.is_symlink(), "a link is kept as a link, never followed"
+    finally:
+        sb.close()
+
+
 # ------------------------------------------------------------------------------ System V IPC
 
 

@@ -89,6 +89,46 @@ def build_code_paths(read: Read, requirement_files: Iterable[str] = ()) -> tuple
     return tuple(sorted(found))
 
 
+def resolution_inputs(read: Read, requirement_files: Iterable[str] = ()) -> tuple[str, ...]:
+    """Files besides the declarations and the build code that resolving the project's dependencies reads,
+    for the environment's key: requirement files and their `-r`/`-c` includes, setuptools' `file`
+    metadata (pyproject's `[tool.setuptools.dynamic]`, setup.cfg's `file:`), and every existing file a
+    string in setup.py names (`open("requirements.txt")`). Sorted, unique, bounded like the rest."""
+    files = _Files(read)
+    found: set[str] = set()
+    queue: deque[str | None] = deque([*requirement_files, *COMMON_REQUIREMENTS])
+    seen: set[str] = set()
+    while queue and len(seen) < MAX_REQUIREMENT_FILES:
+        name = queue.popleft()
+        if name is None or name in seen:
+            continue
+        seen.add(name)
+        text = files.text(name)
+        if text is None:
+            continue
+        found.add(name)
+        for line in text.splitlines():
+            included = _INCLUDE.match(re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip())
+            if included:
+                queue.append(_join(posixpath.dirname(name), included[1]))
+    named: list[str] = []
+    dynamic = _table(_table(_table(_toml(files.text("pyproject.toml")), "tool"), "setuptools"), "dynamic")
+    for value in dynamic.values():
+        given = value.get("file") if isinstance(value, dict) else None
+        named += [given] if isinstance(given, str) else [f for f in given or [] if isinstance(f, str)]
+    cfg = _ini(files.text("setup.cfg"))
+    for section in cfg.sections():
+        for _, value in cfg.items(section):
+            if value.strip().startswith("file:"):
+                named += [part.strip() for part in value.strip()[5:].split(",")]
+    named += _STRING.findall(files.text("setup.py") or "")
+    for name in named[:MAX_WALK_FILES]:
+        path = _join("", name) if name and not name.startswith("/") else None
+        if path is not None and files.exists(path):
+            found.add(path)
+    return tuple(sorted(found))
+
+
 def is_build_code(path: str, build_paths: Iterable[str]) -> bool:
     """Whether a changed path (repository-relative) is among `build_paths` (from `build_code_paths`)."""
     return posixpath.normpath(path) in set(build_paths)

@@ -36,6 +36,7 @@ import re
 import secrets
 import shutil
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -60,7 +61,7 @@ from sandbox.base import (
 from sandbox.quantity import parse_quantity
 from worker import mirrors, workspace_pool
 from worker.environment import generated
-from worker.environment.build_code import build_code_paths, read_from_folder
+from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
 from worker.environment.relay import IndexRelay, MirrorURL
 from worker.environment.steps import (
@@ -162,7 +163,8 @@ class SetupRequest:
     version: str | None  # the project's version from its last release tag, for setuptools-scm and hatch-vcs
     tag: str | None
     image: str | None = None  # the job's sandbox image (`.frogfix.yml` image:), where the backend uses one
-    build_code: tuple[str, ...] = ()  # the files the project's own install runs (worker/environment/build_code.py)
+    # The files the project's own install runs and its resolution reads (worker/environment/build_code.py).
+    build_code: tuple[str, ...] = ()
 
 
 # (workspace, mounts, environment variables, image, built environment) -> a started setup sandbox
@@ -199,6 +201,8 @@ class Environments:
         self._private = private
         self._own_private = private is None
         self._announced = False
+        # Attempts side by side share one object: one builds a declaration's layers while the other waits.
+        self._lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -226,25 +230,28 @@ class Environments:
             return EnvironmentReport(True, reason="not a Python repository: nothing to build")
         try:
             plan = plan_for(workspace, test_command, overrides)
-            build_code = build_code_paths(read_from_folder(workspace), plan.requirement_files)
+            read = read_from_folder(workspace)
+            build_code = build_code_paths(read, plan.requirement_files)
+            build_code += resolution_inputs(read, plan.requirement_files)
         except (DeclarationError, OSError) as exc:
             return failed(self.redact(f"the repository's dependency files cannot be read: {exc}"), built=False)
         tag, version = self._version(commit)
         request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag, image, build_code)
         key = declaration_key(request, self._mirror, self.settings)
-        if key in self._known:
-            return self._known[key]
-        started = time.monotonic()
-        try:
-            report = self._prepared(request, key, trusted)
-        except StepFailed as exc:
-            report = exc.report
-        report.seconds = time.monotonic() - started
-        report.detected = list(plan.detected)
-        if report.ok:
-            self._known[key] = report
-            self.on_stage("environment", report.line(), report.to_dict())
-        return report
+        with self._lock:
+            if key in self._known:
+                return self._known[key]
+            started = time.monotonic()
+            try:
+                report = self._prepared(request, key, trusted)
+            except StepFailed as exc:
+                report = exc.report
+            report.seconds = time.monotonic() - started
+            report.detected = list(plan.detected)
+            if report.ok:
+                self._known[key] = report
+                self.on_stage("environment", report.line(), report.to_dict())
+            return report
 
     def _version(self, commit: str | None) -> tuple[str | None, str | None]:
         if commit is None or self.source_repository is None:
@@ -308,6 +315,12 @@ class Environments:
                 relay=True, size=RESOLVE_SIZE, image=request.image,
             )
             resolution = _read_resolution(out / RESOLVED, request.plan.project)
+        for folder in resolution.local:  # a real folder of the checkout, reached through no link
+            here = request.workspace
+            for part in [] if folder == "." else folder.split("/"):
+                here = here / part
+                if here.is_symlink() or not here.is_dir():
+                    raise StepFailed(failed(f"the resolved dependencies name {folder!r}, not a folder of the checkout"))
         if trusted:
             saved.parent.mkdir(exist_ok=True)
             partial = saved.with_name(f".{saved.name}.{secrets.token_hex(4)}")

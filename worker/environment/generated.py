@@ -3,23 +3,30 @@
 Why they are handled on the host, each time: a setuptools-scm or hatch-vcs project's tests import
 the `_version.py` its build writes, and git ignores it, so a fresh checkout lacks it. But those
 files were written by build code, so:
-- a file is laid only where the checkout has nothing (no tracked file, no file a patch added) and
-  every folder on the way is a real folder of the checkout, checked for each checkout it is laid
-  in (a later commit may track the path);
+- a file is laid only where the checkout has nothing (no tracked file, no file a patch added),
+  every folder on the way is a real folder of the checkout, and the checkout's own ignore rules
+  (its tracked .gitignore files, asked of the worker's git, never the build's `.git/info/exclude`
+  or config) ignore it, so `git add -A` never takes it into a patch; checked for each checkout
+  it is laid in (a later commit may track or un-ignore the path);
 - a conftest.py, *.pth, sitecustomize.py or usercustomize.py is never laid: each would run in
-  every test run (the builder refuses an install that generates one: `refused_in`);
+  every test run (the builder refuses an install that generates one: `refused_in`); nor is a
+  test module or a test runner's configuration (`NEVER_LAID`);
 - only regular files; links are skipped.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
 from worker import gitcalls
 
 REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
+# Laid by no build FrogFix knows, and each would change what a test run runs: skipped, never refused.
+NEVER_LAID = re.compile(r"(^|/)(pytest\.ini|\.pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml|noxfile\.py"
+                        r"|test_[^/]*\.py|[^/]*_test\.py|\.gitignore|\.gitattributes)$")
 MAX_FILES = 10_000
 
 
@@ -55,14 +62,11 @@ def lay(workspace: Path, folder: Path) -> list[str]:
     files = _files(folder)[:MAX_FILES]
     if not files:
         return []
-    done = gitcalls.run_git(
-        ["-C", str(workspace), "ls-files", "-z"], env=gitcalls.git_environment(), what="git ls-files",
-        timeout=gitcalls.LOCAL_TIMEOUT,
-    )
-    tracked = set(done.stdout.decode("utf-8", "surrogateescape").split("\0"))
+    files = [rel for rel in files if not is_refused(rel) and not NEVER_LAID.search(rel)]
+    ignored = _ignored(workspace, files)
     laid = []
     for rel in files:
-        if is_refused(rel) or rel in tracked or not _room_for(workspace, rel):
+        if rel not in ignored or not _room_for(workspace, rel):
             continue
         target = workspace / rel
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -80,6 +84,20 @@ def lay(workspace: Path, folder: Path) -> list[str]:
             os.close(source)
         laid.append(rel)
     return laid
+
+
+def _ignored(workspace: Path, files: list[str]) -> set[str]:
+    """Which of `files` the checkout's own rules ignore and git does not track (the worker's isolated
+    git: no global or system config, so only the checkout's .gitignore files and FrogFix's own
+    .git/info/exclude count)."""
+    if not files:
+        return set()
+    done = gitcalls.run_git(
+        ["-C", str(workspace), "-c", "core.excludesFile=/dev/null", "check-ignore", "-z", "--stdin"],
+        env=gitcalls.git_environment(), what="git check-ignore", timeout=gitcalls.LOCAL_TIMEOUT,
+        stdin="\0".join(files).encode("utf-8", "surrogateescape") + b"\0", check=False,
+    )
+    return {p for p in done.stdout.decode("utf-8", "surrogateescape").split("\0") if p}
 
 
 def _room_for(workspace: Path, rel: str) -> bool:

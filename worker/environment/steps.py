@@ -40,9 +40,11 @@ NOT_GENERATED = (
     r"(^|/)(__pycache__|\.pytest_cache|\.mypy_cache|\.tox|\.nox|\.venv|\.eggs|build|dist|[^/]*\.egg-info)(/|$)"
     r"|\.py[co]$"
 )
+# The checkout's git config may be the build's by now: no fsmonitor hook or untracked cache of its runs.
 SAVE = f"""set -e -o pipefail
 mkdir -p {PROJECT_GENERATED}
-git ls-files -z --others --ignored --exclude-standard 2>/dev/null \\
+GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.fsmonitor=false -c core.untrackedCache=false \\
+  ls-files -z --others --ignored --exclude-standard 2>/dev/null \\
   | {{ grep -zvE '{NOT_GENERATED}' || true; }} | xargs -0 -r cp -a --parents -t {PROJECT_GENERATED}/
 """
 _PIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}==[A-Za-z0-9][A-Za-z0-9.+!_-]{0,99}")
@@ -211,13 +213,25 @@ def parse_resolution(text: str, project: bool) -> Resolution:
     return Resolution(tuple(pins), tuple(local))
 
 
+_LOCAL_PATH = re.compile(r"[A-Za-z0-9_./-]+")
+
+
 def inside_checkout(where: str) -> str | None:
-    """`where` (a path or file: URL from the resolution) as a folder relative to /workspace; None outside it."""
-    where = re.sub(r"^file:(//)?", "", where.split("[", 1)[0])
+    """`where` (a path or file: URL from the resolution) as a folder relative to /workspace; None for anything
+    else: outside it, a VCS or other URL, a host in a file: URL, an option, characters beyond a plain path's.
+    The builder checks on the host that it is a real folder of the checkout."""
+    where = where.split("[", 1)[0]
+    if where.startswith("file://"):
+        host, _, rest = where.removeprefix("file://").partition("/")
+        if host not in ("", "localhost"):
+            return None
+        where = "/" + rest
+    elif where.startswith("file:"):
+        where = where.removeprefix("file:")
+    if not _LOCAL_PATH.fullmatch(where) or where.startswith("-") or ".." in where.split("/"):
+        return None
     if not where.startswith("/"):
         where = "/workspace/" + where
-    if ".." in where.split("/"):
-        return None
     normal = os.path.normpath(where)
     if normal == "/workspace":
         return "."
