@@ -96,3 +96,11 @@ def test_the_pins_key_covers_every_file_the_resolution_reads(tmp_path: Path) -> 
     found = resolution_inputs(read_from_folder(root), ["requirements-test.txt"])
     assert set(found) >= {"requirements.txt", "requirements-test.txt", "requirements/base.in", "deps.in",
                           "cfg-deps.txt"}, found
+
+
+def test_a_string_naming_a_folder_is_no_file_the_resolution_reads(tmp_path: Path) -> None:
+    """setup.py names folders too (`package_dir={"": "src"}`): read as absent, never an error."""
+    root = tmp_path / "repo"
+    (root / "src").mkdir(parents=True)
+    (root / "setup.py").write_text('from setuptools import setup\nsetup(package_dir={"": "src"})\n')
+    assert resolution_inputs(read_from_folder(root)) == ()

@@ -151,10 +151,11 @@ def read_from_folder(root: Path) -> Read:
             fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError:
             return None
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DECLARATION_BYTES:  # a folder, a FIFO, too large
+            os.close(fd)
+            return None
         with os.fdopen(fd, "rb") as handle:
-            info = os.fstat(handle.fileno())
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_DECLARATION_BYTES:
-                return None
             data = handle.read(MAX_DECLARATION_BYTES + 1)
         return None if len(data) > MAX_DECLARATION_BYTES else data.decode("utf-8", "replace")
 
