@@ -36,6 +36,7 @@ __all__ = [
     "ACTIVE_PREDICATE",
     "ACTIVE_STATUSES",
     "FINAL_STATUSES",
+    "AnswerRefusal",
     "Base",
     "Evaluation",
     "EvaluationResult",
@@ -164,6 +165,9 @@ class Job(UsageColumns, Base):
     # `Choice.to_dict`), and when FrogFix asked the reporter a question instead of publishing.
     selection: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     asked_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    # A member's `/frogfix` answer that arrived while a run was queued or active (migration 0012): it runs when
+    # that run ends (app/jobs/transitions.py `run_waited_answers`). NULL: none waits.
+    answer_waiting: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True), nullable=True)
     # Model slots the job holds beyond its own while its attempts run side by side (app/jobs/job_slots.py).
     extra_slots: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     heartbeat_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
@@ -324,6 +328,22 @@ class RoundRequest(Base):
             "status": self.status, "reason": self.reason, "author": self.author, "data": self.data,
             "job_id": self.job_id, "created_at": iso(self.created_at),
         }
+
+
+class AnswerRefusal(Base):
+    """Someone told on an issue that their `/frogfix` answer starts nothing (migration 0012): told once per
+    person and issue, however often they comment it (app/jobs/intake.py)."""
+
+    __tablename__ = "answer_refusals"
+    __table_args__ = (UniqueConstraint("forge", "project", "issue", "author", name="uq_answer_refusals_issue_author"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    forge: Mapped[str] = mapped_column(String(16))
+    project: Mapped[str] = mapped_column(String(255))
+    issue: Mapped[int] = mapped_column(Integer)
+    author: Mapped[str] = mapped_column(String(255))  # casefolded
+    comment_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
 
 
 class JobEvent(Base):

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, inspect
 from app import migrate
 from app.models import Base
 
-HEAD = "0011"
+HEAD = "0012"
 
 
 def _check_schema(url: str) -> None:

@@ -345,10 +345,10 @@ class Pipeline:
         self.issue_url = issue.web_url or self.issue_url
         self.update(title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url)
         self.event("admitted", f"{adder} may trigger; issue re-read from the API")
-        if self.asked_at is not None:  # the comments since FrogFix's question go into the task
-            self.answers = answers_since(
-                self.forge, self.project, self.issue, self.asked_at, allow_internal=self.s.gitlab_allow_confidential
-            )
+        if self.asked_at is not None:  # the comments since the question, up to the /frogfix that queued the run
+            until = in_transaction(lambda session: records.answer_comment(session, self.job_id))
+            self.answers = answers_since(self.forge, self.project, self.issue, self.asked_at, until=until,
+                                         reporter=issue.author, allow_internal=self.s.gitlab_allow_confidential)
             authors = sorted({c.author or "?" for c in self.answers})
             self.event(
                 "answers_read",

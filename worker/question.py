@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from app.forge.api import Forge
+from app.forge.api import Forge, ForgeError
 from app.forge.reviews import IssueComment, command_text
 from app.logs import get_logger
 from app.moments import as_utc
@@ -32,6 +32,8 @@ from worker.attempt import AttemptOutcome, AttemptResult
 from worker.evidence import FAILED
 from worker.issue_text import sanitize_issue_text
 from worker.leaf.model import ModelClient
+from worker.leaf.prompts import MAX_ANSWERS, MAX_ANSWERS_CHARS, render_comments
+from worker.linkless import linkless, unreferenced
 from worker.report import ZWSP, code_span, inert
 
 log = get_logger("frogfix.question")
@@ -286,7 +288,6 @@ _INPUT_LIMIT: Final = 8_000  # what of a reply is looked at (a 100 KB reply cost
 _HTML_TAG = re.compile(r"</?[A-Za-z!/?][^>]{0,500}>")
 _MD_LINK = re.compile(r"!?\[([^\]\n]{0,500})\]\([^)\n]{0,2000}\)")
 _MD_REF = re.compile(r"!?\[([^\]\n]{0,500})\]\[[^\]\n]{0,200}\]")
-_URL = re.compile(r"(?i)(?:\b[a-z][a-z0-9+.\-]{0,30}://|\bwww\.|\b(?:mailto|javascript|data|file|vbscript):)\S*")
 # What starts a Markdown block at a line's start: a heading, a quote, a list item, a rule, a table row.
 _BLOCK_START = re.compile(r"^\s*(?:(?:#{1,6}|>|[*+\-]|\d{1,3}[.)])(?=\s|$)\s*|[=\-_*~]{2,}\s*|\|\s*)+")
 _LABEL = re.compile(r"(?i)^\**\s*(?:question|q)\s*\**\s*[:.\-]\s*\**\s*")
@@ -299,17 +300,17 @@ def safe_question(text: str | None, redact: Callable[[str], str], limit: int = Q
 
     Redacted first (before anything is inserted that could split a secret) and again once cleaned (the
     cleaning may join what tags or hidden characters split); then no HTML, images, links, URLs, code,
-    headings, lists or line breaks, and `inert`: no @mention, `/` command, reference or closing keyword
-    can act. `/frogfix` anywhere is broken as well."""
+    headings, lists or line breaks: `linkless` leaves no link, image or reference any of the forges'
+    renderers would form, and `inert` no @mention, `/` command or closing keyword that can act.
+    `/frogfix` anywhere is broken as well."""
     if not text:
         return None
     text = redact(text)[:_INPUT_LIMIT]
     text = sanitize_issue_text(text, limit=_INPUT_LIMIT)  # HTML comments, hidden HTML, images, invisible chars
     text = "".join(c if c.isprintable() or c in "\n\t" else " " for c in text)
     text = _HTML_TAG.sub("", text)  # joined, not spaced: a secret split by a tag is whole for the redaction below
-    text = _MD_LINK.sub(r"\1", text)
-    text = _MD_REF.sub(r"\1", text)
-    text = _URL.sub("[link removed]", text)
+    text = _MD_LINK.sub(r"\1", text)  # the link text is kept, readable; what is left of any link form,
+    text = _MD_REF.sub(r"\1", text)  # however nested or escaped, `linkless` leaves no syntax to form
     text = text.replace("`", "'").replace("~~~", "~")
     lines = [_BLOCK_START.sub("", line) for line in text.splitlines()]
     text = " ".join(" ".join(lines).split())
@@ -320,27 +321,46 @@ def safe_question(text: str | None, redact: Callable[[str], str], limit: int = Q
     if sum(c.isalpha() for c in text) < 12:
         return None
     text = redact(text)
-    return _COMMAND.sub("/" + ZWSP, inert(text))
+    return _COMMAND.sub("/" + ZWSP, unreferenced(inert(linkless(text))))
 
 
 # -- the answer -----------------------------------------------------------------------------------
 
 
 def answers_since(
-    forge: Forge, project: str, issue: int, asked_at: datetime, *, allow_internal: bool = False
+    forge: Forge,
+    project: str,
+    issue: int,
+    asked_at: datetime,
+    *,
+    allow_internal: bool = False,
+    until: str | None = None,
+    reporter: str | None = None,
 ) -> list[IssueComment]:
-    """The issue's comments written since FrogFix asked its question, oldest first, for the agent's task.
+    """The issue's comments written since FrogFix asked its question, up to the `/frogfix` the run answers,
+    oldest first, for the agent's task.
 
-    After FrogFix's newest question comment (found by QUESTION_MARKER, so no clock is compared), or,
-    when it cannot be found, those created after `asked_at`. Never FrogFix's own comments; never an
-    internal (confidential) note unless `allow_internal`; not a bare `/frogfix` with nothing after it.
-    The forge client bounds them (count and size); the task's renderer bounds them again."""
+    `until` (the `/frogfix` comment that queued the run, app/jobs/records.py `answer_comment`) ends them: none
+    written after it reaches the task (by its place in the list; the forges number comments in the order they
+    are written, so the ids tell when it is not there any more). They start after FrogFix's newest question
+    comment before that (found by QUESTION_MARKER, so no clock is compared), or, when none can be found,
+    with those created after `asked_at`. Never FrogFix's own comments; never an internal (confidential) note
+    unless `allow_internal`; not a bare `/frogfix` with nothing after it. The forge client bounds what it
+    reads (count and size); the task keeps MAX_ANSWERS within MAX_ANSWERS_CHARS, and `within_bounds` chooses
+    them so that others' comments never crowd out the reporter's (`reporter`) and the members'."""
     comments = forge.issue_comments(project, issue)
-    bot = forge.bot_username().lower()
+    bot = forge.bot_username().casefold()
 
     def mine(comment: IssueComment) -> bool:
-        return (comment.author or "").lower() == bot
+        return (comment.author or "").casefold() == bot
 
+    trigger = None
+    if until:
+        at = next((index for index, c in enumerate(comments) if c.id == until), None)
+        if at is not None:
+            trigger, comments = comments[at], comments[: at + 1]
+        elif until.isdigit():
+            comments = [c for c in comments if not c.id.isdigit() or int(c.id) <= int(until)]
     start = None
     for index, comment in enumerate(comments):
         if mine(comment) and QUESTION_MARKER in comment.body:
@@ -350,8 +370,70 @@ def answers_since(
     else:
         asked = as_utc(asked_at)  # a naive moment (an old record's) is UTC, as every FrogFix writes
         after = [c for c in comments if c.created_at is not None and c.created_at > asked]
-    return [
+    kept = [
         c
         for c in after
         if not mine(c) and (allow_internal or not c.internal) and c.body.strip() and command_text(c.body) != ""
     ]
+    known = {name.casefold() for name in (reporter, trigger.author if trigger else None) if name}
+    return within_bounds(kept, _first_for(forge, project, kept, known))
+
+
+MAX_MEMBER_LOOKUPS: Final = 10  # authors whose rights are asked of the forge when the comments are over the bound
+
+
+def _first_for(
+    forge: Forge, project: str, comments: Sequence[IssueComment], known: set[str]
+) -> Callable[[IssueComment], bool]:
+    """Whether a comment's author comes first: the reporter, the run's trigger (`known`), or a member.
+
+    Members are asked of the forge only when a comment's place is at stake, at most MAX_MEMBER_LOOKUPS
+    authors, those who wrote first after the question first (an answer tends to come before the noise);
+    an author the forge cannot tell about, or past the lookups, comes after."""
+    order = list(dict.fromkeys((c.author or "").casefold() for c in comments if c.author))
+    asked: dict[str, bool] = {}
+
+    def first(comment: IssueComment) -> bool:
+        author = (comment.author or "").casefold()
+        if not author or author in known:
+            return bool(author)
+        if author not in asked:
+            asked[author] = False
+            if order.index(author) < MAX_MEMBER_LOOKUPS + len(known):
+                try:
+                    asked[author] = bool(forge.can_trigger(project, comment.author or ""))
+                except ForgeError as exc:
+                    log.info("answer_author_unknown", error=str(exc)[:300])
+        return asked[author]
+
+    return first
+
+
+def _room(comment: IssueComment) -> int:
+    """What the comment takes of the task's MAX_ANSWERS_CHARS: its block as the task renders it, the join
+    between blocks, and a digit more of its number."""
+    return len(render_comments([comment])) - _EMPTY_SECTION + 3
+
+
+_EMPTY_SECTION: Final = len(render_comments([]))
+
+
+def within_bounds(comments: Sequence[IssueComment], first: Callable[[IssueComment], bool]) -> list[IssueComment]:
+    """At most MAX_ANSWERS of `comments` within MAX_ANSWERS_CHARS (what the task keeps), oldest first: those
+    whose author comes `first` (the newest of them first), then the others only while room is left.
+
+    When they all fit, they are all kept and no one is asked anything."""
+    sizes = [_room(c) for c in comments]
+    if len(comments) <= MAX_ANSWERS and sum(sizes) <= MAX_ANSWERS_CHARS:
+        return list(comments)
+    chosen: set[int] = set()
+    used = 0
+    for wanted in (True, False):
+        for index in reversed(range(len(comments))):
+            if len(chosen) >= MAX_ANSWERS:
+                break
+            if index in chosen or used + sizes[index] > MAX_ANSWERS_CHARS or first(comments[index]) != wanted:
+                continue
+            chosen.add(index)
+            used += sizes[index]
+    return [c for index, c in enumerate(comments) if index in chosen]

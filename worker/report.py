@@ -185,6 +185,26 @@ def _exit(run: dict[str, Any] | None) -> str:
     return f"exit {run.get('exit_code')}"
 
 
+REVIEW_FLAGS = "Review flags"
+
+
+def flags_block(
+    flags: Sequence[str], redact: Callable[[str], str], *, round_number: int | None = None, limit: int | None = None
+) -> list[str]:
+    """The bold review flags, in the same words wherever they show: round 0's MR description, every
+    round's reply and (`round_number`: whose they are) the rounds section. One line each, whatever
+    file name a flag quotes; a flag quotes what the repository or the model chose, so it is redacted
+    first, then made inert. `limit`: at most that many lines, then how many more. No flags: nothing."""
+    if not flags:
+        return []
+    where = "" if round_number is None else f" (round {int(round_number)})"
+    shown = list(flags)[:limit] if limit is not None else list(flags)
+    lines = [f"**{REVIEW_FLAGS}{where}:**", *[f"- **{inert(escape_hidden(redact(flag)))}**" for flag in shown]]
+    if len(flags) > len(shown):
+        lines.append(f"- and {len(flags) - len(shown)} more (see the job page)")
+    return [*lines, ""]
+
+
 def mr_description(
     *,
     issue_ref: str,
@@ -208,8 +228,7 @@ def mr_description(
     lines += ["A human must review this change before it is merged. FrogFix never merges.", ""]
     lines += _evidence_section(tests, redact)
     lines += _selection_section(selection)
-    if flags:  # one line each, whatever file name a flag quotes
-        lines += ["**Review flags:**", *[f"- **{inert(escape_hidden(redact(flag)))}**" for flag in flags], ""]
+    lines += flags_block(flags, redact)
     if tests.flaky:
         lines += ["**The patched tests gave different results between runs: treat them as flaky.**", ""]
     # The model's own words, which a hostile issue may have shaped: shown as plain text, never rendered.
@@ -359,6 +378,7 @@ ROUNDS_START = "<!-- frogfix:rounds-start -->"
 ROUNDS_END = "<!-- frogfix:rounds-end -->"  # where our section stops, so a human's text after it is kept
 REPLY_SUMMARY_LIMIT = 2_000
 MAX_ROUND_LINES = 50  # the newest rounds of a long thread: the section stays bounded
+MAX_ROUND_FLAGS = 20  # a round's flags the rounds section lists; its reply and the job page list them all
 _SHORT_SHA = re.compile(r"[0-9a-f]{7,64}")
 # Our words for a job's status, in the rounds section and in the replies.
 ROUND_OUTCOMES = {
@@ -385,11 +405,13 @@ class RoundLine:
     outcome: str  # our own words: the job's status ("done", "no fix", "running", ...)
     job_url: str | None = None
     ci: str | None = None  # forge CI on `commit`, a CiStatus (success, failed, ...), when a result came
+    flags: tuple[str, ...] = ()  # the review flags of what the round pushed (the job's flags)
 
 
 _BREAK = re.compile(r"\r\n|\r|\n")  # where CommonMark ends a line
 _FENCE = re.compile(r" {0,3}(`{3,}|~{3,})(.*)")
 _OLD_TABLE = "| round | kind |"  # how the table of the previous versions' section starts
+_ROUND_FLAGS = re.compile(rf"\*\*{REVIEW_FLAGS} \(round \d+\):\*\*")  # a round's flags block in the section
 
 
 def _marks(text: str) -> list[tuple[int, int, str | None]]:
@@ -415,10 +437,19 @@ def _marks(text: str) -> list[tuple[int, int, str | None]]:
 
 
 def _table_end(marks: list[tuple[int, int, str | None]], i: int) -> int:
-    """The last line of the table right after line `i` (rows, blank lines, our heading), without its
-    trailing blank lines; `i` when there is none."""
-    j = i
-    while j + 1 < len(marks) and (s := marks[j + 1][2]) is not None and (s in ("", ROUNDS_HEADING) or s[:1] == "|"):
+    """The last line of the table right after line `i` (rows, blank lines, our heading, the rounds' flags
+    blocks: a heading of ours and the `- ` lines right under it), without its trailing blank lines; `i`
+    when there is none."""
+    j, listing = i, False
+    while j + 1 < len(marks) and (s := marks[j + 1][2]) is not None:
+        if _ROUND_FLAGS.fullmatch(s):
+            listing = True
+        elif listing and s.startswith("- "):
+            pass
+        elif s in ("", ROUNDS_HEADING) or s[:1] == "|":
+            listing = False
+        else:
+            break
         j += 1
     while j > i and marks[j][2] == "":
         j -= 1
@@ -487,7 +518,11 @@ def rounds_section(description: str, rounds: Sequence[RoundLine], redact: Callab
         kind = inert(escape_hidden(r.kind))
         ci = inert(escape_hidden(redact(r.ci)[:20])) if r.ci else "-"
         section.append(f"| {number} | {kind} | {who} | {commit} | {inert(escape_hidden(redact(r.outcome)))} | {ci} |")
-    section += ["", ROUNDS_END]
+    section.append("")
+    for r in list(rounds)[-MAX_ROUND_LINES:]:  # round 0's own flags head the description already
+        if r.number > 0:
+            section += flags_block(r.flags, redact, round_number=r.number, limit=MAX_ROUND_FLAGS)
+    section.append(ROUNDS_END)
     return _with_section(description, "\n".join(section), redact)
 
 
@@ -518,8 +553,10 @@ def round_reply_pushed(
     job_id: int,
     job_url: str | None,
     redact: Callable[[str], str],
+    flags: Sequence[str] = (),
 ) -> str:
-    """The reply to a round's requests when it pushed a commit: the files changed and the agent's summary.
+    """The reply to a round's requests when it pushed a commit: the files changed, the round's review
+    flags (as round 0's description shows them) and the agent's summary.
 
     The summary is the model's text, which a hostile comment may have shaped: redacted, bounded and
     fenced (disarmed inside), as in the MR description.
@@ -534,6 +571,7 @@ def round_reply_pushed(
     if len(diffstat) > 50:
         files.append(f"and {len(diffstat) - 50} more")
     lines += ["**Files changed:** " + (", ".join(files) or "none"), ""]
+    lines += flags_block(flags, redact)
     text = redact(summary.strip() or "(no summary)")[:REPLY_SUMMARY_LIMIT]
     lines += ["**What the agent says:**", "", _fence(text)]
     return redact("\n".join(lines))
@@ -566,9 +604,11 @@ def update_reply_pushed(
     job_id: int,
     job_url: str | None,
     redact: Callable[[str], str],
+    flags: Sequence[str] = (),
 ) -> str:
     """The reply when an update round pushed its merge: what was merged, each conflicted file and how it was
-    resolved, and the tests on the merged branch. The agent's summary is fenced like a review round's."""
+    resolved, the tests on the merged branch and the resolution's review flags (as round 0's description
+    shows them). The agent's summary is fenced like a review round's."""
     short = commit[:12] if _SHORT_SHA.fullmatch(commit) else "?"
     head = target[:12] if _SHORT_SHA.fullmatch(target) else "?"
     lines = [
@@ -584,6 +624,8 @@ def update_reply_pushed(
     else:
         lines.append("**Conflicts:** none; git merged it cleanly.")
     lines += ["", f"**Tests on the merged branch:** {inert(redact(tests))}"]
+    if flags:
+        lines += ["", *flags_block(flags, redact)[:-1]]
     text = redact(summary.strip())[:REPLY_SUMMARY_LIMIT]
     if text:
         lines += ["", "**What the agent says:**", "", _fence(text)]

@@ -43,21 +43,26 @@ from worker.workspaces import PoolSource
 MAX_THREAD_NOTES = 200  # the newest notes of a long review thread
 
 
-def thread_round_lines(thread_id: int, settings: Settings, *, pushed: tuple[int, str] | None = None) -> list[RoundLine]:
-    """The thread's rounds as the MR's rounds section lists them, round 0 first, each with its forge CI.
+def thread_round_lines(
+    thread_id: int, settings: Settings, *, pushed: tuple[int, str] | None = None, flags: list[str] | None = None
+) -> list[RoundLine]:
+    """The thread's rounds as the MR's rounds section lists them, round 0 first, each with its forge CI
+    and the review flags its job kept.
 
-    `pushed` (job id, commit): the round publishing now, shown as pushed (its job row is not finished yet)."""
+    `pushed` (job id, commit): the round publishing now, shown as pushed with `flags` (its job row is not
+    finished yet, so it holds neither)."""
     with session_scope() as session:
         jobs = [
-            (j.id, j.round or 0, j.round_kind, j.trigger_user, j.pushed_commit, j.status, j.ci_status)
+            (j.id, j.round or 0, j.round_kind, j.trigger_user, j.pushed_commit, j.status, j.ci_status, j.flags)
             for j in rounds.thread_jobs(session, thread_id)
         ]
     lines = []
-    for job_id, number, kind, who, commit, status, ci in jobs:
+    for job_id, number, kind, who, commit, status, ci, kept in jobs:
         if pushed is not None and job_id == pushed[0]:
-            commit, status = pushed[1], JobStatus.done.value
+            commit, status, kept = pushed[1], JobStatus.done.value, flags
         kind = kind or ("issue" if number == 0 else "review")
-        lines.append(RoundLine(number, kind, who, commit, round_outcome(status), job_url(settings, job_id), ci))
+        shown = tuple(f for f in kept or [] if isinstance(f, str))
+        lines.append(RoundLine(number, kind, who, commit, round_outcome(status), job_url(settings, job_id), ci, shown))
     return lines
 
 
@@ -226,7 +231,7 @@ class RoundPipeline(Pipeline):
         self.push_round(prepared, sha, skip_ci)
         self.event("pushed", f"pushed {sha[:12]} on {prepared.start[:12]} to {self.branch}", {"commit": sha})
         assert self.thread_id is not None
-        lines = thread_round_lines(self.thread_id, self.s, pushed=(self.job_id, sha))
+        lines = thread_round_lines(self.thread_id, self.s, pushed=(self.job_id, sha), flags=result.flags)
         mr = show_rounds(self.forge, self.project, self.mr_number, lines, self.redact)
         self.finish(
             mr.web_url,
@@ -243,6 +248,7 @@ class RoundPipeline(Pipeline):
                 job_id=self.job_id,
                 job_url=self.url,
                 redact=self.redact,
+                flags=result.flags,
             )
         )
 
@@ -457,7 +463,7 @@ class UpdateRoundPipeline(RoundPipeline):
         self.push_round(prepared, sha, skip_ci, head=self.merge.head)
         self.event("pushed", f"pushed the merge {sha[:12]} on {self.merge.head[:12]} to {self.branch}",
                    {"commit": sha, "parents": [self.merge.head, self.merge.target]})
-        lines = thread_round_lines(thread_id, self.s, pushed=(self.job_id, sha))
+        lines = thread_round_lines(thread_id, self.s, pushed=(self.job_id, sha), flags=flags or [])
         mr = show_rounds(self.forge, self.project, self.mr_number, lines, self.redact)
         resolutions = self.resolution.summaries(prepared.mirror, tree)
         self.finish(
@@ -484,6 +490,7 @@ class UpdateRoundPipeline(RoundPipeline):
                 job_id=self.job_id,
                 job_url=self.url,
                 redact=self.redact,
+                flags=flags or [],
             )
         )
 

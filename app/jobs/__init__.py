@@ -4,6 +4,8 @@
 - transitions.py: the guarded status changes (claim, set_status, cancel, retry, recover_stale_jobs)
   and the enqueue stamps.
 - intake.py: webhook deliveries recorded once, and the job each one starts, cancels or notes.
+- answer_gate.py: the webhook's only forge calls, for a `/frogfix` answer: may its author trigger
+  FrogFix, and the one reply a refused author gets on an issue (issue 36).
 - rounds.py: review rounds: an MR's thread of jobs, the comments and CI results that ask for rounds
   (`round_requests`), and starting a thread's next round.
 - read_model.py: the dashboard's job list and overview (read-only).

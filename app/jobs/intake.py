@@ -7,14 +7,22 @@ the commit when the result says so (DESIGN: enqueue only after the job row is co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.orm import Session
 
 from app.forge.reviews import CI_FINAL
 from app.forge.webhook import ROUND_INTENTS, WebhookEvent
-from app.jobs import records, rounds
+from app.jobs import answer_gate, records, rounds
 from app.jobs.records import active_job, add_event, prepared
-from app.jobs.transitions import ANSWERABLE_STATUSES, TOO_LATE, request_cancel, requeue_answered
+from app.jobs.transitions import (
+    ANSWERABLE_STATUSES,
+    TOO_LATE,
+    KeptAnswer,
+    keep_answer,
+    request_cancel,
+    requeue_answered,
+)
 from app.models import Job, utcnow
 from app.statuses import ACTIVE_STATUSES, JobStatus
 
@@ -152,11 +160,15 @@ def _start(session: Session, event: WebhookEvent) -> IntakeResult:
 
 def _answer(session: Session, event: WebhookEvent) -> IntakeResult:
     """A `/frogfix` comment on an issue: the issue's newest round-0 job runs again, with the comments since
-    FrogFix's question in its task, only if it asked one (`asked_at`) and ended waiting for the answer.
+    FrogFix's question up to this one in its task, only if it asked one (`asked_at`) and a member wrote it.
 
-    Only what the database shows is judged here; whether the commenter may trigger FrogFix needs the
-    forge's API, which the worker's admission asks (a non-member's answer ends that run `rejected`,
-    which leaves the question open for a member's). A comment re-queues the job at most once.
+    What the database shows is judged first (a job that asked and waits, or runs; a comment not seen
+    before); then the forge is asked whether the author may trigger FrogFix (app/jobs/answer_gate.py),
+    as for the label. A non-member's `/frogfix` queues nothing and changes nothing, and the person is told
+    so once per issue (`answer_refusals`). A member's answer queues the waiting job, or, while a run is
+    queued or active, joins the queued run or waits and runs when the run ends (`keep_answer`): it is
+    never dropped. When the forge cannot tell, the answer counts as before issue 36 and the worker's
+    admission decides (it asks for every answered run). A comment answers at most once.
     """
     assert event.project is not None and event.issue is not None
     comment = event.comment
@@ -167,26 +179,86 @@ def _answer(session: Session, event: WebhookEvent) -> IntakeResult:
     job = records.latest_issue_job(session, event.forge, event.project, event.issue)
     if job is None:
         return IntakeResult("ignored", "/frogfix on an issue FrogFix has no job for; add the label to start one")
-    if job.status in ACTIVE_STATUSES:
+    if job.asked_at is None and job.status in ACTIVE_STATUSES:
         return IntakeResult("already_active", f"job {job.id} for this issue is already {job.status}", job.id)
-    if job.asked_at is None or job.status not in ANSWERABLE_STATUSES:
+    if job.asked_at is None or job.status not in (*ANSWERABLE_STATUSES, *ACTIVE_STATUSES):
         why = "it asked no question" if job.asked_at is None else f"it ended {job.status}"
         return IntakeResult("ignored", f"job {job.id} is not waiting for an answer: {why}", job.id)
     if records.answered_with(session, job.id, comment.id):
-        return IntakeResult("duplicate", "this comment already queued the job again", job.id)
+        return IntakeResult("duplicate", "this comment already answered FrogFix's question", job.id)
     who = comment.author or event.sender
-    if not who:  # the worker checks the commenter's rights: an answer from no one is no one's to check
+    if not who:  # whose rights would be checked? An answer from no one is no one's to run
         return IntakeResult("ignored", "the /frogfix comment names no author", job.id)
-    if not requeue_answered(session, job, who):
-        return IntakeResult("already_active", "the job or the issue changed meanwhile; nothing queued", job.id)
-    add_event(
-        session,
+    member = answer_gate.may_answer(event.forge, event.project, who)
+    if member is False:
+        return _refused(session, job, who, comment.id, event)
+    answer = {"comment_id": comment.id, "author": who, "member": member, "delivery_id": event.delivery_id,
+              "url": comment.url}  # fmt: skip
+    for _ in range(3):  # the job may move between the read and a guarded write: judge it again
+        if job.status in ACTIVE_STATUSES:
+            kept = keep_answer(session, job.id, answer, member=member)
+            if kept is not None:
+                return _kept(session, job, answer, kept)
+        elif job.status in ANSWERABLE_STATUSES:
+            if requeue_answered(session, job, who):
+                unknown = "" if member else " (the forge did not say whether they may trigger FrogFix: the worker asks)"
+                add_event(
+                    session,
+                    job.id,
+                    records.ANSWERED,
+                    f"{who} answered FrogFix's question with /frogfix (delivery {event.delivery_id}); queued again"
+                    + unknown,
+                    answer,
+                )
+                return IntakeResult("job_requeued", f"{event.reason}; job {job.id} queued again", job.id, enqueue=True)
+        else:
+            break
+        session.refresh(job)
+    return IntakeResult("already_active", "the job or the issue changed meanwhile; nothing queued", job.id)
+
+
+def _refused(session: Session, job: Job, who: str, comment_id: str, event: WebhookEvent) -> IntakeResult:
+    """A non-member's `/frogfix`: nothing queued, nothing changed; told once per person and issue on the issue.
+
+    The memory is written before the reply is posted (the unique key decides between two deliveries at
+    once) and forgotten again when the reply could not be posted, so a later `/frogfix` tells them."""
+    assert event.project is not None and event.issue is not None
+    why = f"{who} may not trigger FrogFix here: their /frogfix queues nothing"
+    said = "told before, so nothing is said again"
+    try:
+        with session.begin_nested():
+            if records.note_refusal(session, event.forge, event.project, event.issue, who, comment_id):
+                if not answer_gate.tell_refused(event.forge, event.project, event.issue):
+                    raise _Untold
+                said = "told once on the issue"
+                data = {"comment_id": comment_id, "author": who}
+                add_event(session, job.id, "answer_refused", f"{why}; {said}", data)
+    except _Untold:
+        said = "the reply could not be posted (the next refused /frogfix tries again)"
+    return IntakeResult("answer_refused", f"{why}; {said}", job.id)
+
+
+class _Untold(Exception):
+    """The refusal's reply could not be posted: its memory is rolled back."""
+
+
+def _kept(session: Session, job: Job, answer: dict[str, Any], kept: KeptAnswer) -> IntakeResult:
+    """What became of an answer that came while the job's run was queued or active (`keep_answer`)."""
+    who, delivery = answer["author"], answer["delivery_id"]
+    if kept == "joined":
+        message = f"{who} answered with /frogfix (delivery {delivery}) before the queued run started: it joins it"
+        add_event(session, job.id, records.ANSWER_JOINED, message, answer)
+        return IntakeResult("answer_joined", f"job {job.id} is queued: {who}'s answer joins its run", job.id)
+    if kept == "waiting":
+        message = f"{who} answered with /frogfix (delivery {delivery}) while the job is {job.status}: it runs next"
+        add_event(session, job.id, records.ANSWER_WAITING, message, answer)
+        return IntakeResult("answer_waiting", f"job {job.id} is {job.status}: {who}'s answer runs when it ends", job.id)
+    return IntakeResult(
+        "answer_not_kept",
+        f"job {job.id} is {job.status} and a member's answer already waits; the forge could not tell whether"
+        f" {who} may trigger FrogFix",
         job.id,
-        records.ANSWERED,
-        f"{who} answered FrogFix's question with /frogfix (delivery {event.delivery_id}); queued again",
-        {"comment_id": comment.id, "author": who, "delivery_id": event.delivery_id, "url": comment.url},
     )
-    return IntakeResult("job_requeued", f"{event.reason}; job {job.id} queued again", job.id, enqueue=True)
 
 
 def _round_request(session: Session, event: WebhookEvent) -> IntakeResult:

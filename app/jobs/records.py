@@ -15,7 +15,7 @@ from sqlalchemy import Table, bindparam, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from app.models import ACTIVE_PREDICATE, Job, JobAttempt, JobEvent, WebhookDelivery, utcnow
+from app.models import ACTIVE_PREDICATE, AnswerRefusal, Job, JobAttempt, JobEvent, WebhookDelivery, utcnow
 from app.statuses import ACTIVE_STATUSES, AttemptStatus, JobStatus
 from app.usage import USAGE_COLUMNS, UsageFigures
 
@@ -27,6 +27,7 @@ class UnknownJob(LookupError):
 _JOBS = cast(Table, Job.__table__)
 _DELIVERIES = cast(Table, WebhookDelivery.__table__)
 _EVENTS = cast(Table, JobEvent.__table__)
+_REFUSALS = cast(Table, AnswerRefusal.__table__)
 
 
 @dataclass(frozen=True)
@@ -97,11 +98,56 @@ def latest_issue_job(session: Session, forge: str, project: str, issue: int) -> 
 
 
 def answered_with(session: Session, job_id: int, comment_id: str) -> bool:
-    """Whether comment `comment_id` already re-queued the job (an `answered` event names it)."""
+    """Whether comment `comment_id` already answered the job: it queued it, joined its queued run or waits
+    for its run to end (an `answered`, `answer_joined` or `answer_waiting` event names it)."""
     found = session.execute(
-        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind == ANSWERED)
+        select(JobEvent.data).where(JobEvent.job_id == job_id, JobEvent.kind.in_(ANSWER_EVENTS))
     ).scalars()
     return any(isinstance(data, dict) and data.get("comment_id") == comment_id for data in found)
+
+
+def answer_comment(session: Session, job_id: int) -> str | None:
+    """The `/frogfix` comment the job's current (or next) run answers: the newest that queued the job or joined
+    its queued run, unless an operator queued it again since (then None: no bound, as before issue 36). The
+    run's task takes the comments up to it and none after (worker/question.py `answers_since`)."""
+    newest = session.execute(
+        select(JobEvent.kind, JobEvent.data)
+        .where(JobEvent.job_id == job_id, JobEvent.kind.in_(("created", "retried", ANSWERED, ANSWER_JOINED)))
+        .order_by(JobEvent.id.desc())
+        .limit(1)
+    ).first()
+    if newest is None or newest[0] not in (ANSWERED, ANSWER_JOINED) or not isinstance(newest[1], dict):
+        return None
+    found = newest[1].get("comment_id")
+    return str(found) if found else None
+
+
+@lru_cache(maxsize=4)
+def _insert_refusal_for(dialect: str) -> Any:
+    ins = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        ins(_REFUSALS)
+        .on_conflict_do_nothing(index_elements=["forge", "project", "issue", "author"])
+        .returning(_REFUSALS.c.id)
+    )
+
+
+def note_refusal(session: Session, forge: str, project: str, issue: int, author: str, comment_id: str) -> bool:
+    """Remember that `author` is told on the issue that their `/frogfix` starts nothing: True the first time
+    (tell them), False when they were told before (say nothing). One row per person and issue, the unique
+    key decides between two deliveries at once; usernames are casefolded, as the forges compare them."""
+    inserted = session.connection().execute(
+        _insert_refusal_for(session.get_bind().dialect.name),
+        {
+            "forge": forge,
+            "project": project,
+            "issue": issue,
+            "author": author.casefold()[:255],
+            "comment_id": comment_id[:64],
+            "created_at": utcnow(),
+        },
+    ).scalar_one_or_none()
+    return inserted is not None
 
 
 def update_job(session: Session, job_id: int, *, run: int | None = None, **values: Any) -> None:
@@ -193,6 +239,12 @@ def events_after(session: Session, job_id: int, after_id: int = 0, limit: int = 
 
 # A `/frogfix` answer on the issue queued the job again (issue 24: FrogFix asked instead of publishing).
 ANSWERED: Final = "answered"
+# A member's `/frogfix` answer that came while the job's run was queued or active (issue 36): it joined the
+# queued run, or waits for the run to end (`answer_let_go` when that run's end leaves nothing to answer).
+ANSWER_JOINED: Final = "answer_joined"
+ANSWER_WAITING: Final = "answer_waiting"
+ANSWER_LET_GO: Final = "answer_let_go"
+ANSWER_EVENTS: Final = (ANSWERED, ANSWER_JOINED, ANSWER_WAITING)
 # The timeline events that put a job in the queue: its creation, an operator's retry, the sweep's requeue,
 # an answer to FrogFix's question.
 QUEUED_EVENTS: Final = ("created", "retried", "requeued", ANSWERED)

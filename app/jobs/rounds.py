@@ -23,6 +23,7 @@ from app.forge.api import mr_number_from_url
 from app.forge.reviews import CiReport, ReviewComment
 from app.forge.webhook import ROUND_INTENTS, WebhookEvent
 from app.jobs.records import active_job, add_event, prepared
+from app.jobs.transitions import run_waited_answers
 from app.models import Job, JobAttempt, JobEvent, RoundRequest, utcnow
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus, RequestStatus, RoundKind
 
@@ -521,7 +522,9 @@ def _insert_round(session: Session, thread: Job, number: int, kind: RoundKind, a
 
 
 def follow_up(session: Session) -> list[int]:
-    """Start the next round of every thread whose accepted requests wait with no active job; the new job ids."""
+    """Start the next round of every thread whose accepted requests wait with no active job, and queue again
+    every job whose run ended while a member's `/frogfix` answer waited for it (issue 36,
+    app/jobs/transitions.py `run_waited_answers`); the ids of the jobs to send."""
     threads = session.execute(
         select(RoundRequest.thread_id)
         .where(RoundRequest.status == RequestStatus.accepted.value)
@@ -533,7 +536,7 @@ def follow_up(session: Session) -> list[int]:
         job_id = start_round_if_idle(session, thread_id)
         if job_id is not None:
             started.append(job_id)
-    return started
+    return started + run_waited_answers(session)
 
 
 # -- update rounds (issue 25) -----------------------------------------------------------------------

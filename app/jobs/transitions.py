@@ -15,6 +15,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.jobs import records
 from app.jobs.records import active_job, add_event, close_open_attempts, get_job, job_of_run, queued_since
 from app.models import Job, utcnow
 from app.statuses import (
@@ -180,8 +181,26 @@ def retry_job(session: Session, job_id: int, who: str) -> None:
 
 # What a finished job may be, for a `/frogfix` answer on its issue to queue it again (issue 24): it ended
 # `no_fix` having asked the reporter a question (`asked_at`), or a later run of it was `rejected` (a
-# non-member's `/frogfix`, say), which must not leave the question unanswerable.
+# non-member's `/frogfix` that intake could not check, say), which must not leave the question unanswerable.
 ANSWERABLE_STATUSES: Final[tuple[str, ...]] = (JobStatus.no_fix.value, JobStatus.rejected.value)
+# What a run may end as for a member's answer that waited for it (issue 36) to run next: the answerable
+# statuses, and `failed` (the member asked for a run while one was going; that it failed answers nothing).
+# A run that ended `done` published a merge request, one that ended `cancelled` lost its label or was
+# stopped: the answer that waited is let go then, with an event that says why.
+WAITED_ANSWER_RUNS_AFTER: Final[tuple[str, ...]] = (*ANSWERABLE_STATUSES, JobStatus.failed.value)
+
+# What a finished job's row is when it is queued again for an answer: a new run, nothing of the last one's end.
+_ANSWER_RUN: Final[dict[str, Any]] = {
+    "status": JobStatus.queued.value,
+    "cancel_requested": False,
+    "error": None,
+    "steps": 0,
+    "exit_reason": None,
+    "finished_at": None,
+    "heartbeat_at": None,
+    "hold_reason": None,
+    "answer_waiting": None,
+}
 
 
 def requeue_answered(session: Session, job: Job, who: str) -> bool:
@@ -198,15 +217,8 @@ def requeue_answered(session: Session, job: Job, who: str) -> bool:
         Job.asked_at.is_not(None),
     )
     values = {
-        "status": JobStatus.queued.value,
+        **_ANSWER_RUN,
         "trigger_user": who,
-        "cancel_requested": False,
-        "error": None,
-        "steps": 0,
-        "exit_reason": None,
-        "finished_at": None,
-        "heartbeat_at": None,
-        "hold_reason": None,
         "last_enqueued_at": now,
         "enqueue_count": Job.enqueue_count + 1,
         "updated_at": now,
@@ -216,6 +228,69 @@ def requeue_answered(session: Session, job: Job, who: str) -> bool:
             return _changed(session, guarded.values(**values))
     except IntegrityError:  # a webhook created a job for this issue meanwhile
         return False
+
+
+KeptAnswer = Literal["joined", "waiting", "not_kept"]
+
+
+def keep_answer(session: Session, job_id: int, answer: dict[str, Any], *, member: bool | None) -> KeptAnswer | None:
+    """A `/frogfix` answer that arrived while the job's run is queued or active (issue 36): never dropped.
+
+    A member's answer joins a queued run that has not started (`joined`): the member becomes its trigger
+    user, and the run's task takes the comments up to this `/frogfix` (the caller's `answer_joined` event
+    names it). Otherwise the answer waits on the job (`waiting`, in `answer_waiting`, the newest kept) and
+    runs when this run ends (`run_waited_answers`). `member` None: the forge could not say whether its author
+    may trigger FrogFix (the worker's admission asks again); such an answer never joins a run nor replaces a
+    member's waiting answer (`not_kept`). None when the job is no longer queued or active."""
+    now = utcnow()
+    if member:
+        queued = update(Job).where(Job.id == job_id, Job.status == JobStatus.queued.value)
+        if _changed(session, queued.values(trigger_user=answer["author"], answer_waiting=None, updated_at=now)):
+            return "joined"
+    row = session.execute(select(Job.status, Job.answer_waiting).where(Job.id == job_id)).first()
+    if row is None or row[0] not in ACTIVE_STATUSES:
+        return None
+    if not member and isinstance(row[1], dict) and row[1].get("member"):
+        return "not_kept"
+    active = update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE_STATUSES))
+    return "waiting" if _changed(session, active.values(answer_waiting=answer, updated_at=now)) else None
+
+
+def run_waited_answers(session: Session) -> list[int]:
+    """Each job whose run ended while a member's answer waited (`keep_answer`) runs next with it: queued
+    again, its trigger user the answer's author (the worker's admission checks their rights, as for every
+    answered run) and its task the comments up to that `/frogfix`, unstamped (the caller sends it after the
+    commit, else the sweep does). A run that ended `done` or `cancelled`, or an issue that has another
+    active job now, lets the answer go, with an event that says why. The ids of the jobs queued again."""
+    rows = session.execute(
+        select(Job.id, Job.status, Job.run, Job.asked_at, Job.answer_waiting).where(
+            Job.answer_waiting.is_not(None), Job.status.in_(FINAL_STATUSES)
+        )
+    ).all()
+    queued: list[int] = []
+    for job_id, status, run, asked_at, answer in rows:
+        answer = answer if isinstance(answer, dict) else {}
+        who = str(answer.get("author") or "")
+        guarded = update(Job).where(Job.id == job_id, Job.status == status, Job.answer_waiting.is_not(None))
+        data = {**answer, "waited_for_run": run}
+        why = f"run {run} ended {status}"
+        if status in WAITED_ANSWER_RUNS_AFTER and asked_at is not None and who:
+            try:
+                with session.begin_nested():
+                    moved = _changed(
+                        session,
+                        guarded.values(**_ANSWER_RUN, trigger_user=who, last_enqueued_at=None, updated_at=utcnow()),
+                    )
+            except IntegrityError:  # a job of the issue became active meanwhile (its label added again)
+                moved, why = False, "the issue has another active job"
+            if moved:
+                message = f"{who}'s /frogfix answer waited for run {run} ({status}); queued again to run it"
+                add_event(session, job_id, records.ANSWERED, message, data)
+                queued.append(job_id)
+                continue
+        if _changed(session, guarded.values(answer_waiting=None, updated_at=utcnow())):
+            add_event(session, job_id, records.ANSWER_LET_GO, f"{who}'s waiting /frogfix answer let go: {why}", data)
+    return queued
 
 
 def _requeue(session: Session, job_id: int) -> None:

@@ -110,11 +110,9 @@ def test_a_non_members_answer_is_refused_and_a_members_still_counts(client: Any,
     world.gitlab.add_issue_note(PROJECT, iid, ANSWER, by="rep")
 
     r = _gitlab_answer(client, world, iid, by="rep", text="/frogfix")  # rep has Reporter access (20)
-    assert r.json()["outcome"] == "job_requeued"
-    assert run_job(job_id) == "rejected"
-
+    assert r.json()["outcome"] == "answer_refused"  # intake asks the forge (issue 36): nothing is queued
     job, _ = _job(job_id)
-    assert "rep may not trigger" in (job.error or "") and world.model.count == 0
+    assert job.status == "no_fix" and job.run == 1 and world.model.count == 0
     refused = world.gitlab.notes[-1]["body"]
     assert "only members" in refused and "@rep" not in refused and world.gitlab.open_mrs(PROJECT) == []
 
@@ -144,8 +142,7 @@ def test_a_normal_job_s_task_has_no_comments_section(client: Any, world: World) 
     assert world.gitlab.calls("GET", "/notes") == []  # a job that asked nothing reads no comments
 
 
-def test_gitea_answer_requeues_the_job_and_reaches_the_task(client: Any, world: World) -> None:
-    by = "dev"
+def _gitea_asked(client: Any, world: World) -> tuple[int, int]:
     issue = world.gitea.add_issue(PROJECT, title="add() returns the difference", body="add(2, 3) gives -1",
                                   author="rep")
     number = issue["number"]
@@ -156,6 +153,12 @@ def test_gitea_answer_requeues_the_job_and_reaches_the_task(client: Any, world: 
     world.gitea.add_issue_comment(PROJECT, number, "<!-- frogfix:00112233aabbccdd -->\n" + _question(job_id),
                                   by=world.gitea.bot["login"])
     _abstained(job_id)
+    return number, job_id
+
+
+def test_gitea_answer_requeues_the_job_and_reaches_the_task(client: Any, world: World) -> None:
+    by = "dev"
+    number, job_id = _gitea_asked(client, world)
     world.gitea.add_issue_comment(PROJECT, number, ANSWER, by="rep")
     comment = world.gitea.add_issue_comment(PROJECT, number, "/frogfix", by=by)
     data = json.loads(payload("gitea_issue_comment.json"))

@@ -325,8 +325,11 @@ def test_a_gitea_answer_requeues_the_job_that_asked(client: Any, monkeypatch: py
         ({"status": "done"}, "ignored", "not waiting for an answer: it ended done"),
         ({"status": "cancelled"}, "ignored", "not waiting for an answer: it ended cancelled"),
         ({"status": "failed"}, "ignored", "not waiting for an answer: it ended failed"),
-        ({"status": "running"}, "already_active", "already running"),
-        ({"status": "queued"}, "already_active", "already queued"),
+        ({"status": "running", "asked": False}, "already_active", "already running"),
+        ({"status": "queued", "asked": False}, "already_active", "already queued"),
+        # A job that asked and runs: the answer is kept for the run after it (issue 36; test_answer_gate.py).
+        ({"status": "running"}, "answer_waiting", "answer runs when it ends"),
+        ({"status": "queued"}, "answer_waiting", "answer runs when it ends"),
         (None, "ignored", "no job for"),
     ],
 )

@@ -183,7 +183,8 @@ def test_a_hostile_reply_cannot_act_leave_the_frame_or_leak() -> None:
     text = comment(says(HOSTILE))
     question = question_of(text)
 
-    assert CANARY not in text and question.count("[REDACTED]") == 3  # plain, split by a hidden character, by a tag
+    # plain, split by a hidden character, by a tag (the marker's brackets escaped: no link can form, see linkless)
+    assert CANARY not in text and question.count("\\[REDACTED\\]") == 3
     assert "\n" not in question and len(question) <= QUESTION_LIMIT + 200  # zero-width spaces added by disarm
     plain = question.replace(ZWSP, "")
     assert "What is the exact input that fails?" in plain
@@ -246,9 +247,9 @@ def test_thinking_is_left_out_and_a_label_or_quote_dropped() -> None:
 def test_safe_question_redacts_after_joining_what_the_cleaning_joins() -> None:
     split = f"Is {SECRET_PARTS[0]}<span>{SECRET_PARTS[1]}</span> the input that fails?"
     cleaned = safe_question(split, redact)
-    assert cleaned is not None and "CANARY" not in cleaned.replace(ZWSP, "") and "[REDACTED]" in cleaned
+    assert cleaned is not None and "CANARY" not in cleaned.replace(ZWSP, "") and "\\[REDACTED\\]" in cleaned
     hidden = f"Is {SECRET_PARTS[0]}\u2060{SECRET_PARTS[1]} the input?"  # an invisible character in between
-    assert "[REDACTED]" in (safe_question(hidden, redact) or "")
+    assert "\\[REDACTED\\]" in (safe_question(hidden, redact) or "")
 
 
 def test_a_real_client_against_an_outage_gives_the_fallback_fast() -> None:
