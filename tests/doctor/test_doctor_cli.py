@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import shared_fixture
 from tests.doctor.conftest import by_name
 from tests.doubles.gitlab_api import GitLabDouble
 from tests.doubles.openai_server import ScriptedOpenAIServer, sglang_responder
@@ -44,6 +45,7 @@ def _env(frogfix_env: dict[str, Any], gitlab: GitLabDouble, model_url: str) -> d
 
 
 def test_doctor_json_against_the_doubles(frogfix_env: dict[str, Any]) -> None:
+    shared_fixture("")  # the GitLab double answers in shapes from ../shared
     with GitLabDouble() as gitlab, ScriptedOpenAIServer(sglang_responder(), model=MODEL) as model:
         gitlab.add_project("acme/calc")
         gitlab.add_member("acme/calc", "frogfix-bot", 40)
@@ -64,6 +66,7 @@ def test_doctor_json_against_the_doubles(frogfix_env: dict[str, Any]) -> None:
 
 
 def test_doctor_text_fails_for_a_server_without_parsers(frogfix_env: dict[str, Any]) -> None:
+    shared_fixture("")
     flags = {"tool_call_parser": False, "reasoning_parser": False}
     with GitLabDouble() as gitlab, ScriptedOpenAIServer(sglang_responder(**flags), model=MODEL) as model:
         gitlab.add_project("acme/calc")
