@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from worker.report import ZWSP, code_span
+from worker.report import ZWSP
 
 LINK_REMOVED = "(link removed)"
 # Anything with `://`, whatever comes before it (`_http://x`: a linkifier does not need a word boundary).
@@ -30,8 +30,10 @@ _SCHEMED = re.compile(
     r"(?i)[a-z0-9+.\-]*://\S*|(?<![\w:/])//[^\s/]\S*|(?<![a-z0-9])www\.\S*"
     r"|(?<![a-z0-9])(?:mailto|javascript|data|file|vbscript|tel|ftp|irc|xmpp):\S+"
 )
-# A word holding a dot between letters or digits and a letter: a host, a file name, a dotted path.
-_DOTTED = re.compile(r"[\w@%+\-~/]*[A-Za-z0-9]\.[A-Za-z][\w.\-~/%?=&#+]*")
+# A word holding a dot between a letter or digit and a letter, in any script (an IDN host, `пример.рф`):
+# a host, an e-mail address, a file name, a dotted path. No `&`, `<` or `>` in it: `inert` escapes those
+# as entities, which a code span would show as they are.
+_DOTTED = re.compile(r"[\w@%+\-~/]*[^\W_]\.[^\W\d_][\w.\-~/%?=#+]*")
 # Bounded by what is not hex, not by \b: emphasis (`_abc1234_`) makes a text node of it on the forge.
 _SHA = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]{0,39}[0-9])(?=[0-9a-f]{0,39}[a-f])[0-9a-f]{7,40}(?![0-9A-Za-z])")
 # A reference's sign before a word or a quote; an `&` that starts an HTML entity (`inert`'s `&amp;`) is no sign.
@@ -45,10 +47,19 @@ def linkless(text: str) -> str:
     last = 0
     for match in re.finditer(f"{_DOTTED.pattern}|{_SHA.pattern}", text):
         out.append(_escaped(text[last : match.start()]))
-        out.append(code_span(match.group(0), in_table=False))
+        out.append(_code(match.group(0)))
         last = match.end()
     out.append(_escaped(text[last:]))
     return "".join(out)
+
+
+def _code(token: str) -> str:
+    """`token` as a code span. Not `code_span`: its zero-width spaces would be shown as escapes by `inert`,
+    which the caller applies afterwards (and which disarms the span's content then). `token` has no
+    backtick (the question's were replaced) and no hidden character (removed before)."""
+    ticks = "`" * (max((len(run) for run in re.findall(r"`+", token)), default=0) + 1)
+    pad = " " if token.startswith("`") or token.endswith("`") else ""
+    return f"{ticks}{pad}{token}{pad}{ticks}"
 
 
 def _escaped(text: str) -> str:

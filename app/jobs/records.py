@@ -107,19 +107,28 @@ def answered_with(session: Session, job_id: int, comment_id: str) -> bool:
 
 
 def answer_comment(session: Session, job_id: int) -> str | None:
-    """The `/frogfix` comment the job's current (or next) run answers: the newest that queued the job or joined
-    its queued run, unless an operator queued it again since (then None: no bound, as before issue 36). The
-    run's task takes the comments up to it and none after (worker/question.py `answers_since`)."""
-    newest = session.execute(
+    """The `/frogfix` comment the job's current (or next) run answers: the newest (by the forge's comment id,
+    which grows with each comment, not by delivery order: webhooks may arrive out of order) of those that
+    queued the job or joined its queued run since it was last created or retried by an operator (then None:
+    no bound, as before issue 36). The run's task takes the comments up to it and none after
+    (worker/question.py `answers_since`)."""
+    events = session.execute(
         select(JobEvent.kind, JobEvent.data)
         .where(JobEvent.job_id == job_id, JobEvent.kind.in_(("created", "retried", ANSWERED, ANSWER_JOINED)))
         .order_by(JobEvent.id.desc())
-        .limit(1)
-    ).first()
-    if newest is None or newest[0] not in (ANSWERED, ANSWER_JOINED) or not isinstance(newest[1], dict):
-        return None
-    found = newest[1].get("comment_id")
-    return str(found) if found else None
+    ).all()
+    found: list[str] = []
+    for kind, data in events:
+        if kind not in (ANSWERED, ANSWER_JOINED):
+            break
+        if isinstance(data, dict) and data.get("comment_id"):
+            found.append(str(data["comment_id"]))
+    return max(found, key=comment_order) if found else None
+
+
+def comment_order(comment_id: str) -> tuple[int, int, str]:
+    """Sort key of a forge comment id: numeric ids (both forges) by value, anything else after, as text."""
+    return (0, int(comment_id), "") if comment_id.isdigit() else (1, 0, comment_id)
 
 
 @lru_cache(maxsize=4)

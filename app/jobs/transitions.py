@@ -16,7 +16,15 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.jobs import records
-from app.jobs.records import active_job, add_event, close_open_attempts, get_job, job_of_run, queued_since
+from app.jobs.records import (
+    active_job,
+    add_event,
+    close_open_attempts,
+    comment_order,
+    get_job,
+    job_of_run,
+    queued_since,
+)
 from app.models import Job, utcnow
 from app.statuses import (
     ACTIVE_STATUSES,
@@ -250,10 +258,18 @@ def keep_answer(session: Session, job_id: int, answer: dict[str, Any], *, member
     row = session.execute(select(Job.status, Job.answer_waiting).where(Job.id == job_id)).first()
     if row is None or row[0] not in ACTIVE_STATUSES:
         return None
-    if not member and isinstance(row[1], dict) and row[1].get("member"):
+    waiting = row[1] if isinstance(row[1], dict) else None
+    if not member and waiting is not None and waiting.get("member"):
         return "not_kept"
+    if waiting is not None and bool(waiting.get("member")) >= bool(member) and _newer(waiting, answer):
+        return "waiting"  # a later /frogfix already waits (delivered first): its window holds this one too
     active = update(Job).where(Job.id == job_id, Job.status.in_(ACTIVE_STATUSES))
     return "waiting" if _changed(session, active.values(answer_waiting=answer, updated_at=now)) else None
+
+
+def _newer(kept: dict[str, Any], answer: dict[str, Any]) -> bool:
+    """Whether the kept answer's comment came after `answer`'s (by the forge's comment id, not delivery order)."""
+    return comment_order(str(kept.get("comment_id") or "")) > comment_order(str(answer.get("comment_id") or ""))
 
 
 def run_waited_answers(session: Session) -> list[int]:

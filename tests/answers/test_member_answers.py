@@ -20,7 +20,7 @@ from sqlalchemy import select, text, update
 
 from app.db import session_scope
 from app.forge.reviews import IssueComment
-from app.jobs import answer_gate, records, rounds
+from app.jobs import answer_gate, records, rounds, transitions
 from app.migrate import upgrade
 from app.models import AnswerRefusal, Job, utcnow
 from tests.answers.test_answer_pipeline import (
@@ -425,3 +425,25 @@ def test_the_run_s_bound_is_the_newest_answer_unless_an_operator_queued_it_since
         assert records.answer_comment(s, job_id) == "13"
         records.add_event(s, job_id, "retried", "queued again by an operator")
         assert records.answer_comment(s, job_id) is None
+
+
+def test_a_late_delivery_of_an_older_frogfix_never_cuts_a_newer_answer_out(frogfix_env: dict[str, Any]) -> None:
+    """Webhooks may arrive out of order (GitLab sends them asynchronously; a resend): the run's window ends at
+    the newest `/frogfix` by the forge's comment id, and a waiting answer is never replaced by an older one."""
+    with session_scope() as s:
+        job = Job(forge="gitlab", project=PROJECT, issue=9, status="queued", run=2, asked_at=utcnow(),
+                  created_at=utcnow(), updated_at=utcnow())
+        s.add(job)
+        s.flush()
+        job_id = job.id
+        records.add_event(s, job_id, "created", "label added")
+        records.add_event(s, job_id, records.ANSWERED, "dev answered", {"comment_id": "101", "author": "dev"})
+        records.add_event(s, job_id, records.ANSWER_JOINED, "older, late", {"comment_id": "100", "author": "ann"})
+        assert records.answer_comment(s, job_id) == "101"
+        s.execute(update(Job).where(Job.id == job_id).values(status="running"))
+        newer = {"comment_id": "201", "author": "mae", "member": True}
+        assert transitions.keep_answer(s, job_id, newer, member=True) == "waiting"
+        older = {"comment_id": "200", "author": "dev", "member": True}
+        assert transitions.keep_answer(s, job_id, older, member=True) == "waiting"
+        kept = s.execute(select(Job.answer_waiting).where(Job.id == job_id)).scalar_one()
+        assert kept["comment_id"] == "201", kept

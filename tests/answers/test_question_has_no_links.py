@@ -37,11 +37,12 @@ HOSTILE = [
     "What about [nested [deeper [deepest]]](//a.b/c) and [`code`](//a.b) in the answer?",
     "Should the reply use \\\\[x\\\\](//attacker.example) or [[wiki page]] formatting here?",
     "Is a reference like group/project#12 or owner/repo!3 or GL-12 meant by the report?",
+    "Do café.com, пример.рф, пример.com, ドメイン名例.jp or postmaster@例え.jp resolve in your network?",
 ]
 PIECES = [
     "[", "]", "(", ")", "\\", "!", "<", ">", "//", "http://", "https:", "www.", "attacker.example", "/x",
     "a.b", ".py", "?q=1", "&", "#1", "!2", "@u", "~l", "%m", "$3", "^a", "deadbeef123", ":", " ", "text",
-    "[a", "](", "]:", "mailto:", "`", "*", "_", "\n", "\n\n",
+    "[a", "](", "]:", "mailto:", "`", "*", "_", "\n", "\n\n", "пример.рф", "café.com", "@例え.jp",
 ]
 
 
@@ -79,7 +80,8 @@ def test_the_question_renders_with_no_link_image_or_reference(reply: str) -> Non
 
 
 def test_the_words_stay_readable() -> None:
-    question = safe_question("Which version of setup.py do you run, and does [the guide](//x.y) apply?",
-                             lambda text: text)
+    question = safe_question("Which version of setup.py do you run, does [the guide](//x.y) apply, and is issue.py#12"
+                             " the file?", lambda text: text)
     assert question is not None
     assert "setup.py" in question and "the guide" in question and "//x.y" not in question
+    assert "\\u200b" not in question  # no zero-width space shown as an escape (a code span shows what it holds)
