@@ -6,8 +6,8 @@ the commit when the result says so (DESIGN: enqueue only after the job row is co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal
 
 from sqlalchemy.orm import Session
 
@@ -36,10 +36,34 @@ class IntakeResult:
     job_id: int | None = None
     enqueue: bool = False
     request_id: int | None = None  # a round request whose triage is sent after the commit
+    tell_refused: tuple[str, str, int, str] | None = None  # (forge, project, issue, author): reply after the commit
 
 
-def record_delivery(session: Session, event: WebhookEvent) -> IntakeResult:
+# `record_delivery`'s `member` when the caller did not ask the forge before the transaction (then it asks here).
+ASK_HERE: Final = "ask here"
+Membership = bool | None | Literal["ask here"]
+
+
+def answer_member(session: Session, event: WebhookEvent) -> Membership:
+    """For a `/frogfix` comment: whether its author may trigger FrogFix, asked of the forge BEFORE the delivery's
+    transaction opens (the caller's own short read, then no database lock is held while the forge answers).
+    The forge is asked only when the issue's newest job asked a question and may take an answer (every
+    stranger's `/frogfix` elsewhere costs no API call); else ASK_HERE, which `_answer` never needs then."""
+    comment = event.comment
+    if event.intent != "answer" or event.project is None or event.issue is None or comment is None:
+        return ASK_HERE
+    job = records.latest_issue_job(session, event.forge, event.project, event.issue)
+    who = comment.author or event.sender
+    if job is None or job.asked_at is None or job.status not in (*ANSWERABLE_STATUSES, *ACTIVE_STATUSES) or not who:
+        return ASK_HERE
+    session.rollback()  # end the read's transaction before the forge is asked
+    return answer_gate.may_answer(event.forge, event.project, who)
+
+
+def record_delivery(session: Session, event: WebhookEvent, member: Membership = ASK_HERE) -> IntakeResult:
     """Insert the delivery (unique per forge + delivery id) and act on it; only a new row acts.
+
+    `member`: for a `/frogfix` answer, what `answer_member` found before this transaction (ASK_HERE: ask now).
 
     A job created here is stamped as enqueued in the same transaction (the caller sends the task
     right after the commit, and calls `enqueue_failed` if that send fails), which saves a commit
@@ -64,7 +88,7 @@ def record_delivery(session: Session, event: WebhookEvent) -> IntakeResult:
     if inserted is None:
         return IntakeResult("duplicate", "this delivery was already received")
 
-    result = _act(session, event)
+    result = _act(session, event, member)
     conn.execute(
         st.set_outcome,
         {"delivery_row": inserted, "outcome": result.outcome, "reason": result.reason[:2000], "job_id": result.job_id},
@@ -87,13 +111,13 @@ def record_malformed(session: Session, forge: str, delivery_id: str, event: str,
     )
 
 
-def _act(session: Session, event: WebhookEvent) -> IntakeResult:
+def _act(session: Session, event: WebhookEvent, member: Membership = ASK_HERE) -> IntakeResult:
     if event.intent in ROUND_INTENTS and event.project is not None:
         return _round_request(session, event)
     if event.intent == "ignore" or event.project is None or event.issue is None:
         return IntakeResult("ignored", event.reason)
     if event.intent == "answer":
-        return _answer(session, event)
+        return _answer(session, event, member)
     if event.intent == "start":
         return _start(session, event)
     job = active_job(session, event.forge, event.project, event.issue)
@@ -158,7 +182,7 @@ def _start(session: Session, event: WebhookEvent) -> IntakeResult:
     return IntakeResult("job_created", event.reason, job_id, enqueue=True)
 
 
-def _answer(session: Session, event: WebhookEvent) -> IntakeResult:
+def _answer(session: Session, event: WebhookEvent, member: Membership = ASK_HERE) -> IntakeResult:
     """A `/frogfix` comment on an issue: the issue's newest round-0 job runs again, with the comments since
     FrogFix's question up to this one in its task, only if it asked one (`asked_at`) and a member wrote it.
 
@@ -189,7 +213,9 @@ def _answer(session: Session, event: WebhookEvent) -> IntakeResult:
     who = comment.author or event.sender
     if not who:  # whose rights would be checked? An answer from no one is no one's to run
         return IntakeResult("ignored", "the /frogfix comment names no author", job.id)
-    member = answer_gate.may_answer(event.forge, event.project, who)
+    if member == ASK_HERE:
+        member = answer_gate.may_answer(event.forge, event.project, who)
+    assert member != ASK_HERE
     if member is False:
         return _refused(session, job, who, comment.id, event)
     answer = {"comment_id": comment.id, "author": who, "member": member, "delivery_id": event.delivery_id,
@@ -220,26 +246,35 @@ def _answer(session: Session, event: WebhookEvent) -> IntakeResult:
 def _refused(session: Session, job: Job, who: str, comment_id: str, event: WebhookEvent) -> IntakeResult:
     """A non-member's `/frogfix`: nothing queued, nothing changed; told once per person and issue on the issue.
 
-    The memory is written before the reply is posted (the unique key decides between two deliveries at
-    once) and forgotten again when the reply could not be posted, so a later `/frogfix` tells them."""
+    The memory is written here (the unique key decides between two deliveries at once); the reply is posted
+    by the caller after the commit (`tell_refused`: no database lock is held while the forge answers), and
+    the memory is forgotten when it could not be posted, so a later `/frogfix` tells them."""
     assert event.project is not None and event.issue is not None
     why = f"{who} may not trigger FrogFix here: their /frogfix queues nothing"
-    said = "told before, so nothing is said again"
-    try:
-        with session.begin_nested():
-            if records.note_refusal(session, event.forge, event.project, event.issue, who, comment_id):
-                if not answer_gate.tell_refused(event.forge, event.project, event.issue):
-                    raise _Untold
-                said = "told once on the issue"
-                data = {"comment_id": comment_id, "author": who}
-                add_event(session, job.id, "answer_refused", f"{why}; {said}", data)
-    except _Untold:
-        said = "the reply could not be posted (the next refused /frogfix tries again)"
-    return IntakeResult("answer_refused", f"{why}; {said}", job.id)
+    if not records.note_refusal(session, event.forge, event.project, event.issue, who, comment_id):
+        return IntakeResult("answer_refused", f"{why}; told before, so nothing is said again", job.id)
+    said = "told once on the issue"
+    add_event(session, job.id, "answer_refused", f"{why}; {said}", {"comment_id": comment_id, "author": who})
+    tell = (event.forge, event.project, event.issue, who)
+    return IntakeResult("answer_refused", f"{why}; {said}", job.id, tell_refused=tell)
 
 
-class _Untold(Exception):
-    """The refusal's reply could not be posted: its memory is rolled back."""
+UNTOLD = "the reply could not be posted (the next refused /frogfix tries again)"
+
+
+def tell_refused(session_scope: Any, result: IntakeResult) -> IntakeResult:
+    """After the delivery's commit: the one reply to a refused `/frogfix`. When it could not be posted, its
+    memory is forgotten (in a short transaction `session_scope` opens) and the result says so."""
+    assert result.tell_refused is not None
+    forge, project, issue, who = result.tell_refused
+    if answer_gate.tell_refused(forge, project, issue):
+        return result
+    reason = f"{result.reason.rsplit('; ', 1)[0]}; {UNTOLD}"
+    with session_scope() as session:
+        records.forget_refusal(session, forge, project, issue, who)
+        if result.job_id is not None:
+            add_event(session, result.job_id, "answer_refusal_untold", reason, {"author": who})
+    return replace(result, reason=reason)
 
 
 def _kept(session: Session, job: Job, answer: dict[str, Any], kept: KeptAnswer) -> IntakeResult:

@@ -11,7 +11,7 @@ from datetime import datetime
 from functools import lru_cache
 from typing import Any, Final, cast
 
-from sqlalchemy import Table, bindparam, func, select, text, update
+from sqlalchemy import Table, bindparam, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -157,6 +157,16 @@ def note_refusal(session: Session, forge: str, project: str, issue: int, author:
         },
     ).scalar_one_or_none()
     return inserted is not None
+
+
+def forget_refusal(session: Session, forge: str, project: str, issue: int, author: str) -> None:
+    """Forget that `author` was told (the reply could not be posted): their next refused `/frogfix` tells them."""
+    session.execute(
+        delete(AnswerRefusal).where(
+            AnswerRefusal.forge == forge, AnswerRefusal.project == project, AnswerRefusal.issue == issue,
+            AnswerRefusal.author == author.casefold()[:255],
+        )
+    )
 
 
 def update_job(session: Session, job_id: int, *, run: int | None = None, **values: Any) -> None:

@@ -20,7 +20,7 @@ from app.db import session_scope
 from app.forge.gitea_webhook import parse_gitea
 from app.forge.gitlab_webhook import parse_gitlab
 from app.forge.webhook import WebhookError, WebhookEvent, WebhookMalformed
-from app.jobs.intake import record_delivery, record_malformed
+from app.jobs.intake import answer_member, record_delivery, record_malformed, tell_refused
 from app.jobs.transitions import enqueue_failed
 from app.logs import get_logger
 from app.queue import send_run_job, send_triage
@@ -75,11 +75,18 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
 
     with structlog.contextvars.bound_contextvars(delivery_id=event.delivery_id, forge=forge):
         try:
+            with session_scope() as session:  # a short read: a `/frogfix` answer's author asked of the forge
+                member = answer_member(session, event)  # before the delivery's transaction, which holds no lock
             with session_scope() as session:
-                result = record_delivery(session, event)
+                result = record_delivery(session, event, member)
         except SQLAlchemyError as exc:
             log.error("webhook_db_error", error=f"{type(exc).__name__}: {exc}"[:500])
             return _answer(503, error="the database is unavailable; the forge will retry this delivery")
+        if result.tell_refused is not None:
+            try:
+                result = tell_refused(session_scope, result)
+            except SQLAlchemyError:
+                log.exception("refusal_memory_not_forgotten", job_id=result.job_id)
         enqueued = False
         if result.request_id is not None:  # pending until triaged: the sweep sends it again if this fails
             enqueued = send_triage(result.request_id)

@@ -447,3 +447,35 @@ def test_a_late_delivery_of_an_older_frogfix_never_cuts_a_newer_answer_out(frogf
         assert transitions.keep_answer(s, job_id, older, member=True) == "waiting"
         kept = s.execute(select(Job.answer_waiting).where(Job.id == job_id)).scalar_one()
         assert kept["comment_id"] == "201", kept
+
+
+def test_no_database_lock_is_held_while_the_forge_is_asked_about_a_frogfix(client: Any, world: World) -> None:
+    """The webhook asks the forge whether the commenter may trigger FrogFix before the delivery's transaction
+    opens (review of issue 36): a slow forge held SQLite's write lock, and every worker write and webhook
+    waited behind it. While the membership request hangs, another writer takes the lock at once."""
+    import sqlite3
+    import threading
+
+    from app.settings import get_settings
+    from tests.servers import wait_until
+
+    iid, _job_id = _gitlab_asked(client, world)
+    world.gitlab.hang_next(1, seconds=60, method="GET", path_contains="/members/all")
+    seen_before = len(world.gitlab.calls("GET", "/members/all"))
+    answered: list[Any] = []
+    thread = threading.Thread(target=lambda: answered.append(_gitlab_answer(client, world, iid, by="dev",
+                                                                            text="/frogfix")))
+    thread.start()
+    try:
+        wait_until(lambda: len(world.gitlab.calls("GET", "/members/all")) > seen_before, timeout=60)
+        database = get_settings().resolved_database_url().removeprefix("sqlite:///")
+        probe = sqlite3.connect(database, timeout=0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")  # "database is locked" at once if the delivery's transaction held it
+            probe.execute("ROLLBACK")
+        finally:
+            probe.close()
+        assert thread.is_alive(), "the forge was still being asked when the lock was taken"
+    finally:
+        thread.join(timeout=120)
+    assert answered and answered[0].status_code in (200, 202), answered
