@@ -3,9 +3,9 @@
 `.frogfix.yml` (all keys optional):
 
     test_command: python -m pytest -q      # how to run the tests (no network in the sandbox)
-    setup_command: make generated-files    # with FROGFIX_PIP_INDEX_URL: once, in the setup phase, after the
-                                           # environment is installed (reaches the mirror only); without a
-                                           # mirror: before each test run, without network
+    setup_command: make generated-files    # with FROGFIX_PIP_INDEX_URL: once per job, in the setup phase,
+                                           # after the project's own install, offline; without a mirror:
+                                           # before each test run, without network
     environment:                           # what to install where detection guesses wrong (each key replaces
       extras: [tests]                      # what was detected for it; see worker/environment/declared.py)
       groups: [test]
