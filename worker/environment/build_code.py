@@ -30,7 +30,7 @@ import re
 import stat
 import tomllib
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -95,22 +95,7 @@ def resolution_inputs(read: Read, requirement_files: Iterable[str] = ()) -> tupl
     metadata (pyproject's `[tool.setuptools.dynamic]`, setup.cfg's `file:`), and every existing file a
     string in setup.py names (`open("requirements.txt")`). Sorted, unique, bounded like the rest."""
     files = _Files(read)
-    found: set[str] = set()
-    queue: deque[str | None] = deque([*requirement_files, *COMMON_REQUIREMENTS])
-    seen: set[str] = set()
-    while queue and len(seen) < MAX_REQUIREMENT_FILES:
-        name = queue.popleft()
-        if name is None or name in seen:
-            continue
-        seen.add(name)
-        text = files.text(name)
-        if text is None:
-            continue
-        found.add(name)
-        for line in text.splitlines():
-            included = _INCLUDE.match(re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip())
-            if included:
-                queue.append(_join(posixpath.dirname(name), included[1]))
+    found = {name for name, _ in _requirement_files_read(files, [*requirement_files, *COMMON_REQUIREMENTS])}
     named: list[str] = []
     dynamic = _table(_table(_table(_toml(files.text("pyproject.toml")), "tool"), "setuptools"), "dynamic")
     for value in dynamic.values():
@@ -466,24 +451,36 @@ def _path_sources(tool: dict[str, Any], folder: str) -> set[str]:
 
 def _requirement_file_paths(files: _Files, names: Iterable[str]) -> set[str]:
     """Local paths the requirement files name (relative to the root, or to the file), `-r`/`-c` includes followed."""
+    found: set[str] = set()
+    for name, lines in _requirement_files_read(files, names):
+        for line in lines:
+            for base in dict.fromkeys(("", posixpath.dirname(name))):
+                if (path := _local_path(line, base)) is not None:
+                    found.add(path)
+    return found
+
+
+def _requirement_files_read(files: _Files, names: Iterable[str]) -> Iterator[tuple[str, list[str]]]:
+    """Each requirement file that reads, with its lines (comments cut) but its `-r`/`-c` includes, which are
+    followed instead (relative to the including file; at most MAX_REQUIREMENT_FILES files)."""
     queue: deque[str | None] = deque(names)
     seen: set[str] = set()
-    found: set[str] = set()
     while queue and len(seen) < MAX_REQUIREMENT_FILES:
         name = queue.popleft()
         if name is None or name in seen:
             continue
         seen.add(name)
         text = files.text(name)
-        for line in (text or "").splitlines():
+        if text is None:
+            continue
+        lines = []
+        for line in text.splitlines():
             line = re.split(r"(?:^|\s)#", line, maxsplit=1)[0].strip()
             if included := _INCLUDE.match(line):
                 queue.append(_join(posixpath.dirname(name), included[1]))
-                continue
-            for base in dict.fromkeys(("", posixpath.dirname(name))):
-                if (path := _local_path(line, base)) is not None:
-                    found.add(path)
-    return found
+            else:
+                lines.append(line)
+        yield name, lines
 
 
 def _tox_deps(text: str | None) -> list[str]:
