@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -116,6 +118,21 @@ def pg() -> Iterator[Postgres]:
         pytest.fail("PostgreSQL is not installed (apt-get install postgresql); .ci/run installs it")
     with postgres_server() as server:
         yield server
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database(request: pytest.FixtureRequest, frogfix_env: dict[str, Any]) -> str:
+    """The test once on the embedded SQLite and once on a fresh, migrated PostgreSQL database of its own."""
+    if request.param == "postgres":
+        from app.migrate import upgrade
+
+        pg = request.getfixturevalue("pg")
+        module = request.node.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+        unique = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:12]
+        url = pg.create_database(f"{re.sub(r'[^a-z0-9_]', '_', module.lower())[:40]}_{unique}")
+        configure(frogfix_env["monkeypatch"], database_url=url)
+        upgrade(url)
+    return str(request.param)
 
 
 @pytest.fixture(scope="session")

@@ -6,25 +6,12 @@ import asyncio
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import func, select
 
 from app.db import session_scope
-from app.migrate import upgrade
 from app.models import Job, WebhookDelivery
-from tests.conftest import configure
 from tests.servers import uvicorn_app
 from tests.webhook_requests import gitea_headers, gitlab_headers, payload
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, frogfix_env: dict[str, Any]) -> str:
-    if request.param == "postgres":
-        pg = request.getfixturevalue("pg")
-        url = pg.create_database(f"concurrency_{request.node.name[-12:].strip('[]').replace('-', '_')}")
-        configure(frogfix_env["monkeypatch"], database_url=url)
-        upgrade(url)
-    return str(request.param)
 
 
 async def _blast(base: str, requests: list[tuple[str, bytes, dict[str, str]]]) -> list[int]:

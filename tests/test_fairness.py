@@ -21,7 +21,6 @@ from sqlalchemy import update
 from app.db import session_scope
 from app.forge.webhook import WebhookEvent
 from app.jobs import intake, records, scheduler, transitions
-from app.migrate import upgrade
 from app.models import Job, JobAttempt, utcnow
 from app.settings import ProjectLimits, Settings, get_settings
 from app.statuses import RUN_STATUSES, JobStatus
@@ -31,16 +30,6 @@ from tests.doubles.gitlab_api import GitLabDouble
 from worker.tasks import release_after_run, run_job
 
 AUTH = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, frogfix_env: dict[str, Any]) -> str:
-    if request.param == "postgres":
-        pg = request.getfixturevalue("pg")
-        url = pg.create_database(f"fair_{request.node.name[-24:].strip('[]').replace('-', '_').lower()}")
-        configure(frogfix_env["monkeypatch"], database_url=url)
-        upgrade(url)
-    return str(request.param)
 
 
 _deliveries = Counter[str]()

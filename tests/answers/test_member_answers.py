@@ -21,7 +21,6 @@ from sqlalchemy import select, text, update
 from app.db import session_scope
 from app.forge.reviews import IssueComment
 from app.jobs import answer_gate, records, rounds, transitions
-from app.migrate import upgrade
 from app.models import AnswerRefusal, Job, utcnow
 from tests.answers.test_answer_pipeline import (
     ANSWER,
@@ -31,7 +30,7 @@ from tests.answers.test_answer_pipeline import (
     _gitlab_asked,
     _job,
 )
-from tests.conftest import GITEA_SECRET, configure
+from tests.conftest import GITEA_SECRET
 from tests.pipeline.conftest import PROJECT, World, breaking_script, fixing_script
 from tests.servers import uvicorn_app
 from tests.webhook_requests import gitea_headers, gitlab_headers, payload
@@ -235,16 +234,6 @@ def test_a_waiting_answer_is_let_go_when_the_run_published_or_was_cancelled(clie
         assert rounds.follow_up(s) == [] and s.get(Job, job_id).answer_waiting is None  # type: ignore[union-attr]
         raw = s.execute(text("SELECT answer_waiting IS NULL FROM jobs WHERE id = :id"), {"id": job_id}).scalar()
         assert raw  # SQL NULL, not JSON null
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def database(request: pytest.FixtureRequest, frogfix_env: dict[str, Any]) -> str:
-    if request.param == "postgres":
-        pg = request.getfixturevalue("pg")
-        url = pg.create_database(f"answers_{request.node.name[-12:].strip('[]').replace('-', '_')}")
-        configure(frogfix_env["monkeypatch"], database_url=url)
-        upgrade(url)
-    return str(request.param)
 
 
 def test_refused_frogfix_comments_at_once_still_give_one_reply(database: str, world: World) -> None:
