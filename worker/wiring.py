@@ -17,8 +17,6 @@ from sandbox.base import (
     DEFAULT_PATH,
     ENV_DIR,
     PROJECT_BIN,
-    PROJECT_DIR,
-    PROJECT_GENERATED,
     Sandbox,
     SandboxLimits,
     SandboxSpec,
@@ -31,7 +29,6 @@ from worker.environment import generated
 from worker.leaf.loop import LeafLimits
 from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
 
-GENERATED_IN_PROJECT = PROJECT_GENERATED.removeprefix(PROJECT_DIR + "/")
 # Bytecode caches would otherwise land in `git add -A` and so in the patch.
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
 # A sandbox with a built environment (worker/environment) has it active, as `source bin/activate` would; the
@@ -150,7 +147,7 @@ def open_job_sandbox(
     nothing is: worker/environment/generated.py); `env` adds variables (the verification's test-report options)."""
     options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
     if project is not None:
-        generated.lay(workspace, project / GENERATED_IN_PROJECT)
+        generated.lay(workspace, generated.in_layer(project))
     spec = sandbox_spec(workspace, settings, image, labels, environment, env, project)
     return open_sandbox(spec, settings.sandbox, **options)
 

@@ -49,7 +49,6 @@ from sandbox import index_pump
 from sandbox.base import (
     ENV_DIR,
     PROJECT_DIR,
-    PROJECT_GENERATED,
     PROJECT_SITE,
     PUMP_PORT,
     RELAY_SOCKET,
@@ -165,6 +164,7 @@ class SetupRequest:
     image: str | None = None  # the job's sandbox image (`.frogfix.yml` image:), where the backend uses one
     # The files the project's own install runs and its resolution reads (worker/environment/build_code.py).
     build_code: tuple[str, ...] = ()
+    interpreter: str = ""  # `interpreter_identity`: what both keys name the environment's Python by
 
 
 # (workspace, mounts, environment variables, image, built environment) -> a started setup sandbox
@@ -236,7 +236,8 @@ class Environments:
         except (DeclarationError, OSError) as exc:
             return failed(self.redact(f"the repository's dependency files cannot be read: {exc}"), built=False)
         tag, version = self._version(commit)
-        request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag, image, build_code)
+        interpreter = interpreter_identity(self.settings, image)
+        request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag, image, build_code, interpreter)
         key = declaration_key(request, self._mirror, self.settings)
         with self._lock:
             if key in self._known:
@@ -382,7 +383,7 @@ class Environments:
                 relay=False, size=parse_quantity(self.settings.environment_size), image=request.image,
                 environment=env, target=PROJECT_DIR, save=True,
             )
-            refused = generated.refused_in(out / PROJECT_GENERATED.removeprefix(PROJECT_DIR + "/"))
+            refused = generated.refused_in(generated.in_layer(out))
             if refused:
                 raise StepFailed(failed(
                     f"the project's install generated {refused} in the checkout: FrogFix never lays a conftest.py, "
@@ -467,7 +468,7 @@ def declaration_key(request: SetupRequest, mirror: MirrorURL, settings: Settings
         "builder": BUILDER_VERSION,
         "scope": request.scope,
         "mirror": mirror.without_credentials(),
-        "interpreter": interpreter_identity(settings, request.image),
+        "interpreter": request.interpreter,
         "plan": plan,
         "setup_command": request.setup_command,
         "tag": request.tag,
@@ -487,7 +488,7 @@ def dependencies_key(request: SetupRequest, resolution: Resolution, mirror: Mirr
         "builder": BUILDER_VERSION,
         "scope": request.scope,
         "mirror": mirror.without_credentials(),
-        "interpreter": interpreter_identity(settings, request.image),
+        "interpreter": request.interpreter,
         "pins": sorted(resolution.pins),
         "size": settings.environment_size,
     }

@@ -21,6 +21,7 @@ import re
 import stat
 from pathlib import Path
 
+from sandbox.base import PROJECT_DIR, PROJECT_GENERATED
 from worker import gitcalls
 
 REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
@@ -28,6 +29,11 @@ REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"
 NEVER_LAID = re.compile(r"(^|/)(pytest\.ini|\.pytest\.ini|tox\.ini|setup\.cfg|pyproject\.toml|noxfile\.py"
                         r"|test_[^/]*\.py|[^/]*_test\.py|\.gitignore|\.gitattributes)$")
 MAX_FILES = 10_000
+
+
+def in_layer(layer: Path) -> Path:
+    """Where a project layer (the host folder of PROJECT_DIR) keeps the files its install generated."""
+    return layer / PROJECT_GENERATED.removeprefix(PROJECT_DIR + "/")
 
 
 def is_refused(path: str) -> bool:
