@@ -36,8 +36,8 @@ _SCHEMED = re.compile(
 _DOTTED = re.compile(r"[\w@%+\-~/]*[^\W_]\.[^\W\d_][\w.\-~/%?=#+]*")
 # Bounded by what is not hex, not by \b: emphasis (`_abc1234_`) makes a text node of it on the forge.
 _SHA = re.compile(r"(?<![0-9A-Za-z])(?=[0-9a-f]{0,39}[0-9])(?=[0-9a-f]{0,39}[a-f])[0-9a-f]{7,40}(?![0-9A-Za-z])")
-# A reference's sign before a word or a quote; an `&` that starts an HTML entity (`inert`'s `&amp;`) is no sign.
-_SIGIL = re.compile(r"(&(?![a-z]{2,8};|#\d{1,7};)|[~%$^])(?=[\w\"'])")
+# A reference's sign before a word or a quote; `&` is `inert`'s `&amp;` by the time this runs.
+_SIGIL = re.compile(r"(&amp;|[~%$^])(?=[\w\"'])")
 
 
 def linkless(text: str) -> str:
@@ -69,5 +69,4 @@ def _escaped(text: str) -> str:
 def unreferenced(text: str) -> str:
     """`text` (already `inert`) with a zero-width space after each reference sign the forges link by themselves
     (an `&` is `&amp;` by then: the space goes after the entity)."""
-    text = re.sub(r"&amp;(?=[\w\"'])", "&amp;" + ZWSP, text)
     return _SIGIL.sub(lambda m: m.group(1) + ZWSP, text)
