@@ -90,6 +90,9 @@ USES_BOTH = (
 )
 
 
+# The double's pods share the host's loopback: a setup pod's index pump listens on PUMP_PORT there, a
+# machine-wide port that another test's setup pod would hold at the same moment (a real pod has its own).
+@pytest.mark.serial
 def test_a_setup_pod_builds_from_the_mirror_through_the_tunnel_and_job_pods_use_it(
     k8s_settings: Settings, mirror: PackageMirror, kube: KubernetesApiDouble
 ) -> None:
@@ -148,6 +151,7 @@ def test_a_setup_pod_builds_from_the_mirror_through_the_tunnel_and_job_pods_use_
     assert leaked == []
 
 
+@pytest.mark.serial  # its setup pod's pump listens on PUMP_PORT on the host's loopback too (see above)
 def test_a_failed_setup_pod_build_is_an_environment_error(k8s_settings: Settings, kube: KubernetesApiDouble) -> None:
     checkout = repo(k8s_settings.resolved_workspace_dir() / "checkout", "frogfix-no-such-package==3.1\n")
     report = environments(k8s_settings).for_checkout(checkout, "python3 -m unittest", None, None)
