@@ -245,7 +245,7 @@ def fix(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Run one job on a local checkout, without a forge (local sandbox, model from settings)."""
-    from worker.localfix import run_fix_command
+    from worker.commands.fix import run_fix_command
 
     raise typer.Exit(run_fix_command(repo_dir, issue, json_out))
 
@@ -309,7 +309,7 @@ def reap_sandboxes(
 @cli.command()
 def demo(json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False) -> None:
     """Fix a bug in a generated repository with a replayed model: the whole local job, no server needed."""
-    from worker.localfix import run_demo_command
+    from worker.commands.fix import run_demo_command
 
     raise typer.Exit(run_demo_command(json_out))
 
@@ -328,8 +328,8 @@ def doctor(
 
     from pydantic import ValidationError
 
-    from worker.doctor import exit_code, render_text, run_doctor
-    from worker.doctor.results import DoctorOptions, settings_invalid
+    from worker.commands.doctor import exit_code, render_text, run_doctor
+    from worker.commands.doctor.results import DoctorOptions, settings_invalid
 
     try:
         settings = _settings()
@@ -535,7 +535,7 @@ def _tests_summary(tests: dict[str, Any] | None, evidence: dict[str, Any] | None
     line = tests_line(tests)
     verdict = evidence or tests.get("evidence")
     if isinstance(verdict, dict) and verdict.get("level"):
-        from worker.evidence import Evidence, evidence_line
+        from worker.attempts.evidence import Evidence, evidence_line
 
         line += "; " + evidence_line(Evidence.from_dict(verdict))
     return line
@@ -886,7 +886,7 @@ def retry(
 
 def _print_replay(report: Any) -> None:
     """The replay's outcome, in 80 columns."""
-    from worker.replay import matched_count
+    from worker.commands.replay import matched_count
 
     lines = [f"{report.mode} of job {report.job_id} ({report.attempt_label}): {report.status.upper()}"]
 
@@ -976,7 +976,7 @@ def replay(
     import json
 
     from app.logs import configure_logging
-    from worker.replay import ReplayError, replay_job
+    from worker.commands.replay import ReplayError, replay_job
 
     configure_logging("WARNING", _settings().secret_values(), stream=sys.stderr)
 
@@ -1052,7 +1052,7 @@ def eval_command(
     """
     from app.jobs.evaluations import UnknownEvaluation
     from app.logs import configure_logging
-    from worker.evaluate import CommandOptions, EvalError, EvalOptions, ensure_schema, run_eval_command
+    from worker.commands.evaluate import CommandOptions, EvalError, EvalOptions, ensure_schema, run_eval_command
 
     settings = _settings()
     configure_logging("WARNING", settings.secret_values(), stream=sys.stderr)

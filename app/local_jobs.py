@@ -2,12 +2,12 @@
 
 A local job has no forge and no database row, yet it is a job: `manage.py jobs` lists it, the
 dashboard lists it (marked local) and shows its page, `show` prints it. This module is the one
-home of that record: `LocalJobRecord` writes it as the run goes (worker/localfix.py), and
+home of that record: `LocalJobRecord` writes it as the run goes (worker/commands/fix.py), and
 `load` / `newest` read it back as `LocalJob`, which has the attributes the job list and the job
 page read from a forge job, so one template serves both.
 
 The file (`local-jobs/<id>.json`) is replaced whole on every change (a reader sees the old file
-or the new one). What it holds passes through the caller's `scrub` first (worker/localfix.py
+or the new one). What it holds passes through the caller's `scrub` first (worker/commands/fix.py
 gives the trajectory writer's redaction), so a secret never reaches it. Standard library and app/
 only.
 """

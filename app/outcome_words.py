@@ -7,11 +7,11 @@ reason and error text (a forge job's row, a local job's record, `fix --json`), a
 - `why(status, exit_reason, error, model_url=...)`: one line, or None for a job that did not fail.
   The error texts it reads are those the worker writes: worker/leaf/model.py's model errors, worker/
   repo_config.py's `.frogfix.yml` errors, the environment builder's reasons, app/forge's ForgeError
-  messages (as worker/pipeline.py ends a job with them), the sandbox's and git's. An error it does not
+  messages (as worker/job/pipeline.py ends a job with them), the sandbox's and git's. An error it does not
   recognise is shown as it is, on one line.
 - `ending(exit_reason, steps)`: how the agent ended ("the agent finished after 4 steps").
 - `tests_line(tests, evidence)`: "before: 1 failed, 1 passed; after: 2 passed (2 runs)", for `fix --json`'s
-  `tests` and a forge attempt's `tests` (worker/report.py TestEvidence) alike.
+  `tests` and a forge attempt's `tests` (worker/texts/mr_text.py TestEvidence) alike.
 
 Standard library and app/statuses.py only (a pure vocabulary module, like statuses.py).
 """
@@ -219,7 +219,7 @@ def _environment(text: str) -> str:
 
 # app/forge's ForgeError messages: "GitLab get issue: HTTP 401 401 Unauthorized (the forge token was rejected)",
 # "Gitea get issue: ConnectError talking to the server (gave up after 4 attempts in 12.0s)", "no GitLab
-# token is configured (set FROGFIX_GITLAB_TOKEN)"; worker/pipeline.py prefixes a transient one with
+# token is configured (set FROGFIX_GITLAB_TOKEN)"; worker/job/pipeline.py prefixes a transient one with
 # "the forge or git server kept failing: ".
 _KEPT_FAILING = "the forge or git server kept failing:"
 _FORGE_CALL = re.compile(r"^(?P<forge>GitLab|Gitea) (?P<what>[^:]{1,120}): (?P<rest>.*)$")
@@ -292,7 +292,7 @@ def _counts_words(counts: dict[str, Any]) -> str:
 
 
 def run_words(run: Any) -> str:
-    """One test run (worker/attempt.py TestRun.to_dict) in words: "1 failed, 1 passed", "passed", "timed out"."""
+    """One test run (verifier.py TestRun.to_dict) in words: "1 failed, 1 passed", "passed", "timed out"."""
     if not isinstance(run, dict):
         return "did not run"
     if run.get("timed_out"):
@@ -330,7 +330,7 @@ def tests_line(tests: dict[str, Any] | None, evidence: dict[str, Any] | None = N
     `tests`: `fix --json`'s `tests` (before, after, after_runs, flaky, reproduction) or a forge attempt's
     (before, after: a list, flaky, reproduction); per-test counts when the runner's report was read,
     else the exit codes in words. `evidence` (fix's `evidence`, a forge attempt's `tests["evidence"]`):
-    when given, what it proves is added; `fix` and `show` print worker/evidence.py's evidence line
+    when given, what it proves is added; `fix` and `show` print worker/attempts/evidence.py's evidence line
     instead, which names the tests."""
     if not isinstance(tests, dict) or not tests:
         return "no tests run"

@@ -3,7 +3,7 @@
 Git C-quotes a path that holds odd bytes (`"a/sp\\303\\251cial"`), ends a name holding spaces with
 a tab on its `---`/`+++` lines, and writes no such lines at all for binary, mode-only and
 rename-only sections, where both paths come from the `diff --git a/X b/Y` header. It only ever
-shows patches git itself regenerated (worker/patch_evidence.py); nothing is judged from this
+shows patches git itself regenerated (worker/attempts/stored_patch.py); nothing is judged from this
 reading: the review rules and the MR's file table read what git stored instead (a patch git
 cannot apply is stored as nothing). Standard library only.
 `shown_path` is how every reader shows such a name to a person: one line, as git quotes it.

@@ -3,7 +3,7 @@
 Generating a right patch among k is easier than knowing which one it is, so the choice rests on
 evidence a reviewer can check, in this order:
 
-1. the evidence level: `reproduced` over `failed_before` over `unproven` (worker/evidence.py);
+1. the evidence level: `reproduced` over `failed_before` over `unproven` (worker/attempts/evidence.py);
    a regressed, refused or failing attempt is never a candidate;
 2. no regressions (a test that passed on the base and fails with the patch);
 3. agreement: how many other candidates' reproduction tests (their own regression tests, the ones

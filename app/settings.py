@@ -64,7 +64,7 @@ class Settings(BaseSettings):
     forge_retry_budget_seconds: float = Field(default=90.0, gt=0)  # all retries of one forge call together
 
     # How many agents the model server runs at once; `manage.py eval` shares them with production jobs
-    # and takes one only when no production job is queued (see worker/evaluate.py).
+    # and takes one only when no production job is queued (see worker/commands/evaluate.py).
     model_slots: int = Field(default=1, ge=1)
 
     leaf_max_steps: int = 150

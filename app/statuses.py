@@ -58,10 +58,10 @@ class ExitReason(StrEnum):
 
 
 class EvidenceLevel(StrEnum):
-    """What the tests prove about a patch (worker/evidence.py decides it; everything else reads it).
+    """What the tests prove about a patch (worker/attempts/evidence.py decides it; everything else reads it).
 
     tampered: a run with the patch reported what did not happen (its sentinels, summary line, exit code
-    or results disagree; worker/run_checks.py), ranked above every other level: never fixed, never
+    or results disagree; worker/attempts/run_checks.py), ranked above every other level: never fixed, never
     chosen, never published; unrunnable: the tests could not run with the patch; regressed: a test
     that did not fail on the base fails with it; reproduced: the patch's own tests fail on the base
     source and pass with the fix; failed_before: tests that failed on the base pass with it;

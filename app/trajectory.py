@@ -1,7 +1,7 @@
 """The trajectory document: where its file lives, how it is written, how it is read back.
 
 One home for a format four readers share (the dashboard, `manage.py show`, replay and the
-replay model) and one writer produces (worker/leaf/trajectory.py). Standard library only, so
+replay model) and one writer produces (worker/leaf/trajectory_writer.py). Standard library only, so
 worker/leaf may import it without pulling in the database or the web layer.
 
 Paths are stored relative to the data folder (`trajectories/job-7-run-1-2.json`), so a data

@@ -40,7 +40,7 @@ def main() -> None:
     from tests.doubles.gitlab_api import GitLabDouble
     from tests.doubles.openai_server import ScriptedOpenAIServer
     from tests.pipeline.conftest import fixing_script
-    from worker.demo import make_sample_repo
+    from worker.commands.demo import make_sample_repo
 
     sample = make_sample_repo(tmp / "src")
     git = GitHttpDouble(tmp / "git", authorization=basic_auth_header("oauth2", TOKEN))

@@ -5,7 +5,7 @@ Generates a repository (default 3,000 commits over a tree of 400 files, via git 
 serves it with the real git smart-HTTP double (tests/doubles/git_http.py, Authorization header
 required), and measures in the same run:
   - fresh: `git clone` of the whole repository over HTTP into a new folder (with checkout);
-  - warm, made: what a job did before the pool, with worker/mirrors.py: RepoCache.mirror() (a
+  - warm, made: what a job did before the pool, with worker/git/mirrors.py: RepoCache.mirror() (a
     `git fetch --prune` that finds nothing, or one new upstream commit with --churn) + resolve()
     + make_workspace();
   - warm, pooled: RepoCache.mirror() + resolve() + WorkspacePool.prepare(): a rename of a ready
@@ -36,9 +36,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from app.forge.api import basic_auth_header, git_auth_env  # noqa: E402
 from tests.doubles.git_http import GitHttpDouble, git_env  # noqa: E402
-from worker.gitcalls import mirror_key  # noqa: E402
-from worker.mirrors import RepoCache, resolve  # noqa: E402
-from worker.workspace_pool import WorkspacePool, make_workspace, remove_workspace  # noqa: E402
+from worker.git.gitcalls import mirror_key  # noqa: E402
+from worker.git.mirrors import RepoCache, resolve  # noqa: E402
+from worker.git.workspace_pool import WorkspacePool, make_workspace, remove_workspace  # noqa: E402
 
 HEADER = basic_auth_header("oauth2", "bench-token-not-secret")
 WORDS = [

@@ -782,7 +782,7 @@ class Soak:
 
 
 def make_sample(root: Path) -> Path:
-    from worker.demo import make_sample_repo
+    from worker.commands.demo import make_sample_repo
 
     return make_sample_repo(root)
 

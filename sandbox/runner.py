@@ -118,7 +118,7 @@ if TYPE_CHECKING:
 
 READ_LIMIT = 20_000
 BASH_LIMIT = 30_000
-# The results channel of a pipeline command (worker/run_checks.py reads it): the variable naming its
+# The results channel of a pipeline command (worker/attempts/run_checks.py reads it): the variable naming its
 # descriptor, and the most it keeps; past that it says so ("overflow") instead of cutting a line.
 RESULTS_FD_VARIABLE = "FROGFIX_RESULTS_FD"
 MAX_RESULTS_BYTES = 64 * 1024 * 1024

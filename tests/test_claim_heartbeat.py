@@ -14,7 +14,7 @@ from app.forge.webhook import WebhookEvent
 from app.jobs import intake, records
 from app.sweep import sweep_once
 from tests.conftest import configure
-from worker import runs
+from worker.job import runs
 from worker.tasks import run_job
 
 

@@ -1,4 +1,4 @@
-"""The one verdict (worker/evidence.py) as a pure function; the results channel has tests/test_run_checks.py."""
+"""The one verdict (worker/attempts/evidence.py) as a pure function. Results channel: tests/test_run_checks.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.statuses import EvidenceLevel
-from worker.evidence import RunOutcome, evidence_line, judge, patch_test_files
+from worker.attempts.evidence import RunOutcome, evidence_line, judge, patch_test_files
 
 P, F, E, S = "passed", "failed", "error", "skipped"
 
@@ -76,7 +76,7 @@ def test_the_patch_test_files_are_tests_and_their_data() -> None:
 
 @pytest.mark.parametrize("level", list(EvidenceLevel))
 def test_only_reproduced_and_failed_before_prove_a_fix(level: EvidenceLevel) -> None:
-    from worker.evidence import Evidence
+    from worker.attempts.evidence import Evidence
 
     assert Evidence(level).proves_fix == (level in (EvidenceLevel.reproduced, EvidenceLevel.failed_before))
 
@@ -106,8 +106,8 @@ def test_the_runner_guard_leaves_the_tests_own_scripts_their_usual_path(tmp_path
     """Found on werkzeug's real suite: its tests start `live_apps/run.py` with their own PYTHONPATH, which
     drops the guard's hook while PYTHONSAFEPATH stayed, so the script could not import its siblings and the
     suite hung. The guard still keeps a root `pytest.py` from running as the runner."""
-    from worker.evidence import REPORT_ENV, RUNNER_GUARD
-    from worker.run_checks import PLUGIN_MODULE, plugin_source
+    from worker.attempts.evidence import REPORT_ENV, RUNNER_GUARD
+    from worker.attempts.run_checks import PLUGIN_MODULE, plugin_source
 
     (tmp_path / "tests" / "live").mkdir(parents=True)
     (tmp_path / "tests" / "test_child.py").write_text(CHILD_TEST)

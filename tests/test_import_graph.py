@@ -148,3 +148,128 @@ def test_no_module_is_over_800_lines() -> None:
     assert {k: v for k, v in long.items() if k not in LONGER_ALLOWED} == {}
     for allowed in LONGER_ALLOWED:
         assert "one file" in (ROOT / allowed).read_text(encoding="utf-8")[:3000], f"{allowed} says why it is long"
+
+
+# worker/'s rooms from the bottom up: a room may import the rooms before it, never one after it
+# (worker/__init__.py and each room's docstring say what it holds). Modules of worker/ in no
+# room are its entries (tasks, heartbeat, embedded): they may import any room; no room imports them.
+ROOMS = (
+    "worker.leaf",
+    "worker.git",
+    "worker.environment",
+    "worker.wiring",
+    "worker.attempts",
+    "worker.texts",
+    "worker.job",
+    "worker.commands",
+)
+ENTRIES = ("worker.tasks", "worker.heartbeat", "worker.embedded")
+
+
+def room_of(module: str) -> str | None:
+    return next((room for room in ROOMS if module == room or module.startswith(room + ".")), None)
+
+
+def room_breaches(graph: dict[str, list[str]]) -> list[str]:
+    """Each import from a room into a room above it, or from a room into an entry."""
+    broken = []
+    for module, targets in graph.items():
+        here = room_of(module)
+        if here is None:
+            continue
+        for target in targets:
+            there = room_of(target)
+            if target in ENTRIES or (there is not None and ROOMS.index(there) > ROOMS.index(here)):
+                broken.append(f"{module} ({here}) imports {target}")
+    return broken
+
+
+def test_the_room_checker_finds_an_import_upward() -> None:
+    made = {
+        "worker.git.gitcalls": ["worker.job.pipeline"],
+        "worker.attempts.attempt": ["worker.git.gitcalls", "worker.tasks"],
+        "worker.job.pipeline": ["worker.attempts.attempt"],
+    }
+    assert room_breaches(made) == [
+        "worker.git.gitcalls (worker.git) imports worker.job.pipeline",
+        "worker.attempts.attempt (worker.attempts) imports worker.tasks",
+    ]
+
+
+def test_every_worker_module_is_in_a_room_or_an_entry() -> None:
+    loose = [m for m in MODULES if m.startswith("worker.") and room_of(m) is None and m not in ENTRIES]
+    assert loose == []
+    for room in ROOMS:
+        path = MODULES[room]
+        if path.name == "__init__.py":
+            assert "Room rule" in (ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""), room
+
+
+def test_the_rooms_import_one_way() -> None:
+    assert room_breaches(GRAPH) == []
+
+
+# No function over 80 lines outside the sandbox runner (copied whole into sandboxes), and no more
+# than 8 over 60: a longer one is several steps that want names.
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTION_LINES = 60
+MAX_LONG_FUNCTIONS = 8
+MANAGE_MAX_LINES = 80  # manage.py is a thin entry over worker/commands/cli
+
+
+def function_lengths(source: str, where: str) -> list[tuple[str, int]]:
+    """(where:qualified name, lines from `def` to the last line) of every function, nested ones apart."""
+    found: list[tuple[str, int]] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = prefix + child.name
+                found.append((f"{where}:{name}", (child.end_lineno or child.lineno) - child.lineno + 1))
+                visit(child, name + ".")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, prefix + child.name + ".")
+
+    visit(ast.parse(source), "")
+    return found
+
+
+def size_breaches(lengths: list[tuple[str, int]]) -> list[str]:
+    broken = [f"{name} is {n} lines (at most {MAX_FUNCTION_LINES})" for name, n in lengths if n > MAX_FUNCTION_LINES]
+    over = sorted(name for name, n in lengths if n > LONG_FUNCTION_LINES)
+    if len(over) > MAX_LONG_FUNCTIONS:
+        broken.append(f"{len(over)} functions over {LONG_FUNCTION_LINES} lines (at most {MAX_LONG_FUNCTIONS}): {over}")
+    return broken
+
+
+def project_function_lengths() -> list[tuple[str, int]]:
+    lengths = function_lengths((ROOT / "manage.py").read_text(encoding="utf-8"), "manage.py")
+    for path in MODULES.values():
+        where = str(path.relative_to(ROOT))
+        if where not in LONGER_ALLOWED:
+            lengths += function_lengths(path.read_text(encoding="utf-8"), where)
+    return lengths
+
+
+def test_the_size_checker_finds_a_long_function_and_too_many_long_ones() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(81))
+    made = function_lengths(f"class A:\n    def run(self):\n    {body.replace(chr(10), chr(10) + '    ')}\n", "made.py")
+    assert made == [("made.py:A.run", 82)]
+    assert size_breaches(made) == ["made.py:A.run is 82 lines (at most 80)"]
+    nine = [(f"m.py:f{i}", 61) for i in range(9)]
+    assert len(size_breaches(nine)) == 1 and "9 functions over 60" in size_breaches(nine)[0]
+    assert size_breaches(nine[:8]) == []
+
+
+def test_no_function_is_over_80_lines_and_few_over_60() -> None:
+    assert size_breaches(project_function_lengths()) == []
+
+
+def manage_breach(text: str) -> str | None:
+    lines = len(text.splitlines())
+    return f"manage.py is {lines} lines (at most {MANAGE_MAX_LINES})" if lines > MANAGE_MAX_LINES else None
+
+
+def test_manage_py_is_a_thin_entry() -> None:
+    assert manage_breach("x = 1\n" * (MANAGE_MAX_LINES + 1)) == f"manage.py is 81 lines (at most {MANAGE_MAX_LINES})"
+    assert manage_breach((ROOT / "manage.py").read_text(encoding="utf-8")) is None

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from worker.issue_text import sanitize_issue_text
-from worker.patch_evidence import ChangedFile, PatchEvidence
-from worker.repo_config import RepoConfigError, detect_test_command, load_repo_config, review_flags
+from worker.attempts.repo_config import RepoConfigError, detect_test_command, load_repo_config, review_flags
+from worker.attempts.stored_patch import ChangedFile, PatchEvidence
+from worker.leaf.issue_text import sanitize_issue_text
 
 
 @pytest.mark.parametrize(

@@ -60,8 +60,8 @@ def test_retry_racing_a_new_job_is_a_clear_refusal(
 
 
 def test_a_run_whose_job_was_requeued_touches_nothing_more(frogfix_env: dict[str, Any]) -> None:
-    from worker.job_context import Deps, Superseded
-    from worker.pipeline import Pipeline
+    from worker.job.job_context import Deps, Superseded
+    from worker.job.pipeline import Pipeline
 
     job_id = _job()
     with session_scope() as s:

@@ -1,7 +1,7 @@
 """app/outcome_words.py: why a job ended, how its agent ended, its tests, in plain words (issue 26).
 
-The error texts are the ones the worker writes (worker/leaf/model.py, worker/repo_config.py, the
-environment builder, app/forge's clients through worker/pipeline.py), as stored on real jobs.
+The error texts are the ones the worker writes (worker/leaf/model.py, worker/attempts/repo_config.py, the
+environment builder, app/forge's clients through worker/job/pipeline.py), as stored on real jobs.
 """
 
 from __future__ import annotations

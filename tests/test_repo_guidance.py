@@ -8,6 +8,18 @@ from pathlib import Path
 
 import pytest
 
+from worker.attempts.repo_config import (
+    MAX_AGENTS_FILE_CHARS,
+    MAX_AGENTS_FILES,
+    MAX_AGENTS_TOTAL_CHARS,
+    MAX_INSTRUCTIONS_CHARS,
+    RepoConfig,
+    RepoConfigError,
+    load_guidance,
+    load_repo_config,
+    review_flags,
+)
+from worker.attempts.stored_patch import ChangedFile, PatchEvidence
 from worker.leaf.prompts import (
     BEGIN_MARKER,
     END_MARKER,
@@ -18,18 +30,6 @@ from worker.leaf.prompts import (
     add_guidance,
     render_task,
     strip_guidance,
-)
-from worker.patch_evidence import ChangedFile, PatchEvidence
-from worker.repo_config import (
-    MAX_AGENTS_FILE_CHARS,
-    MAX_AGENTS_FILES,
-    MAX_AGENTS_TOTAL_CHARS,
-    MAX_INSTRUCTIONS_CHARS,
-    RepoConfig,
-    RepoConfigError,
-    load_guidance,
-    load_repo_config,
-    review_flags,
 )
 
 

@@ -1,6 +1,6 @@
-"""The results channel (sandbox/runner.py) and its checks (worker/run_checks.py), on real pytest.
+"""The results channel (sandbox/runner.py) and its checks (worker/attempts/run_checks.py), on real pytest.
 
-The plugin (worker/evidence_plugin.py) runs under the checkout's pytest and under Debian's (an older
+The plugin (worker/attempts/evidence_plugin.py) runs under the checkout's pytest and under Debian's (an older
 one, which the local sandbox's system python3 has), through a real pipe the runner reads; the checks
 are pure functions of what arrived, the log and the exit code.
 """
@@ -14,8 +14,15 @@ from pathlib import Path
 import pytest
 
 from sandbox import runner
-from worker.evidence import RUNNER_GUARD
-from worker.run_checks import PLUGIN_MODULE, check_run, direct_runner, new_sentinels, plugin_source, summary_counts
+from worker.attempts.evidence import RUNNER_GUARD
+from worker.attempts.run_checks import (
+    PLUGIN_MODULE,
+    check_run,
+    direct_runner,
+    new_sentinels,
+    plugin_source,
+    summary_counts,
+)
 
 TESTS = '''import pytest
 

@@ -52,7 +52,7 @@ def run_job(job_id: int, *, clock: Callable[[], datetime] = utcnow) -> str:
             with Heartbeat(claimed.job_id, beat_interval(settings.stale_job_seconds), run):
                 from celery.exceptions import SoftTimeLimitExceeded
 
-                from worker import runs
+                from worker.job import runs
 
                 return runs.run(claimed.job_id, time_limit_errors=(SoftTimeLimitExceeded,))
         finally:
@@ -95,9 +95,9 @@ def run_job_task(job_id: int) -> str:
 
 @celery_app.task(name=TRIAGE, acks_late=True)
 def triage_request_task(request_id: int) -> str:
-    """Judge one round request (worker/triage.py); a failure leaves it pending for the sweep to send again."""
+    """Judge one round request (worker/job/triage.py); a failure leaves it pending for the sweep to send again."""
     from app.redaction import SecretRedactor
-    from worker.triage import triage
+    from worker.job.triage import triage
     from worker.wiring import make_forge
 
     settings = get_settings()
@@ -113,7 +113,7 @@ def triage_request_task(request_id: int) -> str:
 @celery_app.task(name=REPLAY_JOB)
 def replay_job_task(job_id: int, who: str = "dashboard") -> str:
     """A plain replay (recorded replies, no model, never publishes); the outcome lands on the timeline."""
-    from worker.replay import replay_job
+    from worker.commands.replay import replay_job
 
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         try:
@@ -181,13 +181,13 @@ def warn_about_cgroups(support: CgroupSupport) -> bool:
 @celery_app.task(name=CHECK_UPDATE, acks_late=True)
 def check_update_task(thread_id: int) -> str:
     """FROGFIX_AUTO_UPDATE: start an update round when the thread's MR conflicts with its moved target
-    (worker/triage.py `check_for_update`); a forge that fails is logged, and the sweep asks again later."""
+    (worker/job/triage.py `check_for_update`); a forge that fails is logged, and the sweep asks again later."""
     from app.db import session_scope
     from app.forge.api import ForgeError
     from app.jobs.requeue import send_and_stamp
     from app.models import Job
     from app.redaction import SecretRedactor
-    from worker.triage import check_for_update
+    from worker.job.triage import check_for_update
     from worker.wiring import make_forge
 
     settings = get_settings()

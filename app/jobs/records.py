@@ -111,7 +111,7 @@ def answer_comment(session: Session, job_id: int) -> str | None:
     which grows with each comment, not by delivery order: webhooks may arrive out of order) of those that
     queued the job or joined its queued run since it was last created or retried by an operator (then None:
     no bound, as before issue 36). The run's task takes the comments up to it and none after
-    (worker/question.py `answers_since`)."""
+    (worker/job/question.py `answers_since`)."""
     events = session.execute(
         select(JobEvent.kind, JobEvent.data)
         .where(JobEvent.job_id == job_id, JobEvent.kind.in_(("created", "retried", ANSWERED, ANSWER_JOINED)))

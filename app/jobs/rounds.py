@@ -588,7 +588,7 @@ def threads_to_check(session: Session, older_than: datetime, limit: int = 100) -
     return [row[0] for row in session.execute(query)]
 
 
-PROVEN_LEVELS = ("reproduced", "failed_before")  # EvidenceLevel values that prove a fix (worker/evidence.py)
+PROVEN_LEVELS = ("reproduced", "failed_before")  # EvidenceLevel values that prove a fix (worker/attempts/evidence.py)
 
 
 def thread_proof(session: Session, thread_id: int, besides: int) -> str | None:

@@ -188,7 +188,7 @@ def test_logs(tests: dict[str, Any] | None) -> tuple[str | None, list[TestLog], 
 
 
 def evidence_of(tests: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The verdict worker/evidence.py recorded with the attempt's tests (None for older attempts)."""
+    """The verdict worker/attempts/evidence.py recorded with the attempt's tests (None for older attempts)."""
     evidence = (tests or {}).get("evidence")
     if not isinstance(evidence, dict) or not isinstance(evidence.get("level"), str):
         return None

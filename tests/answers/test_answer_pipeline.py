@@ -3,7 +3,7 @@ and the comments since the question reach the agent's task, through the real web
 real pipeline, the forge API doubles, the real git server and the scripted model.
 
 Each test starts where the pipeline's abstain path leaves a job: ended `no_fix`, `asked_at` set, and its
-question (`worker/question.py`) posted on the issue by the bot.
+question (`worker/job/question.py`) posted on the issue by the bot.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from app.models import Job, utcnow
 from tests.conftest import GITEA_SECRET
 from tests.pipeline.conftest import PROJECT, TRIGGER, World
 from tests.webhook_requests import gitea_headers, gitlab_headers, payload
+from worker.job.question import question_comment
 from worker.leaf.model import ModelReply, ReplayModel
 from worker.leaf.prompts import COMMENTS_BEGIN, COMMENTS_END, render_task
-from worker.question import question_comment
 from worker.tasks import run_job
 
 BEFORE = "OLD-CANARY-7c1e: a comment written before FrogFix asked"

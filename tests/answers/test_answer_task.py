@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from string import Template
 
 from app.forge.reviews import IssueComment, forge_time
+from worker.job.question import QUESTION_MARKER, answers_since
 from worker.leaf.prompts import (
     BEGIN_MARKER,
     COMMENTS_BEGIN,
@@ -21,7 +22,6 @@ from worker.leaf.prompts import (
     load_prompt,
     render_task,
 )
-from worker.question import QUESTION_MARKER, answers_since
 
 ASKED = datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
 

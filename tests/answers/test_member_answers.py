@@ -34,8 +34,8 @@ from tests.conftest import GITEA_SECRET
 from tests.pipeline.conftest import PROJECT, World, breaking_script, fixing_script
 from tests.servers import uvicorn_app
 from tests.webhook_requests import gitea_headers, gitlab_headers, payload
+from worker.job.question import QUESTION_MARKER, answers_since, within_bounds
 from worker.leaf.prompts import COMMENTS_BEGIN, COMMENTS_END, MAX_ANSWERS, MAX_ANSWERS_CHARS
-from worker.question import QUESTION_MARKER, answers_since, within_bounds
 from worker.tasks import run_job
 
 MEMBER_ANSWER = "MEMBER-CANARY-9d41: the failing call is add(2, 3) on Python 3.12"
@@ -171,7 +171,7 @@ def test_a_members_answer_during_a_run_runs_next(client: Any, world: World) -> N
     answered: list[Any] = []
 
     def respond(index: int, body: bytes) -> Any:
-        if b"Write ONE concrete question" in body:  # the first run asks again (worker/question.py)
+        if b"Write ONE concrete question" in body:  # the first run asks again (worker/job/question.py)
             return {"role": "assistant", "content": "Which input fails for you now?"}
         if not answered:  # the first model call of the first run: the member answers meanwhile
             answered.append(_gitlab_answer(client, world, iid, by="mae", text=f"/frogfix {MEMBER_ANSWER}").json())

@@ -14,21 +14,21 @@ from typing import Any
 import pytest
 
 from app.forge.reviews import command_text
-from worker.attempt import AttemptOutcome, AttemptResult
-from worker.leaf.loop import LeafResult, UsageTotals
-from worker.leaf.model import ModelQueryError, ModelReply, OpenAIChatModel, ReplayModel
-from worker.patch_evidence import ChangedFile, PatchEvidence
-from worker.question import (
+from worker.attempts.attempt import AttemptOutcome, AttemptResult
+from worker.attempts.repo_config import RepoConfig
+from worker.attempts.stored_patch import ChangedFile, PatchEvidence
+from worker.attempts.verifier import TestRun as Run  # not `Test*`: pytest would try to collect it
+from worker.attempts.verifier import Verification
+from worker.job.question import (
     FALLBACK_QUESTION,
     QUESTION_LIMIT,
     QUESTION_MARKER,
     question_comment,
     safe_question,
 )
-from worker.repo_config import RepoConfig
-from worker.report import ZWSP
-from worker.verifier import TestRun as Run  # not `Test*`: pytest would try to collect it
-from worker.verifier import Verification
+from worker.leaf.loop import LeafResult, UsageTotals
+from worker.leaf.model import ModelQueryError, ModelReply, OpenAIChatModel, ReplayModel
+from worker.texts.mr_text import ZWSP
 
 CANARY = "tok-CANARY-question-5e1d7a"
 SECRET_PARTS = ("tok-CANA", "RY-question-5e1d7a")

@@ -18,7 +18,7 @@ import re
 import pytest
 from markdown_it import MarkdownIt
 
-from worker.question import safe_question
+from worker.job.question import safe_question
 
 HOSTILE = [
     "Which version? [a [b] c](//host/x) tells you.",

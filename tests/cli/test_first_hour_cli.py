@@ -22,8 +22,8 @@ import pytest
 from app.db import session_scope
 from app.evaluation_report import build_report
 from app.models import Job
-from worker.evaluate import write_outputs
-from worker.replay import ReplayReport, all_matched, matched_count
+from worker.commands.evaluate import write_outputs
+from worker.commands.replay import ReplayReport, all_matched, matched_count
 
 ROOT = Path(__file__).resolve().parents[2]
 MANAGE = ROOT / "manage.py"

@@ -22,7 +22,7 @@ from app.models import Job, JobStatus, utcnow
 from app.trajectory import attempt_path
 from worker.leaf.loop import StepRecord, ToolCallRecord
 from worker.leaf.model import Usage
-from worker.leaf.trajectory import TrajectoryWriter
+from worker.leaf.trajectory_writer import TrajectoryWriter
 
 USERNAME = "alice"
 PASSWORD = "correct horse battery staple"

@@ -92,7 +92,7 @@ def test_the_reports_figures_keep_their_interval_on_one_line(signed_in: Any, tmp
     css = signed_in.get("/static/app.css").text
     assert "table.figures td + td { white-space: nowrap; }" in css
 
-    from worker.evaluate import load_report, write_outputs
+    from worker.commands.evaluate import load_report, write_outputs
 
     html = (write_outputs(load_report(eid), tmp_path / "out")[2]).read_text()
     assert '<table class="figures" data-testid="overall">' in html

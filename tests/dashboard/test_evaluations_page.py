@@ -52,7 +52,7 @@ def test_the_list_and_one_evaluation_show_the_reports_figures(signed_in: Any, tm
     assert human in page.text and 'href="/jobs/8"' in page.text
 
     # `manage.py eval --out` writes the same report through the same template, as a standalone file.
-    from worker.evaluate import load_report, write_outputs
+    from worker.commands.evaluate import load_report, write_outputs
 
     written = write_outputs(load_report(eid), tmp_path / "out")
     assert [p.name for p in written] == ["report.md", "report.json", "report.html"]

@@ -22,7 +22,7 @@ from tests.doubles.openai_server import text_call
 from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf.loop import plan_calls, run_leaf
 from worker.leaf.model import ModelReply, ReplayModel, Usage
-from worker.leaf.trajectory import TrajectoryWriter
+from worker.leaf.trajectory_writer import TrajectoryWriter
 
 PROSE = "The issue says add() subtracts; fix the operator."
 EDIT = text_call("Edit", file_path="calc.py", old_string="return a - b", new_string="return a + b")

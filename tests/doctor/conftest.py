@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 
-from worker.doctor import CheckResult
+from worker.commands.doctor import CheckResult
 
 
 def by_name(results: Sequence[CheckResult]) -> dict[str, CheckResult]:

@@ -13,7 +13,7 @@ from tests.conftest import shared_fixture
 from tests.doctor.conftest import by_name
 from tests.doubles.gitlab_api import GitLabDouble
 from tests.doubles.openai_server import ScriptedOpenAIServer, sglang_responder
-from worker.doctor import CheckResult
+from worker.commands.doctor import CheckResult
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "FrogNano-4B-2609"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.doctor.conftest import free_port
-from worker.doctor.checks import run_doctor
-from worker.doctor.results import failed, passed, settings_invalid, skipped, warned
+from worker.commands.doctor.checks import run_doctor
+from worker.commands.doctor.results import failed, passed, settings_invalid, skipped, warned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,8 @@ def test_only_failed_and_warned_checks_carry_a_severity() -> None:
 
 def test_the_runner_keeps_no_severity_for_passed_and_skipped_lines(frogfix_env: dict[str, Any]) -> None:
     from app.settings import get_settings
-    from worker.doctor.checks import Group
-    from worker.doctor.results import DoctorOptions
+    from worker.commands.doctor.checks import Group
+    from worker.commands.doctor.results import DoctorOptions
 
     groups = [
         Group("a", 5, lambda s, o: [passed("a", "fine"), skipped("a.more", "not configured")], "-"),

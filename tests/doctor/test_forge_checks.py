@@ -12,8 +12,8 @@ from tests.conftest import configure, shared_fixture
 from tests.doctor.conftest import by_name, free_port
 from tests.doubles.gitea_api import GiteaDouble
 from tests.doubles.gitlab_api import GitLabDouble
-from worker.doctor.forges import check_gitea, check_gitlab
-from worker.doctor.results import DoctorOptions
+from worker.commands.doctor.forges import check_gitea, check_gitlab
+from worker.commands.doctor.results import DoctorOptions
 
 
 @pytest.fixture

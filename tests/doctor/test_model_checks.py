@@ -10,9 +10,9 @@ from app.settings import get_settings
 from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
 from tests.doubles.openai_server import ScriptedOpenAIServer, sglang_responder
-from worker.doctor import model as doctor_model
-from worker.doctor.model import check_model
-from worker.doctor.results import DoctorOptions
+from worker.commands.doctor import model as doctor_model
+from worker.commands.doctor.model import check_model
+from worker.commands.doctor.results import DoctorOptions
 
 MODEL = "FrogNano-4B-2609"
 

@@ -17,8 +17,8 @@ from sandbox.runner_client import RUNNER_SCRIPT
 from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
 from tests.doubles.kubernetes_api import KubernetesApiDouble
-from worker.doctor.results import DoctorOptions
-from worker.doctor.sandboxes import cgroup_line, check_kubernetes, check_local, is_deny_all, start_failure_fix
+from worker.commands.doctor.results import DoctorOptions
+from worker.commands.doctor.sandboxes import cgroup_line, check_kubernetes, check_local, is_deny_all, start_failure_fix
 
 NS = "frogfix-sandboxes"
 DENY_ALL = {"metadata": {"name": "default-deny"}, "spec": {"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}}
@@ -173,7 +173,7 @@ def test_kubernetes_api_down(frogfix_env: dict[str, Any], tmp_path: Path) -> Non
 
 
 def test_escape_evidence_fails_the_lines() -> None:
-    from worker.doctor.sandboxes import _filesystem_line, _network_line
+    from worker.commands.doctor.sandboxes import _filesystem_line, _network_line
 
     assert _network_line("NET=open\nINSIDE=ok\n", reached=False).outcome == "fail"
     assert _network_line("NET=closed\n", reached=True).outcome == "fail"

@@ -13,10 +13,10 @@ import pytest
 from app.settings import Settings, get_settings
 from tests.conftest import configure
 from tests.doctor.conftest import by_name, free_port
-from worker.doctor import exit_code, render_text, run_doctor
-from worker.doctor.checks import Group
-from worker.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped, warned
-from worker.doctor.system import (
+from worker.commands.doctor import exit_code, render_text, run_doctor
+from worker.commands.doctor.checks import Group
+from worker.commands.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped, warned
+from worker.commands.doctor.system import (
     check_broker,
     check_database,
     check_disk,
@@ -201,7 +201,7 @@ def test_text_report_one_line_each_with_fix() -> None:
 
 
 def test_git_is_new_enough_for_update_rounds(frogfix_env: dict[str, Any], tmp_path: Path) -> None:
-    from worker.doctor.system import check_git
+    from worker.commands.doctor.system import check_git
 
     [line] = check_git(get_settings(), DoctorOptions())
     assert (line.name, line.outcome) == ("git.version", "pass"), line  # this machine's git is 2.39

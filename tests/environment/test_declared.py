@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from worker.attempts.repo_config import RepoConfigError, load_repo_config
 from worker.environment.declared import Overrides, is_dependency_file, is_python, plan_for
-from worker.repo_config import RepoConfigError, load_repo_config
 
 REALREPOS = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "realrepos"
 

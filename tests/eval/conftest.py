@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from worker.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
+from worker.commands.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
+from worker.commands.fix import LocalFix
 from worker.leaf.model import ModelClient, ModelReply, ReplayModel, Usage
-from worker.localfix import LocalFix
 
 
 def giving_up() -> ReplayModel:

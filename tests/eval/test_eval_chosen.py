@@ -12,7 +12,7 @@ from app.evaluation_report import attempt_evidence, build_report, candidate_of, 
 from app.jobs import evaluations as ev_records
 from app.statuses import EvidenceLevel
 from tests.eval.conftest import Candidate, recorded_job
-from worker.evaluate import EvalOptions, evaluate, load_report
+from worker.commands.evaluate import EvalOptions, evaluate, load_report
 
 BUG, OTHER = "tests/test_calc.py::test_divide", "tests/test_calc.py::test_other"
 
@@ -138,7 +138,7 @@ def test_each_live_attempt_stores_the_evidence_the_rule_reads(local_env: dict[st
     assert status == "finished"
     with session_scope() as session:
         stored = {r.attempt: r.evidence for r in ev_records.evaluation_results(session, evaluation_id)}
-    # Attempt 1 gave up (no patch); attempt 2 fixed the bug, its evidence as worker/evidence.py judged it.
+    # Attempt 1 gave up (no patch); attempt 2 fixed the bug, its evidence as worker/attempts/evidence.py judged it.
     assert stored[1] == attempt_evidence(None, False, [], [], [], 0)
     fixed = stored[2]
     assert fixed["level"] in ("reproduced", "failed_before") and fixed["publishable"] and fixed["fail_to_pass"]

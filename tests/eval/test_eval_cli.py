@@ -145,7 +145,7 @@ def test_a_claim_from_another_host_lives_while_its_heartbeat_beats(frogfix_env: 
     from datetime import UTC, timedelta
 
     from app.models import Evaluation, utcnow
-    from worker.evaluate import Heartbeat
+    from worker.commands.evaluate import Heartbeat
 
     with session_scope() as session:
         eid = ev_records.create_evaluation(session, model="m", base_url="", selector="", attempts=1, tasks=[], who="t")

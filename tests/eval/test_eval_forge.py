@@ -10,7 +10,7 @@ from app.jobs.evaluations import parse_selector
 from app.settings import get_settings
 from tests.eval.conftest import Candidate
 from tests.pipeline.conftest import PROJECT, TRIGGER, World, breaking_script
-from worker.evaluate import EvalOptions, evaluate, load_report, select_tasks
+from worker.commands.evaluate import EvalOptions, evaluate, load_report, select_tasks
 from worker.tasks import run_job
 
 pytestmark = pytest.mark.bwrap

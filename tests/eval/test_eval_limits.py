@@ -11,7 +11,7 @@ import pytest
 from app import trajectory
 from app.settings import get_settings
 from tests.eval.conftest import Candidate, recorded_job
-from worker.evaluate import EvalOptions, evaluate, load_report, task_limits
+from worker.commands.evaluate import EvalOptions, evaluate, load_report, task_limits
 
 pytestmark = pytest.mark.bwrap
 

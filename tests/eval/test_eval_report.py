@@ -13,7 +13,7 @@ from app import trajectory
 from app.db import session_scope
 from app.jobs import evaluations as ev_records
 from tests.eval.conftest import Candidate, recorded_job
-from worker.evaluate import (
+from worker.commands.evaluate import (
     EXIT_GATE,
     EXIT_INCOMPLETE,
     EXIT_OK,

@@ -19,7 +19,7 @@ from app.jobs.evaluations import parse_selector
 from app.models import Job, JobAttempt
 from app.settings import get_settings
 from tests.eval.conftest import recorded_job
-from worker.evaluate import CommandOptions, EvalError, EvalOptions, run_eval_command
+from worker.commands.evaluate import CommandOptions, EvalError, EvalOptions, run_eval_command
 
 FAILED_BEFORE = {"command": "pytest -q", "before": {"exit_code": 1}, "after": {"exit_code": 0}}
 
@@ -99,7 +99,7 @@ def test_resuming_with_another_model_is_refused(frogfix_env: dict[str, Any]) -> 
 
 def test_a_job_whose_tests_passed_before_is_no_task(frogfix_env: dict[str, Any]) -> None:
     """Tests that passed on the base commit cannot tell a fix from no fix: such a job is never selected."""
-    from worker.evaluate import select_tasks
+    from worker.commands.evaluate import select_tasks
 
     failed_before = _finished("done")
     with session_scope() as session:
@@ -118,7 +118,7 @@ def test_a_job_whose_tests_passed_before_is_no_task(frogfix_env: dict[str, Any])
 @pytest.mark.bwrap
 def test_local_jobs_are_dated_by_their_id_not_the_files_mtime(local_env: dict[str, Any], tmp_path: Path) -> None:
     """A trajectory copied, restored or touched keeps its job's date: the UTC stamp in `local-YYYYMMDD-HHMMSS-…`."""
-    from worker.evaluate import local_job_time, select_tasks
+    from worker.commands.evaluate import local_job_time, select_tasks
 
     real = recorded_job(tmp_path / "a", solved=True)
     folder = local_env["data_dir"] / trajectory.DIRECTORY

@@ -23,7 +23,7 @@ from app.migrate import upgrade
 from app.models import Evaluation, Job, utcnow
 from tests.conftest import configure
 from tests.eval.conftest import Candidate, recorded_job
-from worker.evaluate import EvalError, EvalOptions, ModelFactory, SlotGate, evaluate
+from worker.commands.evaluate import EvalError, EvalOptions, ModelFactory, SlotGate, evaluate
 from worker.leaf.model import ModelClient, ModelReply
 
 HERE = ev_records.Runner.of(os.getpid())

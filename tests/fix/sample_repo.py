@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from worker.demo import ISSUE_BODY, ISSUE_TITLE, make_sample_repo
+from worker.commands.demo import ISSUE_BODY, ISSUE_TITLE, make_sample_repo
 
 ISSUE = f"{ISSUE_TITLE}\n\n{ISSUE_BODY}\n"
 __all__ = ["ISSUE", "git", "make_sample_repo"]

@@ -1,7 +1,7 @@
 """Each evidence level through `manage.py fix --json`, on small real repositories, real pytest, bubblewrap.
 
 The bug: `clamp(x, low, high)` never applies `high`. The existing tests pass on the base (none covers
-it), so only a test the patch brings can show the bug: the reproduction (worker/evidence.py).
+it), so only a test the patch brings can show the bug: the reproduction (worker/attempts/evidence.py).
 """
 
 from __future__ import annotations

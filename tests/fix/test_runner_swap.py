@@ -3,7 +3,7 @@
 Found with the worker as a non-root user (as the shipped image runs): `python3 -m pytest` put the
 working tree first on sys.path, so the patch's `pytest.py` ran instead of pytest, and the job ended
 `fixed`. The verification runs now start Python with the tree off the path until the runner is
-imported (worker/evidence.py, RUNNER_GUARD), and the change is flagged as a runner file.
+imported (worker/attempts/evidence.py, RUNNER_GUARD), and the change is flagged as a runner file.
 """
 
 from __future__ import annotations

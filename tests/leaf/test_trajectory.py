@@ -16,7 +16,7 @@ from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf.loop import StepRecord, run_leaf
 from worker.leaf.model import ModelReply, OpenAIChatModel, ReplayModel, SamplingParams
 from worker.leaf.tools import TOOL_SCHEMAS
-from worker.leaf.trajectory import HARNESS_VERSION, TrajectoryWriter
+from worker.leaf.trajectory_writer import HARNESS_VERSION, TrajectoryWriter
 
 SECRET = "glpat-SECRETTOKEN123"
 

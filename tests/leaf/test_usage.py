@@ -16,7 +16,7 @@ from tests.doubles.openai_server import Reply, ScriptedOpenAIServer, Status, ass
 from tests.doubles.sandbox_double import SandboxDouble
 from worker.leaf.loop import run_leaf
 from worker.leaf.model import OpenAIChatModel, SamplingParams
-from worker.leaf.trajectory import TrajectoryWriter
+from worker.leaf.trajectory_writer import TrajectoryWriter
 
 Serve = Callable[..., ScriptedOpenAIServer]
 ClientFor = Callable[..., OpenAIChatModel]

@@ -19,7 +19,7 @@ from tests.doubles.gitea_api import GiteaDouble
 from tests.doubles.gitlab_api import GitLabDouble
 from tests.doubles.openai_server import ScriptedOpenAIServer, Status, assistant, text_call, tool_call
 from tests.webhook_requests import gitea_headers, gitlab_headers
-from worker.demo import make_sample_repo
+from worker.commands.demo import make_sample_repo
 
 GITLAB_TOKEN = "glpat-CANARY-pipeline-4f2a9b7c1d"
 GITEA_TOKEN = "gitea-CANARY-pipeline-8e3b6a0f5c"

@@ -18,7 +18,7 @@ from tests.conftest import configure
 from tests.doubles.openai_server import assistant, text_call
 from tests.pipeline.conftest import PROJECT, World
 from tests.pipeline.test_pipeline_e2e import _branch_file, _gitlab_job, _job
-from worker import pipeline
+from worker.job import pipeline
 from worker.tasks import run_job
 
 

@@ -1,4 +1,4 @@
-"""What the pipeline publishes for each verdict (worker/evidence.py): a proven fix as before, an unproven
+"""What the pipeline publishes for each verdict (worker/attempts/evidence.py): a proven fix as before, an unproven
 patch as a draft marked "not reproduced", or, with FROGFIX_REQUIRE_REPRODUCTION, nothing and a comment."""
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def test_with_require_reproduction_an_unproven_patch_is_not_published(
     _, _, attempts = _job(job_id)
     assert attempts[0].status == "unproven"
     assert world.gitlab.open_mrs(PROJECT) == []
-    # One comment besides "working on it": what was tried, and a question for the reporter (worker/question.py).
+    # One comment besides "working on it": what was tried, and a question for the reporter (worker/job/question.py).
     started, note = [n["body"] for n in world.gitlab.notes]
     assert "working on" in started.lower(), started
     assert "<!-- frogfix:question -->" in note and "opened no merge request" in note and "unproven" in note

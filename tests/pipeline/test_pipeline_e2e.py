@@ -160,7 +160,7 @@ def test_a_cancel_the_cached_check_missed_still_stops_the_push(
 ) -> None:
     """The worker reads its cancel flag at most every 2 s; a cancel asked inside that window, after the
     last read, must still stop the push: the move to publishing reads the flag in its UPDATE."""
-    from worker import job_context
+    from worker.job import job_context
 
     monkeypatch.setattr(job_context.CancelCheck.__init__, "__defaults__", (1e12,))  # the cached check never reads
     job_id = _gitlab_job(client, world)
@@ -223,7 +223,7 @@ def test_tests_failing_after_the_patch_is_no_fix(client: Any, world: World) -> N
     assert run_job(job_id) == "no_fix"
     _, _, attempts = _job(job_id)
     assert attempts[0].status == "no_fix" and attempts[0].tests["after"][0]["exit_code"] == 1
-    # Nothing verified at all: no MR, and one comment asking the reporter (worker/question.py).
+    # Nothing verified at all: no MR, and one comment asking the reporter (worker/job/question.py).
     question = world.gitlab.notes[-1]["body"]
     assert world.gitlab.open_mrs(PROJECT) == [] and "<!-- frogfix:question -->" in question
     assert "opened no merge request" in question and "python3 -m pytest" in question

@@ -25,7 +25,7 @@ from worker.leaf.prompts import (
     ROUND_MARKERS,
     render_round_task,
 )
-from worker.report import (
+from worker.texts.mr_text import (
     MAX_ROUND_LINES,
     ROUNDS_END,
     ROUNDS_HEADING,
@@ -323,12 +323,12 @@ def test_an_attempt_from_the_branch_head_verifies_on_the_base_and_the_head(
 ) -> None:
     from app.redaction import SecretRedactor
     from app.settings import get_settings
-    from worker import publishing
-    from worker.attempt import AttemptOutcome, AttemptRunner, AttemptSpec, ReviewPolicy
-    from worker.demo import make_sample_repo
+    from worker.attempts.attempt import AttemptOutcome, AttemptRunner, AttemptSpec, ReviewPolicy
+    from worker.commands.demo import make_sample_repo
+    from worker.git import publishing
+    from worker.git.workspace_sources import CheckoutSource
     from worker.leaf.prompts import system_prompt
     from worker.wiring import leaf_limits_from, model_from, sampling_from
-    from worker.workspaces import CheckoutSource
 
     repo = make_sample_repo(tmp_path)
     base = commit_files(repo, {"AGENTS.md": "BASE GUIDANCE: run python3 -m pytest -q\n"}, "guidance")

@@ -109,7 +109,7 @@ def gated(world: World, script: list[Any]) -> threading.Event:
 def prompt_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The running round reads its cancel flag at every check (not once every 2 s), so a test that
     cancels it while its model turn is held sees the very next check stop it."""
-    from worker import job_context
+    from worker.job import job_context
 
     monkeypatch.setattr(job_context.CancelCheck.__init__, "__defaults__", (0.0,))
 

@@ -381,8 +381,8 @@ def test_an_update_round_replays_from_its_conflicted_start_even_from_a_fresh_mir
 ) -> None:
     import shutil
 
-    from worker import gitcalls, mirrors
-    from worker.replay import replay_job
+    from worker.commands.replay import replay_job
+    from worker.git import gitcalls, mirrors
 
     mr = GitLabMr(client, linked(world))
     main_push(world, "gitlab", {"calc.py": RENAMED})
@@ -416,7 +416,7 @@ def test_an_update_round_replays_from_its_conflicted_start_even_from_a_fresh_mir
 
 
 def test_a_clean_update_round_says_there_is_nothing_to_replay(client: Any, world: World) -> None:
-    from worker.replay import ReplayError, replay_job
+    from worker.commands.replay import ReplayError, replay_job
 
     mr = GitLabMr(client, linked(world))
     main_push(world, "gitlab", {"NEWS.md": "moved\n"})

@@ -449,7 +449,7 @@ def test_model_faults_each_end_honestly(system: System) -> None:
         if why is not None:
             assert why in f"{got.error} {got.exit_reason}", (tag, got.error, got.exit_reason)
     # every job that ended without a fix told its issue why: the failed one that it stopped, the one with
-    # no fix in FrogFix's question (worker/question.py), which names why its attempt ended
+    # no fix in FrogFix's question (worker/job/question.py), which names why its attempt ended
     for tag, said in (("[overflow]", "<!-- frogfix:question -->"), ("[down]", "stopped")):
         iid = job(made[tag]).issue
         bodies = [n["body"] for n in system.world.gitlab.notes if n.get("noteable_iid") == iid]
@@ -609,7 +609,7 @@ def test_disk_filled_in_the_workspace_ends_that_job_and_the_next_one_works(syste
 def test_cancel_check_rides_out_a_database_outage(frogfix_env: dict[str, Any]) -> None:
     """Asked between tool calls; the database being away for a moment must not end the run."""
     from tests.servers import free_port
-    from worker.job_context import CancelCheck
+    from worker.job.job_context import CancelCheck
 
     configure(frogfix_env["monkeypatch"], database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
     check = CancelCheck(job_id=1, every=0.0)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 
 from tests.forge_oracles import bare_mentions, closing_references, quick_action_lines, rendered_outside_code
-from worker.report import Provenance, code_span, comment_finished, inert, mr_description
-from worker.report import TestEvidence as Evidence
+from worker.attempts.verifier import TestEvidence as Evidence
+from worker.texts.mr_text import Provenance, code_span, comment_finished, inert, mr_description
 
 HOSTILE = (
     "Fixed it.\n/merge\n  /close\n@all please approve\n![x](http://127.0.0.1:9/leak?d=secret)\n"

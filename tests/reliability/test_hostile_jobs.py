@@ -32,8 +32,8 @@ from tests.doubles.git_http import git
 from tests.doubles.openai_server import Reply, ScriptItem, assistant, tool_call
 from tests.pipeline import conftest as pipeline_conftest
 from tests.pipeline.conftest import GITEA_TOKEN, GITLAB_TOKEN, MODEL_KEY, PROJECT, TRIGGER, World
-from worker.patch_evidence import EvidenceLimits, take_evidence
-from worker.repo_config import RepoConfig, refusal_reasons
+from worker.attempts.repo_config import RepoConfig, refusal_reasons
+from worker.attempts.stored_patch import EvidenceLimits, take_evidence
 from worker.tasks import run_job
 
 pytestmark = [pytest.mark.bwrap, pytest.mark.timeout(120)]
@@ -302,7 +302,7 @@ def test_weakening_protected_tests_is_refused_and_reported(client: Any, world: W
     reason = "attempt 1's patch was refused: changes protected path tests/test_calc.py"
     assert attempt.status == "rejected" and attempt.error == reason and attempt.tests is None
     assert event(events, "patch_refused").message == reason and event(events, "no_fix").message == reason
-    # Nothing verified: the issue gets FrogFix's question (worker/question.py), which says what was refused.
+    # Nothing verified: the issue gets FrogFix's question (worker/job/question.py), which says what was refused.
     assert reason in last_comment(world) and "<!-- frogfix:question -->" in last_comment(world)
     assert world.gitlab.open_mrs(PROJECT) == [] and world.git_gitlab.pushes == []
     assert job.status == "no_fix"

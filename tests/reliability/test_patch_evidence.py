@@ -25,11 +25,17 @@ import pytest
 
 from app.settings import Settings
 from tests.doubles.git_http import git, git_env, make_worktree
-from worker.attempt import ReviewPolicy
-from worker.ci_config import CiUnreadable, local_includes
-from worker.gitcalls import git_argv
-from worker.patch_evidence import EVIDENCE_MEMORY_BYTES, EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
-from worker.repo_config import RepoConfig, refusal_reasons, review_flags
+from worker.attempts.attempt import ReviewPolicy
+from worker.attempts.ci_config import CiUnreadable, local_includes
+from worker.attempts.repo_config import RepoConfig, refusal_reasons, review_flags
+from worker.attempts.stored_patch import (
+    EVIDENCE_MEMORY_BYTES,
+    EvidenceLimits,
+    PatchEvidence,
+    PatchRefused,
+    take_evidence,
+)
+from worker.git.gitcalls import git_argv
 
 CR_TARGET = "d\r/../../../../etc/passwd"
 
@@ -165,7 +171,7 @@ def inflating_patch(path: str, size: int) -> str:
 PEAK_OF_GITS = """
 import json, resource, sys
 from pathlib import Path
-from worker.patch_evidence import EvidenceLimits, PatchRefused, take_evidence
+from worker.attempts.stored_patch import EvidenceLimits, PatchRefused, take_evidence
 repo, base, patch, scratch, limits = sys.argv[1:]
 try:
     take_evidence(Path(repo), base, Path(patch).read_text(), Path(scratch), limits=EvidenceLimits(*json.loads(limits)))

@@ -19,8 +19,8 @@ import pytest
 from app.settings import Settings
 from sandbox.base import PatchTooLarge, SandboxError
 from tests.doubles.git_http import git, git_env, make_worktree
-from worker.patch_evidence import EvidenceLimits, PatchEvidence, take_evidence
-from worker.repo_config import RepoConfig, refusal_reasons, review_flags
+from worker.attempts.repo_config import RepoConfig, refusal_reasons, review_flags
+from worker.attempts.stored_patch import EvidenceLimits, PatchEvidence, take_evidence
 from worker.wiring import open_job_sandbox
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.report import (
+from worker.attempts.verifier import TestEvidence as Evidence
+from worker.texts.mr_text import (
     ROUNDS_END,
     ROUNDS_HEADING,
     ROUNDS_START,
@@ -22,7 +23,6 @@ from worker.report import (
     mr_description,
     rounds_section,
 )
-from worker.report import TestEvidence as Evidence
 
 OLD_TABLES = (  # the table the previous versions wrote, before and after the forge CI column
     "| round | kind | asked by | commit | outcome |\n| --: | --- | --- | --- | --- |",

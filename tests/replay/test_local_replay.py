@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from worker.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
+from worker.commands.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
+from worker.commands.fix import LocalFix
+from worker.commands.replay import ReplayError, replay_job
 from worker.leaf.model import ModelReply, ReplayModel
 from worker.leaf.prompts import strip_guidance
-from worker.localfix import LocalFix
-from worker.replay import ReplayError, replay_job
 
 pytestmark = pytest.mark.bwrap
 

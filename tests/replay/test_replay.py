@@ -21,7 +21,7 @@ from app.models import Job
 from app.settings import get_settings
 from tests.doubles.openai_server import Status
 from tests.pipeline.conftest import PROJECT, TRIGGER, World, fixing_script
-from worker.replay import ReplayError, normalise, replay_job, start_replay
+from worker.commands.replay import ReplayError, normalise, replay_job, start_replay
 from worker.tasks import run_job
 
 pytestmark = pytest.mark.bwrap

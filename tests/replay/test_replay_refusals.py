@@ -21,7 +21,7 @@ from app import trajectory
 from app.db import session_scope
 from app.jobs import records
 from app.models import Job
-from worker.replay import ReplayError, replay_job
+from worker.commands.replay import ReplayError, replay_job
 from worker.tasks import replay_job_task
 
 MANAGE = Path(__file__).resolve().parents[2] / "manage.py"

@@ -16,8 +16,8 @@ from app.models import Job
 from app.settings import get_settings
 from tests.pipeline.conftest import World
 from tests.replay.test_replay import _events, _finished_job, _manage, _trajectory
-from worker.recorded import start_commit_of
-from worker.replay import replay_job
+from worker.commands.recorded import start_commit_of
+from worker.commands.replay import replay_job
 
 pytestmark = pytest.mark.bwrap
 ROUND_CHANGE = "return a + b  # the round's change"

@@ -1,4 +1,4 @@
-"""worker/merging.py on real repositories: git's merge of a moved target, the private conflicted commit,
+"""worker/git/merging.py on real repositories: git's merge of a moved target, the private conflicted commit,
 and the rules a resolution must meet (no marker left, the fix's own change kept)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from worker import merging
-from worker.gitcalls import RepoError
+from worker.git import merging
+from worker.git.gitcalls import RepoError
 
 BASE = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 FIXED = BASE.replace("a - b", "a + b")

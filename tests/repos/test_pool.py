@@ -1,4 +1,4 @@
-"""worker/workspace_pool.py's WorkspacePool against a mirror of a real git smart-HTTP server on 127.0.0.1."""
+"""worker/git/workspace_pool.py's WorkspacePool against a mirror of a real git smart-HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 
 from tests.doubles.git_http import git
 from tests.repos.conftest import HEADER, Upstream
-from worker import workspace_pool
-from worker.gitcalls import RepoError, mirror_key
-from worker.mirrors import RepoCache, resolve
-from worker.workspace_pool import WorkspacePool, make_workspace
+from worker.git import workspace_pool
+from worker.git.gitcalls import RepoError, mirror_key
+from worker.git.mirrors import RepoCache, resolve
+from worker.git.workspace_pool import WorkspacePool, make_workspace
 
 KEY = mirror_key("gitea", "acme/widgets")
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_concurrent_takers_never_get_the_same_workspace(
     pool2 = WorkspacePool(workspaces, size=2)
     pool2.fill(mirror, base)
     script = (
-        "import json, sys\nfrom pathlib import Path\nfrom worker.workspace_pool import WorkspacePool\n"
+        "import json, sys\nfrom pathlib import Path\nfrom worker.git.workspace_pool import WorkspacePool\n"
         "root, mirror, base, dest = sys.argv[1:]\n"
         "sys.stdin.readline()\n"  # wait for the go, so the takes overlap
         "print(json.dumps(WorkspacePool(Path(root), size=2).take(Path(mirror), base, Path(dest))))\n"

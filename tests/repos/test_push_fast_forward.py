@@ -13,10 +13,10 @@ import pytest
 
 from tests.doubles.git_http import git, git_env
 from tests.repos.conftest import HEADER, TOKEN, Upstream
-from worker import gitcalls
-from worker.gitcalls import RepoBranchMoved, RepoError
-from worker.mirrors import RepoCache, diff_text, merge_base, resolve
-from worker.publishing import commit_patch, push_branch
+from worker.git import gitcalls
+from worker.git.gitcalls import RepoBranchMoved, RepoError
+from worker.git.mirrors import RepoCache, diff_text, merge_base, resolve
+from worker.git.publishing import commit_patch, push_branch
 
 KEY = gitcalls.mirror_key("gitlab", "acme/widgets")
 BOT = ("FrogFix", "frogfix@localhost")

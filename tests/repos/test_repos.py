@@ -1,4 +1,4 @@
-"""worker/gitcalls.py, mirrors.py, workspace_pool.py and publishing.py against a real git smart-HTTP server
+"""worker/git/gitcalls.py, mirrors.py, workspace_pool.py and publishing.py against a real git smart-HTTP server
 on 127.0.0.1 (tests/doubles/git_http.py)."""
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ import pytest
 from app.forge.api import basic_auth_header, secret_forms
 from tests.doubles.git_http import git
 from tests.repos.conftest import BINARY, HEADER, TOKEN, Upstream
-from worker import gitcalls, mirrors
-from worker.gitcalls import RepoError, RepoTransient, mirror_key
-from worker.mirrors import RepoCache, resolve
-from worker.publishing import commit_patch, push_branch
-from worker.workspace_pool import make_workspace, remove_workspace
+from worker.git import gitcalls, mirrors
+from worker.git.gitcalls import RepoError, RepoTransient, mirror_key
+from worker.git.mirrors import RepoCache, resolve
+from worker.git.publishing import commit_patch, push_branch
+from worker.git.workspace_pool import make_workspace, remove_workspace
 
 CANARIES = [s.encode() for s in secret_forms(TOKEN)] + [HEADER.encode(), b"CANARY"]
 KEY = mirror_key("gitea", "acme/widgets")

@@ -14,8 +14,8 @@ import pytest
 from tests.doubles.git_http import git, make_worktree
 from tests.review.test_evidence_batches import counted
 from tests.review.worker_side import staged_patch
-from worker.patch_evidence import ChangedFile, EvidenceLimits, PatchEvidence, take_evidence
-from worker.repo_config import BUILD_CODE_NOTE, DEPENDENCY_NOTE, RepoConfig, review_flags
+from worker.attempts.repo_config import BUILD_CODE_NOTE, DEPENDENCY_NOTE, RepoConfig, review_flags
+from worker.attempts.stored_patch import ChangedFile, EvidenceLimits, PatchEvidence, take_evidence
 
 IN_TREE_BACKEND = '[build-system]\nbuild-backend = "backend"\nbackend-path = ["."]\n[project]\nname = "calc"\n'
 SETUP_PY = "from mypkg._build import BuildPy\nfrom setuptools import setup\nsetup(cmdclass={'build_py': BuildPy})\n"

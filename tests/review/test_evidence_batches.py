@@ -18,7 +18,7 @@ import pytest
 from sandbox.base import SandboxLimits
 from tests.doubles.git_http import git, make_worktree
 from tests.review.worker_side import staged_patch
-from worker.patch_evidence import MAX_PATCH_FILES, EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
+from worker.attempts.stored_patch import MAX_PATCH_FILES, EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
 
 ODD_TARGETS = {"odd/cr": "d\r/../calc.py", "odd/newline": "a\nb", "odd/space": " calc.py "}
 

@@ -19,8 +19,8 @@ from tests.doubles.git_http import git, make_worktree
 from tests.nonroot import NonRoot
 from tests.review import worker_side
 from tests.review.worker_side import add_links, staged_patch
-from worker.patch_evidence import ChangedFile, EvidenceLimits, PatchEvidence, take_evidence
-from worker.repo_config import MAX_LINK_HOPS, LinkResolver, RepoConfig, refusal_reasons
+from worker.attempts.repo_config import MAX_LINK_HOPS, LinkResolver, RepoConfig, refusal_reasons
+from worker.attempts.stored_patch import ChangedFile, EvidenceLimits, PatchEvidence, take_evidence
 
 CHAIN_OUT = "it leaves the checkout through symlink .links/a/a/L"
 

@@ -1,4 +1,4 @@
-"""The reach-in flag (worker/reach_in.py) on real git repositories: what a patch's added lines do, with
+"""The reach-in flag (worker/attempts/reach_in.py) on real git repositories: what a patch's added lines do, with
 the base's own code as the excuse (a project that is itself a pytest plugin imports pytest)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from worker.patch_evidence import PatchEvidence
-from worker.reach_in import added_lines, reach_in
+from worker.attempts.reach_in import added_lines, reach_in
+from worker.attempts.stored_patch import PatchEvidence
 
 
 def git(repo: Path, *args: str) -> str:

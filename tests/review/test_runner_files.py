@@ -22,9 +22,9 @@ from tests.pipeline import conftest as pipeline_conftest
 from tests.pipeline.conftest import PROJECT, World
 from tests.reliability.test_hostile_jobs import call, load, start_job
 from tests.review import worker_side
+from worker.attempts.repo_config import DEPENDENCY_NOTE, RUNNER_FILES, RepoConfig, command_paths, review_flags
+from worker.attempts.stored_patch import ChangedFile, PatchEvidence
 from worker.environment.declared import is_dependency_file
-from worker.patch_evidence import ChangedFile, PatchEvidence
-from worker.repo_config import DEPENDENCY_NOTE, RUNNER_FILES, RepoConfig, command_paths, review_flags
 from worker.tasks import run_job
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.doubles.git_http import git, git_env, make_worktree
-from worker.patch_evidence import EvidenceLimits, take_evidence
-from worker.repo_config import load_repo_config, refusal_reasons, review_flags
+from worker.attempts.repo_config import load_repo_config, refusal_reasons, review_flags
+from worker.attempts.stored_patch import EvidenceLimits, take_evidence
 
 CHAIN = 12
 FAKE_PASS = 'print("3 passed")\n'
@@ -65,7 +65,7 @@ def staged_patch(repo: Path) -> str:
 
 def judge(repo: Path) -> dict[str, Any]:
     """The attempt's verdicts on the staged changes; `refused_if_flagged` as FROGFIX_REFUSE_PROTECTED_CHANGES
-    makes them (worker/attempt.py adds every flag that is not already a reason)."""
+    makes them (worker/attempts/attempt.py adds every flag that is not already a reason)."""
     patch = staged_patch(repo)
     base = git("rev-parse", "HEAD", cwd=repo).stdout.strip()
     changes = take_evidence(repo, base, patch, repo.parent / "scratch", limits=EvidenceLimits())

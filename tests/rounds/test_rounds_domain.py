@@ -1,4 +1,4 @@
-"""The rounds domain (app/jobs/rounds.py) and triage's database side (worker/triage.py), on SQLite and PostgreSQL."""
+"""The rounds domain (app/jobs/rounds.py) and triage's database side (worker/job/triage.py) on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from app.models import Job, RoundRequest, utcnow
 from app.settings import get_settings
 from app.statuses import JobStatus, RequestStatus
 from tests.rounds import BRANCH, HEAD, ci_event, comment_event, database, make_thread
-from worker import triage
+from worker.job import triage
 
 __all__ = ["database"]  # the fixture, imported by name
 
@@ -622,7 +622,7 @@ def test_the_proof_an_update_must_keep(database: str) -> None:
     """What `thread_proof` reads is what the pipeline writes: the chosen attempt's TestEvidence, whose
     `evidence` holds the verdict; only jobs that pushed count, never the asking round, strongest first."""
     from app.models import JobAttempt
-    from worker.report import TestEvidence
+    from worker.attempts.verifier import TestEvidence
 
     def attempt(job_id: int, number: int, level: str, chosen: bool) -> JobAttempt:
         tests = TestEvidence("pytest", {"exit_code": 0}, [], verdict={"level": level}).to_dict()

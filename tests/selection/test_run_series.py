@@ -1,4 +1,4 @@
-"""`run_series` (worker/attempt.py), the one sequence of a job's attempts, with attempts as plain functions."""
+"""`run_series` (worker/attempts/attempt.py), the one sequence of a job's attempts, with attempts as plain functions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from worker.attempt import run_series
+from worker.attempts.attempt import run_series
 
 
 class NoAgreement:

@@ -16,5 +16,6 @@
   keyed by what determines an environment; every later sandbox of the job gets it read-only.
 - `readiness`: whether a base-commit test run could start at all (not whether it passed).
 
-Imports: app (settings, logs), sandbox, worker.gitcalls and worker.mirrors; nothing here imports the pipeline.
+Room rule (tests/test_import_graph.py): may import `worker.git`; nothing here imports the attempt, the
+job core or the commands.
 """

@@ -58,7 +58,6 @@ from sandbox.base import (
     SetupSandbox,
 )
 from sandbox.quantity import parse_quantity
-from worker import mirrors, workspace_pool
 from worker.environment import generated
 from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
@@ -76,6 +75,7 @@ from worker.environment.steps import (
     resolve_script,
     setup_env,
 )
+from worker.git import mirrors, workspace_pool
 
 BUILDER_VERSION = "3"  # part of every key: environments cached before the mirror-only layer (v2) are rebuilt
 LOG_TAIL_CHARS = 4_000

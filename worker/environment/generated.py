@@ -22,7 +22,7 @@ import stat
 from pathlib import Path
 
 from sandbox.base import PROJECT_DIR, PROJECT_GENERATED
-from worker import gitcalls
+from worker.git import gitcalls
 
 REFUSED_NAMES = frozenset({"conftest.py", "sitecustomize.py", "usercustomize.py"})
 # Laid by no build FrogFix knows, and each would change what a test run runs: skipped, never refused.

@@ -2,6 +2,9 @@
 
 Knows only the Sandbox protocol (`call_tool`) and an OpenAI-compatible model endpoint; it
 imports no database, queue or web code, so the worker, `manage.py fix` and `replay` share it.
+`issue_text` is the issue as the model reads it (sanitised), which the prompts render.
+
+Room rule (tests/test_import_graph.py): the bottom room; imports no other room of worker/.
 """
 
 from worker.leaf.loop import (
@@ -27,7 +30,7 @@ from worker.leaf.model import (
 )
 from worker.leaf.prompts import render_task, system_prompt
 from worker.leaf.tools import TOOL_NAMES, TOOL_SCHEMAS
-from worker.leaf.trajectory import HARNESS_VERSION, TRAJECTORY_FORMAT, TrajectoryWriter
+from worker.leaf.trajectory_writer import HARNESS_VERSION, TRAJECTORY_FORMAT, TrajectoryWriter
 
 __all__ = [
     "EXIT_REASONS",

@@ -7,7 +7,7 @@ task template uses `string.Template` placeholders (`$issue_title`, `$issue_body`
 `$issue_number`), so braces and dollar signs in issue text need no escaping.
 
 The repository's own guidance (its AGENTS.md files and `.frogfix.yml`'s `instructions`, read from
-the base commit by worker/repo_config.py) is appended to the task as a section of its own, between
+the base commit by worker/attempts/repo_config.py) is appended to the task as a section of its own, between
 markers of its own, after the issue: apart from the untrusted issue text, and in the first user
 message rather than the system prompt, which stays constant. Neither text can fake the other's
 markers.
@@ -15,7 +15,7 @@ markers.
 A review round's task (`render_round_task`, template `round.md`) holds more untrusted text, each
 in its own delimited block: the issue, the requests the round takes (reviewers' comments, failing
 CI jobs with their log tails), the MR's review thread and its diff. Comments and logs are
-sanitized like the issue (worker/issue_text.py), bounded, and quoted line by line (`| `), so no
+sanitized like the issue (worker/leaf/issue_text.py), bounded, and quoted line by line (`| `), so no
 one can fake the structure around them; the diff is the code the agent's checkout holds, so it is
 bounded and defanged, never rewritten.
 
@@ -38,7 +38,7 @@ from string import Template
 from typing import Any, Final
 
 from app.forge.reviews import CiReport, IssueComment, ReviewComment, ThreadNote
-from worker.issue_text import sanitize_issue_text
+from worker.leaf.issue_text import sanitize_issue_text
 
 PACKAGE_DIR: Final = Path(__file__).resolve().parent
 BEGIN_MARKER: Final = "<<<UNTRUSTED_ISSUE_BEGIN>>>"

@@ -1,0 +1,13 @@
+"""The worker side of manage.py's commands that run jobs or check them.
+
+- `fix`: `manage.py fix` (and `demo`'s run): one job on a local checkout; `demo`: the demo's
+  repository and scripted model.
+- `replay`: `manage.py replay`, comparing a recording with a new run; `recorded`: a recorded task
+  (the attempt to run again, its repository, its start), shared by replay and eval.
+- `evaluate`: `manage.py eval`: a candidate model re-runs recorded tasks, giving way to production.
+- `doctor/`: `manage.py doctor`'s end-to-end checks of the configuration.
+
+Room rule (tests/test_import_graph.py): may import every room below (`worker.job`,
+`worker.attempts`, `worker.texts`, `worker.git`, `worker.environment`, `worker.leaf`,
+`worker.wiring`); no room imports it, only the entries (`worker.tasks`, manage.py).
+"""
