@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from worker.frogfix_yml import MAX_INSTRUCTIONS_CHARS
 from worker.leaf.prompts import (
     BEGIN_MARKER,
     END_MARKER,
@@ -24,7 +25,6 @@ from worker.repo_config import (
     MAX_AGENTS_FILE_CHARS,
     MAX_AGENTS_FILES,
     MAX_AGENTS_TOTAL_CHARS,
-    MAX_INSTRUCTIONS_CHARS,
     RepoConfig,
     RepoConfigError,
     load_guidance,

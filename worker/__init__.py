@@ -29,9 +29,10 @@
   (per-job workspaces and the warm pool), `publishing.py` (the fix commit and its push),
   `patch_evidence.py` (what git stores for the sandbox's patch, taken
   outside the sandbox, and git's regeneration of it), `ci_config.py` (which paths are CI
-  configuration), `repo_config.py` (`.frogfix.yml`, AGENTS.md guidance, test-command detection,
-  review rules over the evidence), `report.py` (what is written on the forge), `issue_text.py`,
-  `demo.py`.
+  configuration), `frogfix_yml.py` (`.frogfix.yml`'s keys as typed models, read, its problems in
+  words), `repo_config.py` (what a job takes from the repository: `.frogfix.yml` and a detected
+  test command, AGENTS.md guidance, review rules over the evidence), `report.py` (what is
+  written on the forge), `issue_text.py`, `demo.py`.
 - `leaf/`: the agent loop, its model client, tools and trajectory writer.
 
 Imports flow one way: worker/ uses app's core (settings, db, jobs, statuses, trajectory, patches,
