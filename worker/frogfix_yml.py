@@ -1,4 +1,4 @@
-"""`.frogfix.yml`: its keys as typed models (the one home of the keys, their types, rules and defaults), read.
+"""`.frogfix.yml`, read by typed models: the one home of its keys, their types, rules and defaults.
 
 All keys are optional:
 
@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import difflib
 import itertools
-import typing
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
@@ -228,7 +227,7 @@ def _section(names: list[str]) -> type[BaseModel]:
     """The model holding the keys under the path `names`: FrogfixFile at the top, EnvironmentSection below it."""
     model: type[BaseModel] = FrogfixFile
     for name in names:
-        held = typing.get_args(model.model_fields[name].annotation)
+        held = get_args(model.model_fields[name].annotation)
         model = next(kind for kind in held if isinstance(kind, type) and issubclass(kind, BaseModel))
     return model
 
