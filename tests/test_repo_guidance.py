@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from worker.attempts.frogfix_yml import MAX_INSTRUCTIONS_CHARS
 from worker.attempts.repo_config import (
     MAX_AGENTS_FILE_CHARS,
     MAX_AGENTS_FILES,
     MAX_AGENTS_TOTAL_CHARS,
-    MAX_INSTRUCTIONS_CHARS,
     RepoConfig,
     RepoConfigError,
     load_guidance,

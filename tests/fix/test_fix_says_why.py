@@ -90,9 +90,18 @@ def test_a_model_server_that_is_down_is_named_with_its_url_and_doctor(tmp_path: 
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ("test_comand: python3 -m pytest -q\n", "unknown key test_comand; did you mean test_command?"),
-        ("test_timeout: soon\n", "test_timeout must be a number of seconds between 1 and 10800, not the text 'soon'"),
-        ("test_command: [pytest, -q]\n", "test_command must be a non-empty string, not a list of 2 items"),
+        (
+            "test_comand: python3 -m pytest -q\n",
+            "unknown key test_comand (line 1 column 1); did you mean test_command?",
+        ),
+        (
+            "test_timeout: soon\n",
+            "test_timeout must be a number of seconds between 1 and 10800, not the text 'soon' (line 1 column 15)",
+        ),
+        (
+            "test_command: [pytest, -q]\n",
+            "test_command must be a non-empty string, not a list of 2 items (line 1 column 15)",
+        ),
     ],
 )
 def test_a_bad_frogfix_yml_names_the_key_and_what_is_wrong(tmp_path: Path, config: str, expected: str) -> None:

@@ -9,7 +9,10 @@
   `evidence_plugin`: the per-test results channel out of the test process and its forgery checks.
 - `stored_patch`: the patch as git stores it, taken outside the sandbox; `ci_config`: which paths
   are CI configuration; `reach_in`: how a patch reaches into the test runner.
-- `repo_config`: `.frogfix.yml`, AGENTS.md guidance, test-command detection, review rules.
+- `frogfix_yml`: `.frogfix.yml` as pydantic models (the one home of its keys, types, rules and
+  defaults; each problem named by key, YAML line and column, with a "did you mean").
+- `repo_config`: what a job takes from the repository: `.frogfix.yml`, AGENTS.md guidance,
+  test-command detection, review rules.
 
 Room rule (tests/test_import_graph.py): may import `worker.git`, `worker.environment`,
 `worker.leaf` and `worker.wiring`; never the job core, the texts or the commands above it.

@@ -1,22 +1,6 @@
 """What a target repository says about itself: `.frogfix.yml`, or a detected test command.
 
-`.frogfix.yml` (all keys optional):
-
-    test_command: python -m pytest -q      # how to run the tests (no network in the sandbox)
-    setup_command: make generated-files    # with FROGFIX_PIP_INDEX_URL: once per job, in the setup phase,
-                                           # after the project's own install, offline; without a mirror:
-                                           # before each test run, without network
-    environment:                           # what to install where detection guesses wrong (each key replaces
-      extras: [tests]                      # what was detected for it; see worker/environment/declared.py)
-      groups: [test]
-      requirements: [requirements/test.txt]
-      packages: ["pytest<9"]
-      project: true
-    image: registry.example/python:3.12     # sandbox image (Kubernetes backend)
-    protected_paths: ["migrations/**"]      # paths the bot may not change
-    test_timeout: 900                       # seconds
-    instructions: |                         # guidance for the agent, beside the AGENTS.md files
-      Run the tests with `make check`.
+`.frogfix.yml` is read by worker/attempts/frogfix_yml.py (its keys, types, rules and defaults).
 
 Repository guidance: the AGENTS.md files (the root one and those in subfolders; the nearest one
 governs the paths below it) and `instructions`, read from the base commit before the agent runs,
@@ -26,7 +10,6 @@ flagged for the reviewer instead.
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 import itertools
 import json
@@ -39,34 +22,29 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from app.patches import shown_path
 from worker.attempts.ci_config import ANY_YAML_FILE
+from worker.attempts.frogfix_yml import (
+    AGENTS_FILE,
+    CONFIG_FILE,
+    DEFAULT_TEST_TIMEOUT,
+    RepoConfigError,
+    read_frogfix_yml,
+)
 from worker.attempts.stored_patch import ChangedFile, PatchEvidence
 from worker.environment.declared import Overrides, is_dependency_file
 from worker.git.gitcalls import git_environment
 from worker.leaf.prompts import GuidanceFile, RepoGuidance
 
-CONFIG_FILE = ".frogfix.yml"
-DEFAULT_TEST_TIMEOUT = 900.0
-AGENTS_FILE = "AGENTS.md"
 # Caps on the guidance given to the agent (characters): a file is cut, files past the total are named only.
-MAX_INSTRUCTIONS_CHARS = 4_000
 MAX_AGENTS_FILE_CHARS = 8_000
 MAX_AGENTS_TOTAL_CHARS = 24_000
 MAX_AGENTS_FILES = 32
-_KNOWN_KEYS = {
-    "test_command", "setup_command", "image", "protected_paths", "test_timeout", "instructions", "environment",
-}
 DEPENDENCY_NOTE = "a dependency file: the tests ran in an environment built from the patched one"
 # Build code (worker/environment/build_code.py: setup.py and the modules it imports, an in-tree backend, build
 # hooks) is flagged like a dependency file: the environment the tests ran in was built by running it.
 BUILD_CODE_NOTE = "the project's install runs it: the tests ran in an environment built from the patched one"
-_ENVIRONMENT_KEYS = {"extras", "groups", "requirements", "packages", "project"}
-_EXTRA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Paths whose change is always flagged for the reviewer as tests (and FrogFix's own configuration).
 # CI configuration has its own home (worker/attempts/ci_config.py) and is refused unless FROGFIX_ALLOW_CI_CHANGES.
 TEST_FILES = (
@@ -122,12 +100,10 @@ RUNNER_FILES = (
 )
 
 
-class RepoConfigError(ValueError):
-    """`.frogfix.yml` exists but cannot be used; the message says what to fix."""
-
-
 @dataclass(frozen=True)
 class RepoConfig:
+    """What a job takes from the repository: `.frogfix.yml` as `FrogfixFile` read it, or a detected test command."""
+
     test_command: str | None = None
     setup_command: str | None = None
     image: str | None = None
@@ -138,73 +114,10 @@ class RepoConfig:
     environment: Overrides | None = None  # `environment:`: what to install where detection guesses wrong
 
 
-def _kind(value: Any) -> str:
-    """What a `.frogfix.yml` value is, for an error message that says what was found."""
-    if value is None:
-        return "empty"
-    if isinstance(value, bool):
-        return f"{str(value).lower()} (true/false)"
-    if isinstance(value, int | float):
-        return f"the number {value:g}" if isinstance(value, float) else f"the number {value}"
-    if isinstance(value, str):
-        return "an empty string" if not value.strip() else f"the text {value[:60]!r}"
-    if isinstance(value, list):
-        return f"a list of {len(value)} item" + ("" if len(value) == 1 else "s")
-    if isinstance(value, dict):
-        return "a mapping"
-    return f"a {type(value).__name__}"
-
-
-def _not_strings(value: Any) -> str:
-    """What is wrong with a value that should be a list of non-empty strings."""
-    if not isinstance(value, list):
-        return _kind(value)
-    return "a list with " + next((_kind(v) for v in value if not (isinstance(v, str) and v.strip())), "a bad item")
-
-
-def _text(data: dict[str, Any], key: str) -> str | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise RepoConfigError(f"{CONFIG_FILE}: {key} must be a non-empty string, not {_kind(value)}")
-    return value.strip()
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error on one line: what is wrong and where ("mapping values are not allowed here, line 2 column 9")."""
-    mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
-    return f"{problem}, line {mark.line + 1} column {mark.column + 1}" if mark is not None else str(problem)
-
-
 def load_repo_config(workspace: Path) -> RepoConfig:
     """Read `.frogfix.yml` if present, and fill in a detected test command if it names none."""
-    path = workspace / CONFIG_FILE
-    data: dict[str, Any] = {}
-    if path.is_file() and not path.is_symlink():
-        if path.stat().st_size > 64 * 1024:
-            raise RepoConfigError(f"{CONFIG_FILE} is larger than 64 KiB ({path.stat().st_size} bytes)")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise RepoConfigError(f"{CONFIG_FILE} is not valid YAML: {_yaml_problem(exc)}") from exc
-        except UnicodeDecodeError as exc:
-            raise RepoConfigError(f"{CONFIG_FILE} is not UTF-8 text (byte {exc.start})") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise RepoConfigError(f"{CONFIG_FILE} must be a mapping of keys to values, not {_kind(loaded)}")
-        data = loaded or {}
-        _refuse_unknown(data, _KNOWN_KEYS, "")
-    protected = data.get("protected_paths") or []
-    if not isinstance(protected, list) or not all(isinstance(p, str) and p for p in protected):
-        found = _not_strings(protected)
-        raise RepoConfigError(f"{CONFIG_FILE}: protected_paths must be a list of path patterns, not {found}")
-    timeout = data.get("test_timeout", DEFAULT_TEST_TIMEOUT)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 1 <= timeout <= 10_800:
-        raise RepoConfigError(
-            f"{CONFIG_FILE}: test_timeout must be a number of seconds between 1 and 10800, not {_kind(timeout)}"
-        )
-    command = _text(data, "test_command")
+    read = read_frogfix_yml(workspace / CONFIG_FILE)
+    command = read.test_command
     source = CONFIG_FILE if command else "none"
     if command is None:
         detected = detect_test_command(workspace)
@@ -213,76 +126,14 @@ def load_repo_config(workspace: Path) -> RepoConfig:
             source = f"detected: {why}"
     return RepoConfig(
         test_command=command,
-        setup_command=_text(data, "setup_command"),
-        image=_text(data, "image"),
-        protected_paths=tuple(protected),
-        test_timeout=float(timeout),
+        setup_command=read.setup_command,
+        image=read.image,
+        protected_paths=tuple(read.protected_paths or ()),
+        test_timeout=read.test_timeout,
         test_command_source=source,
-        instructions=_instructions(data),
-        environment=_environment(data.get("environment")),
+        instructions=read.instructions,
+        environment=None if read.environment is None else read.environment.overrides(),
     )
-
-
-def _refuse_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
-    """An unknown key is an error that names the key it most likely meant."""
-    for key in sorted(map(str, data)):
-        if key in known:
-            continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-        hint = f"; did you mean {where}{close[0]}?" if close else f"; known keys: {', '.join(sorted(known))}"
-        raise RepoConfigError(f"{CONFIG_FILE}: unknown key {where}{key}{hint}")
-
-
-def _names_list(data: dict[str, Any], key: str, pattern: re.Pattern[str] | None) -> tuple[str, ...] | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} must be a list of strings, not {_not_strings(value)}")
-    if pattern is not None:
-        bad = [v for v in value if not pattern.fullmatch(v)]
-        if bad:
-            raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} has a name that is not one: {bad[0][:80]!r}")
-    return tuple(v.strip() for v in value)
-
-
-def _environment(value: Any) -> Overrides | None:
-    """`environment:` (see worker/environment/declared.py `Overrides`)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        keys = ", ".join(sorted(_ENVIRONMENT_KEYS))
-        raise RepoConfigError(f"{CONFIG_FILE}: environment must be a mapping ({keys}), not {_kind(value)}")
-    _refuse_unknown(value, _ENVIRONMENT_KEYS, "environment.")
-    requirements = _names_list(value, "requirements", None)
-    for path in requirements or ():
-        if path.startswith(("/", "-")) or ".." in path.split("/"):
-            raise RepoConfigError(
-                f"{CONFIG_FILE}: environment.requirements names a path outside the repository: {path[:80]!r}"
-            )
-    packages = _names_list(value, "packages", None) or ()
-    if any(p.startswith("-") or "\n" in p for p in packages):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.packages takes requirement strings, not installer options")
-    project = value.get("project")
-    if project is not None and not isinstance(project, bool):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.project must be true or false, not {_kind(project)}")
-    return Overrides(
-        extras=_names_list(value, "extras", _EXTRA_NAME),
-        groups=_names_list(value, "groups", _EXTRA_NAME),
-        requirements=requirements,
-        packages=packages,
-        project=project,
-    )
-
-
-def _instructions(data: dict[str, Any]) -> str | None:
-    text = _text(data, "instructions")
-    if text is not None and len(text) > MAX_INSTRUCTIONS_CHARS:
-        raise RepoConfigError(
-            f"{CONFIG_FILE}: instructions must be at most {MAX_INSTRUCTIONS_CHARS} characters (it has {len(text)});"
-            f" longer guidance belongs in {AGENTS_FILE}"
-        )
-    return text
 
 
 def load_guidance(workspace: Path, config: RepoConfig) -> RepoGuidance:

@@ -49,7 +49,7 @@ MAX_DECLARATION_BYTES = 2 * 1024**2  # a dependency file larger than this is not
 DEPENDENCY_FILES = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "uv.lock", "poetry.lock")
 _NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _SETUP_EXTRAS = re.compile(r"extras_require\s*=\s*(?:dict\s*\(|\{)(?P<body>.{0,20000}?)(?:\}\s*[,)]|\)\s*,)", re.S)
-_EXTRA = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+EXTRA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # an extra's or a dependency group's name
 _SETUP_KEY = re.compile(r"""['"]([A-Za-z0-9][A-Za-z0-9._-]*)['"]\s*:|\b([A-Za-z_][A-Za-z0-9_]*)\s*=\s*\[""")
 
 
@@ -105,54 +105,109 @@ def is_python(workspace: Path) -> bool:
     return any(_regular(workspace / name) for name in names) or bool(_requirement_files(workspace))
 
 
+@dataclass(frozen=True)
+class _Declarations:
+    """The checkout's declaration files, parsed once for every step of `plan_for`."""
+
+    pyproject: dict[str, Any]
+    project: dict[str, Any]  # pyproject.toml's [project]
+    poetry: dict[str, Any]  # pyproject.toml's [tool.poetry]
+    setup_cfg: configparser.RawConfigParser
+    tox: configparser.RawConfigParser
+
+    @classmethod
+    def read(cls, workspace: Path) -> _Declarations:
+        pyproject = _toml(workspace, "pyproject.toml")
+        poetry = _table(_table(pyproject, "tool"), "poetry")
+        setup_cfg = _ini(workspace, "setup.cfg")
+        return cls(pyproject, _table(pyproject, "project"), poetry, setup_cfg, _ini(workspace, "tox.ini"))
+
+    def has_build(self, workspace: Path) -> bool:
+        """Whether the checkout is a package its installer can build (and so install, editable)."""
+        tables = bool(self.pyproject.get("build-system") or self.project or self.poetry)
+        return tables or any(_regular(workspace / name) for name in ("setup.py", "setup.cfg"))
+
+
+@dataclass
+class _Draft:
+    """The plan as `plan_for`'s steps gather it; `detected` says where each part came from, in their order."""
+
+    project: bool
+    inputs: list[str]
+    extras: list[str] = field(default_factory=list)
+    requirements: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    detected: list[str] = field(default_factory=list)
+
+
 def plan_for(workspace: Path, test_command: str | None, overrides: Overrides | None = None) -> Plan:
     """The environment the checkout at `workspace` declares, with `.frogfix.yml`'s overrides applied."""
     o = overrides or Overrides()
-    detected: list[str] = []
     inputs = [name for name in DEPENDENCY_FILES if _regular(workspace / name)]
-    pyproject = _toml(workspace, "pyproject.toml")
-    project_table = _table(pyproject, "project")
-    tool = _table(pyproject, "tool")
-    poetry = _table(tool, "poetry")
-    setup_cfg = _ini(workspace, "setup.cfg")
-    tox = _ini(workspace, "tox.ini")
-
-    has_build = bool(pyproject.get("build-system") or project_table or poetry) or any(
-        _regular(workspace / name) for name in ("setup.py", "setup.cfg")
+    declared = _Declarations.read(workspace)
+    draft = _Draft(project=declared.has_build(workspace) if o.project is None else o.project, inputs=inputs)
+    if draft.project:
+        draft.detected.append("the project itself, editable (`-e .`)")
+    _add_extras(workspace, declared, o, draft)
+    _add_groups(declared, o, draft)
+    _add_requirement_files(workspace, declared, o, draft)
+    draft.requirements += list(o.packages)
+    if o.packages:
+        draft.detected.append(f"packages from .frogfix.yml: {', '.join(o.packages)}")
+    constraints = _lock_pins(workspace, "uv.lock") or _lock_pins(workspace, "poetry.lock")
+    if constraints:
+        lock = "uv.lock" if _regular(workspace / "uv.lock") else "poetry.lock"
+        draft.detected.append(f"{lock} pins {len(constraints)} packages (as constraints)")
+    if test_command and runs_pytest(test_command):
+        _add_pytest(workspace, declared, draft)
+    return Plan(
+        project=draft.project,
+        extras=tuple(dict.fromkeys(draft.extras)),
+        requirements=tuple(dict.fromkeys(draft.requirements)),
+        requirement_files=tuple(draft.files),
+        constraints=tuple(constraints),
+        dist_name=_dist_name(declared.project, declared.poetry, declared.setup_cfg),
+        detected=tuple(draft.detected),
+        inputs=tuple(draft.inputs),
     )
-    project = has_build if o.project is None else o.project
-    if project:
-        detected.append("the project itself, editable (`-e .`)")
 
-    requirements: list[str] = []
-    extras: list[str] = []
+
+def _add_extras(workspace: Path, declared: _Declarations, o: Overrides, draft: _Draft) -> None:
+    """The project's extras: `.frogfix.yml`'s, else those named for tests (or dev) and tox.ini's."""
     if o.extras is not None:
-        extras = list(o.extras)
-        detected.append(f"extras from .frogfix.yml: {', '.join(extras) or '(none)'}")
-    elif project:
-        offered = _offered_extras(workspace, project_table, poetry, setup_cfg)
-        extras = _chosen(offered)
-        if extras:
-            detected.append(f"extras {', '.join(extras)} ({offered[extras[0]]})")
-        # tox installs these for its test run, offered where FrogFix can see it or not (uv warns of an unknown one).
-        tox_extras = [e for e in _tox_list(tox, "extras") if _EXTRA.fullmatch(e) and e not in extras]
-        if tox_extras:
-            extras += tox_extras
-            detected.append(f"extras {', '.join(tox_extras)} (tox.ini [testenv] extras)")
+        draft.extras = list(o.extras)
+        draft.detected.append(f"extras from .frogfix.yml: {', '.join(draft.extras) or '(none)'}")
+        return
+    if not draft.project:
+        return
+    offered = _offered_extras(workspace, declared.project, declared.poetry, declared.setup_cfg)
+    draft.extras = _chosen(offered)
+    if draft.extras:
+        draft.detected.append(f"extras {', '.join(draft.extras)} ({offered[draft.extras[0]]})")
+    # tox installs these for its test run, offered where FrogFix can see it or not (uv warns of an unknown one).
+    tox_extras = [e for e in _tox_list(declared.tox, "extras") if EXTRA_NAME.fullmatch(e) and e not in draft.extras]
+    if tox_extras:
+        draft.extras += tox_extras
+        draft.detected.append(f"extras {', '.join(tox_extras)} (tox.ini [testenv] extras)")
 
-    groups_table = _table(pyproject, "dependency-groups")
+
+def _add_groups(declared: _Declarations, o: Overrides, draft: _Draft) -> None:
+    """PEP 735 dependency groups (`.frogfix.yml`'s, else those named for tests or dev) and Poetry's dev ones."""
+    groups_table = _table(declared.pyproject, "dependency-groups")
     groups = list(o.groups) if o.groups is not None else _chosen({name: "" for name in groups_table})
     for group in groups:
         found = _group(groups_table, group, set())
-        requirements += found
+        draft.requirements += found
         origin = ".frogfix.yml" if o.groups is not None else "pyproject.toml [dependency-groups]"
-        detected.append(f"dependency group {group} ({origin}): {len(found)} requirements")
-
-    poetry_deps = _poetry_dev(poetry)
+        draft.detected.append(f"dependency group {group} ({origin}): {len(found)} requirements")
+    poetry_deps = _poetry_dev(declared.poetry)
     if poetry_deps:
-        requirements += poetry_deps
-        detected.append(f"Poetry dev dependencies: {', '.join(_names(poetry_deps))}")
+        draft.requirements += poetry_deps
+        draft.detected.append(f"Poetry dev dependencies: {', '.join(_names(poetry_deps))}")
 
+
+def _add_requirement_files(workspace: Path, declared: _Declarations, o: Overrides, draft: _Draft) -> None:
+    """Requirement files (`.frogfix.yml`'s, which must exist, else those for tests) and tox.ini's deps."""
     if o.requirements is not None:
         files = [path for path in o.requirements if _regular(workspace / path)]
         missing = sorted(set(o.requirements) - set(files))
@@ -161,47 +216,28 @@ def plan_for(workspace: Path, test_command: str | None, overrides: Overrides | N
     else:
         files = _chosen_requirement_files(workspace)
     if files:
-        detected.append(f"requirement files {', '.join(files)}")
-    inputs += [path for path in files if path not in inputs]
-
-    tox_deps, tox_files = _tox_deps(workspace, tox)
+        draft.detected.append(f"requirement files {', '.join(files)}")
+    draft.inputs += [path for path in files if path not in draft.inputs]
+    tox_deps, tox_files = _tox_deps(workspace, declared.tox)
     tox_deps = [d for d in tox_deps if _names([d]) and _names([d])[0] not in NOT_FOR_TESTS]
     tox_files = [path for path in tox_files if path not in files]
     if tox_deps or tox_files:
-        requirements += tox_deps
+        draft.requirements += tox_deps
         files += tox_files
-        inputs += [path for path in tox_files if path not in inputs]
-        detected.append(f"tox.ini [testenv] deps: {', '.join(_names(tox_deps) + tox_files)}")
+        draft.inputs += [path for path in tox_files if path not in draft.inputs]
+        draft.detected.append(f"tox.ini [testenv] deps: {', '.join(_names(tox_deps) + tox_files)}")
+    draft.files = files
 
-    requirements += list(o.packages)
-    if o.packages:
-        detected.append(f"packages from .frogfix.yml: {', '.join(o.packages)}")
 
-    constraints = _lock_pins(workspace, "uv.lock") or _lock_pins(workspace, "poetry.lock")
-    if constraints:
-        lock = "uv.lock" if _regular(workspace / "uv.lock") else "poetry.lock"
-        detected.append(f"{lock} pins {len(constraints)} packages (as constraints)")
-
-    if test_command and runs_pytest(test_command):
-        # Always asked for, unpinned: the resolver meets what the declarations say of it, and it is there
-        # even when the declaration that names it was not chosen (an extra named for something else).
-        declared = _names(requirements) + _names(_project_deps(project_table, extras))
-        declared += _names(_requirement_file_lines(workspace, files))
-        if "pytest" not in declared:
-            detected.append("pytest (the test command runs it; nothing chosen above declares it)")
-        if "pytest" not in _names(requirements):
-            requirements.append("pytest")
-
-    return Plan(
-        project=project,
-        extras=tuple(dict.fromkeys(extras)),
-        requirements=tuple(dict.fromkeys(requirements)),
-        requirement_files=tuple(files),
-        constraints=tuple(constraints),
-        dist_name=_dist_name(project_table, poetry, setup_cfg),
-        detected=tuple(detected),
-        inputs=tuple(inputs),
-    )
+def _add_pytest(workspace: Path, declared: _Declarations, draft: _Draft) -> None:
+    """`pytest`, unpinned, for a test command that runs it: the resolver meets what the declarations say of it,
+    and it is there even when the declaration that names it was not chosen (an extra named for something else)."""
+    named = _names(draft.requirements) + _names(_project_deps(declared.project, draft.extras))
+    named += _names(_requirement_file_lines(workspace, draft.files))
+    if "pytest" not in named:
+        draft.detected.append("pytest (the test command runs it; nothing chosen above declares it)")
+    if "pytest" not in _names(draft.requirements):
+        draft.requirements.append("pytest")
 
 
 def dependency_paths(workspace: Path) -> list[str]:
@@ -317,7 +353,7 @@ def setup_py_extras(text: str) -> list[str]:
             for keyword in node.keywords:
                 if keyword.arg == "extras_require":
                     names += _dict_keys(keyword.value, bound)
-    return list(dict.fromkeys(name for name in names if _EXTRA.fullmatch(name)))
+    return list(dict.fromkeys(name for name in names if EXTRA_NAME.fullmatch(name)))
 
 
 def _called(call: ast.Call) -> str:
