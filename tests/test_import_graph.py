@@ -148,3 +148,20 @@ def test_no_module_is_over_800_lines() -> None:
     assert {k: v for k, v in long.items() if k not in LONGER_ALLOWED} == {}
     for allowed in LONGER_ALLOWED:
         assert "one file" in (ROOT / allowed).read_text(encoding="utf-8")[:3000], f"{allowed} says why it is long"
+
+
+# What app/forge may import of ours beside itself: the redactor, and the retry policy (which imports
+# only app/logs.py, structlog's set-up, which imports only the redactor).
+FORGE_MAY_IMPORT = {"app.redaction", "app.retrying", "app.logs"}
+
+
+def test_the_forge_imports_only_the_redactor_and_the_retry_policy() -> None:
+    reached: set[str] = set()
+    todo = [m for m in GRAPH if m == "app.forge" or m.startswith("app.forge.")]
+    while todo:
+        module = todo.pop()
+        for target in GRAPH[module]:
+            if target not in reached and not target.startswith("app.forge"):
+                reached.add(target)
+                todo.append(target)
+    assert reached <= FORGE_MAY_IMPORT, sorted(reached - FORGE_MAY_IMPORT)

@@ -38,6 +38,7 @@ Imports flow one way: worker/ uses app's core (settings, db, jobs, statuses, tra
 forge) and sandbox/; nothing in app/ or sandbox/ imports worker/. `worker/leaf` imports no
 database, queue or web code: only sandbox's protocol, app's standard-library document modules
 (`app.statuses`, `app.trajectory`, `app.usage`, `app.textcalls`: the one reader of text tool
-calls, which the dashboard shares; `app.outcome_words`: a server's URL without credentials) and
-`app.logs` (structlog: loop.py and model.py log one way).
+calls, which the dashboard shares; `app.outcome_words`: a server's URL without credentials),
+`app.logs` (structlog: loop.py and model.py log one way) and `app.retrying` (the one retry policy,
+which the model client's tries go through).
 """
