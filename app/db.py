@@ -84,8 +84,9 @@ def lost_connection(exc: BaseException) -> bool:
 
 
 # Five more tries, 0.5-1 s after the first failure and doubling to 8-16 s: at least 15.5 s in all,
-# a database restart's length.
-DATABASE_RETRY = RetryPolicy(attempts=6, budget_s=120.0, base_delay_s=1.0, max_delay_s=16.0)
+# a database restart's length. No bound in seconds beside that: a long transaction that lost its
+# connection is worth its next try as much as a short one.
+DATABASE_RETRY = RetryPolicy(attempts=6, budget_s=None, base_delay_s=1.0, max_delay_s=16.0)
 
 
 def in_transaction(work: Callable[[Session], T], *, retry: RetryPolicy = DATABASE_RETRY) -> T:

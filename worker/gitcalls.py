@@ -116,8 +116,10 @@ class RepoBranchMoved(RepoError):
     """A push was refused because the branch is no longer where we built on (someone else pushed)."""
 
 
-# Two more tries of a network git call, the first after 1-2 s, the second after 2-4 s.
-GIT_RETRY = RetryPolicy(attempts=3, budget_s=60.0, base_delay_s=2.0, max_delay_s=4.0)
+# Two more tries of a network git call, the first after 1-2 s, the second after 2-4 s. No bound in
+# seconds beside that: each try is bounded by NETWORK_TIMEOUT, and a fetch that broke after minutes
+# of transfer deserves its next try as much as one refused at once.
+GIT_RETRY = RetryPolicy(attempts=3, budget_s=None, base_delay_s=2.0, max_delay_s=4.0)
 
 
 def retry_transient(what: str, fn: Callable[[], T], *, retry: RetryPolicy = GIT_RETRY) -> T:
