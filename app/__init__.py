@@ -15,6 +15,9 @@ Inside:
   database's `UtcDateTime` column type (models.py) hands every datetime back that way.
 - redaction.py: the one place a secret becomes `[REDACTED]`, for the logs, the forge's text,
   trajectories and job records.
+- retrying.py: `RetryPolicy`, the one way a call is tried again (forge, model, git and database
+  calls): attempts and seconds, backoff with jitter, Retry-After as seconds or an HTTP-date, on
+  tenacity. (Polling until something is true is sandbox/polling.py: the sandbox imports no app/.)
 - local_jobs.py: a local (`fix`, `demo`) job's record in the data folder, written as it runs and
   read back with a forge job's names, so `jobs`, `show` and the dashboard list and show it.
 - models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
@@ -32,11 +35,12 @@ Inside:
 What may import what:
 - Nothing in app/ imports worker/ or sandbox/: the worker depends on app, never the reverse, and
   the web layer reaches the worker only through task names on the queue.
-- app/forge imports nothing else of ours but redaction.py, so the worker's pipeline can use it on its own.
+- app/forge imports nothing else of ours but redaction.py and retrying.py (which imports only
+  logs.py), so the worker's pipeline can use it on its own.
 - statuses.py, trajectory.py, usage.py, textcalls.py, outcome_words.py, moments.py and
   redaction.py (and any other pure
   vocabulary module added beside them) import only the standard library (and each other), so
   worker/leaf, which must not import a database or web code, may use them; worker/leaf also logs
-  through logs.py (structlog).
+  through logs.py (structlog) and retries its model calls through retrying.py (tenacity).
 - web/ uses the core; the core never imports web/.
 """

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,8 +12,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.retrying import RetryPolicy
+
 T = TypeVar("T")
-log = logging.getLogger(__name__)
 _engines: dict[str, Engine] = {}
 _factories: dict[str, sessionmaker[Session]] = {}
 
@@ -76,26 +75,30 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         session.close()
 
 
-def in_transaction(
-    work: Callable[[Session], T],
-    *,
-    waits: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0),
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """`work` in one transaction, done again while the database is unreachable (a restart, a failover).
+def lost_connection(exc: BaseException) -> bool:
+    """Whether a database error is the connection's loss (a restart, a failover): worth another try;
+    a bad statement or a broken constraint is not."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    return isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated
+
+
+# Five more tries, 0.5-1 s after the first failure and doubling to 8-16 s: at least 15.5 s in all,
+# a database restart's length. No bound in seconds beside that: a long transaction that lost its
+# connection is worth its next try as much as a short one.
+DATABASE_RETRY = RetryPolicy(attempts=6, budget_s=None, base_delay_s=1.0, max_delay_s=16.0)
+
+
+def in_transaction(work: Callable[[Session], T], *, retry: RetryPolicy = DATABASE_RETRY) -> T:
+    """`work` in one transaction, done again under `retry` while the database is unreachable.
 
     For a worker's writes: without this, a database restart in the middle of a job costs the whole
     run (its end cannot be written, so the job waits for the stale-job sweep). Only losing the
     connection is retried; `work` must be safe to repeat, which guarded updates and events are.
     """
-    for wait in (*waits, None):
-        try:
-            with session_scope() as session:
-                return work(session)
-        except DBAPIError as exc:
-            lost = isinstance(exc, OperationalError | InterfaceError) or exc.connection_invalidated
-            if wait is None or not lost:
-                raise
-            log.warning("database unreachable, trying again in %.1fs: %s", wait, str(exc).splitlines()[0][:200])
-            sleep(wait)
-    raise AssertionError("unreachable")
+
+    def once() -> T:
+        with session_scope() as session:
+            return work(session)
+
+    return retry.call("transaction (database unreachable)", once, transient=lost_connection)

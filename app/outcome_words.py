@@ -242,7 +242,7 @@ def _forge(text: str) -> str | None:
     forge, what, rest = m["forge"], m["what"], m["rest"]
     setting = f"FROGFIX_{forge.upper()}"
     gave_up = _GAVE_UP.search(rest)
-    if gave_up is not None:  # app/forge/retry.py's tail: said once, at the end
+    if gave_up is not None:  # app/forge/api.py's forge_call tail: said once, at the end
         rest = rest[: gave_up.start()]
     tried = f", {gave_up[1]}" if gave_up is not None else ""  # after what failed: "(ConnectError, gave up ...)"
     http = _FORGE_HTTP.match(rest)

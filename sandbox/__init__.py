@@ -14,6 +14,8 @@ What is inside:
   host lets the worker make one (`detect`), making, killing and reaping them; `cgroup_enter.py` is
   the stdlib-only exec wrapper that joins it before bwrap runs, and with `--serve` the launcher
   that forks it; `launcher.py` is the worker's side of that launcher (one per worker process).
+- `polling.py`: stdlib only: `poll_until`, the one wait until something is true (the pause doubling
+  to a cap, within a bound) for the Kubernetes backend, the cgroups and the worker's mirror lock.
 - `quantity.py`: stdlib only: the size syntax (`4Gi`, `500m`) both backends and the settings read,
   and `check_local_memory`, the rule that a local sandbox's tmpfs fit in its memory.
 - `kubernetes.py`: `KubernetesSandbox`, one pod per attempt; `kubernetes_manifests.py` (the pod's
@@ -25,9 +27,10 @@ What is inside:
 What may import what: this package imports nothing else of FrogFix (the worker and the agent loop
 import it, never the reverse; `app/settings.py` imports `quantity` alone). Inside, `quantity`,
 `cgroup_enter` and `runner` import only the stdlib (`runner` is copied into sandboxes,
-`cgroup_enter` runs as a script); `base` imports only `quantity`; `cgroups` imports `base`;
+`cgroup_enter` runs as a script), and so does `polling`; `base` imports only `quantity`; `cgroups`
+imports `base` and `polling`;
 `runner_client` imports `base` and `runner`; `launcher` imports `base` and `cgroups`; the backends
-import `runner_client`, `base` and `quantity`, and `local` also `cgroups`, `launcher` and
+import `runner_client`, `base` and `quantity` (`kubernetes` also `polling`), and `local` also `cgroups`, `launcher` and
 `namespace_limits` (stdlib and `quantity` only);
 `kubernetes*` modules and `websocket`/`kubernetes` are
 imported only when the Kubernetes backend is asked for. Callers use this package's names (or `sandbox.base`)

@@ -28,11 +28,11 @@ import os
 import secrets
 import signal
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from sandbox.base import SandboxUnavailable
+from sandbox.polling import poll_until
 
 CONTROLLERS = ("memory", "pids", "cpu")
 # What an operator does when a controller is missing (doctor's fix, the worker's start-up warning).
@@ -330,9 +330,9 @@ def _set_limit(placement: Placement, path: str, limits: CgroupLimits) -> None:
 def _kill_and_remove(paths: Iterable[str], wait_s: float) -> list[str]:
     """Kill every process in `paths` (v2's cgroup.kill where there is one) and rmdir them."""
     left = [p for p in paths if os.path.isdir(p)]
-    deadline = time.monotonic() + wait_s
-    pause = 0.001  # a killed member leaves within a few ms, or it is one that takes longer
-    while left:
+
+    def removed() -> bool:
+        nonlocal left
         for path in left:
             _kill_members(path)
         remaining = []
@@ -344,10 +344,10 @@ def _kill_and_remove(paths: Iterable[str], wait_s: float) -> list[str]:
             except OSError:  # EBUSY: members not reaped yet
                 remaining.append(path)
         left = remaining
-        if not left or time.monotonic() >= deadline:
-            break
-        time.sleep(pause)
-        pause = min(pause * 2, 0.05)
+        return not left
+
+    # A killed member leaves within a few ms, or it is one that takes longer.
+    poll_until(removed, within_s=wait_s, first_pause_s=0.001, max_pause_s=0.05)
     return left
 
 

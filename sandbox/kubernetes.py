@@ -101,6 +101,7 @@ from sandbox.kubernetes_stream import (
     describe_api_error,
 )
 from sandbox.kubernetes_tunnel import IndexTunnel
+from sandbox.polling import poll_until
 from sandbox.quantity import format_quantity, parse_quantity
 from sandbox.runner_client import RunnerBroken, RunnerClient, read_runner_source
 
@@ -454,10 +455,10 @@ class KubernetesSandbox(RunnerClient):
 
     def _wait_running(self, name: str) -> None:
         res = self._res
-        deadline = time.monotonic() + self.start_timeout_s
-        delay = 0.05
         last = "no status yet"
-        while True:
+
+        def running() -> bool:
+            nonlocal last
             if res.released:
                 raise SandboxError("the sandbox is closed")
             with res.api_lock:
@@ -467,7 +468,7 @@ class KubernetesSandbox(RunnerClient):
             containers = [c for c in (getattr(status, "container_statuses", None) or []) if c.name == CONTAINER]
             state = containers[0].state if containers else None
             if phase == "Running" and state is not None and state.running is not None:
-                return
+                return True
             if phase in ("Failed", "Succeeded"):
                 raise SandboxUnavailable(
                     f"pod {name} ended before it started: {phase} {getattr(status, 'reason', '') or ''} "
@@ -479,11 +480,10 @@ class KubernetesSandbox(RunnerClient):
                     f"pod {name} cannot start (image {self.image}): {waiting.reason}: {waiting.message or ''}".strip()
                 )
             last = _pod_summary(phase, waiting, getattr(status, "conditions", None))
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise SandboxUnavailable(f"pod {name} did not start within {self.start_timeout_s:g}s ({last})")
-            time.sleep(min(delay, remaining))
-            delay = min(delay * 2, 1.0)
+            return False
+
+        if not poll_until(running, within_s=self.start_timeout_s, first_pause_s=0.05, max_pause_s=1.0):
+            raise SandboxUnavailable(f"pod {name} did not start within {self.start_timeout_s:g}s ({last})")
 
     def _upload(self, name: str) -> None:
         """The workspace and the runner, as one tar stream into the pod's emptyDirs."""
@@ -650,9 +650,9 @@ def _delete_pod(res: _Resources, name: str) -> None:
 def _wait_gone(res: _Resources, pods: Iterable[str]) -> bool:
     """True once none of `pods` exists any more (False after `delete_wait_s`)."""
     left = [pod for pod in pods if pod]
-    deadline = time.monotonic() + res.delete_wait_s
-    delay = 0.05
-    while left:
+
+    def gone() -> bool:
+        nonlocal left
         still = []
         for pod in left:
             try:
@@ -663,14 +663,9 @@ def _wait_gone(res: _Resources, pods: Iterable[str]) -> bool:
                 if getattr(exc, "status", None) != 404:
                     still.append(pod)
         left = still
-        if not left:
-            return True
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        time.sleep(min(delay, remaining))
-        delay = min(delay * 2, 0.5)
-    return True
+        return not left
+
+    return poll_until(gone, within_s=res.delete_wait_s, first_pause_s=0.05, max_pause_s=0.5)
 
 
 

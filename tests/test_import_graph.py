@@ -150,6 +150,23 @@ def test_no_module_is_over_800_lines() -> None:
         assert "one file" in (ROOT / allowed).read_text(encoding="utf-8")[:3000], f"{allowed} says why it is long"
 
 
+# What app/forge may import of ours beside itself: the redactor, and the retry policy (which imports
+# only app/logs.py, structlog's set-up, which imports only the redactor).
+FORGE_MAY_IMPORT = {"app.redaction", "app.retrying", "app.logs"}
+
+
+def test_the_forge_imports_only_the_redactor_and_the_retry_policy() -> None:
+    reached: set[str] = set()
+    todo = [m for m in GRAPH if m == "app.forge" or m.startswith("app.forge.")]
+    while todo:
+        module = todo.pop()
+        for target in GRAPH[module]:
+            if target not in reached and not target.startswith("app.forge"):
+                reached.add(target)
+                todo.append(target)
+    assert reached <= FORGE_MAY_IMPORT, sorted(reached - FORGE_MAY_IMPORT)
+
+
 # worker/'s rooms from the bottom up: a room may import the rooms before it, never one after it
 # (worker/__init__.py and each room's docstring say what it holds). Modules of worker/ in no
 # room are its entries (tasks, heartbeat, embedded): they may import any room; no room imports them.

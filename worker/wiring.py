@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from app.forge.api import Forge, ForgeError
-from app.forge.retry import RetryPolicy
+from app.retrying import RetryPolicy
 from app.settings import Settings
 from sandbox.base import (
     DEFAULT_PATH,

@@ -10,7 +10,8 @@ Rules that hold for every implementation:
   token is always scrubbed, the caller's `redact` runs, and the result is size-bounded;
 - every exception is a ForgeError whose message is safe to show (scrubbed the same way);
 - transient failures (429, 5xx, timeouts, dropped connections) are retried inside a bounded
-  budget (retry.RetryPolicy) and surface as ForgeTransient only when that budget is spent.
+  budget (`forge_call` under app/retrying.py's RetryPolicy) and surface as ForgeTransient only
+  when that budget is spent.
 """
 
 from __future__ import annotations
@@ -20,10 +21,13 @@ import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote
 from app.redaction import SecretRedactor
+from app.retrying import GaveUp, RetryPolicy
+
+T = TypeVar("T")
 
 Redactor = Callable[[str], str]
 
@@ -84,6 +88,24 @@ def error_for_status(status: int | None, message: str, *, retry_after: float | N
     if status in (408, 425, 429) or (status is not None and status >= 500):
         return ForgeTransient(message, status=status, retry_after=retry_after)
     return ForgeError(message, status=status)
+
+
+def forge_call(retry: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
+    """One logical forge call under `retry`: ForgeTransient is tried again, anything else is final."""
+    return retry.call(what, fn, transient=lambda exc: isinstance(exc, ForgeTransient), gave_up=_forge_gave_up)
+
+
+def _forge_gave_up(ending: GaveUp) -> ForgeTransient:
+    """The last ForgeTransient again, with the tail app/outcome_words.py reads ("gave up after ...");
+    its `retry_after` is the forge's hint, else the wait the next try would have needed."""
+    last = ending.error
+    assert isinstance(last, ForgeTransient)
+    tries = f"{ending.attempts} attempt{'s' if ending.attempts != 1 else ''}"
+    return ForgeTransient(
+        f"{last.message} (gave up after {tries} in {ending.elapsed_s:.1f}s)",
+        status=last.status,
+        retry_after=last.retry_after if last.retry_after is not None else ending.wait_s,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +272,7 @@ def comment_marker() -> str:
 
 
 def post_once(post: Callable[[], None], already_posted: Callable[[], bool]) -> Callable[[], None]:
-    """One try of a comment POST for RetryPolicy: every try after the first looks before it posts,
+    """One try of a comment POST for `forge_call`: every try after the first looks before it posts,
     because the try before may have posted and only lost its answer."""
     tries = 0
 

@@ -43,12 +43,13 @@ from app.forge.api import (
     comment_marker,
     draft_prefix,
     error_for_status,
+    forge_call,
     full_sha,
     post_once,
     secret_forms,
 )
-from app.forge.retry import RetryPolicy, parse_retry_after
 from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote, forge_time, log_tail
+from app.retrying import RetryPolicy
 
 TRIGGER_PERMISSIONS = frozenset({"write", "admin", "owner"})
 CODE_UNIT = "repo.code"  # FrogFix pushes code for the person who triggers it: write on this unit counts
@@ -205,13 +206,13 @@ class GiteaForge:
         except ValueError:
             detail = response.text[:500]
         message = f"Gitea {what}: HTTP {response.status_code} {self._text.error(detail)}".rstrip()
-        retry_after = parse_retry_after(response.headers.get("Retry-After"))
+        retry_after = self._retry.retry_after(response.headers.get("Retry-After"))
         raise error_for_status(response.status_code, message, retry_after=retry_after)
 
     def _call(
         self, method: str, path: str, what: str, *, params: dict[str, Any] | None = None, json: Any = None
     ) -> Any:
-        return self._retry.call(what, lambda: self._request(method, path, what, params=params, json=json))
+        return forge_call(self._retry, what, lambda: self._request(method, path, what, params=params, json=json))
 
     def _object(self, method: str, path: str, what: str, *, json: Any = None) -> dict[str, Any]:
         """A call whose answer must be one JSON object."""
@@ -393,7 +394,7 @@ class GiteaForge:
             tried = True
             return self._request("POST", path, what, json=payload)
 
-        data = self._retry.call(what, attempt)
+        data = forge_call(self._retry, what, attempt)
         mr = self._mr(data)
         if not isinstance(data.get("draft"), bool):
             mr = replace(mr, draft=self._issue_says_draft(project, mr))
@@ -446,7 +447,7 @@ class GiteaForge:
         def post() -> None:
             self._request("POST", path, what, json={"body": self._text.body(marker + body)})
 
-        self._retry.call(what, post_once(post, posted))
+        forge_call(self._retry, what, post_once(post, posted))
 
     def issue_comments(self, project: str, number: int) -> list[IssueComment]:
         """The issue's comments: Gitea lists them in one unpaged answer, oldest first, and only plain

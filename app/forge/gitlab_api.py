@@ -2,8 +2,9 @@
 
 python-gitlab's own retrying is off (`retry_transient_errors=False` on the client and
 `obey_rate_limit=False` on every call: its 429 loop would sleep up to ten times with no time
-bound), so RetryPolicy decides. python-gitlab's exceptions do not carry response headers, so a
-session response hook remembers the last Retry-After seen on this thread.
+bound), so our RetryPolicy (app/retrying.py, through `forge_call`) decides. python-gitlab's
+exceptions do not carry response headers, so a session response hook remembers the last
+Retry-After seen on this thread.
 """
 
 from __future__ import annotations
@@ -41,18 +42,19 @@ from app.forge.api import (
     comment_marker,
     draft_prefix,
     error_for_status,
+    forge_call,
     full_sha,
     post_once,
     secret_forms,
 )
-from app.forge.retry import RetryPolicy, parse_retry_after
 from app.forge.reviews import CiJob, CiReport, IssueComment, ThreadNote, forge_time, log_tail
+from app.retrying import RetryPolicy
 
 T = TypeVar("T")
 
 _DISCUSSION_ID = re.compile(r"[0-9a-fA-F]{8,64}")  # GitLab's discussion ids are SHA-1 hex
 DEVELOPER = 30  # GitLab access levels: 10 guest, 20 reporter, 30 developer, 40 maintainer, 50 owner
-# Passed to every python-gitlab call so that only RetryPolicy retries.
+# Passed to every python-gitlab call so that only our RetryPolicy retries.
 _ONCE: dict[str, Any] = {"obey_rate_limit": False, "retry_transient_errors": False}
 
 
@@ -155,7 +157,7 @@ class GitLabForge:
             # holds) is not chained to ours: only the scrubbed message travels on.
             raise error
 
-        return self._retry.call(what, attempt)
+        return forge_call(self._retry, what, attempt)
 
     def _translate(self, what: str, exc: gitlab.exceptions.GitlabError) -> ForgeError:
         status = exc.response_code
@@ -164,7 +166,7 @@ class GitLabForge:
             return ForgeError(f"GitLab {what}: the server redirected ({detail}); check FROGFIX_GITLAB_URL")
         if status is None:
             return ForgeError(f"GitLab {what}: {type(exc).__name__}: {detail}")
-        retry_after = parse_retry_after(getattr(self._seen, "retry_after", None))
+        retry_after = self._retry.retry_after(getattr(self._seen, "retry_after", None))
         return error_for_status(status, f"GitLab {what}: HTTP {status} {detail}".rstrip(), retry_after=retry_after)
 
     def _project(self, project: str) -> Any:

@@ -15,9 +15,9 @@ from __future__ import annotations
 from typing import Any, Final
 
 from app.forge.api import Forge, ForgeError
-from app.forge.retry import RetryPolicy
 from app.logs import get_logger
 from app.redaction import SecretRedactor
+from app.retrying import RetryPolicy
 from app.settings import get_settings
 
 log = get_logger("frogfix.answer_gate")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.forge.retry import RetryPolicy
+from app.retrying import RetryPolicy
 from tests.conftest import shared_fixture
 from tests.doubles.gitea_api import GiteaDouble
 from tests.doubles.gitlab_api import GitLabDouble

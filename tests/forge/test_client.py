@@ -15,13 +15,14 @@ from app.forge.api import (
     OutboundText,
     bound_text,
     error_for_status,
+    forge_call,
     git_auth_env,
     secret_forms,
     strip_draft_prefix,
     upsert_draft_mr,
 )
-from app.forge.retry import RetryPolicy, parse_retry_after
 from app.redaction import REDACTED
+from app.retrying import RetryPolicy, parse_retry_after
 from tests.forge.conftest import FakeClock
 
 
@@ -71,7 +72,7 @@ def test_retry_policy_passes_permanent_errors_through(fake_clock: FakeClock) -> 
         raise ForgeNotFound("nope")
 
     with pytest.raises(ForgeNotFound):
-        policy.call("x", boom)
+        forge_call(policy, "x", boom)
     assert calls == [1] and fake_clock.sleeps == []
 
 
@@ -83,7 +84,7 @@ def test_retry_policy_backoff_is_bounded(fake_clock: FakeClock) -> None:
         raise ForgeTransient("busy", status=503)
 
     with pytest.raises(ForgeTransient, match="gave up after 8 attempts"):
-        policy.call("x", flaky)
+        forge_call(policy, "x", flaky)
     assert fake_clock.sleeps == [1, 2, 4, 5, 5, 5, 5]
 
 

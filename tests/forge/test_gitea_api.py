@@ -18,7 +18,7 @@ from app.forge.api import (
     upsert_draft_mr,
 )
 from app.forge.gitea_api import GiteaForge
-from app.forge.retry import RetryPolicy
+from app.retrying import RetryPolicy
 from tests.doubles.gitea_api import GiteaDouble
 from tests.doubles.gitlab_api import iter_json_values
 from tests.forge.conftest import TRIGGER, FakeClock

@@ -16,7 +16,7 @@ from app.forge.api import (
     upsert_draft_mr,
 )
 from app.forge.gitlab_api import GitLabForge
-from app.forge.retry import RetryPolicy
+from app.retrying import RetryPolicy
 from tests.doubles.gitlab_api import GitLabDouble, iter_json_values
 from tests.forge.conftest import TRIGGER, FakeClock
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 from app.forge.api import ISSUE_COMMENT_BODY_LIMIT, ISSUE_COMMENT_LIMIT, ForgeNotFound
 from app.forge.gitea_api import GiteaForge
 from app.forge.gitlab_api import GitLabForge
-from app.forge.retry import RetryPolicy
 from app.redaction import REDACTED
+from app.retrying import RetryPolicy
 from tests.conftest import shared_fixture
 from tests.doubles.gitea_api import GiteaDouble
 from tests.doubles.gitlab_api import GitLabDouble

@@ -18,7 +18,7 @@ import pytest
 
 from app.forge.gitea_api import GiteaForge, gitea_conflicts
 from app.forge.gitlab_api import GitLabForge, gitlab_conflicts
-from app.forge.retry import RetryPolicy
+from app.retrying import RetryPolicy
 from tests.conftest import shared_fixture
 from tests.doubles.git_http import bare_repo_from, git, make_worktree
 from tests.doubles.gitea_api import GiteaDouble

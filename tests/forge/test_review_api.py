@@ -17,9 +17,9 @@ from app.forge.api import (
 )
 from app.forge.gitea_api import GiteaForge
 from app.forge.gitlab_api import GitLabForge
-from app.forge.retry import RetryPolicy
 from app.forge.reviews import CiReport
 from app.redaction import REDACTED
+from app.retrying import RetryPolicy
 from tests.conftest import shared_fixture
 from tests.doubles.gitea_api import GiteaDouble
 from tests.doubles.gitlab_api import GitLabDouble

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import email.utils
 import json
 import time
 from collections.abc import Callable
@@ -96,6 +97,38 @@ def test_retries_5xx_and_429_then_succeeds(serve: Serve, client_for: ClientFor) 
     assert reply.attempts == 4
     assert len(server.requests) == 4
     assert len(set(server.requests)) == 1  # the same bytes every attempt
+
+
+RETRY_DATE = "Wed, 21 Oct 2015 07:28:00 GMT"
+RETRY_DATE_TS = email.utils.parsedate_to_datetime(RETRY_DATE).timestamp()
+
+
+@pytest.mark.parametrize(
+    ("status", "header", "now", "waited"),
+    [
+        (429, RETRY_DATE, RETRY_DATE_TS - 7, 7.0),  # an HTTP-date 7 s ahead of the client's wall clock
+        (503, RETRY_DATE, RETRY_DATE_TS - 42, 42.0),
+        (429, "7", RETRY_DATE_TS, 7.0),  # seconds
+        (503, "999999", RETRY_DATE_TS, 60.0),  # an absurd ask: capped at backoff_max
+        (503, RETRY_DATE, RETRY_DATE_TS - 10**6, 60.0),
+    ],
+)
+def test_retry_after_is_waited_as_seconds_or_as_an_http_date(
+    serve: Serve, client_for: ClientFor, status: int, header: str, now: float, waited: float
+) -> None:
+    slept: list[float] = []
+    server = serve(Status(status, headers={"Retry-After": header}), assistant("done"))
+    model = client_for(server, backoff_base=0.01, backoff_max=60.0, sleep=slept.append, now=lambda: now)
+    assert model.complete(MESSAGES, TOOL_SCHEMAS).attempts == 2
+    assert slept == [waited]
+
+
+def test_a_retry_after_date_in_the_past_waits_the_backoff_only(serve: Serve, client_for: ClientFor) -> None:
+    slept: list[float] = []
+    server = serve(Status(503, headers={"Retry-After": RETRY_DATE}), assistant("done"))
+    model = client_for(server, backoff_base=0.01, backoff_max=60.0, sleep=slept.append, now=lambda: RETRY_DATE_TS + 100)
+    assert model.complete(MESSAGES, TOOL_SCHEMAS).attempts == 2
+    assert len(slept) == 1 and 0.005 <= slept[0] <= 0.01  # backoff_base with its jitter, nothing more
 
 
 def test_retries_a_dropped_connection(serve: Serve, client_for: ClientFor) -> None:

@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -673,14 +673,17 @@ def test_in_transaction_waits_for_the_database_and_gives_up_in_bounds(frogfix_en
     from sqlalchemy import text
     from sqlalchemy.exc import OperationalError
 
-    from app.db import in_transaction
+    from app.db import DATABASE_RETRY, in_transaction
+    from app.retrying import RetryPolicy
     from tests.servers import free_port
 
     waited: list[float] = []
-    assert in_transaction(lambda s: s.execute(text("select 1")).scalar(), sleep=waited.append) == 1
+    retry = replace(DATABASE_RETRY, sleep=waited.append)
+    assert in_transaction(lambda s: s.execute(text("select 1")).scalar(), retry=retry) == 1
     configure(frogfix_env["monkeypatch"], database_url=f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/x")
+    retry = RetryPolicy(attempts=3, base_delay_s=0.1, max_delay_s=0.2, sleep=waited.append, jitter=lambda: 1.0)
     with pytest.raises(OperationalError):
-        in_transaction(lambda s: s.execute(text("select 1")), waits=(0.1, 0.2), sleep=waited.append)
+        in_transaction(lambda s: s.execute(text("select 1")), retry=retry)
     assert waited == [0.1, 0.2]  # tried again while the database was unreachable, then gave up
 
 
@@ -688,10 +691,11 @@ def test_in_transaction_does_not_repeat_a_bad_statement(pg: Postgres, frogfix_en
     from sqlalchemy import text
     from sqlalchemy.exc import ProgrammingError
 
-    from app.db import in_transaction
+    from app.db import DATABASE_RETRY, in_transaction
 
     configure(frogfix_env["monkeypatch"], database_url=pg.url())
     waited: list[float] = []
     with pytest.raises(ProgrammingError):
-        in_transaction(lambda s: s.execute(text("select * from no_such_table")), sleep=waited.append)
+        in_transaction(lambda s: s.execute(text("select * from no_such_table")),
+                       retry=replace(DATABASE_RETRY, sleep=waited.append))
     assert waited == []

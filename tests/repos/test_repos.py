@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from app.forge.api import basic_auth_header, secret_forms
 from tests.doubles.git_http import git
 from tests.repos.conftest import BINARY, HEADER, TOKEN, Upstream
 from worker.git import gitcalls, mirrors
-from worker.git.gitcalls import RepoError, RepoTransient, mirror_key
+from worker.git.gitcalls import GIT_RETRY, RepoError, RepoTransient, mirror_key
 from worker.git.mirrors import RepoCache, resolve
 from worker.git.publishing import commit_patch, push_branch
 from worker.git.workspace_pool import make_workspace, remove_workspace
@@ -488,23 +489,24 @@ def test_retry_transient_retries_network_trouble_only() -> None:
             raise out
         return out
 
-    assert gitcalls.retry_transient("git fetch", flaky, delays=(1.0, 4.0), sleep=waits.append) == "ok"
-    assert waits == [1.0, 4.0]
+    retry = replace(GIT_RETRY, sleep=waits.append, jitter=lambda: 1.0)
+    assert gitcalls.retry_transient("git fetch", flaky, retry=retry) == "ok"
+    assert waits == [2.0, 4.0]
 
     def refused() -> str:
         raise gitcalls.RepoError("authentication failed")
 
     waits.clear()
     with pytest.raises(gitcalls.RepoError, match="authentication"):
-        gitcalls.retry_transient("git push", refused, sleep=waits.append)
+        gitcalls.retry_transient("git push", refused, retry=replace(GIT_RETRY, sleep=waits.append))
     assert waits == []  # a permanent error is not worth another try
 
     def down() -> str:
         raise gitcalls.RepoTransient("connection refused")
 
     with pytest.raises(gitcalls.RepoTransient):
-        gitcalls.retry_transient("git fetch", down, delays=(0.0, 0.0), sleep=waits.append)
-    assert waits == [0.0, 0.0]  # bounded: the delays, then one last try
+        gitcalls.retry_transient("git fetch", down, retry=replace(GIT_RETRY, base_delay_s=0.0, sleep=waits.append))
+    assert waits == [0.0, 0.0]  # bounded: three tries, then the last error
 
 
 def test_push_options_reach_the_server_and_odd_ones_are_refused_before_the_network(

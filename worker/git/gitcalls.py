@@ -26,14 +26,15 @@ import signal
 import subprocess
 import tempfile
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TypeVar
 from urllib.parse import urlsplit
 
 from app.forge.api import OutboundText
 from app.logs import get_logger
+from app.retrying import RetryPolicy
+from sandbox.polling import poll_until
 
 BRANCH_PREFIX = "frogfix/"
 HEADS_REFSPEC = "+refs/heads/*:refs/heads/*"  # heads only: no MR/PR refs from strangers, no tags
@@ -115,25 +116,19 @@ class RepoBranchMoved(RepoError):
     """A push was refused because the branch is no longer where we built on (someone else pushed)."""
 
 
-def retry_transient(
-    what: str,
-    fn: Callable[[], T],
-    *,
-    delays: Sequence[float] = (1.0, 4.0),
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """Run a network git operation, again after each delay while it fails with RepoTransient.
+# Two more tries of a network git call, the first after 1-2 s, the second after 2-4 s. No bound in
+# seconds beside that: each try is bounded by NETWORK_TIMEOUT, and a fetch that broke after minutes
+# of transfer deserves its next try as much as one refused at once.
+GIT_RETRY = RetryPolicy(attempts=3, budget_s=None, base_delay_s=2.0, max_delay_s=4.0)
+
+
+def retry_transient(what: str, fn: Callable[[], T], *, retry: RetryPolicy = GIT_RETRY) -> T:
+    """Run a network git operation under `retry`, again while it fails with RepoTransient.
 
     Fetches and our force-pushes of one ref are idempotent, so a blip of the git server (a 502
     from its proxy, a dropped connection) costs seconds instead of the whole job.
     """
-    for delay in delays:
-        try:
-            return fn()
-        except RepoTransient as exc:
-            log.warning("git_retry", what=what, error=str(exc)[:300], wait_s=delay)
-            sleep(delay)
-    return fn()
+    return retry.call(what, fn, transient=lambda exc: isinstance(exc, RepoTransient))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,17 +372,16 @@ def flock(path: Path, *, exclusive: bool, wait: float = LOCK_WAIT) -> Iterator[N
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-        deadline = time.monotonic() + wait
-        delay = 0.01
-        while True:
+
+        def taken() -> bool:
             try:
                 fcntl.flock(fd, mode | fcntl.LOCK_NB)
-                break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise RepoTransient(f"the mirror lock {path.name} is still held after {wait:.0f}s") from None
-                time.sleep(delay)
-                delay = min(delay * 2, 0.2)
+                return False
+            return True
+
+        if not poll_until(taken, within_s=wait, first_pause_s=0.01, max_pause_s=0.2):
+            raise RepoTransient(f"the mirror lock {path.name} is still held after {wait:.0f}s")
         yield
     finally:
         os.close(fd)  # closing drops the lock

@@ -12,7 +12,6 @@ exactly that). Retries are ours (the SDK's are off), so the time budget is one n
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -25,6 +24,7 @@ import openai
 from app import trajectory
 from app.logs import get_logger
 from app.outcome_words import shown_url
+from app.retrying import GaveUp, RetryPolicy
 from app.textcalls import OPEN_CALL, extract_text_calls
 
 # SGLang answers HTTP 200 with finish_reason "abort" when a request was aborted (an operator's
@@ -245,7 +245,9 @@ class OpenAIChatModel:
 
     `timeout` bounds one attempt's wait for the answer; `max_retries` more attempts follow a
     connection error, a timeout, a 429 or a 5xx, after `backoff_base * 2**n` seconds (with
-    jitter, capped by `backoff_max`, stretched to a server's Retry-After up to that cap).
+    jitter, capped by `backoff_max`, stretched to a server's Retry-After, in seconds or as an
+    HTTP-date, up to that cap): `retry`, app/retrying.py's policy. `sleep` and `now` (the wall
+    clock a Retry-After date is read on) are injectable so tests are instant and exact.
     """
 
     def __init__(
@@ -262,15 +264,16 @@ class OpenAIChatModel:
         backoff_max: float = 30.0,
         client: openai.OpenAI | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        now: Callable[[], float] = time.time,
     ) -> None:
         self.model = model
         self.sampling = sampling or SamplingParams()
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.max_retries = max(0, max_retries)
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self._sleep = sleep
+        self.retry = RetryPolicy(
+            attempts=max(0, max_retries) + 1, budget_s=None, base_delay_s=backoff_base, max_delay_s=backoff_max,
+            retry_after_cap_s=backoff_max, sleep=sleep, now=now,
+        )
         self.server = shown_url(base_url) or ""
         self._owns_client = client is None
         self._client = client or openai.OpenAI(
@@ -357,63 +360,63 @@ class OpenAIChatModel:
         return replace(reply, aborted=tuple(aborted)) if aborted else reply
 
     def _send(self, body: bytes, timeout: float | None, aborted: list[Usage]) -> ModelReply:
-        """`complete`'s retry loop; each aborted reply's usage is added to `aborted`."""
-        started = time.monotonic()
-        deadline = started + timeout if timeout is not None else None
-        attempt = 0
-        while True:
-            attempt += 1
-            wait = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
-            if wait <= 0:
-                raise ModelQueryError(f"model call ran out of time after {attempt - 1} attempt(s)")
-            retry_after: float | None = None
-            failure: Exception
-            try:
-                data = self._client.post(
-                    "/chat/completions",
-                    cast_to=object,
-                    content=body,
-                    options={
-                        "max_retries": 0,
-                        "timeout": openai.Timeout(wait, connect=min(self.connect_timeout, wait)),
-                        "headers": {"Content-Type": "application/json"},
-                    },
-                )
-            except openai.APIStatusError as exc:
-                text = error_text(exc.body) or exc.message
-                if is_context_overflow(exc.status_code, text):
-                    raise ContextOverflow(f"HTTP {exc.status_code}: {text[:500]}") from exc
-                if exc.status_code != 429 and exc.status_code < 500:
-                    refused = f"model call refused: HTTP {exc.status_code}: {text[:500]}"
-                    raise ModelQueryError(refused) from exc
-                error, failure = f"HTTP {exc.status_code}: {text[:300]}", exc
-                retry_after = _retry_after(exc.response.headers)
-            except openai.APITimeoutError as exc:
-                error, failure = f"timed out after {wait:.1f}s", exc
-            except openai.APIConnectionError as exc:
-                error, failure = f"connection error: {_cause(exc)}", exc
-            except openai.OpenAIError as exc:
-                raise ModelQueryError(f"model call failed: {type(exc).__name__}: {exc}") from exc
-            except ValueError as exc:  # a 200 whose body is not JSON: a cut or garbled answer, worth another try
-                error, failure = f"answered with invalid JSON: {exc}", exc
-            else:
-                try:
-                    reply = self._reply(data, started, attempt)
-                except ModelQueryError as exc:  # a 200 without a usable message or aborted: the same
-                    error, failure = str(exc), exc
-                    if isinstance(exc, AbortedReply) and exc.usage is not None:
-                        aborted.append(exc.usage)
-                else:
-                    self._note_text_calls(reply)
-                    return reply
-            if attempt > self.max_retries:
-                raise ModelQueryError(f"model call failed after {attempt} attempt(s): {error}") from failure
-            delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-            if retry_after is not None:
-                delay = max(delay, min(retry_after, self.backoff_max))
-            if deadline is not None and time.monotonic() + delay >= deadline:
-                raise ModelQueryError(f"model call failed, no time left to retry: {error}") from failure
-            self._sleep(delay)
+        """`complete`'s tries under the retry policy (`timeout`, when given, bounds them all);
+        each aborted reply's usage is added to `aborted`."""
+        retry = self.retry if timeout is None else replace(self.retry, budget_s=timeout)
+        started = retry.clock()
+        tries = 0
+
+        def once() -> ModelReply:
+            nonlocal tries
+            tries += 1
+            return self._try(body, retry, started, timeout, tries, aborted)
+
+        return retry.call("model call", once, transient=lambda exc: isinstance(exc, _TryAgain), gave_up=_gave_up)
+
+    def _try(
+        self, body: bytes, retry: RetryPolicy, started: float, timeout: float | None, attempt: int,
+        aborted: list[Usage],
+    ) -> ModelReply:
+        """One POST: the reply, a final ModelError, or _TryAgain (a connection error, a timeout, a
+        429 or a 5xx, a garbled or aborted 200) with the server's Retry-After."""
+        wait = self.timeout if timeout is None else min(self.timeout, started + timeout - retry.clock())
+        if wait <= 0:
+            raise ModelQueryError(f"model call ran out of time after {attempt - 1} attempt(s)")
+        try:
+            data = self._client.post(
+                "/chat/completions",
+                cast_to=object,
+                content=body,
+                options={
+                    "max_retries": 0,
+                    "timeout": openai.Timeout(wait, connect=min(self.connect_timeout, wait)),
+                    "headers": {"Content-Type": "application/json"},
+                },
+            )
+        except openai.APIStatusError as exc:
+            text = error_text(exc.body) or exc.message
+            if is_context_overflow(exc.status_code, text):
+                raise ContextOverflow(f"HTTP {exc.status_code}: {text[:500]}") from exc
+            if exc.status_code != 429 and exc.status_code < 500:
+                raise ModelQueryError(f"model call refused: HTTP {exc.status_code}: {text[:500]}") from exc
+            asked = retry.retry_after(exc.response.headers.get("retry-after"))
+            raise _TryAgain(f"HTTP {exc.status_code}: {text[:300]}", asked) from exc
+        except openai.APITimeoutError as exc:
+            raise _TryAgain(f"timed out after {wait:.1f}s") from exc
+        except openai.APIConnectionError as exc:
+            raise _TryAgain(f"connection error: {_cause(exc)}") from exc
+        except openai.OpenAIError as exc:
+            raise ModelQueryError(f"model call failed: {type(exc).__name__}: {exc}") from exc
+        except ValueError as exc:  # a 200 whose body is not JSON: a cut or garbled answer, worth another try
+            raise _TryAgain(f"answered with invalid JSON: {exc}") from exc
+        try:
+            reply = self._reply(data, started, retry.clock(), attempt)
+        except ModelQueryError as exc:  # a 200 without a usable message or aborted: the same
+            if isinstance(exc, AbortedReply) and exc.usage is not None:
+                aborted.append(exc.usage)
+            raise _TryAgain(str(exc)) from exc
+        self._note_text_calls(reply)
+        return reply
 
     def _note_text_calls(self, reply: ModelReply) -> None:
         """Warn (once per server) when a call came as text: the server runs without
@@ -429,7 +432,7 @@ class OpenAIChatModel:
                 hint="start SGLang with --tool-call-parser qwen3_coder; calls are read from the text meanwhile",
             )
 
-    def _reply(self, data: Any, started: float, attempts: int) -> ModelReply:
+    def _reply(self, data: Any, started: float, now: float, attempts: int) -> ModelReply:
         if isinstance(data, str | bytes):
             try:
                 data = json.loads(data)
@@ -449,7 +452,7 @@ class OpenAIChatModel:
             usage=usage,
             model=data.get("model"),
             response_id=data.get("id"),
-            elapsed_s=time.monotonic() - started,
+            elapsed_s=now - started,
             attempts=attempts,
         )
 
@@ -479,14 +482,19 @@ def _cause(exc: BaseException) -> str:
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
 
 
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
+class _TryAgain(Exception):
+    """A try that failed in a way another try may not: `retry_after` is the server's ask, in seconds."""
+
+    def __init__(self, error: str, retry_after: float | None = None) -> None:
+        super().__init__(error)
+        self.retry_after = retry_after
+
+
+def _gave_up(ending: GaveUp) -> ModelQueryError:
+    """The ModelQueryError a spent retry budget ends in: out of attempts, or out of time first."""
+    if ending.out_of_time:
+        return ModelQueryError(f"model call failed, no time left to retry: {ending.error}")
+    return ModelQueryError(f"model call failed after {ending.attempts} attempt(s): {ending.error}")
 
 
 class ReplayModel:
