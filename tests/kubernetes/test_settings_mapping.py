@@ -16,7 +16,7 @@ from sandbox.base import SandboxOptions
 from sandbox.kubernetes import KubernetesSandbox
 from sandbox.kubernetes_manifests import KubernetesOptions
 from sandbox.local import LocalOptions, LocalSandbox
-from sandbox.quantity import PROCESS_FLOOR_BYTES, SHM_SIZE_BYTES, parse_quantity
+from sandbox.quantity import PROCESS_FLOOR_BYTES, SHM_SIZE_BYTES, format_cpus, parse_cpus, parse_quantity
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.kubernetes.conftest import NAMESPACE, wire_to_double
 from worker.wiring import backend_options, open_job_sandbox, sandbox_options, sandbox_spec
@@ -73,6 +73,13 @@ def test_local_backend_takes_the_same_sizes_and_cpus(monkeypatch: pytest.MonkeyP
         max_patch_bytes=settings.max_patch_bytes,
     )
     assert backend_options(settings) == LocalOptions()
+
+
+@pytest.mark.parametrize("cpus", ["2", "500m", "1500m", "1.5", "0.25", "16"])
+def test_cpus_go_to_the_pod_as_the_quantity_they_were(cpus: str) -> None:
+    """Settings' CPUs are a number in SandboxOptions; the pod gets them back as a quantity of the same value."""
+    assert parse_cpus(format_cpus(parse_cpus(cpus))) == parse_cpus(cpus)
+    assert format_cpus(parse_cpus(cpus)) == {"1.5": "1500m", "0.25": "250m"}.get(cpus, cpus)
 
 
 CHANGED = {  # every setting a sandbox reads, away from its default (the local sizes fit in the memory)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from sandbox import open_sandbox
-from sandbox.base import CommandResult, SandboxError, SandboxLimits, SandboxSpec, SandboxUnavailable
+from sandbox.base import CommandResult, SandboxError, SandboxLimits, SandboxOptions, SandboxSpec, SandboxUnavailable
+from sandbox.kubernetes_manifests import KubernetesOptions
 from sandbox.local import LocalOptions, LocalSandbox
 from tests.sandbox.conftest import TEST_LIMITS
 from tests.sandbox.support import bash, leaf_bash, skip_unless_root
@@ -75,6 +76,10 @@ def test_factory(workspace: Path) -> None:
         open_sandbox(spec, backend="chroot")
     with pytest.raises(SandboxUnavailable, match="kubernetes"):
         open_sandbox(spec, backend="kubernetes")
+    with pytest.raises(TypeError, match="the local backend takes LocalOptions"):
+        open_sandbox(spec, "local", SandboxOptions(), KubernetesOptions())
+    with pytest.raises(TypeError, match="the kubernetes backend takes KubernetesOptions"):
+        open_sandbox(spec, "kubernetes", SandboxOptions(), LocalOptions())
 
 
 @bwrap
