@@ -172,13 +172,13 @@ class KubernetesSandbox(RunnerClient):
         self.spec = spec
         self.namespace = kube.namespace
         self.image = spec.image or kube.default_image
-        if not self.image or any(ch.isspace() for ch in self.image):
-            raise ValueError(f"invalid sandbox image {self.image!r}")
         self.python = kube.python
         self.start_timeout_s = options.start_timeout_s
         self.api_timeout_s = kube.api_timeout_s
         self._take_folders(spec)
         self.reclaim = kube.reclaim and self.setup is None
+        if not self.image or any(ch.isspace() for ch in self.image):
+            raise ValueError(f"invalid sandbox image {self.image!r}")
         self.env = pod_env(spec.env)
         self.name = sandbox_name(spec.labels)
         self.labels = {**COMMON_LABELS, **job_labels(spec.labels), LABEL_SANDBOX: self.name}
