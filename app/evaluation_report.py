@@ -402,8 +402,15 @@ def _limits_line(counts: Mapping[str, int]) -> str:
 
 def to_markdown(report: Mapping[str, Any]) -> str:
     """The report for people: the overall figures, gained and lost tasks, then one row per task."""
+    counts = report["recorded"].get("attempts") or [1]  # the recorded run's attempt counts: pass@n only for one n
+    lines = [*_figure_lines(report, counts), *_comparison_lines(report, counts), *_task_lines(report)]
+    return "\n".join(lines) + "\n"
+
+
+def _figure_lines(report: Mapping[str, Any], counts: list[int]) -> list[str]:
+    """The title, what was evaluated, and the table of the candidate's and the recorded run's rates."""
     k = report["attempts_per_task"]
-    cand, rec, human = report["candidate"], report["recorded"], report["human"]
+    cand, rec = report["candidate"], report["recorded"]
     complete = f"all {k} attempts" if k > 1 else "its attempt"
     lines = [
         f"# Evaluation {report['evaluation']}: {report['model']}",
@@ -417,17 +424,22 @@ def to_markdown(report: Mapping[str, Any]) -> str:
         "|---|---|---|",
         f"| solve rate (Wilson 95%) | {_figure_text(cand['solve_rate'])} | {_figure_text(rec['solve_rate'])} |",
     ]
-    counts = rec.get("attempts") or [1]  # the recorded run's attempt counts: its rate is pass@n only for one n
     for i in range(1, k + 1):
         recorded = _figure_text(rec["solve_rate"]) if counts == [i] else "n/a"
         lines.append(f"| pass@{i} (bootstrap 95%) | {_figure_text(cand[f'pass@{i}'])} | {recorded} |")
         if f"chosen@{i}" in cand:
             lines.append(f"| chosen@{i} (bootstrap 95%) | {_figure_text(cand[f'chosen@{i}'])} | n/a |")
     lines.append(f"| tasks solved | {cand['tasks_solved']} | {rec['tasks_solved']} |")
+    return lines
+
+
+def _comparison_lines(report: Mapping[str, Any], counts: list[int]) -> list[str]:
+    """Gained, lost and not comparable tasks, the unrunnable ones, the human verdicts and the limits."""
     other = report.get("not_comparable", [])
-    lines += [
+    selection = report.get("selection")
+    lines = [
         "",
-        *([_selection_line(report["selection"], k), ""] if report.get("selection") else []),
+        *([_selection_line(selection, report["attempts_per_task"]), ""] if selection else []),
         f"Gained ({len(report['gained'])}): {', '.join(report['gained']) or 'none'}  ",
         f"Lost ({len(report['lost'])}): {', '.join(report['lost']) or 'none'}  ",
         f"Not comparable ({len(other)}): {', '.join(other) or 'none'}",
@@ -442,14 +454,21 @@ def to_markdown(report: Mapping[str, Any]) -> str:
               for u in unrunnable],
             "",
         ]
-    open_mrs = human["open"]
-    lines += [
+    human = report["human"]
+    return [
+        *lines,
         f"Human verdicts: {human['merged_solved']} of {human['merged']} merged MRs solved; "
         f"{human['closed_unmerged_solved']} of {human['closed_unmerged']} closed-unmerged MRs \"solved\"; "
-        f"{counted(open_mrs, 'MR')} still open; {counted(human['unknown'], 'task')} with no known verdict.",
+        f"{counted(human['open'], 'MR')} still open; {counted(human['unknown'], 'task')} with no known verdict.",
         "",
         _limits_line(report.get("limits") or {}),
         "",
+    ]
+
+
+def _task_lines(report: Mapping[str, Any]) -> list[str]:
+    """One row per task: its recorded result, each attempt (solved/exit/steps) and its costs."""
+    lines = [
         "| task | project | recorded | attempts (solved/exit/steps) | tokens | cached | model s | wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -464,4 +483,4 @@ def to_markdown(report: Mapping[str, Any]) -> str:
             f"| {row['tokens']} | {_share(row['cached_share'])} "
             f"| {row['model_seconds']:.1f} | {row['wall_seconds']:.1f} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines

@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sandbox.base import SandboxLimits, SandboxSpec
 from sandbox.kubernetes import KubernetesSandbox
-from sandbox.kubernetes_manifests import RUNNER_PATH, WORKSPACE
+from sandbox.kubernetes_manifests import RUNNER_PATH, WORKSPACE, KubernetesOptions
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 
 CALLS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -110,18 +110,17 @@ def main() -> int:
         handle.writelines(f"value_{i} = {i}  # a line of code\n" for i in range(200))
     spec = SandboxSpec(workspace=workspace, limits=SandboxLimits(wall_seconds=3600))
     try:
-        with (
-            KubernetesApiDouble(latency_s=options.rtt_ms / 1000, tls=tls) as kube,
-            KubernetesSandbox(spec, configuration=kube.configuration(), python=PYTHON, reclaim=False) as sandbox,
-        ):
-            leaf = LeafWay(sandbox, PYTHON)
-            rows = []
-            for label, (name, arguments) in CALLS.items():
-                ours = measure(kube, tls, lambda n=name, a=arguments: sandbox.call_tool(n, a), options.calls)
-                theirs = measure(kube, tls, lambda n=name, a=arguments: leaf.call(n, a), options.calls)
-                if ours[3] != theirs[3]:
-                    raise SystemExit(f"{label}: the two ways answered differently")
-                rows.append((label, ours, theirs))
+        with KubernetesApiDouble(latency_s=options.rtt_ms / 1000, tls=tls) as kube:
+            cluster = KubernetesOptions(configuration=kube.configuration(), python=PYTHON, reclaim=False)
+            with KubernetesSandbox(spec, kube=cluster) as sandbox:
+                leaf = LeafWay(sandbox, PYTHON)
+                rows = []
+                for label, (name, arguments) in CALLS.items():
+                    ours = measure(kube, tls, lambda n=name, a=arguments: sandbox.call_tool(n, a), options.calls)
+                    theirs = measure(kube, tls, lambda n=name, a=arguments: leaf.call(n, a), options.calls)
+                    if ours[3] != theirs[3]:
+                        raise SystemExit(f"{label}: the two ways answered differently")
+                    rows.append((label, ours, theirs))
         scheme = "HTTPS" if tls else "HTTP"
         print(
             f"transport: the Kubernetes API double over {scheme} + WebSocket on 127.0.0.1 (the real kubernetes "

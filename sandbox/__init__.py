@@ -2,12 +2,14 @@
 
 What is inside:
 - `base.py`: the `Sandbox` protocol, its data types (`SandboxSpec`, `SandboxLimits`,
-  `CommandResult`) and errors (`SandboxError`, `SandboxUnavailable`, `PatchTooLarge`).
+  `SandboxOptions`: what both backends take from settings, `CommandResult`) and errors
+  (`SandboxError`, `SandboxUnavailable`, `PatchTooLarge`).
 - `runner.py`: the stdlib-only program that runs *inside* a sandbox (Leaf's tools, pipeline
   commands, the patch) and answers JSON lines; its error replies carry a `code`.
 - `runner_client.py`: FrogFix's side of that protocol, once for both backends: `RunnerClient`
   over a one-method `RunnerChannel`.
-- `local.py`: `LocalSandbox`, bubblewrap around one runner, its channel over bwrap's pipes;
+- `local.py`: `LocalSandbox`, bubblewrap around one runner, its channel over bwrap's pipes, and
+  `LocalOptions` (what only it takes);
   `namespace_limits.py`: the limits bwrap cannot set (tmpfs inodes, System V IPC) and the helper
   script that sets them.
 - `cgroups.py`: the local sandbox's own cgroup (memory, pids, CPU of all its processes): where this
@@ -19,10 +21,11 @@ What is inside:
 - `quantity.py`: stdlib only: the size syntax (`4Gi`, `500m`) both backends and the settings read,
   and `check_local_memory`, the rule that a local sandbox's tmpfs fit in its memory.
 - `kubernetes.py`: `KubernetesSandbox`, one pod per attempt; `kubernetes_manifests.py` (the pod's
-  and its NetworkPolicy's manifests, labels and names, pure), `kubernetes_cluster.py` (the API
-  client, and `reap()` for leftovers), `kubernetes_stream.py` (the exec stream and the channel over
-  it) and `kubernetes_recovery.py` (the journal that rebuilds a pod after a broken stream) serve it.
-- `factory.py`: `open_sandbox(spec, backend)`.
+  and its NetworkPolicy's manifests, labels and names, and `KubernetesOptions`, what only that
+  backend takes; pure), `kubernetes_cluster.py` (the API client, and `reap()` for leftovers),
+  `kubernetes_stream.py` (the exec stream and the channel over it) and `kubernetes_recovery.py`
+  (the journal that rebuilds a pod after a broken stream) serve it.
+- `factory.py`: `open_sandbox(spec, backend, options, backend_options)`.
 
 What may import what: this package imports nothing else of FrogFix (the worker and the agent loop
 import it, never the reverse; `app/settings.py` imports `quantity` alone). Inside, `quantity`,
@@ -43,6 +46,7 @@ from sandbox.base import (
     Sandbox,
     SandboxError,
     SandboxLimits,
+    SandboxOptions,
     SandboxSpec,
     SandboxUnavailable,
 )
@@ -54,6 +58,7 @@ __all__ = [
     "Sandbox",
     "SandboxError",
     "SandboxLimits",
+    "SandboxOptions",
     "SandboxSpec",
     "SandboxUnavailable",
     "open_sandbox",

@@ -45,6 +45,30 @@ class SandboxLimits:
 
 
 @dataclass(frozen=True)
+class SandboxOptions:
+    """How a backend runs every sandbox it opens: what both backends have, the same for each job.
+
+    Built once from settings (worker/wiring.py `sandbox_options`); what only one backend has is its own
+    options type (`local.LocalOptions`, `kubernetes_manifests.KubernetesOptions`), and what differs per
+    sandbox is its `SandboxSpec`. Sizes are bytes and CPUs a number, whichever backend reads them
+    (settings write them as quantities, sandbox/quantity.py): locally the tmpfs sizes and the cgroup's
+    CPU bound, in a pod its emptyDirs' size limits and its CPU request and limit.
+    `start_timeout_s` covers the start up to the runner's first answer (locally the checkout's copy
+    in, in a pod its scheduling and image pull too: FROGFIX_SANDBOX_START_TIMEOUT_SECONDS, 300 s by
+    default, is what jobs get). `runner_script` replaces sandbox/runner.py (tests' fake runners).
+    """
+
+    cpus: float = 2.0
+    workspace_size_bytes: int = 2 * 1024**3  # the defaults of FROGFIX_SANDBOX_WORKSPACE_SIZE and _TMP_SIZE
+    tmp_size_bytes: int = 512 * 1024**2
+    start_timeout_s: float = 30.0
+    tool_timeout_s: float = 300.0
+    reply_grace_s: float = 30.0
+    max_patch_bytes: int = 64 * 1024**2
+    runner_script: str | None = None
+
+
+@dataclass(frozen=True)
 class CommandResult:
     """The outcome of a command run by the pipeline (not by the model), for example the tests."""
 

@@ -53,6 +53,7 @@ import socket
 import sys
 import time
 import types
+from typing import NoReturn
 
 PR_SET_PDEATHSIG = 1
 
@@ -337,29 +338,53 @@ def _limit(request: dict, fds: list[int], worker_fd: int) -> dict:
     err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        status = 1
-        try:
-            _as_launched()
-            null = os.open(os.devnull, os.O_RDONLY)
-            _place([null, out_w, err_w, fds[0]], [0, 1, 2, 3])
-            sys.argv = ["limit", json.dumps(config)]
-            try:
-                exec(code, {"__name__": "__main__"})
-                status = 0
-            except SystemExit as exc:
-                status = exc.code if isinstance(exc.code, int) else 1
-            except BaseException as exc:  # anything is the script's failure, told on stderr
-                sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
-        finally:
-            with contextlib.suppress(BaseException):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(status)
+        _run_limit_script(code, config, [out_w, err_w, fds[0]])  # never returns
     os.close(out_w)
     os.close(err_w)
     deadline = time.monotonic() + float(request.get("timeout", 30.0))
-    output = {out_r: b"", err_r: b""}
-    open_fds = [out_r, err_r]
+    output, why = _read_until_closed([out_r, err_r], worker_fd, deadline)
+    for fd in (out_r, err_r):
+        os.close(fd)
+    if why:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        return {"returncode": -int(signal.SIGKILL), "stdout": "", "stderr": why}
+    _, status = os.waitpid(pid, 0)  # both its pipes closed: it is exiting
+    return {
+        "returncode": os.waitstatus_to_exitcode(status),
+        "stdout": output[out_r].decode(errors="replace"),
+        "stderr": output[err_r].decode(errors="replace"),
+    }
+
+
+def _run_limit_script(code: types.CodeType, config: dict, fds: list[int]) -> NoReturn:
+    """The limit fork: stdout, stderr and the pidfd (`fds`) on 1, 2 and 3, stdin /dev/null, then the
+    script with its config as argv[1]; its exit status is the script's (1 for anything it raised)."""
+    status = 1
+    try:
+        _as_launched()
+        null = os.open(os.devnull, os.O_RDONLY)
+        _place([null, *fds], [0, 1, 2, 3])
+        sys.argv = ["limit", json.dumps(config)]
+        try:
+            exec(code, {"__name__": "__main__"})
+            status = 0
+        except SystemExit as exc:
+            status = exc.code if isinstance(exc.code, int) else 1
+        except BaseException as exc:  # anything is the script's failure, told on stderr
+            sys.stderr.write(f"{type(exc).__name__}: {exc}\n")
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
+
+
+def _read_until_closed(fds: list[int], worker_fd: int, deadline: float) -> tuple[dict[int, bytes], str]:
+    """Everything written on `fds` until each is closed; with why it stopped early ("timed out", or
+    "the worker is gone" when `worker_fd` reads as closed), else ""."""
+    output = {fd: b"" for fd in fds}
+    open_fds = list(fds)
     why = ""
     while open_fds and not why:
         left = deadline - time.monotonic()
@@ -376,18 +401,7 @@ def _limit(request: dict, fds: list[int], worker_fd: int) -> dict:
                 output[fd] += chunk
             else:
                 open_fds.remove(fd)
-    for fd in (out_r, err_r):
-        os.close(fd)
-    if why:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-        return {"returncode": -int(signal.SIGKILL), "stdout": "", "stderr": why}
-    _, status = os.waitpid(pid, 0)  # both its pipes closed: it is exiting
-    return {
-        "returncode": os.waitstatus_to_exitcode(status),
-        "stdout": output[out_r].decode(errors="replace"),
-        "stderr": output[err_r].decode(errors="replace"),
-    }
+    return output, why
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ import tarfile
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from typing import Any, cast
 
 from sandbox.base import (
@@ -59,6 +59,7 @@ from sandbox.base import (
     SETUP_FILES_DIR,
     TOOLS_DIR,
     SandboxError,
+    SandboxOptions,
     SandboxSpec,
     SandboxUnavailable,
 )
@@ -71,15 +72,14 @@ from sandbox.kubernetes_cluster import configured_api_client
 from sandbox.kubernetes_manifests import (
     COMMON_LABELS,
     CONTAINER,
-    DEFAULT_IMAGE,
-    DEFAULT_NAMESPACE,
     HOME,
     LABEL_SANDBOX,
     RUNNER_DIR,
     RUNNER_DIR_SIZE,
     RUNNER_PATH,
-    SANDBOX_UID,
     WORKSPACE,
+    KubernetesOptions,
+    PodShape,
     check_storage,
     in_runner_dir,
     job_labels,
@@ -102,7 +102,7 @@ from sandbox.kubernetes_stream import (
 )
 from sandbox.kubernetes_tunnel import IndexTunnel
 from sandbox.polling import poll_until
-from sandbox.quantity import format_quantity, parse_quantity
+from sandbox.quantity import format_cpus, format_quantity, parse_quantity
 from sandbox.runner_client import RunnerBroken, RunnerClient, read_runner_source
 
 log = logging.getLogger(__name__)
@@ -151,49 +151,15 @@ class KubernetesSandbox(RunnerClient):
     """
 
     def __init__(
-        self,
-        spec: SandboxSpec,
-        *,
-        namespace: str = DEFAULT_NAMESPACE,
-        default_image: str = DEFAULT_IMAGE,
-        configuration: Any = None,
-        kubeconfig: str | None = None,
-        context: str | None = None,
-        cpu: str = "2",
-        memory: str | None = None,
-        ephemeral_storage: str = "6Gi",
-        workspace_size: str = "2Gi",  # the defaults of FROGFIX_SANDBOX_WORKSPACE_SIZE and _TMP_SIZE
-        tmp_size: str = "512Mi",
-        image_pull_policy: str = "IfNotPresent",
-        image_pull_secrets: Sequence[str] = (),
-        service_account: str | None = None,
-        runtime_class: str | None = None,
-        priority_class: str | None = None,
-        node_selector: Mapping[str, str] | None = None,
-        tolerations: Sequence[Mapping[str, Any]] = (),
-        run_as_user: int = SANDBOX_UID,
-        python: str = "python3",
-        reclaim: bool = True,
-        start_timeout_s: float = 300.0,
-        tool_timeout_s: float = 300.0,
-        reply_grace_s: float = 30.0,
-        api_timeout_s: float = 30.0,
-        delete_wait_s: float = 30.0,
-        max_patch_bytes: int = 64 * 1024**2,
-        max_recoveries: int = 2,
-        runner_script: str | None = None,
-        environment_size: str = "2Gi",  # FROGFIX_ENVIRONMENT_SIZE: the job pods' ENV_DIR volume
+        self, spec: SandboxSpec, options: SandboxOptions | None = None, kube: KubernetesOptions | None = None
     ) -> None:
         """Create the policy, then the pod; copy the workspace in; start the runner.
 
         Raises SandboxUnavailable when any of that fails (after deleting what was created).
-        `configuration` is a `kubernetes.client.Configuration`; without it the in-cluster
-        service account is used, else `kubeconfig`/`context` (or ~/.kube/config).
-        `memory` defaults to `spec.limits.memory_bytes`. `reclaim` lets the runner kill every
-        other process in the pod when a fork bomb has used up the pod's pids.
+        The pod's memory is `kube.memory`, else `spec.limits.memory_bytes`.
 
         `spec.environment` (a built test environment on the host) is copied into an ENV_DIR volume
-        of `environment_size` with the workspace, and `spec.project` (the job's project layer) into
+        of `kube.environment_size` with the workspace, and `spec.project` (the job's project layer) into
         PROJECT_DIR; each pod has its own copy, so nothing a job does reaches the cache. `spec.setup`
         makes a setup pod: the build files and tools copied in, its empty `target` (an ENV_DIR volume
         of the setup's size, or PROJECT_DIR in a runner folder grown by that size), the index tunnel
@@ -201,35 +167,19 @@ class KubernetesSandbox(RunnerClient):
         traffic), no `reclaim` (it would kill the tunnel) and no recovery (a broken build is built
         again by a later job).
         """
-        super().__init__(
-            spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
-        )
+        self.options = options = options or SandboxOptions()
+        self.kube = kube = kube or KubernetesOptions()
+        super().__init__(spec.limits, options)
         self.spec = spec
-        self.namespace = namespace
-        self.image = spec.image or default_image
-        self.python = python
-        self.reclaim = reclaim
-        self.start_timeout_s = start_timeout_s
-        self.api_timeout_s = api_timeout_s
-        self.workspace = os.path.realpath(spec.workspace)
-        if not os.path.isdir(self.workspace):
-            raise SandboxError(f"workspace {spec.workspace} is not a directory")
-        self.setup = spec.setup
-        self.project = os.path.realpath(spec.project) if spec.project is not None else None
-        self.environment = os.path.realpath(spec.environment) if spec.environment is not None else None
-        if self.environment is not None and not os.path.isdir(self.environment):
-            raise SandboxError(f"the built environment {spec.environment} is not a directory")
-        if self.setup is not None:
-            reclaim, max_recoveries = False, 0
+        self.namespace = kube.namespace
+        self.image = spec.image or kube.default_image
+        self.python = kube.python
+        self.start_timeout_s = options.start_timeout_s
+        self.api_timeout_s = kube.api_timeout_s
+        self._take_folders(spec)
+        self.reclaim = kube.reclaim and self.setup is None
         if not self.image or any(ch.isspace() for ch in self.image):
             raise ValueError(f"invalid sandbox image {self.image!r}")
-        check_storage(workspace_size, tmp_size, ephemeral_storage)
-        memory = memory or format_quantity(spec.limits.memory_bytes)
-        env_volume, runner_dir = self._volume_sizes(environment_size)
-        extra = (parse_quantity(env_volume) if env_volume else 0) + parse_quantity(runner_dir)
-        extra -= parse_quantity(RUNNER_DIR_SIZE)
-        storage = format_quantity(parse_quantity(ephemeral_storage) + extra) if extra else ephemeral_storage
-        self.resources = {"cpu": cpu, "memory": memory, "ephemeral-storage": storage}
         self.env = pod_env(spec.env)
         self.name = sandbox_name(spec.labels)
         self.labels = {**COMMON_LABELS, **job_labels(spec.labels), LABEL_SANDBOX: self.name}
@@ -237,20 +187,14 @@ class KubernetesSandbox(RunnerClient):
         self._wall_s = wall if math.isfinite(wall) and wall > 0 else 7 * 24 * 3600.0
         self._deadline = time.monotonic() + self._wall_s
         self.deadline_at = rfc3339(time.time() + self._wall_s)
-        self._pod_options: dict[str, Any] = {
-            "image": self.image, "labels": self.labels, "env": self.env, "deadline": self.deadline_at,
-            "resources": self.resources, "workspace_size": workspace_size, "tmp_size": tmp_size, "python": python,
-            "run_as_user": run_as_user, "image_pull_policy": image_pull_policy,
-            "image_pull_secrets": tuple(image_pull_secrets), "service_account": service_account,
-            "runtime_class": runtime_class, "priority_class": priority_class, "node_selector": node_selector,
-            "tolerations": tuple(tolerations), "runner_dir_size": runner_dir, "environment_size": env_volume,
-        }  # fmt: skip
-        self._runner_source = read_runner_source(runner_script)
+        self.pod_shape = self._shape()
+        self.resources = dict(self.pod_shape.resources)
+        self._runner_source = read_runner_source(options.runner_script)
         self.pod_name = ""
         self._generation = 0
-        api = configured_api_client(configuration, kubeconfig, context)
-        self._res = _Resources(api, namespace, delete_wait_s, api_timeout_s)
-        self._open(max_recoveries)
+        api = configured_api_client(kube.configuration, kube.kubeconfig, kube.context)
+        self._res = _Resources(api, self.namespace, kube.delete_wait_s, kube.api_timeout_s)
+        self._open(kube.max_recoveries if self.setup is None else 0)
 
     @property
     def recoveries(self) -> int:
@@ -316,6 +260,41 @@ class KubernetesSandbox(RunnerClient):
 
     # ------------------------------------------------------------------------- start
 
+    def _take_folders(self, spec: SandboxSpec) -> None:
+        """The host folders the pod gets copies of: the workspace, a built environment, the project layer."""
+        self.workspace = os.path.realpath(spec.workspace)
+        if not os.path.isdir(self.workspace):
+            raise SandboxError(f"workspace {spec.workspace} is not a directory")
+        self.setup = spec.setup
+        self.project = os.path.realpath(spec.project) if spec.project is not None else None
+        self.environment = os.path.realpath(spec.environment) if spec.environment is not None else None
+        if self.environment is not None and not os.path.isdir(self.environment):
+            raise SandboxError(f"the built environment {spec.environment} is not a directory")
+
+    def _shape(self) -> PodShape:
+        """The pods' shape: the sizes from the options, the storage grown by what is copied into the
+        runner's folder and the ENV_DIR volume, the memory from the limits unless the options set it."""
+        options, kube = self.options, self.kube
+        check_storage(options.workspace_size_bytes, options.tmp_size_bytes, kube.ephemeral_storage)
+        env_volume, runner_dir = self._volume_sizes(kube.environment_size)
+        extra = (parse_quantity(env_volume) if env_volume else 0) + parse_quantity(runner_dir)
+        extra -= parse_quantity(RUNNER_DIR_SIZE)
+        storage = kube.ephemeral_storage
+        if extra:
+            storage = format_quantity(parse_quantity(storage) + extra)
+        memory = kube.memory or format_quantity(self.limits.memory_bytes)
+        return PodShape(
+            image=self.image,
+            labels=self.labels,
+            env=self.env,
+            deadline=self.deadline_at,
+            resources={"cpu": format_cpus(options.cpus), "memory": memory, "ephemeral-storage": storage},
+            workspace_size=format_quantity(options.workspace_size_bytes),
+            tmp_size=format_quantity(options.tmp_size_bytes),
+            runner_dir_size=runner_dir,
+            environment_size=env_volume,
+        )
+
     def _volume_sizes(self, environment_size: str) -> tuple[str | None, str]:
         """(the ENV_DIR volume's size or None, the runner folder's size): a setup pod's holds its tools
         too, and the project layer it fills or a job pod's copy of it."""
@@ -380,7 +359,7 @@ class KubernetesSandbox(RunnerClient):
     def pod_manifest(self, name: str | None = None) -> dict[str, Any]:
         """The pod this sandbox creates (now: the deadline shrinks for a recreated pod)."""
         remaining = max(1, math.ceil(self._deadline - time.monotonic()))
-        return pod_manifest(name or self.name, self.namespace, active_deadline_s=remaining, **self._pod_options)
+        return pod_manifest(name or self.name, self.kube, self.pod_shape, remaining)
 
     def policy_manifest(self) -> dict[str, Any]:
         return network_policy_manifest(self.name, self.namespace, self.labels, self.deadline_at)
@@ -488,13 +467,13 @@ class KubernetesSandbox(RunnerClient):
     def _upload(self, name: str) -> None:
         """The workspace and the runner, as one tar stream into the pod's emptyDirs."""
         argv = [self.python, "-I", "-S", "-B", "-c", EXTRACT, WORKSPACE, RUNNER_DIR, HOME]
-        if self._pod_options["environment_size"] is not None:
+        if self.pod_shape.environment_size is not None:
             argv.append(ENV_DIR)
         stream = self._open_exec(name, argv)
         try:
             try:
                 writer = StdinWriter(stream)
-                uid = int(self._pod_options["run_as_user"])
+                uid = self.kube.run_as_user
                 with tarfile.open(fileobj=cast(Any, writer), mode="w|", format=tarfile.PAX_FORMAT) as archive:
                     archive.add(self.workspace, arcname="workspace", filter=lambda info: tar_entry(info, uid))
                     self._add_environment(archive, uid)

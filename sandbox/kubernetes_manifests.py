@@ -14,6 +14,7 @@ import secrets
 import shlex
 import tarfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +24,7 @@ from sandbox.base import (
 from sandbox.environment_stream import (
     ENVIRONMENT_VOLUME,
 )
-from sandbox.quantity import parse_quantity
+from sandbox.quantity import format_quantity, parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -83,35 +84,83 @@ def network_policy_manifest(name: str, namespace: str, labels: Mapping[str, str]
     }
 
 
-def pod_manifest(
-    name: str,
-    namespace: str,
-    *,
-    image: str,
-    labels: Mapping[str, str],
-    env: Mapping[str, str],
-    deadline: str,
-    active_deadline_s: int,
-    resources: Mapping[str, str],
-    workspace_size: str,
-    tmp_size: str,
-    python: str = "python3",
-    run_as_user: int = SANDBOX_UID,
-    image_pull_policy: str = "IfNotPresent",
-    image_pull_secrets: Sequence[str] = (),
-    service_account: str | None = None,
-    runtime_class: str | None = None,
-    priority_class: str | None = None,
-    node_selector: Mapping[str, str] | None = None,
-    tolerations: Sequence[Mapping[str, Any]] = (),
-    runner_dir_size: str = RUNNER_DIR_SIZE,
-    environment_size: str | None = None,
-) -> dict[str, Any]:
-    """The sandbox pod: see the module docstring for why each field is what it is.
+@dataclass(frozen=True)
+class KubernetesOptions:
+    """What only the Kubernetes backend has, beside `base.SandboxOptions` (which both backends share).
+
+    `configuration` is a `kubernetes.client.Configuration`; without it the in-cluster service account
+    is used, else `kubeconfig`/`context` (or ~/.kube/config). `memory` is the pod's memory when
+    FROGFIX_SANDBOX_MEMORY is set (None: the spec's `limits.memory_bytes`). `environment_size`
+    (FROGFIX_ENVIRONMENT_SIZE) bounds the job pods' ENV_DIR volume. `python` is the image's interpreter
+    for the init, the copy-in and the runner. `reclaim` lets the runner kill every other process in
+    the pod when a fork bomb has used up the pod's pids (never in a setup pod: it would kill the
+    tunnel). A broken exec stream is recovered at most `max_recoveries` times (kubernetes_recovery.py).
+    The rest shapes the pod where the operator wants it (pull secrets, service account, runtime and
+    priority classes, node selector, tolerations).
+    """
+
+    namespace: str = DEFAULT_NAMESPACE
+    default_image: str = DEFAULT_IMAGE
+    configuration: Any = None
+    kubeconfig: str | None = None
+    context: str | None = None
+    memory: str | None = None
+    ephemeral_storage: str = "6Gi"
+    environment_size: str = "2Gi"
+    python: str = "python3"
+    reclaim: bool = True
+    run_as_user: int = SANDBOX_UID
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: Sequence[str] = ()
+    service_account: str | None = None
+    runtime_class: str | None = None
+    priority_class: str | None = None
+    node_selector: Mapping[str, str] | None = None
+    tolerations: Sequence[Mapping[str, Any]] = ()
+    api_timeout_s: float = 30.0
+    delete_wait_s: float = 30.0
+    max_recoveries: int = 2
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """What one sandbox's pods are made of besides the backend's options: its image, labels, env,
+    deadline, resources and volume sizes (a recreated pod has the same shape, a shorter deadline).
 
     `environment_size`: a size-limited emptyDir at ENV_DIR for the job's test environment (copied
     in with the workspace) or, in a setup pod, for the one it builds."""
-    restricted = {"runAsNonRoot": True, "runAsUser": run_as_user, "runAsGroup": run_as_user}
+
+    image: str
+    labels: Mapping[str, str]
+    env: Mapping[str, str]
+    deadline: str
+    resources: Mapping[str, str]
+    workspace_size: str
+    tmp_size: str
+    runner_dir_size: str = RUNNER_DIR_SIZE
+    environment_size: str | None = None
+
+
+def pod_manifest(name: str, options: KubernetesOptions, shape: PodShape, active_deadline_s: int) -> dict[str, Any]:
+    """The sandbox pod: see the module docstring for why each field is what it is."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": options.namespace,
+            "labels": dict(shape.labels),
+            "annotations": {ANNOTATION_DEADLINE: shape.deadline},
+        },
+        "spec": _pod_spec(options, shape, active_deadline_s),
+    }
+
+
+def _pod_spec(options: KubernetesOptions, shape: PodShape, active_deadline_s: int) -> dict[str, Any]:
+    """No host namespace, token or service link; non-root and restricted; DNS that fails at once."""
+    uid = options.run_as_user
+    restricted = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid}
+    container = _container(shape, options.image_pull_policy, options.python, restricted)
     spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -125,60 +174,49 @@ def pod_manifest(
         "hostname": HOSTNAME,
         "dnsPolicy": "None",
         "dnsConfig": {"nameservers": ["127.0.0.1"]},
-        "securityContext": {**restricted, "fsGroup": run_as_user, "seccompProfile": SECCOMP},
-        "containers": [_container(image, image_pull_policy, python, env, resources, restricted)],
+        "securityContext": {**restricted, "fsGroup": uid, "seccompProfile": SECCOMP},
+        "containers": [container],
         "volumes": [
-            {"name": "workspace", "emptyDir": {"sizeLimit": workspace_size}},
-            {"name": "tmp", "emptyDir": {"sizeLimit": tmp_size}},
-            {"name": "frogfix", "emptyDir": {"sizeLimit": runner_dir_size}},
+            {"name": "workspace", "emptyDir": {"sizeLimit": shape.workspace_size}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": shape.tmp_size}},
+            {"name": "frogfix", "emptyDir": {"sizeLimit": shape.runner_dir_size}},
         ],
     }
-    if environment_size is not None:
-        spec["volumes"].append({"name": ENVIRONMENT_VOLUME, "emptyDir": {"sizeLimit": environment_size}})
-        spec["containers"][0]["volumeMounts"].append({"name": ENVIRONMENT_VOLUME, "mountPath": ENV_DIR})
-    if service_account:
-        spec["serviceAccountName"] = service_account
-    if image_pull_secrets:
-        spec["imagePullSecrets"] = [{"name": secret} for secret in image_pull_secrets]
-    if runtime_class:
-        spec["runtimeClassName"] = runtime_class
-    if priority_class:
-        spec["priorityClassName"] = priority_class
-    if node_selector:
-        spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        spec["tolerations"] = [dict(toleration) for toleration in tolerations]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": dict(labels),
-            "annotations": {ANNOTATION_DEADLINE: deadline},
-        },
-        "spec": spec,
-    }
+    if shape.environment_size is not None:
+        spec["volumes"].append({"name": ENVIRONMENT_VOLUME, "emptyDir": {"sizeLimit": shape.environment_size}})
+        container["volumeMounts"].append({"name": ENVIRONMENT_VOLUME, "mountPath": ENV_DIR})
+    return spec | _placement(options)
 
 
-def _container(
-    image: str,
-    pull_policy: str,
-    python: str,
-    env: Mapping[str, str],
-    resources: Mapping[str, str],
-    restricted: Mapping[str, Any],
-) -> dict[str, Any]:
+def _placement(options: KubernetesOptions) -> dict[str, Any]:
+    """The pod's fields that only an operator's options set: what it runs as and where it may run."""
+    fields: dict[str, Any] = {}
+    if options.service_account:
+        fields["serviceAccountName"] = options.service_account
+    if options.image_pull_secrets:
+        fields["imagePullSecrets"] = [{"name": secret} for secret in options.image_pull_secrets]
+    if options.runtime_class:
+        fields["runtimeClassName"] = options.runtime_class
+    if options.priority_class:
+        fields["priorityClassName"] = options.priority_class
+    if options.node_selector:
+        fields["nodeSelector"] = dict(options.node_selector)
+    if options.tolerations:
+        fields["tolerations"] = [dict(toleration) for toleration in options.tolerations]
+    return fields
+
+
+def _container(shape: PodShape, pull_policy: str, python: str, restricted: Mapping[str, Any]) -> dict[str, Any]:
     """The pod's one container: the reaping init as its main process, nothing writable but the
     size-limited emptyDirs, no privilege of any kind."""
     return {
         "name": CONTAINER,
-        "image": image,
+        "image": shape.image,
         "imagePullPolicy": pull_policy,
         "command": [python, "-I", "-S", "-B", "-c", INIT],
         "workingDir": WORKSPACE,
-        "env": [{"name": key, "value": value} for key, value in env.items()],
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "env": [{"name": key, "value": value} for key, value in shape.env.items()],
+        "resources": {"requests": dict(shape.resources), "limits": dict(shape.resources)},
         "securityContext": {
             **restricted,
             "allowPrivilegeEscalation": False,
@@ -241,13 +279,13 @@ def sandbox_name(labels: Mapping[str, str]) -> str:
     return f"{base}-{suffix}"
 
 
-def check_storage(workspace_size: str, tmp_size: str, ephemeral_storage: str) -> None:
+def check_storage(workspace_bytes: int, tmp_bytes: int, ephemeral_storage: str) -> None:
     """The emptyDirs (workspace, /tmp, the runner's folder) must fit the pod's ephemeral storage."""
-    needed = parse_quantity(workspace_size) + parse_quantity(tmp_size) + parse_quantity(RUNNER_DIR_SIZE)
+    needed = workspace_bytes + tmp_bytes + parse_quantity(RUNNER_DIR_SIZE)
     if needed > parse_quantity(ephemeral_storage):
         raise ValueError(
-            f"workspace_size {workspace_size} + tmp_size {tmp_size} + {RUNNER_DIR_SIZE} exceed "
-            f"ephemeral_storage {ephemeral_storage}"
+            f"workspace_size {format_quantity(workspace_bytes)} + tmp_size {format_quantity(tmp_bytes)} + "
+            f"{RUNNER_DIR_SIZE} exceed ephemeral_storage {ephemeral_storage}"
         )
 
 

@@ -77,7 +77,8 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import IO, Any
 
 from sandbox import cgroups
@@ -89,6 +90,7 @@ from sandbox.base import (
     SETUP_FILES_DIR,
     TOOLS_DIR,
     SandboxError,
+    SandboxOptions,
     SandboxSpec,
     SandboxUnavailable,
 )
@@ -171,6 +173,27 @@ STDERR_TAIL_BYTES = 16 * 1024
 _EOF = object()
 
 
+@dataclass(frozen=True)
+class LocalOptions:
+    """What only the bubblewrap backend has, beside `base.SandboxOptions` (which both backends share).
+
+    `python` runs the runner (None: python3 under /usr) and `bwrap` is bubblewrap (None: found on
+    PATH). `ro_binds` adds read-only host paths (a path, or (host path, sandbox path)), e.g. a Python
+    prefix the target's tests need. `host_uid`/`host_gid` apply only when FrogFix runs as root (None:
+    DEFAULT_HOST_UID/GID). `use_cgroups`: one cgroup per sandbox where the host allows it (see
+    sandbox/cgroups.py). Each writable tmpfs gets one inode per `bytes_per_inode` of its size (at
+    least MIN_TMPFS_INODES): creating a file past that fails with ENOSPC too.
+    """
+
+    python: str | None = None
+    bwrap: str | None = None
+    ro_binds: Sequence[str | tuple[str, str]] = ()
+    host_uid: int | None = None
+    host_gid: int | None = None
+    use_cgroups: bool = True
+    bytes_per_inode: int = BYTES_PER_INODE
+
+
 class LocalSandbox(RunnerClient):
     """A bubblewrap sandbox over one prepared workspace; implements `sandbox.base.Sandbox`.
 
@@ -179,85 +202,46 @@ class LocalSandbox(RunnerClient):
     """
 
     def __init__(
-        self,
-        spec: SandboxSpec,
-        *,
-        ro_binds: Iterable[str | tuple[str, str]] = (),
-        python: str | None = None,
-        bwrap: str | None = None,
-        host_uid: int | None = None,
-        host_gid: int | None = None,
-        tmp_size_bytes: int = 512 * 1024**2,
-        workspace_size_bytes: int = 2 * 1024**3,
-        cpus: float = 2.0,
-        use_cgroups: bool = True,
-        mount_point: str = MOUNT_POINT,
-        tool_timeout_s: float = 300.0,
-        reply_grace_s: float = 30.0,
-        start_timeout_s: float = 30.0,
-        max_patch_bytes: int = 64 * 1024**2,
-        runner_script: str | None = None,
-        bytes_per_inode: int = BYTES_PER_INODE,
+        self, spec: SandboxSpec, options: SandboxOptions | None = None, local: LocalOptions | None = None
     ) -> None:
         """Start the sandbox and its runner; raises SandboxUnavailable if that cannot work here.
 
-        `ro_binds` adds read-only host paths (a path, or (host path, sandbox path)), e.g. a
-        Python prefix the target's tests need. `python` is the interpreter that runs the runner
-        (default: python3 under /usr). `host_uid`/`host_gid` only apply when running as root.
-        The workspace and /tmp are tmpfs of `workspace_size_bytes` and `tmp_size_bytes` (a write
-        past them fails with ENOSPC); with `use_cgroups` (where the host allows, see sandbox/cgroups.py)
-        all processes together get `cpus`, max_processes tasks and `limits.memory_bytes` of memory,
-        which the tmpfs pages share (callers check the sizes fit: `quantity.check_local_memory`).
-        Each writable tmpfs gets one inode per `bytes_per_inode` of its size (at least
-        MIN_TMPFS_INODES): creating a file past that fails with ENOSPC too.
+        The workspace and /tmp are tmpfs of `options.workspace_size_bytes` and `tmp_size_bytes` (a
+        write past them fails with ENOSPC); with `local.use_cgroups` (where the host allows) all
+        processes together get `options.cpus`, max_processes tasks and `limits.memory_bytes` of
+        memory, which the tmpfs pages share (callers check the sizes fit: `quantity.check_local_memory`).
         """
-        super().__init__(
-            spec.limits, tool_timeout_s=tool_timeout_s, reply_grace_s=reply_grace_s, max_patch_bytes=max_patch_bytes
-        )
+        self.options = options = options or SandboxOptions()
+        self.local = local = local or LocalOptions()
+        super().__init__(spec.limits, options)
         self.spec = spec
-        self.mount_point = mount_point
-        self.workspace_size_bytes = workspace_size_bytes
-        self.bytes_per_inode = bytes_per_inode
         # Whether the sandbox's IPC namespace got `ipc_sysctls()` (see `_limit_namespaces`), and if not, why.
         self.ipc_limited = False
         self.ipc_problem = ""
         self.cgroup_limits = cgroups.CgroupLimits(
             memory_bytes=self.limits.memory_bytes,  # the one total: processes and in-RAM files together
             max_processes=self.limits.max_processes + PIDS_HEADROOM,
-            cpus=cpus,
+            cpus=options.cpus,
         )
-        self._use_cgroups = use_cgroups
         self._expired = False
         self._replies: queue.Queue[object] = queue.Queue()
         self._stderr = StderrTail(STDERR_TAIL_BYTES)
         self._res = _Resources()
         self._channel = _PipeChannel(self._res, self._replies)
 
-        self.bwrap = _find_bwrap(bwrap)
+        self.bwrap = _find_bwrap(local.bwrap)
         self.workspace = os.path.realpath(spec.workspace)
         if not os.path.isdir(self.workspace):
             raise SandboxError(f"workspace {spec.workspace} is not a directory")
         env = _sandbox_env(spec.env)
-        self.python = _find_python(python)
-        binds = _binds_with_python(env, spec.env, self.python, ro_binds)
-        self.host_ids = _host_ids(self.workspace, host_uid, host_gid)
-        runner_source = compiled_runner(self.python, read_runner_source(runner_script), RUNNER_IN_SANDBOX)
+        self.python = _find_python(local.python)
+        binds = _binds_with_python(env, spec.env, self.python, local.ro_binds)
+        self.host_ids = _host_ids(self.workspace, local.host_uid, local.host_gid)
+        runner_source = compiled_runner(self.python, read_runner_source(options.runner_script), RUNNER_IN_SANDBOX)
 
         # Runs once: on close(), or at interpreter exit if the caller never closed the sandbox.
         self._finalizer = weakref.finalize(self, _release, self._res)
-        binds += _environment_binds(spec)
-        try:
-            if self.host_ids is not None:
-                st = os.lstat(self.workspace)
-                self._res.workspace, self._res.owner = self.workspace, (st.st_uid, st.st_gid)
-                _chown_tree(self.workspace, *self.host_ids)
-                for src, _ in binds:
-                    _check_reachable(src, *self.host_ids)
-            self._start(env, binds, runner_source, tmp_size_bytes, start_timeout_s)
-        except BaseException:
-            self._closed = True
-            self._finalizer()
-            raise
+        self._launch(env, binds + _environment_binds(spec), runner_source)
         self._start_wall_timer()
 
     def collect_environment(self) -> None:
@@ -309,16 +293,26 @@ class LocalSandbox(RunnerClient):
             self._res.timer = timer
             timer.start()
 
-    def _start(
-        self,
-        env: dict[str, str],
-        binds: list[tuple[str, str]],
-        runner_source: bytes,
-        tmp_size_bytes: int,
-        start_timeout_s: float,
-    ) -> None:
+    def _launch(self, env: dict[str, str], binds: list[tuple[str, str]], runner_source: bytes) -> None:
+        """Hand the workspace to the sandbox's host uid (when running as root), then start; whatever
+        fails on the way, what was taken is given back before the error goes on."""
+        try:
+            if self.host_ids is not None:
+                st = os.lstat(self.workspace)
+                self._res.workspace, self._res.owner = self.workspace, (st.st_uid, st.st_gid)
+                _chown_tree(self.workspace, *self.host_ids)
+                for src, _ in binds:
+                    _check_reachable(src, *self.host_ids)
+            self._start(env, binds, runner_source)
+        except BaseException:
+            self._closed = True
+            self._finalizer()
+            raise
+
+    def _start(self, env: dict[str, str], binds: list[tuple[str, str]], runner_source: bytes) -> None:
         """Spawn bwrap with the runner inside (as its pid 1), set the limits bwrap cannot while the
         sandbox waits for them (SEED_SCRIPT), then wait for the runner's first ping."""
+        start_timeout_s = self.options.start_timeout_s
         deadline = time.monotonic() + start_timeout_s
         fds: list[int] = []
         info_r, info_w = os.pipe()
@@ -330,7 +324,7 @@ class LocalSandbox(RunnerClient):
                 _memfd("runner", runner_source),
             )
             fds += [passwd, group, profile, runner, info_w]
-            argv = self._bwrap_argv(env, binds, (passwd, group, profile, runner), tmp_size_bytes, info_w)
+            argv = self._bwrap_argv(env, binds, (passwd, group, profile, runner), info_w)
             self._res.proc = proc = launcher().spawn(self._in_cgroup(argv), pass_fds=fds)
         finally:
             for fd in fds:
@@ -357,7 +351,7 @@ class LocalSandbox(RunnerClient):
             ready = None
         if self._res.pidfd is None or ready != SEED_READY:
             raise self._unavailable("the sandbox did not start")
-        self._limit_namespaces(child, self._tmpfs(tmp_size_bytes), deadline - time.monotonic())
+        self._limit_namespaces(child, self._tmpfs(), deadline - time.monotonic())
         channel = self._channel
         assert isinstance(channel, _PipeChannel)
         try:
@@ -366,9 +360,10 @@ class LocalSandbox(RunnerClient):
         except SandboxError as exc:
             raise SandboxUnavailable(f"the sandbox runner did not start: {exc}") from None
 
-    def _tmpfs(self, tmp_size_bytes: int) -> list[tuple[str, int]]:
+    def _tmpfs(self) -> list[tuple[str, int]]:
         """The sandbox's writable tmpfs and their sizes (all made by `_bwrap_argv`)."""
-        mounts = [(self.mount_point, self.workspace_size_bytes), ("/tmp", tmp_size_bytes), ("/dev/shm", SHM_SIZE_BYTES)]
+        workspace, tmp = self.options.workspace_size_bytes, self.options.tmp_size_bytes
+        mounts = [(MOUNT_POINT, workspace), ("/tmp", tmp), ("/dev/shm", SHM_SIZE_BYTES)]
         if self.spec.setup is not None:
             mounts.append((self.spec.setup.target, self.spec.setup.env_size_bytes))
         return mounts
@@ -386,7 +381,7 @@ class LocalSandbox(RunnerClient):
             "pid": child,
             "pidfd": self._res.pidfd,
             "ids": list(self.host_ids) if self.host_ids is not None else None,
-            "inodes": [[path, tmpfs_inodes(size, self.bytes_per_inode)] for path, size in tmpfs],
+            "inodes": [[path, tmpfs_inodes(size, self.local.bytes_per_inode)] for path, size in tmpfs],
             "sysctls": [[name, value] for name, value in ipc_sysctls().items()],
         }
         returncode, stdout, stderr = launcher().limit_namespaces(
@@ -407,7 +402,7 @@ class LocalSandbox(RunnerClient):
         """bwrap's argv behind the wrapper's options: the launcher's fork joins the sandbox's cgroups
         where the host gives them, drops to `host_ids` and leaves a watchdog for the worker's death
         (see sandbox/cgroup_enter.py)."""
-        cgroup = cgroups.create(self.cgroup_limits, cgroups.host_support()) if self._use_cgroups else None
+        cgroup = cgroups.create(self.cgroup_limits, cgroups.host_support()) if self.local.use_cgroups else None
         self._res.cgroup = cgroup
         return cgroups.wrapper_options(argv, self.host_ids, cgroup.procs_files() if cgroup is not None else [])
 
@@ -416,7 +411,6 @@ class LocalSandbox(RunnerClient):
         env: dict[str, str],
         binds: list[tuple[str, str]],
         memfds: tuple[int, int, int, int],
-        tmp_size_bytes: int,
         info_fd: int,
     ) -> list[str]:
         """bwrap's command line: the namespaces, the read-only host view, the writable workspace
@@ -446,13 +440,13 @@ class LocalSandbox(RunnerClient):
             argv += ["--size", str(setup.env_size_bytes), "--tmpfs", setup.target]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-        argv += ["--size", str(tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
-        argv += ["--size", str(self.workspace_size_bytes), "--tmpfs", self.mount_point]
+        argv += ["--size", str(self.options.tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
+        argv += ["--size", str(self.options.workspace_size_bytes), "--tmpfs", MOUNT_POINT]
         argv += ["--ro-bind", self.workspace, SEED_IN_SANDBOX]
         argv += ["--perms", "0644", "--ro-bind-data", str(runner), RUNNER_IN_SANDBOX]
-        argv += ["--remount-ro", "/", "--chdir", self.mount_point, "--info-fd", str(info_fd)]
-        argv += ["--", "/bin/sh", "-c", SEED_SCRIPT, self.mount_point]
-        argv += [self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", self.mount_point]
+        argv += ["--remount-ro", "/", "--chdir", MOUNT_POINT, "--info-fd", str(info_fd)]
+        argv += ["--", "/bin/sh", "-c", SEED_SCRIPT, MOUNT_POINT]
+        argv += [self.python, "-I", "-S", "-B", RUNNER_IN_SANDBOX, "--root", MOUNT_POINT]
         argv += ["--limits", json.dumps(self._rlimits()), "--reclaim", "--clear-ipc"]
         argv += ["--default-timeout", repr(float(self.limits.default_tool_timeout))]
         return argv

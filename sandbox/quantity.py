@@ -50,6 +50,12 @@ def parse_cpus(quantity: str | float) -> float:
     return value / 1000 if match.group(2) else value
 
 
+def format_cpus(cpus: float) -> str:
+    """A CPU count as a quantity `parse_cpus` reads back ("2", "1500m"), in whole millicpus."""
+    millis = max(1, round(cpus * 1000))
+    return str(millis // 1000) if millis % 1000 == 0 else f"{millis}m"
+
+
 def check_local_memory(
     memory_bytes: int,
     workspace_bytes: int,

@@ -31,7 +31,7 @@ import threading
 from types import TracebackType
 from typing import IO, Any, Protocol, Self
 
-from sandbox.base import CommandResult, PatchTooLarge, SandboxError, SandboxLimits
+from sandbox.base import CommandResult, PatchTooLarge, SandboxError, SandboxLimits, SandboxOptions
 from sandbox.runner import bash_timeout
 
 # How long the runner may take to write a patch (git add -A + git diff), before the reply grace.
@@ -161,18 +161,11 @@ class RunnerClient:
 
     _channel: RunnerChannel
 
-    def __init__(
-        self,
-        limits: SandboxLimits,
-        *,
-        tool_timeout_s: float = 300.0,
-        reply_grace_s: float = 30.0,
-        max_patch_bytes: int = 64 * 1024**2,
-    ) -> None:
+    def __init__(self, limits: SandboxLimits, options: SandboxOptions) -> None:
         self.limits = limits
-        self.tool_timeout_s = tool_timeout_s
-        self.reply_grace_s = reply_grace_s
-        self.max_patch_bytes = max_patch_bytes
+        self.tool_timeout_s = options.tool_timeout_s
+        self.reply_grace_s = options.reply_grace_s
+        self.max_patch_bytes = options.max_patch_bytes
         self.runner_info: dict[str, Any] = {}
         self._lock = threading.Lock()
         self._state_lock = threading.Lock()

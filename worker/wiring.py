@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from app.forge.api import Forge, ForgeError
 from app.retrying import RetryPolicy
@@ -19,6 +19,7 @@ from sandbox.base import (
     PROJECT_BIN,
     Sandbox,
     SandboxLimits,
+    SandboxOptions,
     SandboxSpec,
     SetupMounts,
     SetupSandbox,
@@ -28,6 +29,10 @@ from sandbox.quantity import parse_cpus, parse_quantity
 from worker.environment import generated
 from worker.leaf.loop import LeafLimits
 from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
+
+if TYPE_CHECKING:  # imported where the backend is chosen: kubernetes* only when it is asked for
+    from sandbox.kubernetes_manifests import KubernetesOptions
+    from sandbox.local import LocalOptions
 
 # Bytecode caches would otherwise land in `git add -A` and so in the patch.
 SANDBOX_ENV = {"PYTHONDONTWRITEBYTECODE": "1"}
@@ -100,35 +105,43 @@ def sandbox_spec(
     )
 
 
-def sandbox_options(settings: Settings) -> dict[str, Any]:
-    """The backend's own options from settings; the sizes and CPUs mean the same for both backends."""
+def sandbox_options(settings: Settings) -> SandboxOptions:
+    """What both backends take from settings: the sizes and CPUs (which mean the same for both), the start's
+    bound and the patch's (the runner stops reading an oversized diff inside the sandbox)."""
+    return SandboxOptions(
+        cpus=parse_cpus(settings.sandbox_cpu),
+        workspace_size_bytes=parse_quantity(settings.sandbox_workspace_size),
+        tmp_size_bytes=parse_quantity(settings.sandbox_tmp_size),
+        # Locally the checkout is copied into the sandbox's tmpfs before the runner answers: a big one takes seconds.
+        start_timeout_s=settings.sandbox_start_timeout_seconds,
+        max_patch_bytes=settings.max_patch_bytes,
+    )
+
+
+def backend_options(settings: Settings) -> LocalOptions | KubernetesOptions:
+    """The chosen backend's own options from settings: the local backend's defaults, or the cluster's."""
     if settings.sandbox != "kubernetes":
-        return {
-            "workspace_size_bytes": parse_quantity(settings.sandbox_workspace_size),
-            "tmp_size_bytes": parse_quantity(settings.sandbox_tmp_size),
-            "cpus": parse_cpus(settings.sandbox_cpu),
-            # The checkout is copied into the sandbox's tmpfs before the runner answers: a big one takes seconds.
-            "start_timeout_s": settings.sandbox_start_timeout_seconds,
-        }
+        from sandbox.local import LocalOptions
+
+        return LocalOptions()
+    from sandbox.kubernetes_manifests import KubernetesOptions
+
     s = settings
-    options: dict[str, Any] = {
-        "namespace": s.sandbox_namespace,
-        "default_image": s.sandbox_image,
-        "cpu": s.sandbox_cpu,
-        "ephemeral_storage": s.sandbox_ephemeral_storage,
-        "workspace_size": s.sandbox_workspace_size,
-        "tmp_size": s.sandbox_tmp_size,
-        "start_timeout_s": s.sandbox_start_timeout_seconds,
-        "environment_size": s.environment_size,
-    }
-    optional = {
-        "memory": s.sandbox_memory,
-        "runtime_class": s.sandbox_runtime_class,
-        "kubeconfig": s.kubeconfig,
-        "context": s.kube_context,
-    }
-    options.update({k: v for k, v in optional.items() if v})
-    return options
+    return KubernetesOptions(
+        namespace=s.sandbox_namespace,
+        default_image=s.sandbox_image,
+        memory=s.sandbox_memory or None,
+        ephemeral_storage=s.sandbox_ephemeral_storage,
+        environment_size=s.environment_size,
+        runtime_class=s.sandbox_runtime_class or None,
+        kubeconfig=s.kubeconfig or None,
+        context=s.kube_context or None,
+    )
+
+
+def open_configured_sandbox(spec: SandboxSpec, settings: Settings) -> Sandbox:
+    """`spec` in the backend FROGFIX_SANDBOX names, with the options built from `settings`."""
+    return open_sandbox(spec, settings.sandbox, sandbox_options(settings), backend_options(settings))
 
 
 def open_job_sandbox(
@@ -140,16 +153,15 @@ def open_job_sandbox(
     env: dict[str, str] | None = None,
     project: Path | None = None,
 ) -> Sandbox:
-    """Both backends take `max_patch_bytes`, so the runner stops reading an oversized diff inside the sandbox.
+    """A job's sandbox over `workspace`, with the job's limits and the options from settings.
 
     `environment` is the job's built test environment (worker/environment), mounted read-only and active,
     `project` the job's project layer over it (its generated files laid into `workspace` first, where
     nothing is: worker/environment/generated.py); `env` adds variables (the verification's test-report options)."""
-    options = {"max_patch_bytes": settings.max_patch_bytes, **sandbox_options(settings)}
     if project is not None:
         generated.lay(workspace, generated.in_layer(project))
     spec = sandbox_spec(workspace, settings, image, labels, environment, env, project)
-    return open_sandbox(spec, settings.sandbox, **options)
+    return open_configured_sandbox(spec, settings)
 
 
 def open_setup_sandbox(
@@ -178,7 +190,7 @@ def open_setup_sandbox(
         setup=mounts,
         environment=str(environment) if environment is not None else None,
     )
-    return cast(SetupSandbox, open_sandbox(spec, settings.sandbox, **sandbox_options(settings)))
+    return cast(SetupSandbox, open_configured_sandbox(spec, settings))
 
 
 def make_forge(kind: str, settings: Settings, redact: Callable[[str], str]) -> Forge:

@@ -385,56 +385,65 @@ def build_trajectory(document: dict[str, Any], path: str = "") -> TrajectoryView
         role = message.get("role")
         if role == "assistant":
             index = len(steps)
-            summary = summaries[index] if index < len(summaries) else {}
-            calls: list[ToolCallView] = []
-            for call in message.get("tool_calls") or []:
-                if not isinstance(call, dict):
-                    continue
-                function = call.get("function") or {}
-                args, raw = _arguments(function.get("arguments"))
-                calls.append(ToolCallView(str(call.get("id") or ""), str(function.get("name") or "?"), args, raw, None))
-            content = _text(message.get("content"))
-            reasoning = _text(message.get("reasoning_content"))
-            if not calls:  # as the loop reads a reply without native calls: its text calls and its prose
-                parsed = textcalls.extract_text_calls(content)
-                ids = [str(c.get("id", "")) for c in summary.get("tool_calls") or [] if isinstance(c, dict)]
-                calls = _text_call_views(parsed, ids, index)
-                content = parsed.prose or None
-                reasoning = reasoning or parsed.inline_reasoning
-            for record in summary.get("tool_calls") or []:
-                if not isinstance(record, dict):
-                    continue
-                for view in calls:
-                    if view.call_id == record.get("id"):
-                        seconds = record.get("seconds")
-                        view.seconds = float(seconds) if isinstance(seconds, int | float) else None
-                        view.rejected = bool(record.get("rejected"))
-                        view.source = str(record.get("source") or view.source)
-            usage = summary.get("usage") if isinstance(summary.get("usage"), dict) else None
-            steps.append(
-                StepView(
-                    number=index + 1,
-                    reasoning=reasoning,
-                    content=content,
-                    calls=calls,
-                    finish_reason=summary.get("finish_reason"),
-                    tokens=usage.get("total_tokens") if usage else None,
-                    model_seconds=summary.get("model_seconds"),
-                    tool_seconds=summary.get("tool_seconds"),
-                )
-            )
-            pending = {c.call_id: c for c in calls}
+            steps.append(_step_view(message, summaries[index] if index < len(summaries) else {}, index))
+            pending = {c.call_id: c for c in steps[-1].calls}
         elif role == "tool" and steps:
-            output = _text(message.get("content")) or ""
-            call_id = str(message.get("tool_call_id") or "")
-            answered = pending.get(call_id) or next((c for c in steps[-1].calls if c.output is None), None)
-            if answered is None:
-                answered = ToolCallView(call_id, "?", [], None, None)
-                steps[-1].calls.append(answered)
-            answered.output_chars = len(output)
-            answered.output = output[:SHOW_CHARS]
+            _answer_call(message, steps[-1], pending)
     meta = {k: v for k, v in document.items() if k not in ("messages", "steps", "tools")}
     return TrajectoryView(path, meta, system_prompt, task, steps, _text(document.get("final_message")))
+
+
+def _step_view(message: dict[str, Any], summary: dict[str, Any], index: int) -> StepView:
+    """Step `index` + 1: the assistant's reasoning, prose and calls (native, or written as text), with what
+    the step's summary recorded of each call and of the model's answer."""
+    calls: list[ToolCallView] = []
+    for call in message.get("tool_calls") or []:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function") or {}
+        args, raw = _arguments(function.get("arguments"))
+        calls.append(ToolCallView(str(call.get("id") or ""), str(function.get("name") or "?"), args, raw, None))
+    content = _text(message.get("content"))
+    reasoning = _text(message.get("reasoning_content"))
+    if not calls:  # as the loop reads a reply without native calls: its text calls and its prose
+        parsed = textcalls.extract_text_calls(content)
+        ids = [str(c.get("id", "")) for c in summary.get("tool_calls") or [] if isinstance(c, dict)]
+        calls = _text_call_views(parsed, ids, index)
+        content = parsed.prose or None
+        reasoning = reasoning or parsed.inline_reasoning
+    for record in summary.get("tool_calls") or []:
+        if not isinstance(record, dict):
+            continue
+        for view in calls:
+            if view.call_id == record.get("id"):
+                seconds = record.get("seconds")
+                view.seconds = float(seconds) if isinstance(seconds, int | float) else None
+                view.rejected = bool(record.get("rejected"))
+                view.source = str(record.get("source") or view.source)
+    usage = summary.get("usage") if isinstance(summary.get("usage"), dict) else None
+    return StepView(
+        number=index + 1,
+        reasoning=reasoning,
+        content=content,
+        calls=calls,
+        finish_reason=summary.get("finish_reason"),
+        tokens=usage.get("total_tokens") if usage else None,
+        model_seconds=summary.get("model_seconds"),
+        tool_seconds=summary.get("tool_seconds"),
+    )
+
+
+def _answer_call(message: dict[str, Any], step: StepView, pending: dict[str, ToolCallView]) -> None:
+    """A tool's answer onto the call of `step` it answers (by id, else the first unanswered; else a new
+    "?" call), its output cut to SHOW_CHARS."""
+    output = _text(message.get("content")) or ""
+    call_id = str(message.get("tool_call_id") or "")
+    answered = pending.get(call_id) or next((c for c in step.calls if c.output is None), None)
+    if answered is None:
+        answered = ToolCallView(call_id, "?", [], None, None)
+        step.calls.append(answered)
+    answered.output_chars = len(output)
+    answered.output = output[:SHOW_CHARS]
 
 
 _cache_lock = Lock()

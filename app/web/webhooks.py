@@ -20,7 +20,7 @@ from app.db import session_scope
 from app.forge.gitea_webhook import parse_gitea
 from app.forge.gitlab_webhook import parse_gitlab
 from app.forge.webhook import WebhookError, WebhookEvent, WebhookMalformed
-from app.jobs.intake import answer_member, record_delivery, record_malformed, tell_refused
+from app.jobs.intake import IntakeResult, answer_member, record_delivery, record_malformed, tell_refused
 from app.jobs.transitions import enqueue_failed
 from app.logs import get_logger
 from app.queue import send_run_job, send_triage
@@ -55,24 +55,9 @@ def _answer(status: int, **body: Any) -> JSONResponse:
 
 def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
     """Parse (pure), then one transaction for the delivery and job, then enqueue after the commit."""
-    try:
-        event = parse()
-    except WebhookMalformed as exc:
-        log.info("webhook_refused", forge=forge, status=exc.status, error=str(exc), delivery_id=exc.delivery_id)
-        if exc.delivery_id:
-            try:
-                with session_scope() as session:
-                    record_malformed(session, forge, exc.delivery_id, exc.event or "", str(exc))
-            except SQLAlchemyError:
-                log.exception("record_malformed_failed", forge=forge)
-        return _answer(exc.status, error=str(exc))
-    except WebhookError as exc:
-        log.info("webhook_refused", forge=forge, status=exc.status, error=str(exc))
-        return _answer(exc.status, error=str(exc))
-    except Exception as exc:  # a parser bug must not become a 500 for the sender
-        log.exception("webhook_parse_bug", forge=forge)
-        return _answer(400, error=f"could not parse this delivery ({type(exc).__name__})")
-
+    event = _parse(forge, parse)
+    if isinstance(event, JSONResponse):
+        return event
     with structlog.contextvars.bound_contextvars(delivery_id=event.delivery_id, forge=forge):
         try:
             with session_scope() as session:  # a short read: a `/frogfix` answer's author asked of the forge
@@ -87,17 +72,7 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
                 result = tell_refused(session_scope, result)
             except SQLAlchemyError:
                 log.exception("refusal_memory_not_forgotten", job_id=result.job_id)
-        enqueued = False
-        if result.request_id is not None:  # pending until triaged: the sweep sends it again if this fails
-            enqueued = send_triage(result.request_id)
-        if result.enqueue and result.job_id is not None:
-            enqueued = send_run_job(result.job_id)
-            if not enqueued:
-                try:
-                    with session_scope() as session:
-                        enqueue_failed(session, result.job_id)
-                except SQLAlchemyError:  # the stamp stays; the sweep sends it after the requeue delay
-                    log.exception("enqueue_failed_not_recorded", job_id=result.job_id)
+        enqueued = _send(result)
         log.info(
             "webhook",
             outcome=result.outcome,
@@ -115,6 +90,44 @@ def intake(forge: str, parse: Callable[[], WebhookEvent]) -> JSONResponse:
         status, outcome=result.outcome, reason=result.reason, job_id=result.job_id, delivery_id=event.delivery_id,
         **extra,
     )
+
+
+def _parse(forge: str, parse: Callable[[], WebhookEvent]) -> WebhookEvent | JSONResponse:
+    """The delivery's event, or the answer refusing it (a malformed one with a delivery id is recorded)."""
+    try:
+        return parse()
+    except WebhookMalformed as exc:
+        log.info("webhook_refused", forge=forge, status=exc.status, error=str(exc), delivery_id=exc.delivery_id)
+        if exc.delivery_id:
+            try:
+                with session_scope() as session:
+                    record_malformed(session, forge, exc.delivery_id, exc.event or "", str(exc))
+            except SQLAlchemyError:
+                log.exception("record_malformed_failed", forge=forge)
+        return _answer(exc.status, error=str(exc))
+    except WebhookError as exc:
+        log.info("webhook_refused", forge=forge, status=exc.status, error=str(exc))
+        return _answer(exc.status, error=str(exc))
+    except Exception as exc:  # a parser bug must not become a 500 for the sender
+        log.exception("webhook_parse_bug", forge=forge)
+        return _answer(400, error=f"could not parse this delivery ({type(exc).__name__})")
+
+
+def _send(result: IntakeResult) -> bool:
+    """After the commit: the triage of a round request, or the job's run; whether it was sent. A job whose
+    send failed is stamped so (the sweep sends it after the requeue delay either way)."""
+    enqueued = False
+    if result.request_id is not None:  # pending until triaged: the sweep sends it again if this fails
+        enqueued = send_triage(result.request_id)
+    if result.enqueue and result.job_id is not None:
+        enqueued = send_run_job(result.job_id)
+        if not enqueued:
+            try:
+                with session_scope() as session:
+                    enqueue_failed(session, result.job_id)
+            except SQLAlchemyError:  # the stamp stays; the sweep sends it after the requeue delay
+                log.exception("enqueue_failed_not_recorded", job_id=result.job_id)
+    return enqueued
 
 
 async def _receive(request: Request, forge: str, parse: Callable[[bytes], WebhookEvent]) -> JSONResponse:

@@ -7,6 +7,7 @@ the real exec stream. Nothing here needs a cluster, Docker or network beyond 127
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -15,10 +16,13 @@ from typing import Any
 
 import pytest
 
-from sandbox.base import SandboxLimits, SandboxSpec
+from app.settings import Settings
+from sandbox.base import SandboxLimits, SandboxOptions, SandboxSpec
 from sandbox.kubernetes import KubernetesSandbox
+from sandbox.kubernetes_manifests import KubernetesOptions
 from tests.doubles.kubernetes_api import KubernetesApiDouble
-from tests.sandbox.support import ToolHarness
+from tests.sandbox.support import ToolHarness, split_options
+from worker import wiring
 
 NAMESPACE = "frogfix-sandboxes"
 # The runner's interpreter "in the pod". When the tests run as root the double runs execs as the
@@ -48,8 +52,8 @@ def workspace(tmp_path: Path) -> Path:
     return path
 
 
-def sandbox_options(kube: KubernetesApiDouble, **options: Any) -> dict[str, Any]:
-    """Backend options for the double: its API, our Python, short waits, no --reclaim."""
+def sandbox_options(kube: KubernetesApiDouble, **options: Any) -> tuple[SandboxOptions, KubernetesOptions]:
+    """Backend options for the double: its API, our Python, short waits, no --reclaim; `options` override them."""
     defaults: dict[str, Any] = {
         "configuration": kube.configuration(),
         "namespace": NAMESPACE,
@@ -58,7 +62,26 @@ def sandbox_options(kube: KubernetesApiDouble, **options: Any) -> dict[str, Any]
         "start_timeout_s": 20.0,
         "delete_wait_s": 5.0,
     }
-    return {**defaults, **options}
+    return split_options(KubernetesOptions, **{**defaults, **options})
+
+
+def wire_to_double(kube: KubernetesApiDouble, monkeypatch: pytest.MonkeyPatch, start_timeout_s: float = 20.0) -> None:
+    """worker/wiring's options as settings build them, the cluster's pointed at the double (its API, our
+    Python, short waits, no --reclaim)."""
+    shared, own = wiring.sandbox_options, wiring.backend_options
+
+    def options(settings: Settings) -> SandboxOptions:
+        return dataclasses.replace(shared(settings), start_timeout_s=start_timeout_s)
+
+    def cluster(settings: Settings) -> KubernetesOptions:
+        real = own(settings)
+        assert isinstance(real, KubernetesOptions)
+        return dataclasses.replace(
+            real, configuration=kube.configuration(), python=PYTHON, reclaim=False, delete_wait_s=5.0
+        )
+
+    monkeypatch.setattr(wiring, "sandbox_options", options)
+    monkeypatch.setattr(wiring, "backend_options", cluster)
 
 
 @pytest.fixture
@@ -74,7 +97,7 @@ def make_k8s(kube: KubernetesApiDouble) -> Iterator[MakeSandbox]:
         **options: Any,
     ) -> KubernetesSandbox:
         spec = SandboxSpec(workspace=str(workspace), env=env or {}, limits=limits, image=image, labels=labels or {})
-        sandbox = KubernetesSandbox(spec, **sandbox_options(kube, **options))
+        sandbox = KubernetesSandbox(spec, *sandbox_options(kube, **options))
         opened.append(sandbox)
         return sandbox
 

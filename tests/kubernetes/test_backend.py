@@ -8,14 +8,15 @@ import os
 import subprocess
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 
 from sandbox import PatchTooLarge, SandboxError, SandboxSpec, SandboxUnavailable, open_sandbox
-from sandbox.base import SandboxLimits
+from sandbox.base import SandboxLimits, SetupMounts
 from sandbox.kubernetes import KubernetesSandbox
-from sandbox.kubernetes_manifests import DEFAULT_IMAGE, INIT, LABEL_SANDBOX
+from sandbox.kubernetes_manifests import DEFAULT_IMAGE, INIT, LABEL_SANDBOX, RUNNER_PATH
 from tests.doubles.kubernetes_api import V4, KubernetesApiDouble
 from tests.kubernetes.conftest import NAMESPACE, TEST_LIMITS, MakeSandbox, sandbox_options
 from tests.sandbox import forged_replies
@@ -73,12 +74,13 @@ def test_pod_spec_has_every_hardening_field(
     monkeypatch.setenv("FROGFIX_GITLAB_TOKEN", "glpat-canary-token-0123456789")
     monkeypatch.setenv("GITEA_TOKEN", "gitea-canary-token-0123456789")
     limits = SandboxLimits(wall_seconds=1234.5, memory_bytes=3 * 1024**3)
+    started = time.monotonic()
     sb = make_k8s(
         workspace,
         limits=limits,
         env={"CI": "1"},
         labels={"frogfix/job": "42", "frogfix/attempt": "2"},
-        cpu="1500m",
+        cpus=1.5,
         ephemeral_storage="8Gi",
     )
     pod = only(kube.objects("pods", NAMESPACE))
@@ -88,7 +90,8 @@ def test_pod_spec_has_every_hardening_field(
     assert spec["automountServiceAccountToken"] is False
     assert spec["enableServiceLinks"] is False
     assert spec["restartPolicy"] == "Never"
-    assert spec["activeDeadlineSeconds"] == math.ceil(1234.5)
+    # The wall limit, less the start before the pod was made (the first sandbox of a process imports the client).
+    assert math.ceil(1234.5 - (time.monotonic() - started)) <= spec["activeDeadlineSeconds"] <= math.ceil(1234.5)
     assert spec["hostNetwork"] is False and spec["hostPID"] is False and spec["hostIPC"] is False
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -212,9 +215,27 @@ def test_a_patch_over_the_limit_is_patch_too_large_and_no_replay_entry(
 def test_factory_opens_the_kubernetes_backend(kube: KubernetesApiDouble, workspace: Path) -> None:
     (workspace / "a.txt").write_text("hi\n")
     spec = SandboxSpec(workspace=str(workspace), limits=TEST_LIMITS)
-    with open_sandbox(spec, "kubernetes", **sandbox_options(kube)) as sb:
+    with open_sandbox(spec, "kubernetes", *sandbox_options(kube)) as sb:
         assert isinstance(sb, KubernetesSandbox)
         assert sb.call_tool("Read", {"file_path": "a.txt"}) == "a.txt\n1. hi"
+    assert_all_gone(kube)
+
+
+def test_a_setup_pod_never_runs_its_runner_with_reclaim(
+    kube: KubernetesApiDouble, workspace: Path, tmp_path: Path
+) -> None:
+    """A setup pod's runner must not kill every other process of the pod (the index tunnel is one), even
+    where the options ask for --reclaim; the double refuses --reclaim, so the pod starts only without it."""
+    files = tmp_path / "setup-files"
+    files.mkdir()
+    (files / "build.sh").write_text("true\n")
+    setup = SetupMounts(env_size_bytes=16 * 1024**2, files=str(files), relay=None, out=str(tmp_path / "out"))
+    spec = SandboxSpec(workspace=str(workspace), limits=TEST_LIMITS, setup=setup)
+    with closing(KubernetesSandbox(spec, *sandbox_options(kube, reclaim=True))) as sb:
+        assert (sb.reclaim, sb.max_recoveries) == (False, 0)
+        assert sb.ping()["pong"] is True
+    runners = [e.argv for e in kube.execs if RUNNER_PATH in e.argv]
+    assert len(runners) == 1 and "--reclaim" not in runners[0]
     assert_all_gone(kube)
 
 
@@ -275,7 +296,7 @@ def test_cleanup_after_success_deletes_the_policy_only_after_the_pod_is_gone(
 
 def test_cleanup_after_failure_inside_the_with_block(kube: KubernetesApiDouble, workspace: Path) -> None:
     spec = SandboxSpec(workspace=str(workspace), limits=TEST_LIMITS)
-    with pytest.raises(KeyboardInterrupt), KubernetesSandbox(spec, **sandbox_options(kube)) as sb:
+    with pytest.raises(KeyboardInterrupt), KubernetesSandbox(spec, *sandbox_options(kube)) as sb:
         sb.call_tool("Write", {"file_path": "a.txt", "content": "x"})
         raise KeyboardInterrupt
     assert_all_gone(kube)

@@ -28,7 +28,7 @@ from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.environment.test_setup_phase import CANARY, repo
 from tests.environment.test_setup_phase import mirror as mirror  # a fixture, used by name
 from tests.environment.test_setup_phase import roots as roots  # a fixture, used by name
-from tests.kubernetes.conftest import NAMESPACE, PYTHON
+from tests.kubernetes.conftest import NAMESPACE, PYTHON, wire_to_double
 from tests.realrepos.mirror import PackageMirror
 from worker import wiring
 from worker.environment.builder import Environments
@@ -57,19 +57,7 @@ def k8s_settings(
         sandbox="kubernetes",
         sandbox_namespace=NAMESPACE,
     )
-    real = wiring.sandbox_options
-
-    def options(s: Settings) -> dict[str, Any]:
-        return {
-            **real(s),
-            "configuration": kube.configuration(),
-            "python": PYTHON,
-            "reclaim": False,
-            "start_timeout_s": 60.0,
-            "delete_wait_s": 5.0,
-        }
-
-    monkeypatch.setattr(wiring, "sandbox_options", options)
+    wire_to_double(kube, monkeypatch, start_timeout_s=60.0)
     return settings
 
 

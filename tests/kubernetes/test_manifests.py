@@ -5,6 +5,7 @@ plus the properties an operator relies on (RBAC scope, no Secret in the reposito
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import shutil
 import subprocess
@@ -17,7 +18,13 @@ import yaml
 
 from sandbox.base import SandboxLimits
 from sandbox.kubernetes import KubernetesSandbox
-from sandbox.kubernetes_manifests import DEFAULT_NAMESPACE, network_policy_manifest, pod_manifest
+from sandbox.kubernetes_manifests import (
+    DEFAULT_NAMESPACE,
+    KubernetesOptions,
+    PodShape,
+    network_policy_manifest,
+    pod_manifest,
+)
 from sandbox.quantity import parse_quantity
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.kubernetes.conftest import MakeSandbox
@@ -117,31 +124,53 @@ def test_the_kustomize_builds_validate(target: str, version: str) -> None:
         validate_strict(doc, version)
 
 
+SHAPE = PodShape(
+    image="registry.example.com/frogfix-sandbox:py3.12",
+    labels={"frogfix/sandbox": "frogfix-42-1-abcd", "frogfix/job": "42", "frogfix/attempt": "1"},
+    env={"HOME": "/tmp/home", "LANG": "C.UTF-8"},
+    deadline="2030-01-01T00:00:00Z",
+    resources={"cpu": "2", "memory": "4Gi", "ephemeral-storage": "6Gi"},
+    workspace_size="4Gi",
+    tmp_size="1Gi",
+)
+EVERYTHING = KubernetesOptions(
+    image_pull_secrets=("registry",),
+    service_account="sandbox",
+    runtime_class="gvisor",
+    priority_class="frogfix-sandbox",
+    node_selector={"frogfix.example.com/sandbox": "true"},
+    tolerations=({"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"},),
+)
+
+
 def generated_pods() -> list[dict[str, Any]]:
-    common: dict[str, Any] = {
-        "image": "registry.example.com/frogfix-sandbox:py3.12",
-        "labels": {"frogfix/sandbox": "frogfix-42-1-abcd", "frogfix/job": "42", "frogfix/attempt": "1"},
-        "env": {"HOME": "/tmp/home", "LANG": "C.UTF-8"},
-        "deadline": "2030-01-01T00:00:00Z",
-        "active_deadline_s": 10_800,
-        "resources": {"cpu": "2", "memory": "4Gi", "ephemeral-storage": "6Gi"},
-        "workspace_size": "4Gi",
-        "tmp_size": "1Gi",
-    }
-    everything: dict[str, Any] = {
-        "image_pull_secrets": ["registry"],
-        "service_account": "sandbox",
-        "runtime_class": "gvisor",
-        "priority_class": "frogfix-sandbox",
-        "node_selector": {"frogfix.example.com/sandbox": "true"},
-        "tolerations": [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}],
-    }
+    # the third: a setup pod, or a job pod with a built environment: an ENV_DIR volume nested in the runner's
+    with_environment = dataclasses.replace(SHAPE, environment_size="2Gi", runner_dir_size="64Mi")
     return [
-        pod_manifest("frogfix-42-1-abcd", DEFAULT_NAMESPACE, **common),
-        pod_manifest("frogfix-42-1-abcd-r1", DEFAULT_NAMESPACE, **common, **everything),
-        # a setup pod, or a job pod with a built environment: an ENV_DIR volume nested in the runner's
-        pod_manifest("frogfix-42-1-efgh", DEFAULT_NAMESPACE, **common, environment_size="2Gi", runner_dir_size="64Mi"),
+        pod_manifest("frogfix-42-1-abcd", KubernetesOptions(), SHAPE, 10_800),
+        pod_manifest("frogfix-42-1-abcd-r1", EVERYTHING, SHAPE, 10_800),
+        pod_manifest("frogfix-42-1-efgh", KubernetesOptions(), with_environment, 10_800),
     ]
+
+
+def test_the_operators_pod_options_reach_the_pod() -> None:
+    """Each of KubernetesOptions' pod fields lands where the cluster reads it (and nowhere without it)."""
+    plain, everything, _ = generated_pods()
+    assert plain["metadata"]["namespace"] == everything["metadata"]["namespace"] == DEFAULT_NAMESPACE
+    placement = {"serviceAccountName", "imagePullSecrets", "runtimeClassName", "priorityClassName", "nodeSelector"}
+    assert set(everything["spec"]) - set(plain["spec"]) == {*placement, "tolerations"}
+    spec = everything["spec"]
+    assert spec["serviceAccountName"] == "sandbox" and spec["imagePullSecrets"] == [{"name": "registry"}]
+    assert spec["runtimeClassName"] == "gvisor" and spec["priorityClassName"] == "frogfix-sandbox"
+    assert spec["nodeSelector"] == {"frogfix.example.com/sandbox": "true"}
+    assert spec["tolerations"] == [{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}]
+    other = KubernetesOptions(namespace="sbx", run_as_user=2000, python="/opt/bin/python3", image_pull_policy="Never")
+    pod = pod_manifest("frogfix-42-1-abcd", other, SHAPE, 60)
+    container = pod["spec"]["containers"][0]
+    assert pod["metadata"]["namespace"] == "sbx" and pod["spec"]["activeDeadlineSeconds"] == 60
+    assert pod["spec"]["securityContext"]["runAsUser"] == pod["spec"]["securityContext"]["fsGroup"] == 2000
+    assert container["securityContext"]["runAsUser"] == 2000 and container["imagePullPolicy"] == "Never"
+    assert container["command"][0] == "/opt/bin/python3"
 
 
 @pytest.mark.parametrize("version", SUPPORTED)

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from sandbox.base import SandboxLimits, SandboxSpec
-from sandbox.local import LocalSandbox
-from tests.sandbox.support import ToolHarness
+from sandbox.local import LocalOptions, LocalSandbox
+from tests.sandbox.support import ToolHarness, split_options
 
 BWRAP = shutil.which("bwrap")
 NO_BWRAP = "bubblewrap (bwrap) is not installed: apt-get install bubblewrap to run the sandbox tests"
@@ -78,7 +78,8 @@ def make_sandbox() -> Iterator[Callable[..., LocalSandbox]]:
 
     def make(workspace: Path, limits: SandboxLimits = TEST_LIMITS, **options: Any) -> LocalSandbox:
         env = options.pop("env", {})
-        sandbox = LocalSandbox(SandboxSpec(workspace=str(workspace), env=env, limits=limits), **options)
+        spec = SandboxSpec(workspace=str(workspace), env=env, limits=limits)
+        sandbox = LocalSandbox(spec, *split_options(LocalOptions, **options))
         opened.append(sandbox)
         return sandbox
 

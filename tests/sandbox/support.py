@@ -9,13 +9,25 @@ import shlex
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
+from sandbox.base import SandboxOptions
 from sandbox.local import MOUNT_POINT, LocalSandbox
 from sandbox.runner import Tools
+
+Own = TypeVar("Own")
+SHARED_OPTIONS = frozenset(field.name for field in fields(SandboxOptions))
+
+
+def split_options(own: Callable[..., Own], **options: Any) -> tuple[SandboxOptions, Own]:
+    """A test's keyword options as a backend takes them: those both backends share (`SandboxOptions`),
+    the rest the backend's own (`own`, e.g. LocalOptions)."""
+    shared = {key: value for key, value in options.items() if key in SHARED_OPTIONS}
+    return SandboxOptions(**shared), own(**{key: value for key, value in options.items() if key not in shared})
 
 
 def git(cwd: Path, *args: str) -> str:

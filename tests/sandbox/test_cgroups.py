@@ -435,9 +435,10 @@ def test_without_cgroups_the_sandbox_still_runs_on_its_rlimits(
 UNPRIVILEGED_WORKER = textwrap.dedent(
     """
     import json, os, sys
-    from sandbox.base import SandboxSpec
+    from sandbox.base import SandboxOptions, SandboxSpec
     from sandbox.local import LocalSandbox
-    sb = LocalSandbox(SandboxSpec(workspace=sys.argv[1]), workspace_size_bytes=16 << 20, tmp_size_bytes=16 << 20)
+    sizes = SandboxOptions(workspace_size_bytes=16 << 20, tmp_size_bytes=16 << 20)
+    sb = LocalSandbox(SandboxSpec(workspace=sys.argv[1]), sizes)
     fill = "for i in 1 2 3 4; do head -c 7M /dev/zero > {0}/f$i || echo FAILED $i; done"
     out = [sb.call_tool("Bash", {"command": fill.format(d)}) for d in (".", "/tmp")]
     out.append(sb.call_tool("Bash", {"command": "echo alive"}))

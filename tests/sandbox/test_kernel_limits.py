@@ -23,7 +23,7 @@ import pytest
 from sandbox import local
 from sandbox import namespace_limits as limits
 from sandbox.base import ENV_DIR, SandboxLimits, SandboxSpec, SetupMounts
-from sandbox.local import LocalSandbox
+from sandbox.local import LocalOptions, LocalSandbox
 from sandbox.namespace_limits import MIN_TMPFS_INODES, tmpfs_inodes
 from sandbox.quantity import SHM_SIZE_BYTES
 from tests.nonroot import NonRoot
@@ -112,7 +112,7 @@ def test_a_setup_sandboxs_environment_folder_has_an_inode_bound(ws_base: Path, w
     setup = SetupMounts(
         env_size_bytes=96 * MiB, files=str(folders["files"]), relay=str(folders["relay"]), out=str(folders["out"])
     )
-    sb = LocalSandbox(SandboxSpec(workspace=str(workspace), setup=setup), use_cgroups=False)
+    sb = LocalSandbox(SandboxSpec(workspace=str(workspace), setup=setup), local=LocalOptions(use_cgroups=False))
     try:
         assert sb.run_command(f"stat -f -c %c {ENV_DIR}", 30).log.strip() == str(96 * MiB // limits.BYTES_PER_INODE)
     finally:
@@ -126,7 +126,7 @@ def test_no_leftover_of_the_build_runs_while_the_host_reads_what_it_built(ws_bas
     for folder in folders.values():
         folder.chmod(0o755)
     setup = SetupMounts(env_size_bytes=32 * MiB, files=str(folders["files"]), relay=None, out=str(folders["out"]))
-    sb = LocalSandbox(SandboxSpec(workspace=str(workspace), setup=setup), use_cgroups=False)
+    sb = LocalSandbox(SandboxSpec(workspace=str(workspace), setup=setup), local=LocalOptions(use_cgroups=False))
     try:
         loop = f"while :; do mkdir -p {ENV_DIR}/z; rm -rf {ENV_DIR}/z; ln -sfn / {ENV_DIR}/z; sleep 0.01; done"
         started = sb.run_command(f"setsid sh -c {shlex.quote(loop)} >/dev/null 2>&1 < /dev/null & echo started",
@@ -327,9 +327,10 @@ def test_the_jobs_path_runs_nothing_before_the_runner(
 UNPRIVILEGED_WORKER = textwrap.dedent(
     """
     import json, os, sys
-    from sandbox.base import SandboxSpec
-    from sandbox.local import LocalSandbox
-    sb = LocalSandbox(SandboxSpec(workspace=sys.argv[1]), use_cgroups=False, workspace_size_bytes=64 << 20)
+    from sandbox.base import SandboxOptions, SandboxSpec
+    from sandbox.local import LocalOptions, LocalSandbox
+    options = SandboxOptions(workspace_size_bytes=64 << 20)
+    sb = LocalSandbox(SandboxSpec(workspace=sys.argv[1]), options, LocalOptions(use_cgroups=False))
     probe = "stat -f -c %c /workspace; grep -hE '^Cap' /proc/1/status /proc/self/status; cat /proc/sys/kernel/shmmax"
     probe += "; echo 1 > /proc/sys/kernel/shmmax"
     out = sb.call_tool("Bash", {"command": probe})

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from sandbox import open_sandbox
-from sandbox.base import CommandResult, SandboxError, SandboxLimits, SandboxSpec, SandboxUnavailable
-from sandbox.local import LocalSandbox
+from sandbox.base import CommandResult, SandboxError, SandboxLimits, SandboxOptions, SandboxSpec, SandboxUnavailable
+from sandbox.kubernetes_manifests import KubernetesOptions
+from sandbox.local import LocalOptions, LocalSandbox
 from tests.sandbox.conftest import TEST_LIMITS
 from tests.sandbox.support import bash, leaf_bash, skip_unless_root
 
@@ -63,7 +64,7 @@ def host_processes(marker: str) -> list[int]:
 def test_missing_bwrap_is_unavailable_not_unsandboxed(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = SandboxSpec(workspace=str(workspace))
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
-        LocalSandbox(spec, bwrap="/nonexistent/bwrap")
+        LocalSandbox(spec, local=LocalOptions(bwrap="/nonexistent/bwrap"))
     monkeypatch.setattr(shutil, "which", lambda *args, **kwargs: None)
     with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
         open_sandbox(spec)
@@ -75,6 +76,10 @@ def test_factory(workspace: Path) -> None:
         open_sandbox(spec, backend="chroot")
     with pytest.raises(SandboxUnavailable, match="kubernetes"):
         open_sandbox(spec, backend="kubernetes")
+    with pytest.raises(TypeError, match="the local backend takes LocalOptions"):
+        open_sandbox(spec, "local", SandboxOptions(), KubernetesOptions())
+    with pytest.raises(TypeError, match="the kubernetes backend takes KubernetesOptions"):
+        open_sandbox(spec, "kubernetes", SandboxOptions(), LocalOptions())
 
 
 @bwrap
@@ -246,7 +251,7 @@ def test_bwrap_failures_are_reported(workspace: Path, ws_base: Path) -> None:
     link = ws_base / f"tools-{uuid.uuid4().hex}"
     link.symlink_to(private / "tools")
     with pytest.raises(SandboxUnavailable, match="Can't find source path"):
-        LocalSandbox(SandboxSpec(workspace=str(workspace)), ro_binds=[(str(link), "/opt/tools")])
+        LocalSandbox(SandboxSpec(workspace=str(workspace)), local=LocalOptions(ro_binds=[(str(link), "/opt/tools")]))
     assert os.stat(workspace).st_uid == 0  # handed back after the failed start
 
 
@@ -257,5 +262,5 @@ def test_unreachable_bind_is_a_clear_error_before_bwrap(workspace: Path, ws_base
     (private / "tools").mkdir(parents=True)
     private.chmod(0o700)
     with pytest.raises(SandboxError, match="chmod o\\+x"):
-        LocalSandbox(SandboxSpec(workspace=str(workspace)), ro_binds=[str(private / "tools")])
+        LocalSandbox(SandboxSpec(workspace=str(workspace)), local=LocalOptions(ro_binds=[str(private / "tools")]))
     assert os.stat(workspace).st_uid == 0  # handed back after the refused start

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import PatchTooLarge, SandboxError, SandboxLimits
+from sandbox import PatchTooLarge, SandboxError, SandboxLimits, SandboxOptions
 from sandbox.local import LocalSandbox
 from sandbox.runner_client import RunnerBroken, RunnerClient, decode_reply, encode_request
 
@@ -36,7 +36,7 @@ class ScriptedChannel:
 
 def client(*answers: dict[str, Any] | Exception, max_patch_bytes: int = 1000) -> tuple[RunnerClient, ScriptedChannel]:
     channel = ScriptedChannel(*answers)
-    box = RunnerClient(LIMITS, tool_timeout_s=7.0, reply_grace_s=3.0, max_patch_bytes=max_patch_bytes)
+    box = RunnerClient(LIMITS, SandboxOptions(tool_timeout_s=7.0, reply_grace_s=3.0, max_patch_bytes=max_patch_bytes))
     box._channel = channel
     return box, channel
 

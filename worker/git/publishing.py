@@ -89,25 +89,10 @@ def commit_patch(
     repo = git_dir_args(Path(mirror))
     try:
         with reading_lock(Path(mirror)):
-            run_git([*repo, "read-tree", base], env=env, what="git read-tree", timeout=timeout)
-            base_tree = run_git(
-                [*repo, "rev-parse", f"{base}^{{tree}}"], env=env, what="git rev-parse", timeout=timeout
-            )
-            run_git(
-                [*repo, "apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
-                env=env,
-                what="applying the patch",
-                timeout=timeout,
-                stdin=data,
-            )
-            tree = run_git([*repo, "write-tree"], env=env, what="git write-tree", timeout=timeout).stdout.strip()
-            if tree == base_tree.stdout.strip():
-                raise RepoError("the patch changes nothing")
-            if expect_tree is not None and tree.decode() != expect_tree:
-                raise RepoError(f"the patch made tree {tree.decode()[:12]}, not the reviewed {expect_tree[:12]}")
+            tree = _patched_tree(repo, env, base, data, timeout, expect_tree)
             text = message.strip() + "\n"
             done = run_git(
-                [*repo, "commit-tree", tree.decode(), "-p", base, "-F", "-"],
+                [*repo, "commit-tree", tree, "-p", base, "-F", "-"],
                 env=env,
                 what="git commit-tree",
                 timeout=timeout,
@@ -116,6 +101,28 @@ def commit_patch(
     finally:
         index.unlink(missing_ok=True)
     return done.stdout.decode().strip()
+
+
+def _patched_tree(
+    repo: list[str], env: dict[str, str], base: str, data: bytes, timeout: float, expect_tree: str | None
+) -> str:
+    """The tree `data` makes of `base`'s, applied in the private index `env` names; RepoError when it
+    changes nothing or is not `expect_tree`."""
+    run_git([*repo, "read-tree", base], env=env, what="git read-tree", timeout=timeout)
+    base_tree = run_git([*repo, "rev-parse", f"{base}^{{tree}}"], env=env, what="git rev-parse", timeout=timeout)
+    run_git(
+        [*repo, "apply", "--cached", "--binary", "--whitespace=nowarn", "-"],
+        env=env,
+        what="applying the patch",
+        timeout=timeout,
+        stdin=data,
+    )
+    tree = run_git([*repo, "write-tree"], env=env, what="git write-tree", timeout=timeout).stdout.strip()
+    if tree == base_tree.stdout.strip():
+        raise RepoError("the patch changes nothing")
+    if expect_tree is not None and tree.decode() != expect_tree:
+        raise RepoError(f"the patch made tree {tree.decode()[:12]}, not the reviewed {expect_tree[:12]}")
+    return tree.decode()
 
 
 PUSH_OPTION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(?:=[\x20-\x7e]*)?")  # ci.skip, ci.variable=K=V
@@ -154,12 +161,9 @@ def push_branch(
     for option in push_options:
         if not PUSH_OPTION.fullmatch(option):
             raise RepoError(f"invalid push option {option!r}")
-    options = [arg for option in push_options for arg in ("-o", option)]
     if expect_old not in (None, ""):
         check_sha(str(expect_old))
-    ref = f"refs/heads/{branch}"
     source = Path(source_repo)
-    repo = git_dir_args(source)
     with reading_lock(source):
         if not has_commit(source, commit):
             raise RepoError(f"commit {commit[:12]} is not in {source.name}")
@@ -167,22 +171,40 @@ def push_branch(
             raise RepoBranchMoved(
                 f"{commit[:12]} does not build on {str(expect_old)[:12]}: FrogFix pushes only fast-forwards here"
             )
-        args = ["push", "--porcelain", "--no-verify", *options]
-        if expect_old is not None:
-            args.append(f"--force-with-lease={ref}:{expect_old}")
-        plus = "" if fast_forward or expect_old is not None else "+"
-        args += ["--", clone_url, f"{plus}{commit}:{ref}"]
+        args = _push_args(clone_url, branch, commit, expect_old, push_options, fast_forward)
         env = git_environment()
         if auth_header:
             env = git_auth_env(auth_header, url=clone_url, base_env=env)
-        done = run_git([*repo, *args], env=env, what="git push", timeout=timeout, check=False)
+        done = run_git([*git_dir_args(source), *args], env=env, what="git push", timeout=timeout, check=False)
     if done.returncode != 0:
         output = done.stdout.decode("utf-8", "replace") + "\n" + done.stderr.decode("utf-8", "replace")
-        secrets = secret_forms(auth_header)
-        if "stale info" in output or "[rejected]" in output:  # a lease or fast-forward refusal
-            why = error_summary(output, secrets)
-            raise RepoBranchMoved(f"git push to {branch} was rejected (the branch moved): {why}")
-        if "[remote rejected]" in output:
-            raise RepoError(f"git push to {branch} was rejected: {error_summary(output, secrets)}")
-        raise classify_failure(f"git push to {branch}", output, secrets)
+        raise _push_refused(branch, output, secret_forms(auth_header))
 
+
+def _push_args(
+    clone_url: str,
+    branch: str,
+    commit: str,
+    expect_old: str | None,
+    push_options: Sequence[str],
+    fast_forward: bool,
+) -> list[str]:
+    """`git push`'s arguments: the one refspec to `refs/heads/<branch>`, forced (`+`) only when neither a
+    lease nor a fast-forward is asked for."""
+    ref = f"refs/heads/{branch}"
+    args = ["push", "--porcelain", "--no-verify", *[arg for option in push_options for arg in ("-o", option)]]
+    if expect_old is not None:
+        args.append(f"--force-with-lease={ref}:{expect_old}")
+    plus = "" if fast_forward or expect_old is not None else "+"
+    return [*args, "--", clone_url, f"{plus}{commit}:{ref}"]
+
+
+def _push_refused(branch: str, output: str, secrets: Sequence[str]) -> RepoError:
+    """The error for a failed push: RepoBranchMoved for a lease or fast-forward refusal, RepoError for the
+    server's refusal, else what `classify_failure` makes of it (network, auth, ...)."""
+    if "stale info" in output or "[rejected]" in output:  # a lease or fast-forward refusal
+        why = error_summary(output, secrets)
+        return RepoBranchMoved(f"git push to {branch} was rejected (the branch moved): {why}")
+    if "[remote rejected]" in output:
+        return RepoError(f"git push to {branch} was rejected: {error_summary(output, secrets)}")
+    return classify_failure(f"git push to {branch}", output, secrets)
