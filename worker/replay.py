@@ -530,10 +530,10 @@ def _live_verdict(report: ReplayReport, result: AttemptResult) -> ReplayReport:
     if verification is not None:
         report.tests_after = {
             "command": verification.command,
-            **verification.after[0].to_dict(),
-            "runs": [run.to_dict() for run in verification.after],
+            **verification.after[0].answer().as_json(),
+            "runs": [run.answer().as_json() for run in verification.after],
             "flaky": verification.flaky,
-            "before": verification.before.to_dict(),
+            "before": verification.before.answer().as_json(),
             "evidence": verification.verdict.to_dict(),
         }
     same = "the same patch as" if report.patch_identical else "a different patch from"
