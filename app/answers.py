@@ -42,8 +42,10 @@ class Answer(BaseModel):
 
 
 def _fields_of(model: type[BaseModel], source: Any) -> dict[str, Any]:
-    """The attributes of `source` that `model` declares (an ORM row or a dataclass read by name)."""
-    return {name: getattr(source, name) for name in model.model_fields if hasattr(source, name)}
+    """The attributes of `source` that `model` declares (an ORM row or a dataclass read by name); a None
+    (a row not yet flushed has no column defaults) leaves the field's default."""
+    values = {name: getattr(source, name, None) for name in model.model_fields}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 # -- tests and evidence -----------------------------------------------------------------------------
