@@ -935,7 +935,7 @@ def _print_replay(report: Any) -> None:
     for note in report.notes:
         field("note", note)
     if report.tests_after:
-        field("tests", f"{report.tests_after.get('command')}: exit {report.tests_after.get('exit_code')}")
+        field("tests", f"{report.tests_after.get('command')}: {_tests_summary(report.tests_after)}")
     lines.append(f"  {'recorded':<10} {report.recorded_trajectory}")
     lines.append(f"  {'trajectory':<10} {report.trajectory}")
     typer.echo("\n".join(lines))

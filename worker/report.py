@@ -33,11 +33,12 @@ class TestEvidence:
     reproduction: dict[str, Any] | None = None  # the run of the patch's tests alone on the base source
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"command": self.command, "before": self.before, "after": self.after, "flaky": self.flaky}
+        """An attempt's stored `tests`: the one `tests` shape (app/answers.py `TestsAnswer`) and, beside the
+        runs, the verdict (`evidence`), which the answers lift out of it (`AttemptAnswer`)."""
+        data = {"command": self.command, "before": self.before, "after": self.after, "flaky": self.flaky,
+                "reproduction": self.reproduction}
         if self.verdict is not None:
             data["evidence"] = self.verdict
-        if self.reproduction is not None:
-            data["reproduction"] = self.reproduction
         return data
 
 
