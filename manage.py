@@ -457,6 +457,7 @@ def jobs_command(
     from sqlalchemy.exc import SQLAlchemyError
 
     from app import local_jobs
+    from app.answers import JobAnswer
     from app.db import session_scope
     from app.jobs import records
     from app.settings import get_settings
@@ -474,7 +475,7 @@ def jobs_command(
                     # Enough forge jobs to fill the page once the local ones are merged in by time.
                     filtered = records.JobFilter(status, forge, project)
                     items, total = records.list_jobs(session, filtered, limit + offset, 0)
-                    rows = [job.to_dict() for job in items]
+                    rows = [JobAnswer.of(job).as_json() for job in items]
             except SQLAlchemyError as exc:
                 if forge is not None or not _no_tables(exc):
                     raise
@@ -483,11 +484,7 @@ def jobs_command(
                 typer.echo(note, err=True)
     if forge in (None, local_jobs.FORGE) and (status is None or status in LOCAL_STATUSES):
         local = local_jobs.newest(get_settings().data_dir, status=status, project=project)
-        from app.models import Job
-
-        # A local row has every key a forge row has (null where it has no such thing), as the API's items do.
-        blank = dict.fromkeys(Job(forge="", project="", issue=0, status="", run=0, steps=0).to_dict())
-        rows += [{**blank, **job.listing()} for job in local]
+        rows += [job.listing().as_json() for job in local]  # the one job answer, as forge rows and the API's items
         total += len(local)
     rows.sort(key=_created, reverse=True)
     rows = rows[offset:offset + limit]
@@ -514,26 +511,25 @@ def _created(row: dict[str, Any]) -> datetime:
 
 
 def _job_details(job_id: int) -> dict[str, Any]:
+    """The job as `/api/jobs/{id}` answers it (app/answers.py `JobDetailAnswer`)."""
     from app.db import session_scope
-    from app.jobs import records
+    from app.jobs import read_model
 
     with session_scope() as session:
-        job = records.get_job(session, job_id)
-        details = job.to_dict()
-        details["issue_url"] = job.issue_url
-        details["attempts"] = [a.to_dict() for a in records.job_attempts(session, job_id)]
-        details["events"] = [e.to_dict() for e in records.job_events(session, job_id)]
-    return details
+        return read_model.job_detail(session, job_id).as_json()
 
 
 def _tests_summary(tests: dict[str, Any] | None, evidence: dict[str, Any] | None = None) -> str:
-    """The tests in plain words (app/outcome_words.py, as `fix` words them), then the evidence line naming them."""
+    """The tests in plain words (app/outcome_words.py, as `fix` words them), then the evidence line naming them.
+    `tests` of any stored shape is read in the one shape (app/answers.py) first."""
+    from app.answers import TestsAnswer
     from app.outcome_words import tests_line
 
-    if not tests or not (tests.get("command") or tests.get("before") or tests.get("after")):
+    read = TestsAnswer.read(tests)
+    if read is None or not (read.command or read.before or read.after):
         return "no tests run"
-    line = tests_line(tests)
-    verdict = evidence or tests.get("evidence")
+    line = tests_line(read.as_json())
+    verdict = evidence or (tests or {}).get("evidence")
     if isinstance(verdict, dict) and verdict.get("level"):
         from worker.attempts.evidence import Evidence, evidence_line
 
@@ -584,7 +580,7 @@ def _print_job(d: dict[str, Any]) -> None:
         head = f"  {a['run']}.{a['number']:<3} {a['status']:<9} " + ("(chosen) " if a.get("chosen") else "")
         indent = " " * len(head)
         agent = "still running" if a["status"] == "running" else ending(a.get("exit_reason"), a.get("steps"))
-        lines.extend(_wrap(f"{agent}; tests: {_tests_summary(a.get('tests'))}", head, len(head)))
+        lines.extend(_wrap(f"{agent}; tests: {_tests_summary(a.get('tests'), a.get('evidence'))}", head, len(head)))
         if a.get("error"):
             lines.extend(_wrap(f"error: {a['error']}", indent, len(head)))
         for flag in a.get("flags") or []:
@@ -643,6 +639,7 @@ def _follow(command: str, job_id: int, seen: int, timeout: float) -> str:
     """Print the job's new timeline events as they come, until it is final (or `timeout` passes)."""
     import time
 
+    from app.answers import EventAnswer
     from app.db import session_scope
     from app.jobs import records
 
@@ -650,7 +647,8 @@ def _follow(command: str, job_id: int, seen: int, timeout: float) -> str:
     while True:
         with session_scope() as session:
             status = records.get_job(session, job_id).status
-            events = [e.to_dict() for e in records.job_events(session, job_id) if e.id > seen]
+            new = [e for e in records.job_events(session, job_id) if e.id > seen]
+            events = [EventAnswer.model_validate(e).as_json() for e in new]
         for e in events:
             typer.echo("\n".join(_event_lines(e)), err=True)
             seen = e["id"]
@@ -676,6 +674,7 @@ def _show_local(job: str, json_out: bool) -> None:
     from its trajectory."""
 
     from app import local_jobs, trajectory
+    from app.answers import EventAnswer, TestsAnswer
     from app.jobs.records import UnknownJob
     from app.outcome_words import ending, says_more, why
     from app.settings import get_settings
@@ -710,13 +709,12 @@ def _show_local(job: str, json_out: bool) -> None:
         chosen = next((a for a in attempts if a.chosen), attempts[-1] if attempts else None)
         stored = chosen.trajectory_path if chosen is not None else None
         if json_out:
-            details = record.to_dict()
+            details = record.answer().as_json()
             try:
                 where = str(trajectory.resolve(settings.data_dir, stored)) if stored else None
             except trajectory.TrajectoryError:
                 where = None
-            details.setdefault("trajectory", where)
-            details.setdefault("patch", chosen.patch if chosen is not None else "")
+            details["trajectory"] = where
             _dump(details)
             return
         lines.append(f"local job {record.id}: {_statuses.status_label(record.status)}")
@@ -750,7 +748,7 @@ def _show_local(job: str, json_out: bool) -> None:
         else:
             lines.append("  trajectory none (the job ended before the agent ran)")
         if record.events:
-            lines.extend(_timeline_lines([event.to_dict() for event in record.events]))
+            lines.extend(_timeline_lines([EventAnswer.model_validate(event).as_json() for event in record.events]))
         typer.echo("\n".join(lines))
         return
 
@@ -772,7 +770,7 @@ def _show_local(job: str, json_out: bool) -> None:
         "base_commit": data.get("base_commit"),
         "exit_reason": data.get("exit_reason"),
         "steps": data.get("n_steps"),
-        "tests": fix.get("tests"),
+        "tests": (read.as_json() if (read := TestsAnswer.read(fix.get("tests"))) else None),
         "evidence": fix.get("evidence"),
         "flags": fix.get("flags") or [],
         "usage": fix.get("usage") or data.get("usage"),
@@ -937,7 +935,7 @@ def _print_replay(report: Any) -> None:
     for note in report.notes:
         field("note", note)
     if report.tests_after:
-        field("tests", f"{report.tests_after.get('command')}: exit {report.tests_after.get('exit_code')}")
+        field("tests", f"{report.tests_after.get('command')}: {_tests_summary(report.tests_after)}")
     lines.append(f"  {'recorded':<10} {report.recorded_trajectory}")
     lines.append(f"  {'trajectory':<10} {report.trajectory}")
     typer.echo("\n".join(lines))

@@ -9,6 +9,10 @@ Inside:
   sandbox seconds), for trajectories, `fix --json`, the API, `show`, the pages and /metrics.
 - textcalls.py: the one reader of tool calls a model wrote as text (qwen3_coder form, inline
   `<think>`): the agent loop runs what it reads and the trajectory page shows the same calls.
+- answers.py: one typed schema (pydantic) per answer about a job: a job, its detail, an attempt,
+  the one `tests` shape, evidence, usage, an ending, `fix --json`'s object; the API's
+  `response_model`s, and what `fix --json`, `jobs --json`, `show --json`, local job records and the
+  dashboard read. Older stored shapes are read into these by its validators, nowhere else.
 - outcome_words.py: a job's ending in plain words (why it failed, how its agent ended, what its
   tests said), for `fix`, `show` and the job page alike.
 - moments.py: a moment in time, one way (aware, UTC, written ISO 8601 with its offset); the

@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
-from app.moments import as_utc, iso
+from app.answers import AttemptAnswer, EventAnswer, JobAnswer, JobDetailAnswer
+from app.moments import as_utc
 from app.statuses import FixStatus
 from app.trajectory import LOCAL_ID, TrajectoryError, local_path, write_atomic
 
@@ -192,10 +193,6 @@ class LocalEvent:
     message: str
     data: dict[str, Any] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "at": iso(self.at), "kind": self.kind,
-                "message": self.message, "data": self.data}
-
 
 @dataclass(frozen=True)
 class LocalAttempt:
@@ -218,14 +215,6 @@ class LocalAttempt:
     @property
     def id(self) -> int:
         return self.number
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "number": self.number, "run": self.run, "status": self.status, "exit_reason": self.exit_reason,
-            "steps": self.steps, "trajectory_path": self.trajectory_path, "patch": self.patch,
-            "summary": self.summary, "tests": self.tests, "flags": self.flags, "error": self.error,
-            "chosen": self.chosen, "usage": self.usage,
-        }
 
 
 @dataclass(frozen=True)
@@ -295,49 +284,27 @@ class LocalJob:
     def running(self) -> bool:
         return self.status == RUNNING
 
-    def listing(self) -> dict[str, Any]:
-        """The job as `jobs --json` lists it: a forge job's keys (null where a local job has none), plus
-        `kind` and `repository`; `show` has the whole record."""
-        return {
+    def listing(self) -> JobAnswer:
+        """The job as `jobs --json` lists it (app/answers.py `JobAnswer`): a forge job's fields (null where a
+        local job has none), with `kind` local, `local_kind` and `repository`; `answer` has the whole record."""
+        return JobAnswer.model_validate({
             "id": self.id, "kind": "local", "local_kind": self.kind, "forge": FORGE, "project": self.project,
-            "repository": self.repository, "issue": None, "issue_url": None, "title": self.title,
-            "status": self.status, "trigger_user": self.trigger_user, "attempt": 1, "run": 1,
-            "base_commit": self.base_commit, "branch": None, "mr_url": None, "error": self.error,
-            "cancel_requested": False, "hold_reason": None, "steps": self.steps, "exit_reason": self.exit_reason,
-            "flags": self.flags, "created_at": iso(self.created_at), "updated_at": iso(self.finished_at),
-            "started_at": iso(self.started_at), "finished_at": iso(self.finished_at), "usage": self.usage_figures,
-        }
+            "repository": self.repository, "issue": None, "title": self.title, "status": self.status,
+            "trigger_user": self.trigger_user, "attempt": 1, "run": 1, "base_commit": self.base_commit,
+            "error": self.error, "steps": self.steps, "exit_reason": self.exit_reason, "flags": self.flags,
+            "created_at": self.created_at, "updated_at": self.finished_at, "started_at": self.started_at,
+            "finished_at": self.finished_at, "usage": self.usage_figures, "selection": self.selection,
+        })
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": "local",
-            "local_kind": self.kind,
-            "forge": FORGE,
-            "project": self.project,
-            "repository": self.repository,
-            "title": self.title,
-            "status": self.status,
-            "exit_reason": self.exit_reason,
-            "error": self.error,
-            "steps": self.steps,
-            "base_commit": self.base_commit,
-            "model": self.model,
-            "created_at": iso(self.created_at),
-            "started_at": iso(self.started_at),
-            "finished_at": iso(self.finished_at),
-            "flags": self.flags,
-            "summary": self.summary,
-            "tests": self.tests,
-            "evidence": self.evidence,
-            "model_url": self.model_url,
-            "selection": self.selection,
-            "usage": self.usage_figures,
-            "environment": self.environment,
-            "attempts": [a.to_dict() for a in self.attempt_list],
-            "events": [e.to_dict() for e in self.events],
-        }
-
+    def answer(self) -> JobDetailAnswer:
+        """The whole record as `show --json` prints it: the one job answer (app/answers.py `JobDetailAnswer`)."""
+        return JobDetailAnswer.of_parts(
+            self.listing(),
+            [EventAnswer.model_validate(e) for e in self.events],
+            [AttemptAnswer.model_validate(a) for a in self.attempt_list],
+            body=self.body, tests=self.tests, evidence=self.evidence, summary=self.summary, model=self.model,
+            model_url=self.model_url, environment=self.environment,
+        )
 
 
 def _text(value: Any, default: str = "") -> str:
@@ -399,7 +366,7 @@ def parse(document: Any, where: Path) -> LocalJob:
         ]
         attempts = [_attempt(local_id, a) for a in document.get("attempts") or [] if isinstance(a, dict)]
         stopped = _stopped(document)
-        return LocalJob(
+        job = LocalJob(
             id=local_id,
             kind=_text(document.get("kind"), "fix"),
             status=FixStatus.failed.value if stopped else _text(document.get("status"), RUNNING),
@@ -426,6 +393,8 @@ def parse(document: Any, where: Path) -> LocalJob:
             model_url=document.get("model_url") if isinstance(document.get("model_url"), str) else None,
             file=where,
         )
+        job.answer()  # readable as the one job answer (a ValueError when not), so `show` and the API never fail on it
+        return job
     except (KeyError, TypeError, ValueError, OverflowError, TrajectoryError) as exc:
         raise TrajectoryError(f"{where.name} is not a complete local job record: {exc}") from exc
 

@@ -191,47 +191,6 @@ class Job(UsageColumns, Base):
         """The job's figures: the sums over its attempts, steps included."""
         return replace(UsageFigures.of(self), steps=int(self.attempt_steps or 0))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "forge": self.forge,
-            "project": self.project,
-            "issue": self.issue,
-            "issue_url": self.issue_url,
-            "title": self.title,
-            "status": self.status,
-            "trigger_user": self.trigger_user,
-            "attempt": self.run,  # the run number under its first name, for API clients written before `run`
-            "run": self.run,
-            "base_commit": self.base_commit,
-            "branch": self.branch,
-            "mr_url": self.mr_url,
-            "error": self.error,
-            "cancel_requested": self.cancel_requested,
-            "hold_reason": self.hold_reason,
-            "steps": self.steps,
-            "exit_reason": self.exit_reason,
-            "flags": self.flags or [],
-            "created_at": iso(self.created_at),
-            "updated_at": iso(self.updated_at),
-            "started_at": iso(self.started_at),
-            "finished_at": iso(self.finished_at),
-            "usage": self.usage.to_dict(),
-            "thread_id": self.thread_id,
-            "round": self.round,
-            "round_kind": self.round_kind,
-            "mr_number": self.mr_number,
-            "start_commit": self.start_commit,
-            "pushed_commit": self.pushed_commit,
-            "ci_status": self.ci_status,
-            "selection": self.selection,
-            "asked_at": iso(self.asked_at),
-            "queue_wait_seconds": None if self.queue_wait_seconds is None else round(self.queue_wait_seconds, 3),
-            "queue_wait_total_seconds": (
-                None if self.queue_wait_total_seconds is None else round(self.queue_wait_total_seconds, 3)
-            ),
-        }
-
 
 class JobAttempt(UsageColumns, Base):
     """One independent try at a job: its own sandbox, trajectory, patch and test evidence."""
@@ -259,15 +218,6 @@ class JobAttempt(UsageColumns, Base):
     chosen: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())  # the one published
     started_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "run": self.run, "number": self.number, "status": self.status, "chosen": self.chosen,
-            "exit_reason": self.exit_reason, "steps": self.steps, "trajectory_path": self.trajectory_path,
-            "patch": self.patch, "summary": self.summary, "tests": self.tests, "flags": self.flags or [],
-            "error": self.error, "started_at": iso(self.started_at), "finished_at": iso(self.finished_at),
-            "usage": UsageFigures.of(self).to_dict(),
-        }
 
 
 class WebhookDelivery(Base):
@@ -358,9 +308,6 @@ class JobEvent(Base):
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="events")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "at": iso(self.at), "kind": self.kind, "message": self.message, "data": self.data}
 
 
 class Operator(Base):

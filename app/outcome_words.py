@@ -315,20 +315,17 @@ def run_words(run: Any) -> str:
 
 
 def _after_runs(tests: dict[str, Any]) -> list[Any]:
-    runs = tests.get("after_runs")  # fix's: every patched run; `after` is the first of them
-    if isinstance(runs, list) and runs:
-        return runs
+    """The patched runs of the one `tests` shape (app/answers.py `TestsAnswer`: `after` is their list; a
+    stored dict of an older shape is read into it there, before it reaches these words)."""
     after = tests.get("after")
-    if isinstance(after, list):  # a forge attempt's: every patched run
-        return after
-    return [after] if isinstance(after, dict) else []
+    return after if isinstance(after, list) else []
 
 
 def tests_line(tests: dict[str, Any] | None, evidence: dict[str, Any] | None = None) -> str:
     """The tests in plain words: "before: 1 failed, 1 passed; after: 2 passed (2 runs)".
 
-    `tests`: `fix --json`'s `tests` (before, after, after_runs, flaky, reproduction) or a forge attempt's
-    (before, after: a list, flaky, reproduction); per-test counts when the runner's report was read,
+    `tests`: the one `tests` shape (app/answers.py `TestsAnswer`: before, after: a list of runs, flaky,
+    reproduction), `fix --json`'s and an attempt's alike; per-test counts when the runner's report was read,
     else the exit codes in words. `evidence` (fix's `evidence`, a forge attempt's `tests["evidence"]`):
     when given, what it proves is added; `fix` and `show` print worker/attempts/evidence.py's evidence line
     instead, which names the tests."""

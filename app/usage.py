@@ -2,8 +2,8 @@
 
 The loop fills it from the server's `usage` reports, an attempt adds its test runs' sandbox
 time, the database keeps it per attempt and (summed) per job, and `fix --json`, the API, `show`,
-the job page and /metrics print it through `to_dict`. Standard library only, so worker/leaf
-may use it without pulling in the database.
+the job page and /metrics print it through `to_dict` (app/answers.py `UsageAnswer` types that
+shape). Standard library only, so worker/leaf may use it without pulling in the database.
 """
 
 from __future__ import annotations

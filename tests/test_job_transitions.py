@@ -143,7 +143,7 @@ def test_a_claim_starts_the_next_run(frogfix_env: dict[str, Any]) -> None:
         assert not transitions.claim_job(s, job_id)  # a second delivery of the task loses
     with session_scope() as s:
         assert records.run_states(s, {job_id}) == {job_id: ("running", 1)}
-        assert records.get_job(s, job_id).to_dict()["run"] == 1
+        assert records.get_job(s, job_id).run == 1
 
 
 def test_cancel_lands_on_one_side_of_the_move_to_publishing(frogfix_env: dict[str, Any]) -> None:

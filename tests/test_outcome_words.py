@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from app import outcome_words  # `tests_line` by its module: imported by name, pytest would collect it
+from app.answers import TestsAnswer
 from app.outcome_words import ending, says_more, shown_url, why
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,22 +117,25 @@ def test_how_the_agent_ended() -> None:
     assert ending("config_error", 0) == ending("environment_error", 0) == ending(None, 0) == "the agent did not run"
 
 
-def test_tests_in_words_for_fix_and_for_a_forge_attempt() -> None:
+def test_tests_in_words_in_the_one_shape() -> None:
+    """`fix --json`'s tests and a forge attempt's are one shape (app/answers.py): `after` lists every run."""
     fix_tests = {
         "command": "python3 -m pytest -q",
         "before": {"exit_code": 1, "log": "", "timed_out": False, "counts": {"failed": 1, "passed": 1}},
-        "after": {"exit_code": 0, "log": "", "timed_out": False, "counts": {"passed": 2}},
-        "after_runs": [{"exit_code": 0, "counts": {"passed": 2}}, {"exit_code": 0, "counts": {"passed": 2}}],
+        "after": [{"exit_code": 0, "counts": {"passed": 2}}, {"exit_code": 0, "counts": {"passed": 2}}],
         "flaky": False,
         "reproduction": None,
     }
     assert outcome_words.tests_line(fix_tests, None) == "before: 1 failed, 1 passed; after: 2 passed (2 runs)"
+    # The shape `fix --json` wrote before (one `after` run and `after_runs`) is read into the one shape first.
+    old_fix = {**fix_tests, "after": fix_tests["after"][0], "after_runs": fix_tests["after"]}
+    read = TestsAnswer.read(old_fix)
+    assert read is not None and outcome_words.tests_line(read.as_json()) == outcome_words.tests_line(fix_tests)
     forge_tests = {"command": "pytest", "before": {"exit_code": 1}, "after": [{"exit_code": 0}] * 2, "flaky": False}
     assert outcome_words.tests_line(forge_tests) == "before: failed; after: passed (2 runs)"
     flaky = {**forge_tests, "after": [{"exit_code": 0}, {"exit_code": 1}], "flaky": True}
     assert outcome_words.tests_line(flaky) == "before: failed; after: passed, then failed (flaky: the runs differ)"
-    model_down = {"command": "pytest", "before": {"exit_code": 1, "counts": {"failed": 1, "passed": 1}},
-                  "after": None, "after_runs": []}
+    model_down = {"command": "pytest", "before": {"exit_code": 1, "counts": {"failed": 1, "passed": 1}}, "after": []}
     assert outcome_words.tests_line(model_down) == "before: 1 failed, 1 passed; after: did not run"
     stuck = {"command": "pytest", "before": {"exit_code": None, "timed_out": True}, "after": [{"exit_code": 4}],
              "reproduction": {"exit_code": 1, "counts": {"failed": 1, "error": 2}}}

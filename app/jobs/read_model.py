@@ -1,4 +1,4 @@
-"""The dashboard's read model: the job list page by page, an MR's thread of rounds, and the overview's numbers.
+"""The dashboard's read model: the job list page by page, an MR's thread of rounds, one job's answer, the overview.
 
 Read-only queries for app/web/dashboard.py and app/web/api.py. The job list selects only the columns
 it shows (never the issue body) and pages by keyset on (created_at, id), so a deep page costs what the
@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import Row, Select, and_, distinct, func, or_, select
 from sqlalchemy.orm import Session
 
+from app.answers import AttemptAnswer, EventAnswer, JobAnswer, JobDetailAnswer, ThreadAnswer
 from app.jobs import rounds
-from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions
+from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions, get_job, job_attempts, job_events
 from app.models import Job, JobAttempt, RoundRequest, utcnow
-from app.moments import iso
 from app.statuses import (
     ACTIVE_STATUSES,
     FINAL_STATUSES,
@@ -287,14 +287,6 @@ class ThreadJob:
     created_at: datetime
     finished_at: datetime | None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "round": self.round, "round_kind": self.round_kind, "trigger_user": self.trigger_user,
-            "status": self.status, "cancel_requested": self.cancel_requested, "start_commit": self.start_commit,
-            "pushed_commit": self.pushed_commit, "ci_status": self.ci_status, "mr_url": self.mr_url,
-            "mr_number": self.mr_number, "created_at": iso(self.created_at), "finished_at": iso(self.finished_at),
-        }
-
 
 @dataclass(frozen=True)
 class RequestRow:
@@ -350,14 +342,6 @@ class RequestRow:
             ci_jobs=_ci_job_names(data) if request.kind == RoundKind.ci.value else (),
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id, "kind": self.kind, "status": self.status, "reason": self.reason, "author": self.author,
-            "job_id": self.job_id, "created_at": iso(self.created_at), "comment_kind": self.comment_kind,
-            "path": self.path, "line": self.line, "text": self.text, "text_cut": self.text_cut, "url": self.url,
-            "ci_status": self.ci_status, "ci_jobs": list(self.ci_jobs),
-        }
-
 
 @dataclass(frozen=True)
 class JobThread:
@@ -369,13 +353,6 @@ class JobThread:
     requests: list[RequestRow]  # taken by the current job, oldest first
     waiting: list[RequestRow]  # pending or accepted: for the next round, oldest first
     turned_down: list[RequestRow]  # ignored or dropped, with the reason, newest first
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "current": self.current, "mr_number": self.mr_number, "jobs": [j.to_dict() for j in self.jobs],
-            "requests": [r.to_dict() for r in self.requests], "waiting": [r.to_dict() for r in self.waiting],
-            "turned_down": [r.to_dict() for r in self.turned_down],
-        }
 
 
 
@@ -451,6 +428,19 @@ def job_thread(session: Session, job: Job) -> JobThread | None:
         requests=[RequestRow.of(r) for r in taken],
         waiting=[RequestRow.of(r) for r in reversed(asking) if r.status in _WAITING],
         turned_down=[RequestRow.of(r) for r in asking if r.status in _TURNED_DOWN],
+    )
+
+
+def job_detail(session: Session, job_id: int) -> JobDetailAnswer:
+    """One forge job as `/api/jobs/{id}` and `show --json` answer it (app/answers.py); UnknownJob if none."""
+    job = get_job(session, job_id)
+    thread = job_thread(session, job)
+    return JobDetailAnswer.of_parts(
+        JobAnswer.of(job),
+        [EventAnswer.model_validate(e) for e in job_events(session, job_id)],
+        [AttemptAnswer.of(a) for a in job_attempts(session, job_id)],
+        body=job.body,
+        thread=ThreadAnswer.model_validate(thread) if thread is not None else None,
     )
 
 

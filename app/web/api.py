@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 
+from app.answers import JobAnswer, JobDetailAnswer, JobListAnswer
 from app.db import session_scope
 from app.jobs import read_model, records
 from app.settings import get_settings
@@ -26,32 +27,31 @@ def require_admin(request: Request, authorization: Annotated[str | None, Header(
 router = APIRouter(prefix="/api", tags=["jobs"], dependencies=[Depends(require_admin)])
 
 
-@router.get("/jobs", summary="List jobs, newest first")
+@router.get("/jobs", summary="List jobs, newest first", response_model=JobListAnswer)
 def list_jobs(
     limit: Annotated[int, Query(ge=1, le=5000)] = 50,
     offset: Offset = 0,
     status: JobStatus | None = None,  # an unknown status is a 422
     forge: Literal["gitlab", "gitea"] | None = None,
     project: ProjectFilter = None,
-) -> dict[str, Any]:
+) -> JobListAnswer:
     with session_scope() as session:
         flt = records.JobFilter(status.value if status else None, forge, project)
         items, total = records.list_jobs(session, flt, limit, offset)
-        return {"items": [j.to_dict() for j in items], "total": total}
+        return JobListAnswer(items=[JobAnswer.of(j) for j in items], total=total)
 
 
-@router.get("/jobs/{job_id}", summary="One job with its timeline and its MR's thread of rounds")
-def get_job(job_id: JobId) -> dict[str, Any]:
-    """`thread` is null for a job that opened no MR; else round 0 and its rounds, and the requests
-    (comments, reviews, CI results) this job took, those waiting and those turned down."""
+@router.get(
+    "/jobs/{job_id}", summary="One job with its timeline, attempts and its MR's thread of rounds",
+    response_model=JobDetailAnswer,
+)
+def get_job(job_id: JobId) -> JobDetailAnswer:
+    """`attempts` each with its `tests` and `evidence`; `tests`, `evidence` and `patch` are the chosen
+    attempt's (else the latest's). `thread` is null for a job that opened no MR; else round 0 and its
+    rounds, and the requests (comments, reviews, CI results) this job took, those waiting and those
+    turned down."""
     with session_scope() as session:
         try:
-            job = records.get_job(session, job_id)
+            return read_model.job_detail(session, job_id)
         except records.UnknownJob as exc:
             raise HTTPException(404, str(exc)) from exc
-        data = job.to_dict()
-        data["body"] = job.body
-        data["events"] = [e.to_dict() for e in records.job_events(session, job_id)]
-        thread = read_model.job_thread(session, job)
-        data["thread"] = thread.to_dict() if thread is not None else None
-        return data

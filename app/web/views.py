@@ -18,8 +18,10 @@ from threading import Lock
 from typing import Any
 
 from markupsafe import Markup
+from pydantic import ValidationError
 
 from app import textcalls, trajectory
+from app.answers import TestRunAnswer, TestsAnswer
 from app.jobs.records import QUEUED_EVENTS
 from app.outcome_words import why
 from app.patches import FileDiff, file_diffs, shown_path
@@ -171,20 +173,18 @@ class TestLog:
 
 
 def test_logs(tests: dict[str, Any] | None) -> tuple[str | None, list[TestLog], bool]:
-    """(command, [before, after...], flaky) from an attempt's `tests` JSON (after: one run or a list)."""
-    if not tests:
+    """(command, [before, after...], flaky) from an attempt's `tests` JSON, read in the one shape
+    (app/answers.py `TestsAnswer`, which reads older shapes too); nothing for one it cannot read."""
+    try:
+        read = TestsAnswer.read(tests)
+    except ValidationError:
+        read = None
+    if read is None:
         return None, [], False
-    runs: list[TestLog] = []
-    before = tests.get("before")
-    if isinstance(before, dict):
-        runs.append(_test_log("before the patch", before))
-    after = tests.get("after")
-    afters = after if isinstance(after, list) else [after] if isinstance(after, dict) else []
-    for i, run in enumerate(afters):
-        if isinstance(run, dict):
-            runs.append(_test_log("with the patch" + (f", run {i + 1}" if len(afters) > 1 else ""), run))
-    command = tests.get("command")
-    return (str(command) if command else None), runs, bool(tests.get("flaky"))
+    runs = [_test_log("before the patch", read.before)] if read.before is not None else []
+    many = len(read.after) > 1
+    runs += [_test_log("with the patch" + (f", run {i + 1}" if many else ""), run) for i, run in enumerate(read.after)]
+    return read.command or None, runs, read.flaky
 
 
 def evidence_of(tests: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -219,16 +219,8 @@ def selection_of(selection: dict[str, Any] | None) -> dict[str, Any] | None:
             "attempts": attempts if isinstance(attempts, int) else len(rows), "ranked": rows}
 
 
-def _test_log(label: str, run: dict[str, Any]) -> TestLog:
-    code = run.get("exit_code")
-    seconds = run.get("seconds")
-    return TestLog(
-        label,
-        code if isinstance(code, int) else None,
-        str(run.get("log") or "")[:SHOW_CHARS],
-        bool(run.get("timed_out")),
-        float(seconds) if isinstance(seconds, int | float) else None,
-    )
+def _test_log(label: str, run: TestRunAnswer) -> TestLog:
+    return TestLog(label, run.exit_code, run.log[:SHOW_CHARS], run.timed_out, run.seconds)
 
 
 # -- repository guidance ----------------------------------------------------------------------

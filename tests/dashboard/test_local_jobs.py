@@ -235,7 +235,9 @@ def test_a_malformed_record_is_left_out_and_every_page_still_answers(
 def test_a_selection_the_page_cannot_show_is_an_unreadable_record_not_a_crash(signed_in: Any, data_dir: Path) -> None:
     _plant(data_dir, "local-odd", _record(selection={"chosen": "x", "attempts": "y", "ranked": [{"attempt": "z"}]}))
     page = signed_in.get("/jobs/local-odd")
-    assert page.status_code in (200, 500) and "Internal Server Error" not in page.text
+    assert page.status_code in (200, 404, 500) and "Internal Server Error" not in page.text
+    # Not readable as the one job answer (app/answers.py): left out as malformed, with the reason.
+    assert page.status_code != 404 or "not a complete local job record" in page.text
 
 
 def test_a_running_record_whose_process_is_gone_reads_as_stopped(data_dir: Path) -> None:
@@ -268,13 +270,15 @@ def test_attempts_are_recorded_as_they_start_and_keep_their_steps_when_the_run_d
 
 
 def test_jobs_json_lists_a_local_job_with_a_forge_jobs_keys(demo_job: str) -> None:
+    from app.answers import JobAnswer
     from app.models import Job
 
     listing = json.loads(manage("jobs", "--json").stdout)
     [item] = listing["items"]
     assert item["id"] == demo_job and item["forge"] == "local" and item["kind"] == "local"
-    forge_keys = set(Job(forge="gitlab", project="p", issue=1, status="done", run=1, steps=0).to_dict())
-    assert forge_keys <= set(item), forge_keys - set(item)
+    forge_item = JobAnswer.of(Job(forge="gitlab", project="p", issue=1, status="done", run=1, steps=0)).as_json()
+    assert set(forge_item) == set(item) and forge_item["kind"] == "forge"  # one job answer, whatever its source
+    assert JobAnswer.model_validate(item).as_json() == item
     assert "events" not in item and "attempts" not in item  # a summary; `show` has the whole record
 
 

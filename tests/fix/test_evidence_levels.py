@@ -115,7 +115,7 @@ def test_a_patch_that_breaks_a_passing_test_is_regressed(tmp_path: Path) -> None
 def test_a_pre_existing_failure_does_not_block_a_reproduced_fix(tmp_path: Path) -> None:
     code, out = fix(repository(tmp_path, broken_elsewhere=True), tmp_path / "data", FIX, ADD_TEST)
     evidence = out["evidence"]
-    assert out["tests"]["before"]["exit_code"] == 1 and out["tests"]["after"]["exit_code"] == 1  # exit codes: no
+    assert out["tests"]["before"]["exit_code"] == 1 and out["tests"]["after"][0]["exit_code"] == 1  # exit codes: no
     assert evidence["level"] == "reproduced" and out["status"] == "fixed" and code == 0, evidence
     assert evidence["still_failing"] == ["tests/test_other.py::test_known_broken"]
     assert evidence["fail_to_pass"] == ["tests/test_clamp_high.py::test_clamp_high"]

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from app.answers import FixAnswer
 from app.patches import file_diffs
 from tests.doubles.openai_server import ScriptedOpenAIServer, Status, assistant, text_call, tool_call
 from tests.fix.sample_repo import ISSUE, git, make_sample_repo
@@ -95,8 +96,11 @@ def test_fix_json_fixes_the_bug_and_reports_tests_before_and_after(tmp_path: Pat
     tests = out["tests"]
     assert tests["command"] == "python3 -m pytest -q"
     assert tests["before"]["exit_code"] == 1 and "1 failed, 1 passed" in tests["before"]["log"]
-    assert tests["after"]["exit_code"] == 0 and "2 passed" in tests["after"]["log"]
+    assert tests["after"][0]["exit_code"] == 0 and "2 passed" in tests["after"][0]["log"]
     assert out["job_id"].startswith("local-")
+    # The one `tests` shape (app/answers.py): `after` lists every patched run; the whole object is FixAnswer's.
+    assert set(tests) == {"command", "before", "after", "flaky", "reproduction"} and len(tests["after"]) >= 1
+    assert FixAnswer.model_validate(out).as_json() == out
 
     trajectory = json.loads(Path(out["trajectory"]).read_text())
     assert trajectory["trajectory_format"] == "leaf-function-calling"
@@ -129,7 +133,7 @@ def test_fix_reports_no_fix_when_the_model_changes_nothing(tmp_path: Path) -> No
         proc = run_fix(repo, tmp_path / "data", server.base_url, "--json")
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["status"] == "no_fix" and out["patch"] == ""
-    assert out["tests"]["before"]["exit_code"] == 1 and out["tests"]["after"] is None
+    assert out["tests"]["before"]["exit_code"] == 1 and out["tests"]["after"] == []
 
 
 @pytest.mark.bwrap
@@ -175,7 +179,7 @@ def test_demo_command_fixes_its_sample_repository(tmp_path: Path) -> None:
     assert (
         out["status"] == "fixed"
         and out["tests"]["before"]["exit_code"] == 1
-        and out["tests"]["after"]["exit_code"] == 0
+        and out["tests"]["after"][0]["exit_code"] == 0
     )
     assert [d.path for d in file_diffs(out["patch"])] == ["calc.py"]
 
@@ -192,7 +196,7 @@ def test_fix_refuses_what_the_pipeline_refuses(tmp_path: Path) -> None:
     out = json.loads(proc.stdout)
     assert proc.returncode == 1 and out["status"] == "no_fix", out
     assert "adds binary file tool.exe" in out["flags"] and "adds binary file tool.exe" in out["error"]
-    assert out["tests"]["after"] is None  # a refused patch is not worth running the tests on
+    assert out["tests"]["after"] == []  # a refused patch is not worth running the tests on
 
     big = text_call("Bash", command="head -c 3000000 /dev/urandom | base64 > big.txt")
     with ScriptedOpenAIServer([assistant(edit), assistant(big), assistant("Done.")]) as server:
@@ -226,7 +230,7 @@ def test_fix_reports_a_flaky_test_as_flaky_and_judges_the_steady_ones(tmp_path: 
         proc = run_fix(repo, tmp_path / "data", server.base_url, "--json", env_extra={"FROGFIX_VERIFY_RUNS": "2"})
     out = json.loads(proc.stdout)
     tests, evidence = out["tests"], out["evidence"]
-    assert tests["flaky"] is True and [run["exit_code"] for run in tests["after_runs"]] == [0, 1]
+    assert tests["flaky"] is True and [run["exit_code"] for run in tests["after"]] == [0, 1]
     assert evidence["flaky"] == ["test_flaky.py::test_passes_only_on_the_first_patched_run"], evidence
     assert evidence["pass_to_fail"] == [] and evidence["fail_to_pass"] == ["tests/test_calc.py::test_add"]
     assert proc.returncode == 0 and out["status"] == "fixed" and evidence["level"] == "failed_before", out

@@ -37,7 +37,7 @@ def test_the_record_holds_the_job_and_no_secret(tmp_path: Path) -> None:
     kinds = [e.kind for e in job.events]
     assert kinds[0] == "created" and kinds[-1] == "finished" and "agent_started" in kinds
     assert job.usage_figures == out["usage"]
-    logs = [out["tests"]["before"]["log"], *(run["log"] for run in out["tests"]["after_runs"])]
+    logs = [out["tests"]["before"]["log"], *(run["log"] for run in out["tests"]["after"])]
     assert all("1 failed" in logs[0] or "passed" in log for log in logs)
     assert not any("generated xml file" in log for log in logs)  # FrogFix's own report option, not the project's
 

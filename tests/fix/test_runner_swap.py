@@ -63,7 +63,7 @@ def test_a_patched_in_pytest_py_does_not_run_in_place_of_pytest(nonroot: NonRoot
     base = nonroot.folder("runner-swap-")
     repo = make_sample_repo(base)  # `add` subtracts; tests/test_calc.py::test_add fails on the base
     out = fix_as(nonroot, base, repo, ISSUE, [text_call("Write", file_path="pytest.py", content=FAKE_PYTEST)])
-    after = out["tests"]["after"]
+    after = out["tests"]["after"][0]
     assert "3 passed in 0.01s" not in after["log"] and after["exit_code"] == 1, after["log"][-2000:]
     assert out["status"] != "fixed" and out["evidence"]["level"] != "failed_before", out["evidence"]
     assert "tests/test_calc.py::test_add" in out["evidence"]["still_failing"]

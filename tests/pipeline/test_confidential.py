@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from app.db import session_scope
-from app.jobs import records
+from app.jobs import read_model, records
 from app.logs import configure_logging
 from app.settings import get_settings
 from tests.conftest import configure
@@ -68,9 +68,9 @@ def _job_text(job_id: int) -> tuple[Any, str]:
     """The job row and everything FrogFix recorded for it (fields, events, attempts) as one string."""
     with session_scope() as s:
         job = records.get_job(s, job_id)
-        events = [e.to_dict() for e in records.job_events(s, job_id)]
-        attempts = [a.to_dict() for a in records.job_attempts(s, job_id)]
-    return job, json.dumps([job.to_dict(), events, attempts], default=str)
+        answer = read_model.job_detail(s, job_id).as_json()  # the job, its events and attempts, as the API answers
+        stored = [(a.tests, a.flags) for a in records.job_attempts(s, job_id)]  # and the columns as stored
+    return job, json.dumps([answer, stored], default=str)
 
 
 def _model_requests(world: World) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from app import trajectory
+from app.answers import AttemptAnswer
 from app.db import session_scope
 from app.jobs import records, transitions
 from tests.doubles.openai_server import Status
@@ -57,9 +58,8 @@ def stored_trajectory(stored: str) -> Path:
 def _everything_written(world: World, job_id: int) -> str:
     _, _, attempts = _job(job_id)
     trajectories = "".join(stored_trajectory(a.trajectory_path).read_text() for a in attempts if a.trajectory_path)
-    return (
-        world.gitlab.sent_text() + world.gitea.sent_text() + trajectories + json.dumps([a.to_dict() for a in attempts])
-    )
+    answers = json.dumps([[AttemptAnswer.of(a).as_json(), a.tests] for a in attempts])
+    return world.gitlab.sent_text() + world.gitea.sent_text() + trajectories + answers
 
 
 def test_gitlab_webhook_to_draft_mr(client: Any, world: World) -> None:

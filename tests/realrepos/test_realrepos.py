@@ -135,7 +135,7 @@ def test_fix_builds_the_declared_environment_from_the_mirror(
 
     # The fixed test passes after: no FAILED/ERROR line names it, or the whole run passed.
     # (Loose on purpose: per-test results come with `evidence`; when present it must agree.)
-    after = out["tests"]["after"]
+    after = out["tests"]["after"][0] if out["tests"]["after"] else None
     assert after is not None and after["exit_code"] in (0, 1), out["tests"]
     for test_id in task.fail_to_pass:
         assert after["exit_code"] == 0 or not failed_lines(after["log"], test_id), after["log"][-3000:]
@@ -144,7 +144,7 @@ def test_fix_builds_the_declared_environment_from_the_mirror(
     evidence = out["evidence"]
     runs = {k: [(r or {}).get("exit_code"), (r or {}).get("counts"), (r or {}).get("log", "")[-1500:]]
             for k, r in (("before", out["tests"]["before"]), ("reproduction", out["tests"].get("reproduction")),
-                         *((f"after {i}", r) for i, r in enumerate(out["tests"]["after_runs"])))}
+                         *((f"after {i}", r) for i, r in enumerate(out["tests"]["after"])))}
     shown = json.dumps({"evidence": evidence, "runs": runs}, indent=1)[-9000:]
     assert evidence["level"] == "reproduced" and out["status"] == "fixed", shown
     assert set(task.fail_to_pass) <= set(evidence["fail_to_pass"]), evidence

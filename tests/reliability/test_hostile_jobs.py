@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from app.answers import AttemptAnswer, EventAnswer, JobAnswer
 from app.db import session_scope
 from app.jobs import records
 from app.settings import get_settings
@@ -123,9 +124,9 @@ def sandboxes_running() -> list[str]:
 def everything_recorded(world: World, job_id: int) -> str:
     """Every place a secret could end up: the job, its timeline and attempts, trajectories, forge, model."""
     job, events, attempts = load(job_id)
-    parts = [json.dumps(job.to_dict(), default=str)]
-    parts += [json.dumps(e.to_dict(), default=str) for e in events]
-    parts += [json.dumps(a.to_dict(), default=str) for a in attempts]
+    parts = [json.dumps(JobAnswer.of(job).as_json())]
+    parts += [json.dumps(EventAnswer.model_validate(e).as_json()) for e in events]
+    parts += [json.dumps([AttemptAnswer.of(a).as_json(), a.tests], default=str) for a in attempts]
     parts += [resolve(get_settings().data_dir, a.trajectory_path).read_text() for a in attempts if a.trajectory_path]
     parts += [world.gitlab.sent_text(), world.gitea.sent_text()]
     parts += [body.decode("utf-8", "replace") for body in world.model.requests]

@@ -63,7 +63,8 @@ def test_a_demo_job_replays_on_the_sample_made_again(local_env: dict[str, Any], 
     # --live: the task again with a (here: scripted) live model, as an unpublished attempt with tests.
     live = replay_job(job_id, live=True, model=demo_model())
     assert live.status == "live" and live.exit_code == 0 and live.patch_identical
-    assert live.tests_after and live.tests_after["exit_code"] == 0
+    assert live.tests_after and live.tests_after["after"][0]["exit_code"] == 0  # the one tests shape
+    assert set(live.tests_after) == {"command", "before", "after", "flaky", "reproduction", "evidence"}
     assert live.trajectory and Path(live.trajectory).is_file()
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.answers import EvidenceAnswer
 from app.statuses import EvidenceLevel
 from worker.attempts.repo_config import CONFIG_FILE, TEST_FILES, matches
 from worker.attempts.run_checks import PLUGIN_MODULE, plugin_source
@@ -119,9 +120,6 @@ class Reproduction:
     ran: bool = False
     files: list[str] = field(default_factory=list)  # the test files the patch adds or changes
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"tests": self.tests, "failed_on_base": self.failed_on_base, "ran": self.ran, "files": self.files}
-
 
 @dataclass
 class Evidence:
@@ -150,18 +148,8 @@ class Evidence:
         return self.level == EvidenceLevel.unproven and self.passing
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "level": self.level.value,
-            "fail_to_pass": self.fail_to_pass,
-            "pass_to_fail": self.pass_to_fail,
-            "still_failing": self.still_failing,
-            "flaky": self.flaky,
-            "reproduction": self.reproduction.to_dict(),
-            "per_test": self.per_test,
-            "reason": self.reason,
-            "passing": self.passing,
-            "checks": self.checks,
-        }
+        """`fix --json`'s `evidence`, an attempt's stored verdict: the evidence answer (app/answers.py)."""
+        return EvidenceAnswer.model_validate(self).as_json()
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Evidence:

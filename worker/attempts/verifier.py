@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.answers import TestRunAnswer
 from app.outcome_words import run_words
 from app.settings import Settings
 from sandbox.base import SandboxError
@@ -43,11 +44,12 @@ class TestEvidence:
     reproduction: dict[str, Any] | None = None  # the run of the patch's tests alone on the base source
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"command": self.command, "before": self.before, "after": self.after, "flaky": self.flaky}
+        """An attempt's stored `tests`: the one `tests` shape (app/answers.py `TestsAnswer`) and, beside the
+        runs, the verdict (`evidence`), which the answers lift out of it (`AttemptAnswer`)."""
+        data = {"command": self.command, "before": self.before, "after": self.after, "flaky": self.flaky,
+                "reproduction": self.reproduction}
         if self.verdict is not None:
             data["evidence"] = self.verdict
-        if self.reproduction is not None:
-            data["reproduction"] = self.reproduction
         return data
 
 
@@ -61,23 +63,17 @@ class TestRun:
     tampered: str = ""  # how the run's own reports were found to disagree; "" when they agree
     unavailable: list[str] = field(default_factory=list)  # the forgery checks that could not be made
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "exit_code": self.exit_code,
-            "log": self.log,
-            "timed_out": self.timed_out,
-            "seconds": round(self.seconds, 3),
-        }
+    def answer(self) -> TestRunAnswer:
+        """The run as every answer shows it (app/answers.py): per-test results as counts per outcome."""
+        counts: dict[str, int] | None = None
         if self.tests is not None:
-            counts: dict[str, int] = {}
+            counts = {}
             for outcome in self.tests.values():
                 counts[outcome] = counts.get(outcome, 0) + 1
-            data["counts"] = counts
-        if self.tampered:
-            data["tampered"] = self.tampered
-        if self.unavailable:
-            data["checks"] = self.unavailable
-        return data
+        return TestRunAnswer(
+            exit_code=self.exit_code, log=self.log, timed_out=self.timed_out, seconds=self.seconds, counts=counts,
+            tampered=self.tampered, checks=list(self.unavailable),
+        )
 
     def outcome(self, command: str) -> RunOutcome:
         why = could_not_start(command, self.exit_code, self.timed_out, self.log)
@@ -110,9 +106,9 @@ class Verification:
         return len({run.exit_code for run in self.after}) > 1 or bool(self.verdict.flaky)
 
     def evidence(self) -> TestEvidence:
-        reproduction = self.reproduction.to_dict() if self.reproduction is not None else None
+        reproduction = self.reproduction.answer().as_json() if self.reproduction is not None else None
         return TestEvidence(
-            self.command, self.before.to_dict(), [run.to_dict() for run in self.after], self.flaky,
+            self.command, self.before.answer().as_json(), [run.answer().as_json() for run in self.after], self.flaky,
             verdict=self.verdict.to_dict(), reproduction=reproduction,
         )
 
@@ -127,8 +123,8 @@ class Verification:
     def summary(self, timeout: float) -> str:
         """The timeline's line, in the words `fix` and `show` use (app/outcome_words.py)."""
         limit = f"timed out after {timeout:g} s"
-        before = limit if self.before.timed_out else run_words(self.before.to_dict())
-        after = [limit if r.timed_out else run_words(r.to_dict()) for r in self.after]
+        before = limit if self.before.timed_out else run_words(self.before.answer().as_json())
+        after = [limit if r.timed_out else run_words(r.answer().as_json()) for r in self.after]
         runs = after[0] if len(set(after)) == 1 else ", ".join(after)
         shown = f"{runs} ({len(after)} runs)" if len(after) > 1 else runs
         return f"tests before: {before}; after: {shown}; evidence: {self.verdict.level}"
@@ -324,7 +320,7 @@ class Verifier:
             )
         finally:
             self._spent(time.monotonic() - started)
-        c.observer.stage("tested", f"tests {label}: {run_words(run.to_dict())}", {"label": label})
+        c.observer.stage("tested", f"tests {label}: {run_words(run.answer().as_json())}", {"label": label})
         return run
 
 def environment_for(

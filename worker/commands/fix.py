@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from app import local_jobs, trajectory
+from app.answers import FixAnswer, TestsAnswer, UsageAnswer
 from app.outcome_words import ending, shown_url
 from app.redaction import SecretRedactor, redact_value
 from app.settings import Settings, get_settings
@@ -64,31 +65,22 @@ class FixOutcome:
     selection: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "exit_reason": self.exit_reason,
-            "steps": self.steps,
-            "patch": self.patch,
-            "tests": {
-                "command": self.test_command,
-                "before": self.before.to_dict() if self.before else None,
-                # The first patched run; `after_runs` has every one (FROGFIX_VERIFY_RUNS), `flaky` if they differ.
-                "after": self.after[0].to_dict() if self.after else None,
-                "after_runs": [run.to_dict() for run in self.after],
-                "flaky": self.flaky,
-                "reproduction": self.reproduction.to_dict() if self.reproduction else None,
-            },
-            "evidence": self.evidence.to_dict() if self.evidence else None,
-            "trajectory": self.trajectory,
-            "job_id": self.job_id,
-            "error": self.error,
-            "flags": self.flags,
-            "summary": self.final_answer,
-            "usage": self.usage.to_dict(),
+        """`fix --json`'s object (app/answers.py `FixAnswer`): `tests` in the one shape, `after` every patched run."""
+        tests = TestsAnswer(
+            command=self.test_command,
+            before=self.before.answer() if self.before else None,
+            after=[run.answer() for run in self.after],
+            flaky=self.flaky,
+            reproduction=self.reproduction.answer() if self.reproduction else None,
+        )
+        return FixAnswer.model_validate({
+            "status": self.status, "exit_reason": self.exit_reason, "steps": self.steps, "patch": self.patch,
+            "tests": tests, "evidence": self.evidence.to_dict() if self.evidence else None,
+            "trajectory": self.trajectory, "job_id": self.job_id, "error": self.error, "flags": self.flags,
+            "summary": self.final_answer, "usage": UsageAnswer.of(self.usage),
             "environment": self.environment.to_dict() if self.environment else None,
-            "attempts": self.attempts,
-            "selection": self.selection,
-        }
+            "attempts": self.attempts, "selection": self.selection,
+        }).as_json()
 
 
 def read_issue_file(path: Path) -> tuple[str, str]:

@@ -528,14 +528,8 @@ def _live_verdict(report: ReplayReport, result: AttemptResult) -> ReplayReport:
     report.verified = result.outcome == AttemptOutcome.verified
     verification = result.verification
     if verification is not None:
-        report.tests_after = {
-            "command": verification.command,
-            **verification.after[0].to_dict(),
-            "runs": [run.to_dict() for run in verification.after],
-            "flaky": verification.flaky,
-            "before": verification.before.to_dict(),
-            "evidence": verification.verdict.to_dict(),
-        }
+        # The one `tests` shape (app/answers.py), with the verdict beside the runs, as an attempt's row keeps it.
+        report.tests_after = verification.evidence().to_dict()
     same = "the same patch as" if report.patch_identical else "a different patch from"
     leaf = result.leaf
     message = f"live run ended {leaf.exit_reason} after {leaf.steps} steps with "
@@ -543,7 +537,7 @@ def _live_verdict(report: ReplayReport, result: AttemptResult) -> ReplayReport:
     if result.refused:
         message += f"; {result.reason}"
     elif report.tests_after:
-        message += f"; tests after the patch exit {report.tests_after['exit_code']}"
+        message += f"; tests after the patch exit {report.tests_after['after'][0]['exit_code']}"
         message += f", evidence {report.tests_after['evidence']['level']}"
         message += "" if report.verified else f" ({result.reason})"
     report.message = message
