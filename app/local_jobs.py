@@ -113,6 +113,18 @@ class LocalJobRecord:
                 events.append(entry)
             self.save()
 
+    def status(self, status: str) -> None:
+        """A running job's stage as the attempt's recorder moves it (worker/attempt_events.py): the record stays
+        running until `finish` and the stage is a row on its timeline (the page's strip reads it)."""
+        self.event(status, f"the job is {status.replace('_', ' ')}")
+
+    def update(self, **fields: Any) -> None:
+        """The running job's plain fields the recorder sets (how the agent ended, its steps)."""
+        with self.lock:
+            if self.started:
+                self.document.update(fields)
+                self.save()
+
     def attempt_started(self, number: int, trajectory_path: str) -> None:
         """An attempt begins: listed at once, with its trajectory, so a run that dies keeps what it did."""
         with self.lock:

@@ -29,6 +29,7 @@ from app.statuses import INFRA_EXITS, AttemptStatus, EvidenceLevel, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import PatchTooLarge
 from worker import publishing, workspace_pool
+from worker.attempt_events import AttemptEvent, AttemptEventKind
 from worker.environment.builder import EnvironmentReport, Environments, EnvironmentUnusable, failed
 from worker.environment.readiness import could_not_start, hint
 from worker.evidence import (
@@ -219,7 +220,7 @@ class AttemptRunner:
             setup_opener(settings),
             scope=scope,
             source_repository=source.repository,
-            on_stage=observer.stage,
+            on_event=lambda event: self.observer.report(event),
             private=root / "environments",  # the job's own layers go with its folder
         )
         self.context = AttemptContext(settings, redact, source, root, observer, environments)
@@ -267,8 +268,8 @@ class AttemptRunner:
                 workspace_pool.remove_workspace(ws)
                 raise
         try:
-            self.observer.stage(
-                "agent_started",
+            self.observer.report(AttemptEvent(
+                AttemptEventKind.agent_started,
                 f"attempt {spec.number}: running the agent ({spec.model_label})",
                 {
                     "attempt": spec.number,
@@ -279,12 +280,12 @@ class AttemptRunner:
                     "test_command_source": config.test_command_source,
                     "guidance": [self.redact(f.source) for f in guidance.files] if guidance else [],
                 },
-            )
+            ))
             leaf, patch, too_large = self._agent(spec, model, ws, config, guidance, environment)
         finally:
             workspace_pool.remove_workspace(ws)
-        self.observer.stage(
-            "agent_finished",
+        self.observer.report(AttemptEvent(
+            AttemptEventKind.agent_finished,
             f"attempt {spec.number}: {ending(leaf.exit_reason, leaf.steps)}",
             {
                 "attempt": spec.number,
@@ -293,7 +294,7 @@ class AttemptRunner:
                 "patch_bytes": len(patch),
                 "patch_lines": len(patch.splitlines()),
             },
-        )
+        ))
         result = AttemptResult(
             spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory, guidance=guidance,
             sandbox_patch=patch,
@@ -337,10 +338,10 @@ class AttemptRunner:
             source, tests = by_number[a], by_number[b]
             agrees = cross[(a, b)] = self._cross(source.config, start, source, tests)
             verb = "pass" if agrees else "do not pass"
-            self.observer.stage(
-                "agreement", f"attempt {b}'s reproduction tests {verb} with attempt {a}'s patch",
+            self.observer.report(AttemptEvent(
+                AttemptEventKind.agreement, f"attempt {b}'s reproduction tests {verb} with attempt {a}'s patch",
                 {"patch_of": a, "tests_of": b, "agrees": agrees},
-            )
+            ))
 
     def _cross(self, config: RepoConfig, start: str, source: AttemptResult, tests: AttemptResult) -> bool:
         """Whether `tests`' reproduction tests pass over `source`'s patch: its source changes alone
@@ -529,12 +530,14 @@ class AttemptRunner:
         result.refused = reasons
         reason = self.redact(f"attempt {result.number}'s patch was refused: {'; '.join(reasons)}")
         data = {"attempt": result.number, "reasons": [self.redact(r) for r in reasons]}
-        self.observer.stage("patch_refused", reason, data)
+        self.observer.report(AttemptEvent(AttemptEventKind.patch_refused, reason, data))
         return _ended(result, AttemptOutcome.refused, reason)
 
     def _verify(self, result: AttemptResult, spec: AttemptSpec, review: ReviewPolicy) -> AttemptResult:
         config = result.config
-        self.observer.stage("verifying", f"attempt {result.number}: verifying the patch", {"attempt": result.number})
+        number = result.number
+        self.observer.report(AttemptEvent(AttemptEventKind.verifying, f"attempt {number}: verifying the patch",
+                                          {"attempt": number}))
         tests = patch_test_files(result.changes.paths) if result.changes is not None else []
         if spec.resolution is not None and result.changes is not None:  # the merged branch as a whole
             verification = self.verify_tree(config, spec.base_commit, result.changes.tree, review, result.reach_in)
@@ -546,10 +549,10 @@ class AttemptRunner:
         verdict = verification.verdict
         if verification.flaky:
             result.flags = [*result.flags, FLAKY_FLAG]
-        kind = "verified" if verdict.proves_fix else "not_verified"
+        kind = AttemptEventKind.verified if verdict.proves_fix else AttemptEventKind.not_verified
         summary = f"attempt {result.number}: {verification.summary(config.test_timeout)}"
         data = {"attempt": result.number, "flaky": verification.flaky, "evidence": verdict.level.value}
-        self.observer.stage(kind, summary, data)
+        self.observer.report(AttemptEvent(kind, summary, data))
         if verdict.level == EvidenceLevel.tampered:
             result.flags = [*result.flags, f"{TAMPERED_FLAG}: {verdict.reason}"]
             reason = f"attempt {result.number}'s test results were forged: {verdict.reason}"

@@ -21,8 +21,9 @@ from app.settings import Settings, get_settings
 from app.statuses import ExitReason, FixStatus
 from app.usage import UsageFigures, usage_table
 from sandbox.base import SandboxError
-from worker import gitcalls, mirrors
+from worker import attempt_events, gitcalls, mirrors
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
+from worker.attempt_events import ENVIRONMENT_EVENTS, TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.evidence import Evidence, evidence_line
 from worker.issue_text import sanitize_issue_text
@@ -323,23 +324,27 @@ class LocalFix:
     def cancelled(self) -> bool:
         return False
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        self.record.event(kind, message)
-        if kind in ("environment", "environment_building", "environment_project"):
-            self.say(message)
-            for line in data.get("detected", []) if kind == "environment" and not data.get("cached") else []:
+    def report(self, event: AttemptEvent) -> None:
+        """The attempt's event on the local record through the one recorder (as the pipeline records it), and
+        its progress line."""
+        attempt_events.record(event, self.record)
+        data = event.data
+        if event.kind in ENVIRONMENT_EVENTS:
+            self.say(event.message)
+            cached = event.kind != AttemptEventKind.environment or data.get("cached")
+            for line in [] if cached else data.get("detected", []):
                 self.say(f"  from {line}")
-        elif kind == "agent_started":
+        elif event.kind == AttemptEventKind.agent_started:
             self.say(f"workspace ready at base commit {data['base_commit'][:12]}")
             source = data.get("test_command_source")
             self.say(f"test command: {data.get('test_command') or '(none found)'} ({source})")
             if data.get("guidance"):
                 self.say(f"repository guidance for the agent: {', '.join(data['guidance'])}")
-        elif kind == "agent_finished":
+        elif event.kind == AttemptEventKind.agent_finished:
             steps, lines = data["steps"], data["patch_lines"]
             self.say(f"{ending(data['exit_reason'], steps)}; patch {lines} lines")
-        elif kind in ("testing", "tested", "not_verified", "verified", "unproven"):
-            self.say(message)
+        elif event.kind in TEST_PROGRESS_EVENTS:
+            self.say(event.message)
 
     def _failed(self, reason: str, error: str, *, trajectory: bool = False) -> FixOutcome:
         self.say(f"failed: {error}")

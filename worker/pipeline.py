@@ -34,8 +34,9 @@ from app.models import utcnow
 from app.statuses import RUN_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
-from worker import gitcalls, mirrors, publishing, workspace_pool
+from worker import attempt_events, gitcalls, mirrors, publishing, workspace_pool
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
+from worker.attempt_events import AttemptEvent
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.gitcalls import RepoError, RepoTransient
 from worker.issue_text import sanitize_issue_text
@@ -109,17 +110,10 @@ class JobObserver:
         """An extra attempt's: a production job is waiting, so it stops (read at most every PREEMPT_POLL_S)."""
         return self.preempt is not None and self.preempt()
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        p = self.pipeline
-        if kind == "verifying":
-            p.status(JobStatus.verifying)
-            return
-        if kind in ("testing", "tested"):  # each test run; the verdict is the event
-            log.info(kind, message=message[:500])
-            return
-        if kind == "agent_finished":
-            p.update(exit_reason=data["exit_reason"], steps=data["steps"])
-        p.event(kind, message, data)
+    def report(self, event: AttemptEvent) -> None:
+        """The attempt's event, through the one recorder (worker/attempt_events.py), as `fix` records it."""
+        if not attempt_events.record(event, self.pipeline).row:  # progress only (a test run): the log has it
+            log.info(event.kind.value, message=event.message[:500])
 
 
 class Pipeline:

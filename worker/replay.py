@@ -61,6 +61,7 @@ from app.statuses import ACTIVE_STATUSES, ExitReason
 from sandbox.base import SandboxError
 from worker import gitcalls, merging, workspace_pool
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
+from worker.attempt_events import TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
 from worker.environment.builder import EnvironmentUnusable
 from worker.leaf.loop import LeafLimits, StepRecord, plan_calls
 from worker.leaf.model import ModelClient, ModelQueryError, ModelReply, ReplayModel
@@ -373,9 +374,9 @@ class ReplayObserver:
     def cancelled(self) -> bool:
         return self.checker.should_stop() if self.checker is not None else False
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        if kind in ("testing", "tested", "patch_refused", "verified", "not_verified"):
-            self.progress(message)
+    def report(self, event: AttemptEvent) -> None:
+        if event.kind in TEST_PROGRESS_EVENTS or event.kind == AttemptEventKind.patch_refused:
+            self.progress(event.message)
 
 
 def _replay_model(rec: Recording, settings: Settings, live: bool, model: ModelClient | None,

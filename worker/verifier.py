@@ -22,6 +22,7 @@ from app.outcome_words import run_words
 from app.settings import Settings
 from sandbox.base import SandboxError
 from worker import gitcalls, workspace_pool
+from worker.attempt_events import AttemptEvent, AttemptEventKind
 from worker.environment.builder import EnvironmentReport, Environments, EnvironmentUnusable
 from worker.environment.readiness import could_not_start
 from worker.evidence import REPORT_ENV, Evidence, RunOutcome, judge, verification_command
@@ -125,9 +126,9 @@ class AttemptObserver(Protocol):
         """Asked before every model call and tool call; True stops the loop (`cancelled`)."""
         ...
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        """`agent_started`, `agent_finished`, `patch_refused`, `testing`, `tested`, `verifying`, `verified`,
-        `not_verified`: the pipeline writes them on the job's timeline, `fix` prints them."""
+    def report(self, event: AttemptEvent) -> None:
+        """What the attempt did (worker/attempt_events.py): the pipeline and `fix` record it with the one
+        recorder (`attempt_events.record`), `fix` and replay print it."""
         ...
 
 
@@ -300,14 +301,15 @@ class Verifier:
             if not patch:
                 raise EnvironmentUnusable(env)
             return TestRun(None, f"the environment for the patched dependency files could not be built: {env.reason}")
-        c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
+        c.observer.report(AttemptEvent(AttemptEventKind.testing, f"running the tests {label}: {config.test_command}"))
         try:
             run = run_tests(
                 ws, config, c.settings, c.redact, image=config.image, environment=env.path, project=env.project
             )
         finally:
             self._spent(time.monotonic() - started)
-        c.observer.stage("tested", f"tests {label}: {run_words(run.to_dict())}", {"label": label})
+        words = run_words(run.to_dict())
+        c.observer.report(AttemptEvent(AttemptEventKind.tested, f"tests {label}: {words}", {"label": label}))
         return run
 
 def environment_for(
