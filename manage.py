@@ -542,6 +542,7 @@ def _tests_summary(tests: dict[str, Any] | None, evidence: dict[str, Any] | None
 
 
 def _print_job(d: dict[str, Any]) -> None:
+    from app.endings import Ending
     from app.outcome_words import ending, says_more, why
 
     status = _statuses.status_label(d["status"])
@@ -550,7 +551,9 @@ def _print_job(d: dict[str, Any]) -> None:
     def field(label: str, value: str) -> None:
         lines.extend(_wrap(value, f"  {label:<10} ", 13))
 
-    because = why(d["status"], d.get("exit_reason"), d.get("error"), model_url=_settings().model_base_url)
+    end = Ending.stored((d.get("ending") or {}).get("kind"), d.get("error"), d.get("ending"), status=d["status"],
+                        exit_reason=d.get("exit_reason"))
+    because = why(d["status"], d.get("exit_reason"), end, model_url=_settings().model_base_url)
     if because:
         field("why", because)
 
@@ -676,6 +679,7 @@ def _show_local(job: str, json_out: bool) -> None:
     from its trajectory."""
 
     from app import local_jobs, trajectory
+    from app.endings import Ending
     from app.jobs.records import UnknownJob
     from app.outcome_words import ending, says_more, why
     from app.settings import get_settings
@@ -692,8 +696,8 @@ def _show_local(job: str, json_out: bool) -> None:
         command = tests.get("command") if isinstance(tests, dict) else None
         field("tests", f"{command}: {summary}" if command and summary != "no tests run" else summary)
 
-    def why_field(status: str, exit_reason: str | None, error: str | None, model_url: str | None) -> str | None:
-        because = why(status, exit_reason, error, model_url=model_url or settings.model_base_url)
+    def why_field(status: str, exit_reason: str | None, end: Ending | None, model_url: str | None) -> str | None:
+        because = why(status, exit_reason, end, model_url=model_url or settings.model_base_url)
         if because:
             field("why", because)
         return because
@@ -720,7 +724,7 @@ def _show_local(job: str, json_out: bool) -> None:
             _dump(details)
             return
         lines.append(f"local job {record.id}: {_statuses.status_label(record.status)}")
-        because = why_field(record.status, record.exit_reason, record.error, record.model_url)
+        because = why_field(record.status, record.exit_reason, record.ending, record.model_url)
         field("issue", record.title or "-")
         field("repository", record.repository or "-")
         field("base", (record.base_commit or "-")[:12])
@@ -785,7 +789,10 @@ def _show_local(job: str, json_out: bool) -> None:
         _dump(summary)
         return
     lines.append(f"local job {job}: {_statuses.status_label(summary['status'])}")
-    why_field(summary["status"], summary["exit_reason"], fix.get("error") or data.get("error"), None)
+    kept: dict[str, Any] = fix["ending"] if isinstance(fix.get("ending"), dict) else {}
+    end = Ending.stored(kept.get("kind"), fix.get("error") or data.get("error"), kept, status=summary["status"],
+                        exit_reason=summary["exit_reason"])
+    why_field(summary["status"], summary["exit_reason"], end, None)
     title = (summary["issue"] or {}).get("title") if isinstance(summary["issue"], dict) else None
     field("issue", title or "-")
     field("repository", summary["repository"] or "-")

@@ -9,8 +9,10 @@ Inside:
   sandbox seconds), for trajectories, `fix --json`, the API, `show`, the pages and /metrics.
 - textcalls.py: the one reader of tool calls a model wrote as text (qwen3_coder form, inline
   `<think>`): the agent loop runs what it reads and the trajectory page shows the same calls.
-- outcome_words.py: a job's ending in plain words (why it failed, how its agent ended, what its
-  tests said), for `fix`, `show` and the job page alike.
+- endings.py: how a job ended, typed (`Ending`: an `EndingKind` and its detail and facts), made
+  where the job ends and kept with it (`jobs.ending_kind`, `fix --json`'s `ending`).
+- outcome_words.py: a job's ending in plain words (why it failed, from its ending's kind; how its
+  agent ended; what its tests said), for `fix`, `show` and the job page alike.
 - moments.py: a moment in time, one way (aware, UTC, written ISO 8601 with its offset); the
   database's `UtcDateTime` column type (models.py) hands every datetime back that way.
 - redaction.py: the one place a secret becomes `[REDACTED]`, for the logs, the forge's text,
@@ -33,7 +35,7 @@ What may import what:
 - Nothing in app/ imports worker/ or sandbox/: the worker depends on app, never the reverse, and
   the web layer reaches the worker only through task names on the queue.
 - app/forge imports nothing else of ours but redaction.py, so the worker's pipeline can use it on its own.
-- statuses.py, trajectory.py, usage.py, textcalls.py, outcome_words.py, moments.py and
+- statuses.py, endings.py, trajectory.py, usage.py, textcalls.py, outcome_words.py, moments.py and
   redaction.py (and any other pure
   vocabulary module added beside them) import only the standard library (and each other), so
   worker/leaf, which must not import a database or web code, may use them; worker/leaf also logs

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from app.endings import Ending, EndingKind
 from app.moments import as_utc, iso
 from app.statuses import FixStatus
 from app.trajectory import LOCAL_ID, TrajectoryError, local_path, write_atomic
@@ -164,6 +165,7 @@ class LocalJobRecord:
             status=status,
             exit_reason=outcome.get("exit_reason"),
             error=outcome.get("error"),
+            ending=outcome.get("ending"),
             steps=outcome.get("steps") or d.get("steps") or 0,
             finished_at=now_iso(),
             attempts=attempts,
@@ -268,6 +270,7 @@ class LocalJob:
     tests: dict[str, Any] | None = None  # fix --json's `tests` of the chosen attempt
     evidence: dict[str, Any] | None = None
     model_url: str | None = None
+    ending_data: dict[str, Any] | None = None  # the record's `ending` (fix --json's), None in one made before
     file: Path | None = None
     # The forge job's names that a local job answers with nothing.
     forge: str = FORGE
@@ -288,6 +291,14 @@ class LocalJob:
     @property
     def local(self) -> bool:
         return True
+
+    @property
+    def ending(self) -> Ending | None:
+        """How the run ended, typed (app/endings.py); None while it runs or once it fixed something."""
+        if self.status in (RUNNING, FixStatus.fixed, FixStatus.unproven):
+            return None
+        data = self.ending_data or {}
+        return Ending.stored(data.get("kind"), self.error, data, status=self.status, exit_reason=self.exit_reason)
 
     @property
     def project(self) -> str:
@@ -332,6 +343,7 @@ class LocalJob:
             "status": self.status,
             "exit_reason": self.exit_reason,
             "error": self.error,
+            "ending": ending.to_dict() if (ending := self.ending) is not None else None,
             "steps": self.steps,
             "base_commit": self.base_commit,
             "model": self.model,
@@ -380,6 +392,14 @@ def _attempt(local_id: str, entry: dict[str, Any]) -> LocalAttempt:
     )
 
 
+def _ending_data(document: dict[str, Any], stopped: str | None) -> dict[str, Any] | None:
+    """The record's typed ending; a run whose process is gone ended as a lost worker's does."""
+    if stopped:
+        return Ending(EndingKind.worker_lost, stopped).to_dict()
+    ending = document.get("ending")
+    return ending if isinstance(ending, dict) else None
+
+
 def _stopped(document: dict[str, Any]) -> str | None:
     """Why a record that says `running` is not: its process on this host is gone (killed, the terminal
     closed) without writing its end. None while it runs, or when it runs elsewhere (nothing to check)."""
@@ -422,6 +442,7 @@ def parse(document: Any, where: Path) -> LocalJob:
             model=_text(document.get("model")),
             exit_reason=document.get("exit_reason") if isinstance(document.get("exit_reason"), str) else None,
             error=stopped or (document.get("error") if isinstance(document.get("error"), str) else None),
+            ending_data=_ending_data(document, stopped),
             steps=int(document.get("steps") or 0),
             created_at=parse_when(document.get("created_at")),
             started_at=parse_when(document.get("started_at")),

@@ -76,6 +76,21 @@ class EvidenceLevel(StrEnum):
     unproven = "unproven"
 
 
+class AttemptOutcome(StrEnum):
+    """How an attempt ended (worker/attempt.py decides it; `AttemptResult.status` maps it to the attempt row's
+    status); replay's report, `fix --json`'s attempts and an evaluation's result rows say it too."""
+
+    verified = "verified"  # the evidence proves the fix (worker/evidence.py: reproduced or failed_before)
+    tampered = "tampered"  # a run with the patch reported what did not happen: never chosen, never published
+    unproven = "unproven"  # the tests pass, but nothing failed before and nothing reproduces the bug
+    not_verified = "not_verified"  # tests failed, timed out or were flaky
+    refused = "refused"  # a review rule (or the patch size) refused the patch: never tested, never pushed
+    no_patch = "no_patch"
+    no_test_command = "no_test_command"
+    cancelled = "cancelled"
+    unreviewed = "unreviewed"  # a plain replay: the agent's run and patch only
+
+
 class FixStatus(StrEnum):
     """The outcome `manage.py fix` prints (DESIGN: `fixed`, `no_fix` or `failed`).
 
@@ -153,6 +168,10 @@ LEAF_EXITS: Final[tuple[str, ...]] = _values(
 )
 # Exits that mean the infrastructure (model server, sandbox) failed, not that the agent found no fix.
 INFRA_EXITS: Final[tuple[str, ...]] = _values(ExitReason.llm_query_error, ExitReason.tool_error)
+
+# The evidence levels that prove a fix, the strongest first (worker/evidence.py `proves_fix`, an update round's
+# proof to keep).
+PROVEN_LEVELS: Final[tuple[str, ...]] = _values(EvidenceLevel.reproduced, EvidenceLevel.failed_before)
 
 # -- what the dashboard shows -------------------------------------------------------------------
 

@@ -36,7 +36,8 @@ def an_attempt() -> list[AttemptEvent]:
     """What one attempt reports, in order."""
     return [
         AttemptEvent(AttemptEventKind.environment_building, "building"),
-        AttemptEvent(AttemptEventKind.agent_started, "attempt 1: running the agent", {"attempt": 1}),
+        AttemptEvent(AttemptEventKind.agent_started, "attempt 1: running the agent",
+                     {"attempt": 1, "base_commit": "0" * 40, "test_command": "pytest"}),
         AttemptEvent(AttemptEventKind.agent_finished, "attempt 1: done", {"attempt": 1, "exit_reason": "agent",
                                                                           "steps": 3, "patch_lines": 4}),
         AttemptEvent(AttemptEventKind.verifying, "attempt 1: verifying the patch", {"attempt": 1}),
@@ -78,3 +79,27 @@ def test_every_observer_reads_events_not_stage_strings() -> None:
         tree = ast.parse(text)
         methods = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert "stage" not in methods and "on_stage" not in text, path
+
+
+def test_the_pipeline_and_fix_observers_use_the_one_recorder(tmp_path: Path) -> None:
+    """The pipeline's JobObserver and `fix`'s LocalFix record an attempt's events through `record`: the same
+    status change and rows as the recorder gives a job."""
+    from types import SimpleNamespace
+
+    from worker.localfix import LocalFix
+    from worker.pipeline import JobObserver
+
+    pipeline, expected = Job(), Job()
+    observer = JobObserver(pipeline)  # type: ignore[arg-type]  # a job as the recorder sees it
+    local = LocalJobRecord(tmp_path, "local-2", lambda value: value)
+    local.start(kind="fix", title="t", body="b", repository="/r", base_commit="0" * 40, model="m")
+    said: list[str] = []
+    fix = SimpleNamespace(record=local, say=said.append)
+    for event in an_attempt():
+        record(event, expected)
+        observer.report(event)
+        LocalFix.report(fix, event)  # type: ignore[arg-type]
+    assert (pipeline.statuses, pipeline.fields, pipeline.rows) == (expected.statuses, expected.fields, expected.rows)
+    assert [e["kind"] for e in local.document["events"]][1:] == [
+        "environment_building", "agent_started", "agent_finished", "verifying", "verified"]
+    assert "building" in said and "running the tests before" in said

@@ -9,7 +9,10 @@
   rounds that merge a moved target in) and the MR's rounds section; `triage.py` judges each round
   request once (and, with FROGFIX_AUTO_UPDATE, asks whether the MR conflicts with its target);
   `merging.py` is git's side of an update round.
-- `job_context.py`: what a run of a job holds beside its stages (its seams, flags).
+- `job_context.py`: what a run of a job holds beside its stages (its seams, flags); `endings.py`:
+  the exceptions a run meets as typed endings (app/endings.py), for the pipeline and `fix` alike.
+- `attempt_events.py`: what an attempt reports as it runs (typed `AttemptEvent`s) and the one
+  recorder that turns each into the job's status change, fields and timeline row.
 - `attempt.py`: one attempt, owned in one place (workspace, `.frogfix.yml` and the repository's
   AGENTS.md guidance, trajectory, sandbox, Leaf, patch, review rules, verification). The pipeline,
   `localfix.py` (`manage.py fix`) and `replay.py` (`manage.py replay`) all run attempts through it
@@ -38,6 +41,7 @@ Imports flow one way: worker/ uses app's core (settings, db, jobs, statuses, tra
 forge) and sandbox/; nothing in app/ or sandbox/ imports worker/. `worker/leaf` imports no
 database, queue or web code: only sandbox's protocol, app's standard-library document modules
 (`app.statuses`, `app.trajectory`, `app.usage`, `app.textcalls`: the one reader of text tool
-calls, which the dashboard shares; `app.outcome_words`: a server's URL without credentials) and
+calls, which the dashboard shares; `app.outcome_words`: a server's URL without credentials;
+`app.endings`: a model or sandbox failure, typed) and
 `app.logs` (structlog: loop.py and model.py log one way).
 """

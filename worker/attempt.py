@@ -13,7 +13,6 @@ environment (gitcalls.git_environment), so no filter, hook or driver of the work
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +21,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.endings import Ending, EndingKind
 from app.outcome_words import ending
 from app.selection import Candidate, Choice, Pair, choose, cross_checks, settled
 from app.settings import Settings
-from app.statuses import INFRA_EXITS, AttemptStatus, EvidenceLevel, ExitReason
+from app.statuses import INFRA_EXITS, AttemptOutcome, AttemptStatus, EvidenceLevel, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import PatchTooLarge
 from worker import publishing, workspace_pool
@@ -54,20 +54,6 @@ REACH_IN_FLAG = "reaches into the test runner (its tests prove nothing)"
 TAMPERED_FLAG = "tampered: its test results were forged"
 NOT_REPRODUCED_FLAG = "not reproduced"
 
-
-
-class AttemptOutcome(enum.StrEnum):
-    """How an attempt ended; `AttemptResult.status` maps it to the attempt row's status."""
-
-    verified = "verified"  # the evidence proves the fix (worker/evidence.py: reproduced or failed_before)
-    tampered = "tampered"  # a run with the patch reported what did not happen: never chosen, never published
-    unproven = "unproven"  # the tests pass, but nothing failed before and nothing reproduces the bug
-    not_verified = "not_verified"  # tests failed, timed out or were flaky
-    refused = "refused"  # a review rule (or the patch size) refused the patch: never tested, never pushed
-    no_patch = "no_patch"
-    no_test_command = "no_test_command"
-    cancelled = "cancelled"
-    unreviewed = "unreviewed"  # a plain replay: the agent's run and patch only
 
 
 @dataclass(frozen=True)
@@ -161,6 +147,23 @@ class AttemptResult:
     def infrastructure_failure(self) -> bool:
         """The model or the sandbox failed, not the model's judgement: the job fails rather than finds no fix."""
         return self.outcome == AttemptOutcome.no_patch and self.leaf.exit_reason in INFRA_EXITS
+
+    @property
+    def ending(self) -> Ending:
+        """How this attempt ended a job, typed: the model's or the sandbox's failure (the loop's), a refusal,
+        forged results, or no fix; `reason` is its detail."""
+        if self.infrastructure_failure:
+            model = self.leaf.exit_reason == ExitReason.llm_query_error
+            kind = EndingKind.model_error if model else EndingKind.sandbox_failure
+            failed = Ending(kind, cause=self.leaf.error or "")
+            return (self.leaf.failure or failed).but(self.reason)
+        if self.outcome == AttemptOutcome.refused:
+            return Ending(EndingKind.refused, self.reason, cause="; ".join(self.refused))
+        if self.outcome == AttemptOutcome.tampered:
+            return Ending(EndingKind.tampered, self.reason)
+        if self.outcome == AttemptOutcome.cancelled:
+            return Ending(EndingKind.cancelled, self.reason)
+        return Ending(EndingKind.no_fix, self.reason)
 
     @property
     def status(self) -> AttemptStatus:
@@ -392,7 +395,8 @@ class AttemptRunner:
                 if why is not None:
                     found = hint(before.log)
                     reason = f"the tests could not start on the base commit: {why}" + (f"; {found}" if found else "")
-                    raise EnvironmentUnusable(failed(self.redact(reason), before.log, built=report.built))
+                    unusable = failed(self.redact(reason), before.log, built=report.built, tests_unstartable=True)
+                    raise EnvironmentUnusable(unusable)
             self.environment = report
             return report
         return environment_for(self.context, ws, config, start, trusted=start == base)

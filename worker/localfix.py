@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from app import local_jobs, trajectory
+from app.endings import Ending
 from app.outcome_words import ending, shown_url
 from app.redaction import SecretRedactor, redact_value
 from app.settings import Settings, get_settings
@@ -24,6 +25,7 @@ from sandbox.base import SandboxError
 from worker import attempt_events, gitcalls, mirrors
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
 from worker.attempt_events import ENVIRONMENT_EVENTS, TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
+from worker.endings import ending_of, environment_ending, stopped_ending
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.evidence import Evidence, evidence_line
 from worker.issue_text import sanitize_issue_text
@@ -63,6 +65,7 @@ class FixOutcome:
     # (app/selection.py); the fields above are the chosen attempt's (the last one's when none is).
     attempts: list[dict[str, Any]] = field(default_factory=list)
     selection: dict[str, Any] | None = None
+    ending: Ending | None = None  # how a run that did not fix ended, typed (app/endings.py); `error` is its text
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,7 @@ class FixOutcome:
             "trajectory": self.trajectory,
             "job_id": self.job_id,
             "error": self.error,
+            "ending": self.ending.to_dict() if self.ending else None,
             "flags": self.flags,
             "summary": self.final_answer,
             "usage": self.usage.to_dict(),
@@ -158,11 +162,12 @@ class LocalFix:
             try:
                 outcome = self._run(base)
             except gitcalls.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
-                outcome = self._failed(ExitReason.git_error, str(exc)[:500])
+                outcome = self._failed(ExitReason.git_error, str(exc)[:500], ending_of(exc, str(exc)[:500]))
         except BaseException as exc:  # interrupted (Ctrl-C) or a bug: the record must not stay `running`
             why = str(exc)[:300] if isinstance(exc, Stopped) else f"{type(exc).__name__} {str(exc)[:300]}".strip()
+            ended = stopped_ending(why)
             stopped = {"status": FixStatus.failed.value, "exit_reason": ExitReason.cancelled.value,
-                       "error": f"the run stopped: {why}"}
+                       "error": ended.detail, "ending": ended.to_dict()}
             self.record.finish(stopped, self.recorded_attempts)
             raise
         finally:
@@ -210,9 +215,10 @@ class LocalFix:
         try:  # `fix` has no production queue to yield to: FROGFIX_ATTEMPTS attempts, no extra ones
             series = run_series(runner, run_one, attempts=self.settings.attempts, ceiling=0, start=base)
         except RepoConfigError as exc:
-            return self._failed(ExitReason.config_error, str(exc))
+            return self._failed(ExitReason.config_error, str(exc), ending_of(exc, str(exc)))
         except SandboxError as exc:
-            return self._failed(ExitReason.tool_error, f"sandbox failure: {exc}", trajectory=True)
+            why = f"sandbox failure: {exc}"
+            return self._failed(ExitReason.tool_error, why, ending_of(exc, why), trajectory=True)
         except EnvironmentUnusable as exc:
             return self._environment_error(runner, exc.report)
         # None chosen: a tampered attempt is the one reported (the job ends `tampered`, saying how it was found).
@@ -269,6 +275,7 @@ class LocalFix:
         else:
             status = FixStatus.failed if result.infrastructure_failure else FixStatus.no_fix
         leaf, verification = result.leaf, result.verification
+        error = "; ".join(result.refused) or (result.reason if status == FixStatus.tampered else leaf.error)
         return FixOutcome(
             job_id=self.job_id,
             status=status,
@@ -279,7 +286,8 @@ class LocalFix:
             before=before,
             after=verification.after if verification else [],
             trajectory=str(self.trajectory_path),
-            error="; ".join(result.refused) or (result.reason if status == FixStatus.tampered else leaf.error),
+            error=error,
+            ending=None if status in (FixStatus.fixed, FixStatus.unproven) else result.ending.but(error or ""),
             flags=result.refused + [f for f in result.flags if f not in result.refused],
             final_answer=leaf.final_answer,
             evidence=verification.verdict if verification else None,
@@ -304,6 +312,7 @@ class LocalFix:
             after=[],
             trajectory="",
             error=report.reason,
+            ending=environment_ending(report, report.reason),
             usage=UsageFigures(sandbox_seconds=runner.verifier.seconds),
             environment=report,
         )
@@ -346,7 +355,7 @@ class LocalFix:
         elif event.kind in TEST_PROGRESS_EVENTS:
             self.say(event.message)
 
-    def _failed(self, reason: str, error: str, *, trajectory: bool = False) -> FixOutcome:
+    def _failed(self, reason: str, error: str, ending: Ending, *, trajectory: bool = False) -> FixOutcome:
         self.say(f"failed: {error}")
         return FixOutcome(
             job_id=self.job_id,
@@ -359,6 +368,7 @@ class LocalFix:
             after=[],
             trajectory=str(self.trajectory_path) if trajectory else "",
             error=error,
+            ending=ending,
         )
 
 
@@ -463,7 +473,7 @@ def run_and_report(
             f"status: {status_label(outcome.status)} ({ending(outcome.exit_reason, outcome.steps)}, "
             f"{time.monotonic() - started:.1f}s)"
         )
-        because = why(outcome.status, outcome.exit_reason, outcome.error, model_url=settings.model_base_url)
+        because = why(outcome.status, outcome.exit_reason, outcome.ending, model_url=settings.model_base_url)
         if because:
             print(f"why: {because}")
         if outcome.environment is not None and (outcome.environment.ok or not because):  # else `why` said it

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from app import trajectory
 from app.db import in_transaction, session_scope
+from app.endings import Ending, EndingKind, ending_for_status
 from app.forge.api import (
     Forge,
     ForgeError,
@@ -37,6 +38,7 @@ from sandbox.base import SandboxError
 from worker import attempt_events, gitcalls, mirrors, publishing, workspace_pool
 from worker.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
 from worker.attempt_events import AttemptEvent
+from worker.endings import ending_of, environment_ending
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.gitcalls import RepoError, RepoTransient
 from worker.issue_text import sanitize_issue_text
@@ -213,30 +215,28 @@ class Pipeline:
             return "superseded"
         except JobEnded as end:
             self.end_log = end.log
-            return self.end(end.status, end.reason, end.comment, end.notify, asks=end.asks)
+            return self.end(end.status, end.reason, end.comment, end.notify, asks=end.asks, ending=end.ending)
         except (ForgeTransient, RepoTransient) as exc:
+            why = f"the forge or git server kept failing: {exc}"
             return self.end(
-                JobStatus.failed,
-                f"the forge or git server kept failing: {exc}",
+                JobStatus.failed, why,
                 "FrogFix could not reach the forge or the git server reliably; an operator can retry.",
+                ending=ending_of(exc, why),
             )
         except (ForgeError, RepoError, RepoConfigError) as exc:
-            return self.end(JobStatus.failed, str(exc), f"FrogFix stopped: {exc}")
+            return self.end(JobStatus.failed, str(exc), f"FrogFix stopped: {exc}", ending=ending_of(exc, str(exc)))
         except SandboxError as exc:
-            return self.end(JobStatus.failed, f"sandbox failure: {exc}", "FrogFix stopped: the sandbox failed.")
+            why = f"sandbox failure: {exc}"
+            return self.end(JobStatus.failed, why, "FrogFix stopped: the sandbox failed.", ending=ending_of(exc, why))
         except self.deps.time_limit_errors:
-            return self.end(
-                JobStatus.failed,
-                f"the job ran past its time limit ({self.s.job_timeout_seconds:.0f} s)",
-                "FrogFix stopped: the job took longer than its time limit.",
-            )
+            why = f"the job ran past its time limit ({self.s.job_timeout_seconds:.0f} s)"
+            return self.end(JobStatus.failed, why, "FrogFix stopped: the job took longer than its time limit.",
+                            ending=Ending(EndingKind.job_timeout, why))
         except Exception as exc:
             log.exception("pipeline_bug")
-            return self.end(
-                JobStatus.failed,
-                f"internal error: {type(exc).__name__}: {exc}",
-                "FrogFix stopped on an internal error; an operator has the details.",
-            )
+            why = f"internal error: {type(exc).__name__}: {exc}"
+            return self.end(JobStatus.failed, why, "FrogFix stopped on an internal error; an operator has the details.",
+                            ending=ending_of(exc, why))
         finally:
             workspace_pool.remove_workspace(self.root)
             if self.forge is not None:
@@ -248,13 +248,17 @@ class Pipeline:
         self.publish(prepared, self.attempts(prepared))
 
     def end(
-        self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None, *, asks: bool = False
+        self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None, *, asks: bool = False,
+        ending: Ending | None = None,
     ) -> str:
-        """The job's final status, its event and this run's open attempts, in one transaction, if still ours.
+        """The job's final status, its ending, its event and this run's open attempts, in one transaction, if
+        still ours.
 
         `asks`: `comment` is a question to the reporter, posted as it is; the job records when it asked,
-        so a `/frogfix` reply can queue it again with the comments written since."""
+        so a `/frogfix` reply can queue it again with the comments written since. `ending`: how it ended,
+        typed (without one, what the status alone says)."""
         reason = self.redact(reason)
+        ended = (ending or ending_for_status(status)).redacted(self.redact).but(reason)
 
         def write(session: Session) -> bool:
             asked = {"asked_at": utcnow()} if asks else {}
@@ -265,6 +269,7 @@ class Pipeline:
                 error=None if status == JobStatus.no_fix else reason,
                 expected=RUN_STATUSES,
                 run=self.run_number,
+                ending=ended,
                 **asked,
             )
             if moved:
@@ -538,11 +543,12 @@ class Pipeline:
             first = failed[0]
             if isinstance(first, BaseException):
                 raise first
-            raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}")
+            raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}", ending=first.ending)
         forged = series.tampered
         if chosen is None and forged:  # no question: the issue is told which attempt forged what, and how
             found = [(r.number, r.verification.verdict.reason if r.verification else r.reason) for r in forged]
-            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found))
+            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found),
+                           ending=Ending(EndingKind.tampered))
         if chosen is None:
             last = series.results[-1].reason if series.results else "no attempt ran"
             raise self.abstain(series.results, last)
@@ -596,7 +602,8 @@ class Pipeline:
             " checkout, or say what to install in `.frogfix.yml` (`environment:` extras, groups, requirements,"
             " packages; `test_command`), then add the label again."
         )
-        return JobEnded(JobStatus.failed, f"environment error: {report.reason}", comment, log=report.log_tail)
+        why = f"environment error: {report.reason}"
+        return JobEnded(JobStatus.failed, why, comment, log=report.log_tail, ending=environment_ending(report, why))
 
     def task(self) -> str:
         """The agent's first user message: the issue as untrusted data (a round's adds its requests)."""
@@ -704,6 +711,7 @@ class Pipeline:
                 JobStatus.failed,
                 BRANCH_MOVED,
                 "Someone pushed to the branch while FrogFix worked, so it pushed nothing and kept their commits.",
+                ending=Ending(EndingKind.branch_moved),
             )
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
         description = self.description(prepared, result)

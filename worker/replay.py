@@ -169,7 +169,7 @@ class ReplayReport:
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # live: the review rules' reasons, as the pipeline gives them
     verified: bool | None = None  # live: the patch passed every verification run
-    outcome: str | None = None  # the attempt's AttemptOutcome (unreviewed for a plain replay)
+    outcome: AttemptOutcome | None = None  # the attempt's (unreviewed for a plain replay)
     usage: dict[str, Any] | None = None  # the attempt's usage figures (tokens, cached, model seconds)
 
     @property
@@ -498,7 +498,7 @@ def run_live_attempt(
 def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: Path) -> ReplayReport:
     leaf = result.leaf
     return ReplayReport(
-        outcome=str(result.outcome),
+        outcome=result.outcome,
         usage=result.usage.to_dict(),
         job_id=rec.job_id,
         mode="replay" if result.outcome == AttemptOutcome.unreviewed else "live",

@@ -123,7 +123,22 @@ RUNNER_FILES = (
 
 
 class RepoConfigError(ValueError):
-    """`.frogfix.yml` exists but cannot be used; the message says what to fix."""
+    """`.frogfix.yml` exists but cannot be used; the message says what to fix, `problem` the same without the
+    file's name (the job's ending words it: "the repository's .frogfix.yml is not usable: {problem}")."""
+
+    def __init__(self, message: str, *, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.problem = problem or message
+
+
+def config_problem(problem: str) -> RepoConfigError:
+    """`.frogfix.yml: {problem}`."""
+    return RepoConfigError(f"{CONFIG_FILE}: {problem}", problem=problem)
+
+
+def config_state(state: str) -> RepoConfigError:
+    """`.frogfix.yml {state}` ("is not valid YAML: ..."), whose problem reads "it {state}"."""
+    return RepoConfigError(f"{CONFIG_FILE} {state}", problem=f"it {state}")
 
 
 @dataclass(frozen=True)
@@ -167,7 +182,7 @@ def _text(data: dict[str, Any], key: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise RepoConfigError(f"{CONFIG_FILE}: {key} must be a non-empty string, not {_kind(value)}")
+        raise config_problem(f"{key} must be a non-empty string, not {_kind(value)}")
     return value.strip()
 
 
@@ -184,25 +199,25 @@ def load_repo_config(workspace: Path) -> RepoConfig:
     data: dict[str, Any] = {}
     if path.is_file() and not path.is_symlink():
         if path.stat().st_size > 64 * 1024:
-            raise RepoConfigError(f"{CONFIG_FILE} is larger than 64 KiB ({path.stat().st_size} bytes)")
+            raise config_state(f"is larger than 64 KiB ({path.stat().st_size} bytes)")
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except yaml.YAMLError as exc:
-            raise RepoConfigError(f"{CONFIG_FILE} is not valid YAML: {_yaml_problem(exc)}") from exc
+            raise config_state(f"is not valid YAML: {_yaml_problem(exc)}") from exc
         except UnicodeDecodeError as exc:
-            raise RepoConfigError(f"{CONFIG_FILE} is not UTF-8 text (byte {exc.start})") from exc
+            raise config_state(f"is not UTF-8 text (byte {exc.start})") from exc
         if loaded is not None and not isinstance(loaded, dict):
-            raise RepoConfigError(f"{CONFIG_FILE} must be a mapping of keys to values, not {_kind(loaded)}")
+            raise config_state(f"must be a mapping of keys to values, not {_kind(loaded)}")
         data = loaded or {}
         _refuse_unknown(data, _KNOWN_KEYS, "")
     protected = data.get("protected_paths") or []
     if not isinstance(protected, list) or not all(isinstance(p, str) and p for p in protected):
         found = _not_strings(protected)
-        raise RepoConfigError(f"{CONFIG_FILE}: protected_paths must be a list of path patterns, not {found}")
+        raise config_problem(f"protected_paths must be a list of path patterns, not {found}")
     timeout = data.get("test_timeout", DEFAULT_TEST_TIMEOUT)
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 1 <= timeout <= 10_800:
-        raise RepoConfigError(
-            f"{CONFIG_FILE}: test_timeout must be a number of seconds between 1 and 10800, not {_kind(timeout)}"
+        raise config_problem(
+            f"test_timeout must be a number of seconds between 1 and 10800, not {_kind(timeout)}"
         )
     command = _text(data, "test_command")
     source = CONFIG_FILE if command else "none"
@@ -230,7 +245,7 @@ def _refuse_unknown(data: dict[str, Any], known: set[str], where: str) -> None:
             continue
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
         hint = f"; did you mean {where}{close[0]}?" if close else f"; known keys: {', '.join(sorted(known))}"
-        raise RepoConfigError(f"{CONFIG_FILE}: unknown key {where}{key}{hint}")
+        raise config_problem(f"unknown key {where}{key}{hint}")
 
 
 def _names_list(data: dict[str, Any], key: str, pattern: re.Pattern[str] | None) -> tuple[str, ...] | None:
@@ -238,11 +253,11 @@ def _names_list(data: dict[str, Any], key: str, pattern: re.Pattern[str] | None)
     if value is None:
         return None
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} must be a list of strings, not {_not_strings(value)}")
+        raise config_problem(f"environment.{key} must be a list of strings, not {_not_strings(value)}")
     if pattern is not None:
         bad = [v for v in value if not pattern.fullmatch(v)]
         if bad:
-            raise RepoConfigError(f"{CONFIG_FILE}: environment.{key} has a name that is not one: {bad[0][:80]!r}")
+            raise config_problem(f"environment.{key} has a name that is not one: {bad[0][:80]!r}")
     return tuple(v.strip() for v in value)
 
 
@@ -252,20 +267,20 @@ def _environment(value: Any) -> Overrides | None:
         return None
     if not isinstance(value, dict):
         keys = ", ".join(sorted(_ENVIRONMENT_KEYS))
-        raise RepoConfigError(f"{CONFIG_FILE}: environment must be a mapping ({keys}), not {_kind(value)}")
+        raise config_problem(f"environment must be a mapping ({keys}), not {_kind(value)}")
     _refuse_unknown(value, _ENVIRONMENT_KEYS, "environment.")
     requirements = _names_list(value, "requirements", None)
     for path in requirements or ():
         if path.startswith(("/", "-")) or ".." in path.split("/"):
-            raise RepoConfigError(
-                f"{CONFIG_FILE}: environment.requirements names a path outside the repository: {path[:80]!r}"
+            raise config_problem(
+                f"environment.requirements names a path outside the repository: {path[:80]!r}"
             )
     packages = _names_list(value, "packages", None) or ()
     if any(p.startswith("-") or "\n" in p for p in packages):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.packages takes requirement strings, not installer options")
+        raise config_problem("environment.packages takes requirement strings, not installer options")
     project = value.get("project")
     if project is not None and not isinstance(project, bool):
-        raise RepoConfigError(f"{CONFIG_FILE}: environment.project must be true or false, not {_kind(project)}")
+        raise config_problem(f"environment.project must be true or false, not {_kind(project)}")
     return Overrides(
         extras=_names_list(value, "extras", _EXTRA_NAME),
         groups=_names_list(value, "groups", _EXTRA_NAME),
@@ -278,8 +293,8 @@ def _environment(value: Any) -> Overrides | None:
 def _instructions(data: dict[str, Any]) -> str | None:
     text = _text(data, "instructions")
     if text is not None and len(text) > MAX_INSTRUCTIONS_CHARS:
-        raise RepoConfigError(
-            f"{CONFIG_FILE}: instructions must be at most {MAX_INSTRUCTIONS_CHARS} characters (it has {len(text)});"
+        raise config_problem(
+            f"instructions must be at most {MAX_INSTRUCTIONS_CHARS} characters (it has {len(text)});"
             f" longer guidance belongs in {AGENTS_FILE}"
         )
     return text

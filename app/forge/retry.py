@@ -77,11 +77,12 @@ class RetryPolicy:
                 wait = self.delay(failures, exc.retry_after)
                 elapsed = self.clock() - started
                 if failures >= self.attempts or elapsed + wait > self.budget_s:
+                    gave_up = f"gave up after {failures} attempt{'s' if failures != 1 else ''} in {elapsed:.1f}s"
                     raise ForgeTransient(
-                        f"{exc.message} (gave up after {failures} attempt{'s' if failures != 1 else ''}"
-                        f" in {elapsed:.1f}s)",
+                        f"{exc.message} ({gave_up})",
                         status=exc.status,
                         retry_after=exc.retry_after if exc.retry_after is not None else wait,
+                        **{**exc.facts(), "gave_up": gave_up},
                     ) from exc
                 log.info("forge call %s failed (%s); retry %d in %.2fs", what, exc.message, failures, wait)
                 self.sleep(wait)

@@ -110,6 +110,7 @@ class EnvironmentReport:
     project_seconds: float = 0.0  # the project's own install, which runs again in every job
     path: Path | None = None  # the environment's host folder (ENV_DIR); never reported
     project: Path | None = None  # the job's project layer (PROJECT_DIR), where the project is installed
+    tests_unstartable: bool = False  # built (or none needed), yet the tests could not start on the base commit
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"ok": self.ok, "built": self.built, "cached": self.cached}
@@ -136,8 +137,10 @@ class EnvironmentReport:
         return f"environment: {'cached' if self.cached else 'built'} in {self.seconds:.1f}s{own}"
 
 
-def failed(reason: str, log: str = "", *, built: bool = True) -> EnvironmentReport:
-    return EnvironmentReport(False, built=built, reason=reason, log_tail=_tail(log))
+def failed(reason: str, log: str = "", *, built: bool = True, tests_unstartable: bool = False) -> EnvironmentReport:
+    return EnvironmentReport(
+        False, built=built, reason=reason, log_tail=_tail(log), tests_unstartable=tests_unstartable
+    )
 
 
 def _tail(text: str) -> str:

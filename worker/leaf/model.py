@@ -23,6 +23,7 @@ from typing import Any, Final, Protocol
 import openai
 
 from app import trajectory
+from app.endings import Ending, EndingKind
 from app.logs import get_logger
 from app.outcome_words import shown_url
 from app.textcalls import OPEN_CALL, extract_text_calls
@@ -64,7 +65,18 @@ class ModelError(Exception):
 
 
 class ModelQueryError(ModelError):
-    """The model endpoint failed after our retries, or answered nonsense: exit `llm_query_error`."""
+    """The model endpoint failed after our retries, or answered nonsense: exit `llm_query_error`.
+
+    `kind` (app/endings.py: unreachable, timed out, refused, kept failing, aborted, out of time, or another
+    model error) and `cause` (the failure's own words) are what the job's ending says, typed."""
+
+    def __init__(self, message: str, kind: EndingKind = EndingKind.model_error, cause: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.cause = kind, cause
+
+    @property
+    def ending(self) -> Ending:
+        return Ending(self.kind, str(self), cause=self.cause)
 
 
 class ContextOverflow(ModelError):
@@ -75,7 +87,7 @@ class AbortedReply(ModelQueryError):
     """A 200 with finish_reason `abort`: no answer, but the tokens it reports were spent."""
 
     def __init__(self, message: str, usage: Usage | None) -> None:
-        super().__init__(message)
+        super().__init__(message, EndingKind.model_aborted)
         self.usage = usage
 
 
@@ -365,9 +377,11 @@ class OpenAIChatModel:
             attempt += 1
             wait = self.timeout if deadline is None else min(self.timeout, deadline - time.monotonic())
             if wait <= 0:
-                raise ModelQueryError(f"model call ran out of time after {attempt - 1} attempt(s)")
+                ran_out = f"model call ran out of time after {attempt - 1} attempt(s)"
+                raise ModelQueryError(ran_out, EndingKind.model_out_of_time)
             retry_after: float | None = None
             failure: Exception
+            kind = EndingKind.model_error  # what the failure below is, should it be the last
             try:
                 data = self._client.post(
                     "/chat/completions",
@@ -384,14 +398,14 @@ class OpenAIChatModel:
                 if is_context_overflow(exc.status_code, text):
                     raise ContextOverflow(f"HTTP {exc.status_code}: {text[:500]}") from exc
                 if exc.status_code != 429 and exc.status_code < 500:
-                    refused = f"model call refused: HTTP {exc.status_code}: {text[:500]}"
-                    raise ModelQueryError(refused) from exc
-                error, failure = f"HTTP {exc.status_code}: {text[:300]}", exc
+                    said = f"HTTP {exc.status_code}: {text[:500]}"
+                    raise ModelQueryError(f"model call refused: {said}", EndingKind.model_refused, said) from exc
+                error, failure, kind = f"HTTP {exc.status_code}: {text[:300]}", exc, EndingKind.model_failing
                 retry_after = _retry_after(exc.response.headers)
             except openai.APITimeoutError as exc:
-                error, failure = f"timed out after {wait:.1f}s", exc
+                error, failure, kind = f"timed out after {wait:.1f}s", exc, EndingKind.model_timeout
             except openai.APIConnectionError as exc:
-                error, failure = f"connection error: {_cause(exc)}", exc
+                error, failure, kind = f"connection error: {_cause(exc)}", exc, EndingKind.model_unreachable
             except openai.OpenAIError as exc:
                 raise ModelQueryError(f"model call failed: {type(exc).__name__}: {exc}") from exc
             except ValueError as exc:  # a 200 whose body is not JSON: a cut or garbled answer, worth another try
@@ -400,19 +414,19 @@ class OpenAIChatModel:
                 try:
                     reply = self._reply(data, started, attempt)
                 except ModelQueryError as exc:  # a 200 without a usable message or aborted: the same
-                    error, failure = str(exc), exc
+                    error, failure, kind = str(exc), exc, exc.kind
                     if isinstance(exc, AbortedReply) and exc.usage is not None:
                         aborted.append(exc.usage)
                 else:
                     self._note_text_calls(reply)
                     return reply
             if attempt > self.max_retries:
-                raise ModelQueryError(f"model call failed after {attempt} attempt(s): {error}") from failure
+                raise _gave_up(f"model call failed after {attempt} attempt(s)", kind, failure, error) from failure
             delay = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
             if retry_after is not None:
                 delay = max(delay, min(retry_after, self.backoff_max))
             if deadline is not None and time.monotonic() + delay >= deadline:
-                raise ModelQueryError(f"model call failed, no time left to retry: {error}") from failure
+                raise _gave_up("model call failed, no time left to retry", kind, failure, error) from failure
             self._sleep(delay)
 
     def _note_text_calls(self, reply: ModelReply) -> None:
@@ -477,6 +491,25 @@ def error_text(body: object) -> str:
 def _cause(exc: BaseException) -> str:
     cause = exc.__cause__ or exc.__context__
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
+
+def _gave_up(message: str, kind: EndingKind, failure: BaseException, error: str) -> ModelQueryError:
+    """The retries are over: `message: error`, with the last failure's words for the job's ending (the
+    system's own for an unreachable server, else `error`)."""
+    words = _plain_cause(failure) if kind == EndingKind.model_unreachable else error
+    return ModelQueryError(f"{message}: {error}", kind, words)
+
+
+def _plain_cause(exc: BaseException) -> str:
+    """A connection failure in the operating system's words ("Connection refused"), from the first OSError
+    behind it; else the exception behind it as it reads."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return str(seen.strerror)
+        seen = seen.__cause__ or seen.__context__
+    behind = exc.__cause__ or exc.__context__
+    return str(behind or exc)
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
