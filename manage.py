@@ -551,8 +551,7 @@ def _print_job(d: dict[str, Any]) -> None:
     def field(label: str, value: str) -> None:
         lines.extend(_wrap(value, f"  {label:<10} ", 13))
 
-    end = Ending.stored((d.get("ending") or {}).get("kind"), d.get("error"), d.get("ending"), status=d["status"],
-                        exit_reason=d.get("exit_reason"))
+    end = Ending.kept(d.get("ending"), d.get("error"), status=d["status"], exit_reason=d.get("exit_reason"))
     because = why(d["status"], d.get("exit_reason"), end, model_url=_settings().model_base_url)
     if because:
         field("why", because)
@@ -789,10 +788,8 @@ def _show_local(job: str, json_out: bool) -> None:
         _dump(summary)
         return
     lines.append(f"local job {job}: {_statuses.status_label(summary['status'])}")
-    kept: dict[str, Any] = fix["ending"] if isinstance(fix.get("ending"), dict) else {}
-    end = Ending.stored(kept.get("kind"), fix.get("error") or data.get("error"), kept, status=summary["status"],
-                        exit_reason=summary["exit_reason"])
-    why_field(summary["status"], summary["exit_reason"], end, None)
+    why_field(summary["status"], summary["exit_reason"], Ending.kept(fix.get("ending"), fix.get("error") or data.get(
+        "error"), status=summary["status"], exit_reason=summary["exit_reason"]), None)
     title = (summary["issue"] or {}).get("title") if isinstance(summary["issue"], dict) else None
     field("issue", title or "-")
     field("repository", summary["repository"] or "-")

@@ -122,6 +122,13 @@ class Ending:
         return cls(EndingKind(data["kind"]), **values)
 
     @classmethod
+    def kept(cls, data: Any, detail: str | None, *, status: str, exit_reason: str | None) -> Ending:
+        """An ending as `to_dict` wrote it (`fix --json`, a local record, the API), its text beside it; one
+        written before endings were typed, from its status or exit reason (see `stored`)."""
+        facts = data if isinstance(data, dict) else {}
+        return cls.stored(facts.get("kind"), detail, facts, status=status, exit_reason=exit_reason)
+
+    @classmethod
     def stored(
         cls, kind: str | None, detail: str | None, facts: Any = None, *, status: str = "",
         exit_reason: str | None = None,

@@ -297,8 +297,7 @@ class LocalJob:
         """How the run ended, typed (app/endings.py); None while it runs or once it fixed something."""
         if self.status in (RUNNING, FixStatus.fixed, FixStatus.unproven):
             return None
-        data = self.ending_data or {}
-        return Ending.stored(data.get("kind"), self.error, data, status=self.status, exit_reason=self.exit_reason)
+        return Ending.kept(self.ending_data, self.error, status=self.status, exit_reason=self.exit_reason)
 
     @property
     def project(self) -> str:

@@ -91,6 +91,16 @@ class AttemptOutcome(StrEnum):
     unreviewed = "unreviewed"  # a plain replay: the agent's run and patch only
 
 
+class ReplayStatus(StrEnum):
+    """How `manage.py replay` (and eval's live attempt) ended: worker/replay.py's report, its CLI exit code."""
+
+    reproduced = "reproduced"  # every tool result matched and the patch is the same
+    diverged = "diverged"  # a tool result differed: the report names the first
+    patch_differs = "patch_differs"  # the same steps, another patch
+    live = "live"  # a live run (the current model), judged like the pipeline's attempts
+    queued = "queued"  # handed to a worker (the dashboard's request)
+
+
 class FixStatus(StrEnum):
     """The outcome `manage.py fix` prints (DESIGN: `fixed`, `no_fix` or `failed`).
 

@@ -547,8 +547,7 @@ class Pipeline:
         forged = series.tampered
         if chosen is None and forged:  # no question: the issue is told which attempt forged what, and how
             found = [(r.number, r.verification.verdict.reason if r.verification else r.reason) for r in forged]
-            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found),
-                           ending=Ending(EndingKind.tampered))
+            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found), ending=forged[0].ending)
         if chosen is None:
             last = series.results[-1].reason if series.results else "no attempt ran"
             raise self.abstain(series.results, last)
