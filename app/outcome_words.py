@@ -135,9 +135,10 @@ def _said(end: Ending) -> str:
     return one_line(end.cause or end.detail)
 
 
-def _with(lead: str, end: Ending, tail: str = "") -> str:
+def _with(lead: str, end: Ending) -> str:
+    """`lead: the ending's words`, or `lead` alone when it has none."""
     said = _said(end)
-    return (f"{lead}: {said}" if said else lead) + tail
+    return f"{lead}: {said}" if said else lead
 
 
 def _cancelled(end: Ending, _exit: str | None, _status: str) -> str:
@@ -151,10 +152,6 @@ def _stopped(end: Ending, _exit: str | None, _status: str) -> str:
     """`fix` interrupted (Ctrl-C, a signal) or stopped by a bug."""
     said = _said(end)
     return f"the run was stopped before it ended ({said})" if said else "the run was stopped before it ended"
-
-
-def _environment(end: Ending, _exit: str | None, _status: str) -> str:
-    return _with("the test environment could not be built", end)
 
 
 def _limits(end: Ending, exit_reason: str | None, status: str) -> str:
@@ -176,7 +173,7 @@ _WORDS: Final[dict[EndingKind, Worder]] = {
     EndingKind.stopped: _stopped,
     EndingKind.rejected: lambda end, _e, _s: _with("the trigger was refused", end),
     EndingKind.config_error: lambda end, _e, _s: _with(f"the repository's {CONFIG_FILE} is not usable", end),
-    EndingKind.environment_error: _environment,
+    EndingKind.environment_error: lambda end, _e, _s: _with("the test environment could not be built", end),
     EndingKind.tests_unstartable: lambda end, _e, _s: _with("the test environment is not usable", end),
     EndingKind.sandbox_failure: lambda end, _e, _s: _with("the sandbox failed", end),
     EndingKind.git_error: lambda end, _e, _s: f"git failed: {one_line(end.detail)}" if end.detail else "git failed",
@@ -189,22 +186,22 @@ _WORDS: Final[dict[EndingKind, Worder]] = {
 }
 
 
+# How the model server failed, after "the model server (at URL)"; {said} is the failure's own words.
+_MODEL_WORDS: Final[dict[EndingKind, str]] = {
+    EndingKind.model_unreachable: "could not be reached ({said})",
+    EndingKind.model_refused: "refused the call ({said})",
+    EndingKind.model_failing: "kept failing ({said})",
+    EndingKind.model_timeout: "did not answer in time ({said})",
+    EndingKind.model_out_of_time: "did not answer before the job's time ran out",
+    EndingKind.model_aborted: "aborted the request",
+}
+
+
 def _model(end: Ending, url: str | None) -> str:
     where = f"the model server at {url}" if url else "the model server"
     said = _said(end)
-    if end.kind == EndingKind.model_unreachable:
-        return f"{where} could not be reached ({said}); {DOCTOR}"
-    if end.kind == EndingKind.model_refused:
-        return f"{where} refused the call ({said}); {DOCTOR}"
-    if end.kind == EndingKind.model_failing:
-        return f"{where} kept failing ({said}); {DOCTOR}"
-    if end.kind == EndingKind.model_timeout:
-        return f"{where} did not answer in time ({said}); {DOCTOR}"
-    if end.kind == EndingKind.model_out_of_time:
-        return f"{where} did not answer before the job's time ran out; {DOCTOR}"
-    if end.kind == EndingKind.model_aborted:
-        return f"{where} aborted the request; {DOCTOR}"
-    return f"{where} could not be used ({said}); {DOCTOR}" if said else f"{where} could not be used; {DOCTOR}"
+    how = _MODEL_WORDS.get(end.kind) or ("could not be used ({said})" if said else "could not be used")
+    return f"{where} {how.format(said=said)}; {DOCTOR}"
 
 
 _FORGE_KINDS: Final = frozenset({EndingKind.forge_error, EndingKind.forge_unreachable, EndingKind.forge_setup})
