@@ -538,6 +538,7 @@ def _tests_summary(tests: dict[str, Any] | None, evidence: dict[str, Any] | None
 
 
 def _print_job(d: dict[str, Any]) -> None:
+    from app.endings import Ending
     from app.outcome_words import ending, says_more, why
 
     status = _statuses.status_label(d["status"])
@@ -546,7 +547,8 @@ def _print_job(d: dict[str, Any]) -> None:
     def field(label: str, value: str) -> None:
         lines.extend(_wrap(value, f"  {label:<10} ", 13))
 
-    because = why(d["status"], d.get("exit_reason"), d.get("error"), model_url=_settings().model_base_url)
+    end = Ending.kept(d.get("ending"), d.get("error"), status=d["status"], exit_reason=d.get("exit_reason"))
+    because = why(d["status"], d.get("exit_reason"), end, model_url=_settings().model_base_url)
     if because:
         field("why", because)
 
@@ -675,6 +677,7 @@ def _show_local(job: str, json_out: bool) -> None:
 
     from app import local_jobs, trajectory
     from app.answers import EventAnswer, TestsAnswer
+    from app.endings import Ending
     from app.jobs.records import UnknownJob
     from app.outcome_words import ending, says_more, why
     from app.settings import get_settings
@@ -691,8 +694,8 @@ def _show_local(job: str, json_out: bool) -> None:
         command = tests.get("command") if isinstance(tests, dict) else None
         field("tests", f"{command}: {summary}" if command and summary != "no tests run" else summary)
 
-    def why_field(status: str, exit_reason: str | None, error: str | None, model_url: str | None) -> str | None:
-        because = why(status, exit_reason, error, model_url=model_url or settings.model_base_url)
+    def why_field(status: str, exit_reason: str | None, end: Ending | None, model_url: str | None) -> str | None:
+        because = why(status, exit_reason, end, model_url=model_url or settings.model_base_url)
         if because:
             field("why", because)
         return because
@@ -718,7 +721,7 @@ def _show_local(job: str, json_out: bool) -> None:
             _dump(details)
             return
         lines.append(f"local job {record.id}: {_statuses.status_label(record.status)}")
-        because = why_field(record.status, record.exit_reason, record.error, record.model_url)
+        because = why_field(record.status, record.exit_reason, record.ending, record.model_url)
         field("issue", record.title or "-")
         field("repository", record.repository or "-")
         field("base", (record.base_commit or "-")[:12])
@@ -783,7 +786,8 @@ def _show_local(job: str, json_out: bool) -> None:
         _dump(summary)
         return
     lines.append(f"local job {job}: {_statuses.status_label(summary['status'])}")
-    why_field(summary["status"], summary["exit_reason"], fix.get("error") or data.get("error"), None)
+    why_field(summary["status"], summary["exit_reason"], Ending.kept(fix.get("ending"), fix.get("error") or data.get(
+        "error"), status=summary["status"], exit_reason=summary["exit_reason"]), None)
     title = (summary["issue"] or {}).get("title") if isinstance(summary["issue"], dict) else None
     field("issue", title or "-")
     field("repository", summary["repository"] or "-")

@@ -9,6 +9,8 @@ Inside:
   sandbox seconds), for trajectories, `fix --json`, the API, `show`, the pages and /metrics.
 - textcalls.py: the one reader of tool calls a model wrote as text (qwen3_coder form, inline
   `<think>`): the agent loop runs what it reads and the trajectory page shows the same calls.
+- endings.py: how a job ended, typed (`Ending`: an `EndingKind` and its detail and facts), made
+  where the job ends and kept with it (`jobs.ending_kind`, `fix --json`'s `ending`).
 - answers.py: one typed schema (pydantic) per answer about a job: a job, its detail, an attempt,
   the one `tests` shape, evidence, usage, an ending, `fix --json`'s object; the API's
   `response_model`s, and what `fix --json`, `jobs --json`, `show --json`, local job records and the
@@ -41,7 +43,7 @@ What may import what:
   the web layer reaches the worker only through task names on the queue.
 - app/forge imports nothing else of ours but redaction.py and retrying.py (which imports only
   logs.py), so the worker's pipeline can use it on its own.
-- statuses.py, trajectory.py, usage.py, textcalls.py, outcome_words.py, moments.py and
+- statuses.py, endings.py, trajectory.py, usage.py, textcalls.py, outcome_words.py, moments.py and
   redaction.py (and any other pure
   vocabulary module added beside them) import only the standard library (and each other), so
   worker/leaf, which must not import a database or web code, may use them; worker/leaf also logs

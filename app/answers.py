@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
+from app.endings import EndingKind
 from app.moments import iso
 from app.usage import UsageFigures
 
@@ -156,10 +157,19 @@ class UsageAnswer(Answer):
 
 
 class EndingAnswer(Answer):
-    """How a job ended, as a kind and its detail."""
+    """How a job ended (app/endings.py `Ending.to_dict`): its kind, the text shown, and the typed facts
+    that were known (a model failure's own words, a forge's answer); app/outcome_words.py words it."""
 
-    kind: str
+    kind: EndingKind
     detail: str | None = None
+    cause: str = Field(default="", description="a model failure's own words")
+    forge: str = Field(default="", description="the forge that answered, when a forge call ended the job")
+    call: str = Field(default="", description="what FrogFix asked the forge")
+    http_status: int | None = None
+    said: str = Field(default="", description="the forge's own words")
+    gave_up: str = Field(default="", description="the retries' tail: how many tries in how long")
+    transient: bool = Field(default=False, description="worth retrying later")
+    redirected: bool = False
 
 
 class RankedAnswer(Answer):
@@ -353,7 +363,8 @@ class JobAnswer(Answer):
     def of(cls, job: Any) -> JobAnswer:
         """A forge job's row (app/models.py `Job`)."""
         values = _fields_of(cls, job)
-        values.update(attempt=job.run, flags=job.flags or [], usage=UsageAnswer.of(job.usage), ending=None)
+        values.update(attempt=job.run, flags=job.flags or [], usage=UsageAnswer.of(job.usage),
+                      ending=ending.to_dict() if (ending := job.ending) is not None else None)
         values["selection"] = job.selection if isinstance(job.selection, Mapping) else None
         return cls.model_validate(values)
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.selection import Candidate, choose
-from app.statuses import EvidenceLevel
+from app.statuses import AttemptOutcome, EvidenceLevel
 
 UNRUNNABLE = "unrunnable"  # an attempt's outcome when its task can never run (recorded with the reason)
 Z95 = 1.959963984540054
@@ -127,7 +127,7 @@ def candidate_of(result: Mapping[str, Any]) -> Candidate:
         )
     if result["solved"]:
         return Candidate(number, EvidenceLevel.failed_before, True)
-    if result["outcome"] == "unproven":  # AttemptOutcome.unproven: every test passes, nothing proven
+    if result["outcome"] == AttemptOutcome.unproven:  # every test passes, nothing proven
         return Candidate(number, EvidenceLevel.unproven, True)
     return Candidate(number, None, False)
 

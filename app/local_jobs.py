@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from app.answers import AttemptAnswer, EventAnswer, JobAnswer, JobDetailAnswer
+from app.endings import Ending, EndingKind
 from app.moments import as_utc
 from app.statuses import FixStatus
 from app.trajectory import LOCAL_ID, TrajectoryError, local_path, write_atomic
@@ -114,6 +115,18 @@ class LocalJobRecord:
                 events.append(entry)
             self.save()
 
+    def status(self, status: str) -> None:
+        """A running job's stage as the attempt's recorder moves it (attempt_events.py): the record stays
+        running until `finish` and the stage is a row on its timeline (the page's strip reads it)."""
+        self.event(status, f"the job is {status.replace('_', ' ')}")
+
+    def update(self, **fields: Any) -> None:
+        """The running job's plain fields the recorder sets (how the agent ended, its steps)."""
+        with self.lock:
+            if self.started:
+                self.document.update(fields)
+                self.save()
+
     def attempt_started(self, number: int, trajectory_path: str) -> None:
         """An attempt begins: listed at once, with its trajectory, so a run that dies keeps what it did."""
         with self.lock:
@@ -153,6 +166,7 @@ class LocalJobRecord:
             status=status,
             exit_reason=outcome.get("exit_reason"),
             error=outcome.get("error"),
+            ending=outcome.get("ending"),
             steps=outcome.get("steps") or d.get("steps") or 0,
             finished_at=now_iso(),
             attempts=attempts,
@@ -245,6 +259,7 @@ class LocalJob:
     tests: dict[str, Any] | None = None  # fix --json's `tests` of the chosen attempt
     evidence: dict[str, Any] | None = None
     model_url: str | None = None
+    ending_data: dict[str, Any] | None = None  # the record's `ending` (fix --json's), None in one made before
     file: Path | None = None
     # The forge job's names that a local job answers with nothing.
     forge: str = FORGE
@@ -265,6 +280,13 @@ class LocalJob:
     @property
     def local(self) -> bool:
         return True
+
+    @property
+    def ending(self) -> Ending | None:
+        """How the run ended, typed (app/endings.py); None while it runs or once it fixed something."""
+        if self.status in (RUNNING, FixStatus.fixed, FixStatus.unproven):
+            return None
+        return Ending.kept(self.ending_data, self.error, status=self.status, exit_reason=self.exit_reason)
 
     @property
     def project(self) -> str:
@@ -291,7 +313,9 @@ class LocalJob:
             "id": self.id, "kind": "local", "local_kind": self.kind, "forge": FORGE, "project": self.project,
             "repository": self.repository, "issue": None, "title": self.title, "status": self.status,
             "trigger_user": self.trigger_user, "attempt": 1, "run": 1, "base_commit": self.base_commit,
-            "error": self.error, "steps": self.steps, "exit_reason": self.exit_reason, "flags": self.flags,
+            "error": self.error, "steps": self.steps,
+            "ending": e.to_dict() if (e := self.ending) is not None else None,
+            "exit_reason": self.exit_reason, "flags": self.flags,
             "created_at": self.created_at, "updated_at": self.finished_at, "started_at": self.started_at,
             "finished_at": self.finished_at, "usage": self.usage_figures, "selection": self.selection,
         })
@@ -333,6 +357,14 @@ def _attempt(local_id: str, entry: dict[str, Any]) -> LocalAttempt:
         chosen=bool(entry.get("chosen")),
         usage=entry.get("usage") if isinstance(entry.get("usage"), dict) else None,
     )
+
+
+def _ending_data(document: dict[str, Any], stopped: str | None) -> dict[str, Any] | None:
+    """The record's typed ending; a run whose process is gone ended as a lost worker's does."""
+    if stopped:
+        return Ending(EndingKind.worker_lost, stopped).to_dict()
+    ending = document.get("ending")
+    return ending if isinstance(ending, dict) else None
 
 
 def _stopped(document: dict[str, Any]) -> str | None:
@@ -377,6 +409,7 @@ def parse(document: Any, where: Path) -> LocalJob:
             model=_text(document.get("model")),
             exit_reason=document.get("exit_reason") if isinstance(document.get("exit_reason"), str) else None,
             error=stopped or (document.get("error") if isinstance(document.get("error"), str) else None),
+            ending_data=_ending_data(document, stopped),
             steps=int(document.get("steps") or 0),
             created_at=parse_when(document.get("created_at")),
             started_at=parse_when(document.get("started_at")),

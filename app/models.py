@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, column_property, mapped_column, relationship
 
+from app.endings import Ending
 from app.moments import as_utc, iso, utcnow
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
@@ -134,6 +135,9 @@ class Job(UsageColumns, Base):
     branch: Mapped[str | None] = mapped_column(String(255), nullable=True)
     mr_url: Mapped[str | None] = mapped_column(Text, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # How it ended (migration 0013, app/endings.py): the kind and its typed facts beside `error`; NULL while active.
+    ending_kind: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    ending_facts: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     delivery_id: Mapped[str | None] = mapped_column(String(255), nullable=True)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     # Why a queued job waits although workers are free: its project is over a budget (app/jobs/scheduler.py).
@@ -190,6 +194,14 @@ class Job(UsageColumns, Base):
     def usage(self) -> UsageFigures:
         """The job's figures: the sums over its attempts, steps included."""
         return replace(UsageFigures.of(self), steps=int(self.attempt_steps or 0))
+
+    @property
+    def ending(self) -> Ending | None:
+        """How the job ended, typed (app/outcome_words.py words it); None while it runs or once done."""
+        if self.status in ACTIVE_STATUSES or self.status == JobStatus.done:
+            return None
+        return Ending.stored(self.ending_kind, self.error, self.ending_facts, status=self.status,
+                             exit_reason=self.exit_reason)
 
 
 class JobAttempt(UsageColumns, Base):

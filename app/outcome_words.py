@@ -1,27 +1,27 @@
 """A job's ending in plain words: why it failed or found nothing, how its agent ended, what its tests said.
 
 One home for what `fix` prints, what `show` prints and what the dashboard's job page says, so the three
-never word the same ending differently. The inputs are what every job already stores: its status, exit
-reason and error text (a forge job's row, a local job's record, `fix --json`), and a `tests` dict.
+never word the same ending differently. The inputs are what every job stores: its status, exit reason and
+typed ending (app/endings.py: a forge job's row, a local job's record, `fix --json`), and a `tests` dict.
 
-- `why(status, exit_reason, error, model_url=...)`: one line, or None for a job that did not fail.
-  The error texts it reads are those the worker writes: worker/leaf/model.py's model errors, worker/
-  repo_config.py's `.frogfix.yml` errors, the environment builder's reasons, app/forge's ForgeError
-  messages (as worker/job/pipeline.py ends a job with them), the sandbox's and git's. An error it does not
-  recognise is shown as it is, on one line.
+- `why(status, exit_reason, ending, model_url=...)`: one line, or None for a job that did not fail, from
+  the ending's kind (a table of kinds to sentences) and its typed facts (the model failure's words, the
+  forge, its call and HTTP status): no message is parsed. An ending whose kind has no sentence of its
+  own is shown as its text, on one line.
 - `ending(exit_reason, steps)`: how the agent ended ("the agent finished after 4 steps").
 - `tests_line(tests, evidence)`: "before: 1 failed, 1 passed; after: 2 passed (2 runs)", for `fix --json`'s
   `tests` and a forge attempt's `tests` (worker/texts/mr_text.py TestEvidence) alike.
 
-Standard library and app/statuses.py only (a pure vocabulary module, like statuses.py).
+Standard library, app/statuses.py and app/endings.py only (a pure vocabulary module, like statuses.py).
 """
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from typing import Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
+from app.endings import CANCELLED_ON_REQUEST, MODEL_KINDS, Ending, EndingKind, ending_for_status
 from app.statuses import (
     ACTIVE_STATUSES,
     EVIDENCE_LABELS,
@@ -77,8 +77,13 @@ def says_more(error: str | None, because: str | None) -> bool:
     """Whether the raw error text tells more than the why line made of it (then both are worth showing)."""
     if not error:
         return False
-    words = set(re.findall(r"\w+", (because or "").lower()))
-    return any(word not in words for word in re.findall(r"\w+", error.lower()))
+    words = set(_words(because or ""))
+    return any(word not in words for word in _words(error))
+
+
+def _words(text: str) -> list[str]:
+    """The text's words (letters, digits, underscores), lowercased."""
+    return "".join(c if c.isalnum() or c == "_" else " " for c in text.lower()).split()
 
 
 # -- how the agent ended ----------------------------------------------------------------------------
@@ -95,62 +100,24 @@ def ending(exit_reason: str | None, steps: int | None) -> str:
 # -- why --------------------------------------------------------------------------------------------
 
 
-def why(status: str, exit_reason: str | None, error: str | None, *, model_url: str | None = None) -> str | None:
+def why(status: str, exit_reason: str | None, end: Ending | None, *, model_url: str | None = None) -> str | None:
     """One plain line saying why a job failed or found nothing; None for a job that did not fail.
 
     `status`: a job's, an attempt's or `fix`'s; `exit_reason`: the agent's (None when it never ran);
-    `error`: the job's stored error text; `model_url`: the model server the job used, named when the
-    model is why (settings.model_base_url)."""
+    `end`: how it ended, typed (app/endings.py; the job's `ending`), worded from its kind and facts, never
+    parsed from its text; `model_url`: the model server the job used, named when the model is why."""
     if status in NO_WHY:
         return None
-    text = one_line(error)
-    reason = exit_reason or ""
-    if status == JobStatus.cancelled or reason == ExitReason.cancelled:
-        return _cancelled(text)
-    if status == JobStatus.rejected:
-        return f"the trigger was refused: {text}" if text else "the trigger was refused"
-    if status == JobStatus.no_fix and reason in _LIMITS:
-        return _LIMITS[reason]
-    forge = _forge(text)
-    if _MODEL.search(text) or (reason == ExitReason.llm_query_error and forge is None):
-        return _model(text, shown_url(model_url))
-    if reason == ExitReason.config_error or text.startswith(CONFIG_FILE):
-        return _config(text)
-    if reason == ExitReason.environment_error or status == FixStatus.environment_error or _ENVIRONMENT.match(text):
-        return _environment(text)
-    if reason == ExitReason.tool_error or _SANDBOX.match(text):
-        detail = _SANDBOX.sub("", text, count=1)
-        return f"the sandbox failed: {detail}" if detail else "the sandbox failed"
-    if forge is not None:
-        return forge
-    if reason == ExitReason.git_error or _GIT.match(text):
-        return f"git failed: {text}" if text else "git failed"
-    if _JOB_TIME.match(text):
-        return f"{text}; FROGFIX_JOB_TIMEOUT_SECONDS sets it"
-    if text.startswith("internal error:"):
-        bug = text.removeprefix("internal error:").strip()
-        return f"FrogFix hit an internal error ({bug}); the worker's log has more"
-    limit = _LIMITS.get(reason)
-    if limit is not None:
-        return limit
-    if text:
-        refusals = reason == ExitReason.agent and status == JobStatus.no_fix and "refused" not in text
-        if refusals and not text.startswith("attempt "):
-            return f"the patch was refused: {text}"  # `fix`'s error for a no_fix the agent finished: the refusals
-        return text
-    if status == JobStatus.no_fix:
-        return "the agent ended without a fix the tests prove"
-    return "it failed without a recorded reason; the timeline and the worker's log may say more"
+    end = end or ending_for_status(status)
+    if status == JobStatus.no_fix and (exit_reason or "") in _LIMITS:
+        return _LIMITS[exit_reason or ""]
+    if end.kind in MODEL_KINDS:
+        return _model(end, shown_url(model_url))
+    if end.kind in _FORGE_KINDS:
+        return _forge(end)
+    return _WORDS.get(end.kind, _as_stored)(end, exit_reason, status)
 
 
-CONFIG_FILE: Final = ".frogfix.yml"
-_MODEL = re.compile(r"^(?:\w+: )?(?:model call|model answered|the model (?:could not be used|server aborted))")
-_ENVIRONMENT = re.compile(r"^environment error:")
-_SANDBOX = re.compile(r"^(?:sandbox failure|the setup sandbox failed)\s*:?\s*")
-_GIT = re.compile(
-    r"^(?:git \S+ |the clone URL|commit [0-9a-f]+ is not in|workspace folder |not a (?:full commit id|valid ref))"
-)
-_JOB_TIME = re.compile(r"^the job ran past its time limit")
 _LIMITS: Final[dict[str, str]] = {
     ExitReason.max_turns: "the agent used every step it may take (FROGFIX_LEAF_MAX_STEPS) without a fix",
     ExitReason.max_time: "the agent ran out of time (FROGFIX_JOB_TIMEOUT_SECONDS) before a fix",
@@ -159,120 +126,118 @@ _LIMITS: Final[dict[str, str]] = {
     ),
     ExitReason.max_tokens_per_turn: "a model reply ran past FROGFIX_LEAF_MAX_COMPLETION_TOKENS",
 }
+CONFIG_FILE: Final = ".frogfix.yml"
+Worder = Callable[[Ending, "str | None", str], str]
 
 
-def _cancelled(text: str) -> str:
-    if text.startswith("the run stopped:"):  # `fix` interrupted (Ctrl-C) or stopped by a bug
-        return f"the run was stopped before it ended ({text.removeprefix('the run stopped:').strip()})"
-    if not text or text == "cancelled on request":
+def _said(end: Ending) -> str:
+    """The ending's own words: its cause when the worker gave one, else its detail, on one line."""
+    return one_line(end.cause or end.detail)
+
+
+def _with(lead: str, end: Ending) -> str:
+    """`lead: the ending's words`, or `lead` alone when it has none."""
+    said = _said(end)
+    return f"{lead}: {said}" if said else lead
+
+
+def _cancelled(end: Ending, _exit: str | None, _status: str) -> str:
+    text = one_line(end.detail)
+    if not text or text == CANCELLED_ON_REQUEST:
         return "it was cancelled on request"
     return f"it was cancelled: {text}"
 
 
-# What follows "connection error: " in the model client's error: "ConnectError: [Errno 111] Connection refused".
-_EXCEPTION_NAME = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Timeout|Refused|Failure)\w*: )+")
-_ERRNO = re.compile(r"^\[Errno -?\d+\] ")
+def _stopped(end: Ending, _exit: str | None, _status: str) -> str:
+    """`fix` interrupted (Ctrl-C, a signal) or stopped by a bug."""
+    said = _said(end)
+    return f"the run was stopped before it ended ({said})" if said else "the run was stopped before it ended"
 
 
-def _cause(text: str) -> str:
-    cause = _ERRNO.sub("", _EXCEPTION_NAME.sub("", text.strip()))
-    return cause or text.strip()
+def _limits(end: Ending, exit_reason: str | None, status: str) -> str:
+    return _LIMITS.get(exit_reason or "") or _with("the agent reached one of its limits before a fix", end)
 
 
-def _model(text: str, url: str | None) -> str:
-    where = f"the model server at {url}" if url else "the model server"
-    if m := re.search(r"connection error: (.*)$", text):
-        return f"{where} could not be reached ({_cause(m.group(1))}); {DOCTOR}"
-    if m := re.search(r"model call refused: (.*)$", text):
-        return f"{where} refused the call ({m.group(1)}); {DOCTOR}"
-    if m := re.search(r"(?:attempt\(s\)|retry): (HTTP \d+.*)$", text):
-        return f"{where} kept failing ({m.group(1)}); {DOCTOR}"
-    if m := re.search(r"(?:attempt\(s\)|retry): (timed out.*)$", text):
-        return f"{where} did not answer in time ({m.group(1)}); {DOCTOR}"
-    if "ran out of time" in text:
-        return f"{where} did not answer before the job's time ran out; {DOCTOR}"
-    if "aborted the request" in text:
-        return f"{where} aborted the request; {DOCTOR}"
+def _as_stored(end: Ending, _exit: str | None, status: str) -> str:
+    """An ending whose words are its own text (a branch that moved, forged results, a lost worker)."""
+    text = one_line(end.detail)
     if text:
-        return f"{where} could not be used ({text}); {DOCTOR}"
-    return f"{where} could not be used; {DOCTOR}"
+        return text
+    if status == JobStatus.no_fix or end.kind == EndingKind.no_fix:
+        return "the agent ended without a fix the tests prove"
+    return "it failed without a recorded reason; the timeline and the worker's log may say more"
 
 
-def _config(text: str) -> str:
-    """`.frogfix.yml: unknown key x; did you mean y?` as "the repository's .frogfix.yml is not usable: ..."."""
-    detail = text.removeprefix(CONFIG_FILE).lstrip(":").strip()
-    if detail.startswith(("is ", "must ")):
-        detail = "it " + detail
-    return f"the repository's {CONFIG_FILE} is not usable: {detail}" if detail else (
-        f"the repository's {CONFIG_FILE} is not usable"
-    )
+_WORDS: Final[dict[EndingKind, Worder]] = {
+    EndingKind.cancelled: _cancelled,
+    EndingKind.stopped: _stopped,
+    EndingKind.rejected: lambda end, _e, _s: _with("the trigger was refused", end),
+    EndingKind.config_error: lambda end, _e, _s: _with(f"the repository's {CONFIG_FILE} is not usable", end),
+    EndingKind.environment_error: lambda end, _e, _s: _with("the test environment could not be built", end),
+    EndingKind.tests_unstartable: lambda end, _e, _s: _with("the test environment is not usable", end),
+    EndingKind.sandbox_failure: lambda end, _e, _s: _with("the sandbox failed", end),
+    EndingKind.git_error: lambda end, _e, _s: f"git failed: {one_line(end.detail)}" if end.detail else "git failed",
+    EndingKind.job_timeout: lambda end, _e, _s: f"{one_line(end.detail)}; FROGFIX_JOB_TIMEOUT_SECONDS sets it",
+    EndingKind.internal_error: lambda end, _e, _s: (
+        f"FrogFix hit an internal error ({_said(end)}); the worker's log has more"
+    ),
+    EndingKind.limits: _limits,
+    EndingKind.refused: lambda end, _e, _s: _with("the patch was refused", end),
+}
 
 
-def _environment(text: str) -> str:
-    detail = _ENVIRONMENT.sub("", text, count=1).strip()
-    if not detail:
-        return "the test environment could not be built"
-    if detail.startswith("the tests could not start"):  # built (or none needed), yet the tests cannot run
-        return f"the test environment is not usable: {detail}"
-    return f"the test environment could not be built: {detail}"
+# How the model server failed, after "the model server (at URL)"; {said} is the failure's own words.
+_MODEL_WORDS: Final[dict[EndingKind, str]] = {
+    EndingKind.model_unreachable: "could not be reached ({said})",
+    EndingKind.model_refused: "refused the call ({said})",
+    EndingKind.model_failing: "kept failing ({said})",
+    EndingKind.model_timeout: "did not answer in time ({said})",
+    EndingKind.model_out_of_time: "did not answer before the job's time ran out",
+    EndingKind.model_aborted: "aborted the request",
+}
 
 
-# app/forge's ForgeError messages: "GitLab get issue: HTTP 401 401 Unauthorized (the forge token was rejected)",
-# "Gitea get issue: ConnectError talking to the server (gave up after 4 attempts in 12.0s)", "no GitLab
-# token is configured (set FROGFIX_GITLAB_TOKEN)"; worker/job/pipeline.py prefixes a transient one with
-# "the forge or git server kept failing: ".
-_KEPT_FAILING = "the forge or git server kept failing:"
-_FORGE_CALL = re.compile(r"^(?P<forge>GitLab|Gitea) (?P<what>[^:]{1,120}): (?P<rest>.*)$")
-_FORGE_HTTP = re.compile(r"^HTTP (?P<code>\d{3})\s*(?P<detail>.*)$")
-_FORGE_NAMED = re.compile(r"\b(?:GitLab|Gitea)\b")
-_UNREACHED = re.compile(r"talking to the server|timed out|Connect|Timeout|gave up after", re.I)
-_GAVE_UP = re.compile(r"\s*\((gave up after [^()]*)\)\s*$")
+def _model(end: Ending, url: str | None) -> str:
+    where = f"the model server at {url}" if url else "the model server"
+    said = _said(end)
+    how = _MODEL_WORDS.get(end.kind) or ("could not be used ({said})" if said else "could not be used")
+    return f"{where} {how.format(said=said)}; {DOCTOR}"
 
 
-def _forge(text: str) -> str | None:
-    transient = text.startswith(_KEPT_FAILING)
-    body = text.removeprefix(_KEPT_FAILING).strip() if transient else text
-    m = _FORGE_CALL.match(body)
-    if m is None:
-        if transient:
+_FORGE_KINDS: Final = frozenset({EndingKind.forge_error, EndingKind.forge_unreachable, EndingKind.forge_setup})
+
+
+def _forge(end: Ending) -> str:
+    """A forge's failure from its typed facts: which forge, what FrogFix asked, the HTTP status, its words."""
+    if end.kind == EndingKind.forge_setup:
+        return f"the forge is not set up right: {one_line(end.detail)}; {DOCTOR}"
+    forge, call, said = end.forge, end.call, one_line(end.said)
+    if not forge or not call:  # a git server's, or a forge answer with no call named
+        if end.transient:
+            body = one_line(end.cause or end.detail)
             return f"the forge or the git server could not be reached reliably ({body}); an operator can retry"
-        if _FORGE_NAMED.search(body) and ("configured" in body or "redirected" in body or "FROGFIX_GIT" in body):
-            return f"the forge is not set up right: {body}; {DOCTOR}"
-        return None
-    forge, what, rest = m["forge"], m["what"], m["rest"]
+        return one_line(end.detail) or "the forge failed"
     setting = f"FROGFIX_{forge.upper()}"
-    gave_up = _GAVE_UP.search(rest)
-    if gave_up is not None:  # app/forge/api.py's forge_call tail: said once, at the end
-        rest = rest[: gave_up.start()]
-    tried = f", {gave_up[1]}" if gave_up is not None else ""  # after what failed: "(ConnectError, gave up ...)"
-    http = _FORGE_HTTP.match(rest)
-    if http is None:
-        if "redirected" in rest:
-            return f"the forge ({forge}) answered {what} with a redirect ({rest}); check {setting}_URL"
-        if transient or _UNREACHED.search(rest):
-            failure = rest.replace(" talking to the server", "")
-            return f"the forge ({forge}) could not be reached for {what} ({failure}{tried}); {DOCTOR}"
-        return f"the forge ({forge}) failed on {what}: {rest}{tried}"
-    code, detail = int(http["code"]), _forge_detail(http["detail"], http["code"])
-    said = ", ".join(part for part in (detail, gave_up[1] if gave_up is not None else "") if part)
-    said = f" ({said})" if said else ""
+    tried = f", {end.gave_up}" if end.gave_up else ""
+    if end.http_status is None:
+        if end.redirected:
+            return f"the forge ({forge}) answered {call} with a redirect ({said}); check {setting}_URL"
+        if end.kind == EndingKind.forge_unreachable:
+            return f"the forge ({forge}) could not be reached for {call} ({said}{tried}); {DOCTOR}"
+        return f"the forge ({forge}) failed on {call}: {said}{tried}"
+    code = end.http_status
+    told = ", ".join(part for part in (said, end.gave_up) if part)
+    told = f" ({told})" if told else ""
     if code == 401:
-        return f"the forge ({forge}) answered 401 to {what}: the FrogFix token was rejected; check {setting}_TOKEN"
+        return f"the forge ({forge}) answered 401 to {call}: the FrogFix token was rejected; check {setting}_TOKEN"
     if code == 403:
-        return (f"the forge ({forge}) answered 403 to {what}: the FrogFix token lacks a permission it needs"
-                f"{said}; check {setting}_TOKEN")
+        return (f"the forge ({forge}) answered 403 to {call}: the FrogFix token lacks a permission it needs"
+                f"{told}; check {setting}_TOKEN")
     if code == 404:
-        return (f"the forge ({forge}) answered 404 to {what}: it does not exist, or the FrogFix token may not"
-                f" see it{said}")
-    tail = "; an operator can retry" if transient or code >= 500 or code == 429 else ""
-    return f"the forge ({forge}) answered {code} to {what}{said}{tail}"
-
-
-def _forge_detail(detail: str, code: str) -> str:
-    """The forge's words after the status, without what the status already says."""
-    words = re.sub(r"\s*\(the forge token (?:was rejected|lacks permission)\)", "", detail).strip()
-    words = words.removeprefix(code).strip()  # python-gitlab repeats the code: "401 Unauthorized"
-    return words
+        return (f"the forge ({forge}) answered 404 to {call}: it does not exist, or the FrogFix token may not"
+                f" see it{told}")
+    tail = "; an operator can retry" if end.transient or code >= 500 or code == 429 else ""
+    return f"the forge ({forge}) answered {code} to {call}{told}{tail}"
 
 
 # -- tests ------------------------------------------------------------------------------------------

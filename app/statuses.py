@@ -76,6 +76,31 @@ class EvidenceLevel(StrEnum):
     unproven = "unproven"
 
 
+class AttemptOutcome(StrEnum):
+    """How an attempt ended (worker/attempts/attempt.py decides it; `AttemptResult.status` maps it to the attempt row's
+    status); replay's report, `fix --json`'s attempts and an evaluation's result rows say it too."""
+
+    verified = "verified"  # the evidence proves the fix (worker/attempts/evidence.py: reproduced or failed_before)
+    tampered = "tampered"  # a run with the patch reported what did not happen: never chosen, never published
+    unproven = "unproven"  # the tests pass, but nothing failed before and nothing reproduces the bug
+    not_verified = "not_verified"  # tests failed, timed out or were flaky
+    refused = "refused"  # a review rule (or the patch size) refused the patch: never tested, never pushed
+    no_patch = "no_patch"
+    no_test_command = "no_test_command"
+    cancelled = "cancelled"
+    unreviewed = "unreviewed"  # a plain replay: the agent's run and patch only
+
+
+class ReplayStatus(StrEnum):
+    """How `manage.py replay` (and eval's live attempt) ended: worker/commands/replay.py's report, its CLI exit code."""
+
+    reproduced = "reproduced"  # every tool result matched and the patch is the same
+    diverged = "diverged"  # a tool result differed: the report names the first
+    patch_differs = "patch_differs"  # the same steps, another patch
+    live = "live"  # a live run (the current model), judged like the pipeline's attempts
+    queued = "queued"  # handed to a worker (the dashboard's request)
+
+
 class FixStatus(StrEnum):
     """The outcome `manage.py fix` prints (DESIGN: `fixed`, `no_fix` or `failed`).
 
@@ -153,6 +178,10 @@ LEAF_EXITS: Final[tuple[str, ...]] = _values(
 )
 # Exits that mean the infrastructure (model server, sandbox) failed, not that the agent found no fix.
 INFRA_EXITS: Final[tuple[str, ...]] = _values(ExitReason.llm_query_error, ExitReason.tool_error)
+
+# The evidence levels that prove a fix, the strongest first (worker/attempts/evidence.py `proves_fix`, an update round's
+# proof to keep).
+PROVEN_LEVELS: Final[tuple[str, ...]] = _values(EvidenceLevel.reproduced, EvidenceLevel.failed_before)
 
 # -- what the dashboard shows -------------------------------------------------------------------
 

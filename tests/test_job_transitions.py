@@ -183,3 +183,26 @@ def test_cancel_of_a_job_requeued_meanwhile_cancels_it(frogfix_env: dict[str, An
         assert transitions.request_cancel(s, job, "label removed") == "cancelled"
     with session_scope() as s:
         assert records.get_job(s, job_id).status == "cancelled"
+
+
+def test_a_job_keeps_its_ending_typed_until_it_runs_again(frogfix_env: dict[str, Any]) -> None:
+    """set_status keeps the ending's kind and facts beside `error` (issue 38); the API's `ending` says them; a
+    retry's claim starts the next run with none, and a queued job a cancel ends is `cancelled`."""
+    from app.endings import Ending, EndingKind
+
+    job_id = _job()
+    ended = Ending(EndingKind.forge_error, "GitLab read issue #1 of a/b: HTTP 403 Forbidden", forge="GitLab",
+                   call="read issue #1 of a/b", http_status=403, said="Forbidden")
+    with session_scope() as s:
+        assert transitions.claim_job(s, job_id)
+        assert transitions.set_status(s, job_id, JobStatus.failed, error=ended.detail, ending=ended)
+    with session_scope() as s:
+        job = records.get_job(s, job_id)
+        assert job.ending == ended and job.to_dict()["ending"] == ended.to_dict()
+        transitions.retry_job(s, job_id, "op")
+    with session_scope() as s:
+        job = records.get_job(s, job_id)
+        assert (job.ending_kind, job.ending_facts, job.to_dict()["ending"]) == (None, None, None)
+        transitions.cancel_job(s, job_id, "op")
+    with session_scope() as s:
+        assert records.get_job(s, job_id).ending == Ending(EndingKind.cancelled, records.get_job(s, job_id).error)

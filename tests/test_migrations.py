@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, inspect
 from app import migrate
 from app.models import Base
 
-HEAD = "0012"
+HEAD = "0013"
 
 
 def _check_schema(url: str) -> None:
@@ -196,5 +196,75 @@ def test_usage_columns_arrive_as_zero_and_leave_cleanly(where: str, tmp_path: Pa
                 columns = {c["name"] for c in inspect(conn).get_columns(table)}
                 assert not columns & {*usage, "queue_wait_seconds", "queue_wait_total_seconds"} and "steps" in columns
             assert conn.execute(text("SELECT steps FROM job_attempts")).scalar_one() == 4
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("where", ["sqlite", "postgres"])
+def test_endings_are_backfilled_once_from_old_jobs_text(where: str, tmp_path: Path, request: Any) -> None:
+    """0013 gives each finished job its ending's kind and facts from the text it stored, so old jobs keep
+    their words (app/outcome_words.py reads the kind only); active and done jobs get none."""
+    from sqlalchemy import text
+
+    from app.endings import Ending
+    from app.outcome_words import why
+
+    url = f"sqlite:///{tmp_path / 'e.db'}" if where == "sqlite" else request.getfixturevalue("pg").create_database(
+        "endings")
+    migrate.upgrade(url, "0012")
+    old = [  # status, exit_reason, error, the kind, the why line old jobs had
+        ("failed", "llm_query_error", "the model could not be used: model call failed after 5 attempt(s): connection"
+         " error: ConnectError: [Errno 111] Connection refused", "model_unreachable",
+         "the model server could not be reached (Connection refused); run ./manage.py doctor"),
+        ("failed", None, "the forge or git server kept failing: GitLab read issue #1 of a/b: HTTP 503 503 Service"
+         " Unavailable (gave up after 5 attempts in 5.5s)", "forge_error",
+         "the forge (GitLab) answered 503 to read issue #1 of a/b (Service Unavailable, gave up after 5 attempts in"
+         " 5.5s); an operator can retry"),
+        ("failed", None, "GitLab read issue #1 of a/b: HTTP 401 401 Unauthorized (the forge token was rejected)",
+         "forge_error", "the forge (GitLab) answered 401 to read issue #1 of a/b: the FrogFix token was rejected;"
+         " check FROGFIX_GITLAB_TOKEN"),
+        ("failed", None, ".frogfix.yml is not valid YAML: bad", "config_error",
+         "the repository's .frogfix.yml is not usable: it is not valid YAML: bad"),
+        ("failed", None, "environment error: the tests could not start on the base commit: x", "tests_unstartable",
+         "the test environment is not usable: the tests could not start on the base commit: x"),
+        ("failed", None, "sandbox failure: bwrap: denied", "sandbox_failure", "the sandbox failed: bwrap: denied"),
+        ("failed", None, "internal error: KeyError: 'x'", "internal_error",
+         "FrogFix hit an internal error (KeyError: 'x'); the worker's log has more"),
+        ("cancelled", None, "cancelled on request", "cancelled", "it was cancelled on request"),
+        ("rejected", None, "bob may not trigger FrogFix here", "rejected",
+         "the trigger was refused: bob may not trigger FrogFix here"),
+        ("no_fix", "max_turns", None, "limits",
+         "the agent used every step it may take (FROGFIX_LEAF_MAX_STEPS) without a fix"),
+        ("no_fix", "agent", None, "no_fix", "the agent ended without a fix the tests prove"),
+        ("done", "agent", None, None, None),
+        ("running", None, None, None, None),
+    ]
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            for n, (status, exit_reason, error, _kind, _words) in enumerate(old, start=1):
+                conn.execute(
+                    text(
+                        "INSERT INTO jobs (forge, project, issue, status, run, cancel_requested, enqueue_count, steps,"
+                        " exit_reason, error, created_at, updated_at) VALUES ('gitlab', 'a/b', :n, :status, 1, false,"
+                        " 1, 0, :exit_reason, :error, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                    ),
+                    {"n": n, "status": status, "exit_reason": exit_reason, "error": error},
+                )
+        migrate.upgrade(url)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT issue, ending_kind, ending_facts FROM jobs ORDER BY issue")).all()
+        for (issue, kind, facts), (status, exit_reason, error, expected_kind, words) in zip(rows, old, strict=True):
+            assert kind == expected_kind, (issue, kind)
+            if kind is None:
+                continue
+            if isinstance(facts, str):  # a driver that hands JSON back as text
+                import json
+
+                facts = json.loads(facts)
+            assert why(status, exit_reason, Ending.stored(kind, error, facts)) == words
+        migrate.downgrade(url, "0012")
+        with engine.connect() as conn:
+            assert "ending_kind" not in {c["name"] for c in inspect(conn).get_columns("jobs")}
     finally:
         engine.dispose()

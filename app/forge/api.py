@@ -47,19 +47,36 @@ _KNOWN_DRAFT_PREFIX = re.compile(r"^\s*(?:(?:draft|wip)\s*:|\[(?:draft|wip)\]|\(
 
 
 class ForgeError(Exception):
-    """A forge call failed for good. `str(exc)` is safe to show: it never holds a token."""
+    """A forge call failed for good. `str(exc)` is safe to show: it never holds a token.
 
-    def __init__(self, message: str, *, status: int | None = None) -> None:
+    The typed facts say the same for the job's ending (app/endings.py), so nothing parses the message:
+    `forge` ("GitLab", "Gitea"), `call` (what FrogFix asked: "read issue #1 of acme/calc"), `status` (HTTP),
+    `said` (the forge's words, or the failure's), `gave_up` (the retries' tail), `unreachable` (no answer),
+    `redirected`, `setup` (FrogFix's own forge settings are missing)."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, forge: str = "", call: str = "", said: str = "",
+        gave_up: str = "", unreachable: bool = False, redirected: bool = False, setup: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.forge, self.call, self.said, self.gave_up = forge, call, said, gave_up
+        self.unreachable, self.redirected, self.setup = unreachable, redirected, setup
+
+    def facts(self) -> dict[str, Any]:
+        """The typed facts, to carry onto another ForgeError (a retry's last one)."""
+        return {
+            "forge": self.forge, "call": self.call, "said": self.said, "gave_up": self.gave_up,
+            "unreachable": self.unreachable, "redirected": self.redirected, "setup": self.setup,
+        }
 
 
 class ForgeTransient(ForgeError):
     """Worth trying again later (429, 5xx, timeout); `retry_after` is the forge's hint in seconds."""
 
-    def __init__(self, message: str, *, status: int | None = None, retry_after: float | None = None) -> None:
-        super().__init__(message, status=status)
+    def __init__(self, message: str, *, retry_after: float | None = None, **facts: Any) -> None:
+        super().__init__(message, **facts)
         self.retry_after = retry_after
 
 
@@ -75,19 +92,21 @@ class ForgeConflict(ForgeError):
     """The forge refused because the thing already exists (e.g. an open MR for that branch)."""
 
 
-def error_for_status(status: int | None, message: str, *, retry_after: float | None = None) -> ForgeError:
-    """Map an HTTP status to the error class the caller acts on (retry, reject, alert)."""
+def error_for_status(
+    status: int | None, message: str, *, retry_after: float | None = None, **facts: Any
+) -> ForgeError:
+    """Map an HTTP status to the error class the caller acts on (retry, reject, alert); `facts` as ForgeError's."""
     if status == 401:
-        return ForgeAuthError(f"{message} (the forge token was rejected)", status=status)
+        return ForgeAuthError(f"{message} (the forge token was rejected)", status=status, **facts)
     if status == 403:
-        return ForgeAuthError(f"{message} (the forge token lacks permission)", status=status)
+        return ForgeAuthError(f"{message} (the forge token lacks permission)", status=status, **facts)
     if status == 404:
-        return ForgeNotFound(message, status=status)
+        return ForgeNotFound(message, status=status, **facts)
     if status == 409:
-        return ForgeConflict(message, status=status)
+        return ForgeConflict(message, status=status, **facts)
     if status in (408, 425, 429) or (status is not None and status >= 500):
-        return ForgeTransient(message, status=status, retry_after=retry_after)
-    return ForgeError(message, status=status)
+        return ForgeTransient(message, status=status, retry_after=retry_after, **facts)
+    return ForgeError(message, status=status, **facts)
 
 
 def forge_call(retry: RetryPolicy, what: str, fn: Callable[[], T]) -> T:
@@ -101,10 +120,12 @@ def _forge_gave_up(ending: GaveUp) -> ForgeTransient:
     last = ending.error
     assert isinstance(last, ForgeTransient)
     tries = f"{ending.attempts} attempt{'s' if ending.attempts != 1 else ''}"
+    gave_up = f"gave up after {tries} in {ending.elapsed_s:.1f}s"
     return ForgeTransient(
-        f"{last.message} (gave up after {tries} in {ending.elapsed_s:.1f}s)",
+        f"{last.message} ({gave_up})",
         status=last.status,
         retry_after=last.retry_after if last.retry_after is not None else ending.wait_s,
+        **{**last.facts(), "gave_up": gave_up},
     )
 
 

@@ -139,9 +139,9 @@ class GiteaForge:
         wip_prefixes: tuple[str, ...] = GITEA_WIP_PREFIXES,
     ) -> None:
         if not url:
-            raise ForgeError("no Gitea URL is configured (set FROGFIX_GITEA_URL)")
+            raise ForgeError("no Gitea URL is configured (set FROGFIX_GITEA_URL)", forge="Gitea", setup=True)
         if not token:
-            raise ForgeError("no Gitea token is configured (set FROGFIX_GITEA_TOKEN)")
+            raise ForgeError("no Gitea token is configured (set FROGFIX_GITEA_TOKEN)", forge="Gitea", setup=True)
         self._token = token
         self._text = OutboundText(secret_forms(token), redact, text_limit)
         self._retry = retry or RetryPolicy()
@@ -176,11 +176,14 @@ class GiteaForge:
         try:
             response = self._http.request(method, path, params=params, json=json)
         except httpx.TimeoutException:
-            error = ForgeTransient(f"Gitea {what}: timed out")
+            error = ForgeTransient(f"Gitea {what}: timed out", forge="Gitea", call=what, said="timed out",
+                                   unreachable=True)
         except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-            error = ForgeTransient(f"Gitea {what}: {type(exc).__name__} talking to the server")
+            error = ForgeTransient(f"Gitea {what}: {type(exc).__name__} talking to the server", forge="Gitea",
+                                   call=what, said=type(exc).__name__, unreachable=True)
         except httpx.HTTPError as exc:
-            error = ForgeError(f"Gitea {what}: {type(exc).__name__}: {self._text.error(str(exc))}")
+            said = f"{type(exc).__name__}: {self._text.error(str(exc))}"
+            error = ForgeError(f"Gitea {what}: {said}", forge="Gitea", call=what, said=said)
         else:
             return self._answer(response, what)
         raise error  # outside the except blocks: httpx's exception is not chained to ours
@@ -195,9 +198,8 @@ class GiteaForge:
             except ValueError:
                 raise ForgeError(f"Gitea {what}: the answer is not JSON (is FROGFIX_GITEA_URL right?)") from None
         if 300 <= response.status_code < 400:
-            raise ForgeError(
-                f"Gitea {what}: the server redirected (HTTP {response.status_code}); check FROGFIX_GITEA_URL"
-            )
+            said = f"the server redirected (HTTP {response.status_code}); check FROGFIX_GITEA_URL"
+            raise ForgeError(f"Gitea {what}: {said}", forge="Gitea", call=what, said=said, redirected=True)
         detail = ""
         try:
             body = response.json()
@@ -207,7 +209,8 @@ class GiteaForge:
             detail = response.text[:500]
         message = f"Gitea {what}: HTTP {response.status_code} {self._text.error(detail)}".rstrip()
         retry_after = self._retry.retry_after(response.headers.get("Retry-After"))
-        raise error_for_status(response.status_code, message, retry_after=retry_after)
+        raise error_for_status(response.status_code, message, retry_after=retry_after, forge="Gitea", call=what,
+                               said=self._text.error(detail))
 
     def _call(
         self, method: str, path: str, what: str, *, params: dict[str, Any] | None = None, json: Any = None

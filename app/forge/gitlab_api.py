@@ -117,9 +117,9 @@ class GitLabForge:
         ssl_verify: bool | str = True,
     ) -> None:
         if not url:
-            raise ForgeError("no GitLab URL is configured (set FROGFIX_GITLAB_URL)")
+            raise ForgeError("no GitLab URL is configured (set FROGFIX_GITLAB_URL)", forge="GitLab", setup=True)
         if not token:
-            raise ForgeError("no GitLab token is configured (set FROGFIX_GITLAB_TOKEN)")
+            raise ForgeError("no GitLab token is configured (set FROGFIX_GITLAB_TOKEN)", forge="GitLab", setup=True)
         self._token = token
         self._text = OutboundText(secret_forms(token), redact, text_limit)
         self._retry = retry or RetryPolicy()
@@ -150,9 +150,11 @@ class GitLabForge:
                 requests.exceptions.Timeout,
                 requests.exceptions.ChunkedEncodingError,
             ) as exc:
-                error = ForgeTransient(f"GitLab {what}: {type(exc).__name__} talking to the server")
+                error = ForgeTransient(f"GitLab {what}: {type(exc).__name__} talking to the server", forge="GitLab",
+                                       call=what, said=type(exc).__name__, unreachable=True)
             except requests.exceptions.RequestException as exc:
-                error = ForgeError(f"GitLab {what}: {type(exc).__name__}: {self._text.error(str(exc))}")
+                said = f"{type(exc).__name__}: {self._text.error(str(exc))}"
+                error = ForgeError(f"GitLab {what}: {said}", forge="GitLab", call=what, said=said)
             # Raised outside the except blocks so the library's exception (and the response it
             # holds) is not chained to ours: only the scrubbed message travels on.
             raise error
@@ -163,11 +165,14 @@ class GitLabForge:
         status = exc.response_code
         detail = self._text.error(str(exc.error_message or ""))
         if isinstance(exc, gitlab.exceptions.RedirectError):
-            return ForgeError(f"GitLab {what}: the server redirected ({detail}); check FROGFIX_GITLAB_URL")
+            said = f"the server redirected ({detail}); check FROGFIX_GITLAB_URL"
+            return ForgeError(f"GitLab {what}: {said}", forge="GitLab", call=what, said=said, redirected=True)
         if status is None:
-            return ForgeError(f"GitLab {what}: {type(exc).__name__}: {detail}")
+            said = f"{type(exc).__name__}: {detail}"
+            return ForgeError(f"GitLab {what}: {said}", forge="GitLab", call=what, said=said)
         retry_after = self._retry.retry_after(getattr(self._seen, "retry_after", None))
-        return error_for_status(status, f"GitLab {what}: HTTP {status} {detail}".rstrip(), retry_after=retry_after)
+        return error_for_status(status, f"GitLab {what}: HTTP {status} {detail}".rstrip(), retry_after=retry_after,
+                                forge="GitLab", call=what, said=detail.removeprefix(str(status)).strip())
 
     def _project(self, project: str) -> Any:
         """A lazy project handle (no request): python-gitlab URL-encodes a path_with_namespace."""

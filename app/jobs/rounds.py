@@ -25,7 +25,7 @@ from app.forge.webhook import ROUND_INTENTS, WebhookEvent
 from app.jobs.records import active_job, add_event, prepared
 from app.jobs.transitions import run_waited_answers
 from app.models import Job, JobAttempt, JobEvent, RoundRequest, utcnow
-from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, JobStatus, RequestStatus, RoundKind
+from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, PROVEN_LEVELS, JobStatus, RequestStatus, RoundKind
 
 # A comment that starts with this is one FrogFix posted (app/forge/api.py `comment_marker`).
 OWN_COMMENT_MARKER = "<!-- frogfix:"
@@ -586,9 +586,6 @@ def threads_to_check(session: Session, older_than: datetime, limit: int = 100) -
         .limit(limit)
     )
     return [row[0] for row in session.execute(query)]
-
-
-PROVEN_LEVELS = ("reproduced", "failed_before")  # EvidenceLevel values that prove a fix (worker/attempts/evidence.py)
 
 
 def thread_proof(session: Session, thread_id: int, besides: int) -> str | None:

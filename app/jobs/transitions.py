@@ -15,6 +15,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.endings import Ending, EndingKind
 from app.jobs import records
 from app.jobs.records import (
     active_job,
@@ -62,7 +63,8 @@ def request_cancel(session: Session, job: Job, why: str) -> CancelOutcome:
     if _changed(
         session,
         cancelled.values(
-            status=JobStatus.cancelled.value, finished_at=now, updated_at=now, error=why[:2000], hold_reason=None
+            status=JobStatus.cancelled.value, finished_at=now, updated_at=now, error=why[:2000], hold_reason=None,
+            ending_kind=EndingKind.cancelled.value, ending_facts=None,
         ),
     ):
         add_event(session, job.id, "cancelled", why)
@@ -103,6 +105,7 @@ def claim_job(session: Session, job_id: int) -> bool:
         .where(Job.id == job_id, Job.status == JobStatus.queued.value)
         .values(status=JobStatus.running.value, run=Job.run + 1, started_at=now, updated_at=now,
                 queue_wait_seconds=wait, hold_reason=None, extra_slots=0, steps=0, exit_reason=None, error=None,
+                ending_kind=None, ending_facts=None,
                 queue_wait_total_seconds=func.coalesce(Job.queue_wait_total_seconds, 0.0) + (wait or 0.0)),
     )
 
@@ -115,9 +118,12 @@ def set_status(
     error: str | None = None,
     expected: tuple[str, ...] = ACTIVE_STATUSES,
     run: int | None = None,
+    ending: Ending | None = None,
     **values: Any,
 ) -> bool:
     """Move an active job to `status` (guarded by `expected`); final states stamp finished_at.
+
+    `ending`: how a job that ends ended (app/endings.py): its kind and typed facts are kept beside `error`.
 
     With `run`, only while that run still owns the job: a run the sweep replaced (its worker
     was paused, not dead) must not end or move the job its successor is working on.
@@ -126,6 +132,8 @@ def set_status(
     changes: dict[str, Any] = {"status": status.value, "updated_at": now, **values}
     if error is not None:
         changes["error"] = error[:10_000]
+    if ending is not None:
+        changes.update(ending_kind=ending.kind.value, ending_facts=ending.facts() or None)
     if status.value in FINAL_STATUSES:
         changes["finished_at"] = now
     where = [*job_of_run(job_id, run), Job.status.in_(expected)]
@@ -147,7 +155,8 @@ def recover_stale_jobs(session: Session, stale_after: timedelta, max_runs: int) 
         close_open_attempts(session, job_id, AttemptStatus.failed.value, why_attempt)
         if runs >= max_runs:
             why = f"the worker running this job stopped {runs} times; giving up"
-            set_status(session, job_id, JobStatus.failed, error=why, expected=RUN_STATUSES)
+            set_status(session, job_id, JobStatus.failed, error=why, expected=RUN_STATUSES,
+                       ending=Ending(EndingKind.worker_lost, why))
             add_event(session, job_id, "failed", why)
             outcomes.append((job_id, "failed"))
         else:
@@ -202,6 +211,8 @@ _ANSWER_RUN: Final[dict[str, Any]] = {
     "status": JobStatus.queued.value,
     "cancel_requested": False,
     "error": None,
+    "ending_kind": None,
+    "ending_facts": None,
     "steps": 0,
     "exit_reason": None,
     "finished_at": None,
@@ -317,6 +328,8 @@ def _requeue(session: Session, job_id: int) -> None:
             status=JobStatus.queued.value,
             cancel_requested=False,
             error=None,
+            ending_kind=None,
+            ending_facts=None,
             steps=0,
             exit_reason=None,
             finished_at=None,

@@ -604,4 +604,4 @@ def why_line(job: Any) -> str | None:
     if job.status in ACTIVE_STATUSES:
         return None
     url = getattr(job, "model_url", None) or get_settings().model_base_url
-    return why(job.status, job.exit_reason, job.error, model_url=url)
+    return why(job.status, job.exit_reason, job.ending, model_url=url)

@@ -20,7 +20,10 @@ def joined(text: str) -> str:
 
 def test_a_forge_error_a_step_limit_and_a_refusal_each_say_why(frogfix_env: dict[str, Any]) -> None:
     not_found = add_job("failed", forge="gitea", issue=4, run=1,
-                        error="Gitea read issue #4 of acme/calc: HTTP 404 The target couldn't be found.")
+                        error="Gitea read issue #4 of acme/calc: HTTP 404 The target couldn't be found.",
+                        ending_kind="forge_error", ending_facts={
+                            "forge": "Gitea", "call": "read issue #4 of acme/calc", "http_status": 404,
+                            "said": "The target couldn't be found."})
     proc = manage("show", str(not_found))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1].startswith("  why        the forge (Gitea) answered 404 to read issue #4")
@@ -53,6 +56,7 @@ def test_a_local_job_from_before_records_says_why_from_its_trajectory(frogfix_en
     document = {"trajectory_format": "leaf-function-calling", "repository": "/src/calc", "base_commit": "ab" * 20,
                 "exit_reason": "llm_query_error", "n_steps": 0, "error": error, "messages": [],
                 "fix": {"status": "failed", "flags": [], "error": error,
+                        "ending": {"kind": "model_unreachable", "detail": error, "cause": "Connection refused"},
                         "tests": {"command": "pytest", "before": {"exit_code": 1}, "after": None, "after_runs": []}}}
     trajectory.write_atomic(frogfix_env["data_dir"] / trajectory.local_path(job), json.dumps(document).encode())
     proc = manage("show", job, env={"FROGFIX_MODEL_BASE_URL": "http://10.0.0.7:30000/v1"})
@@ -62,3 +66,8 @@ def test_a_local_job_from_before_records_says_why_from_its_trajectory(frogfix_en
             " run ./manage.py doctor") in text
     assert "agent model unreachable after 0 steps" in text
     assert "tests pytest: before: failed; after: did not run" in text
+    # One written before endings were typed: its kind from its exit reason alone, its text quoted, not parsed.
+    del document["fix"]["ending"]  # type: ignore[attr-defined]
+    trajectory.write_atomic(frogfix_env["data_dir"] / trajectory.local_path(job), json.dumps(document).encode())
+    text = joined(manage("show", job, env={"FROGFIX_MODEL_BASE_URL": "http://10.0.0.7:30000/v1"}).stdout)
+    assert f"why the model server at http://10.0.0.7:30000/v1 could not be used ({error}); run" in text

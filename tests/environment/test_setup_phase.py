@@ -103,7 +103,7 @@ def environments(settings: Settings, stages: list[tuple[str, str]] | None = None
     return Environments(
         settings, lambda text: text.replace(CANARY, "[REDACTED]"),
         setup_opener(settings),
-        scope="test:project", on_stage=lambda kind, message, data: seen.append((kind, message)),
+        scope="test:project", on_event=lambda event: seen.append((event.kind.value, event.message)),
     )
 
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 
+from app.endings import EndingKind
 from app.outcome_words import shown_url
 from tests.doubles.openai_server import Drop, Hang, ScriptedOpenAIServer, Status, assistant, tool_call
 from tests.servers import wait_until
@@ -205,8 +206,22 @@ def test_nonsense_answers_are_retried_then_query_errors(serve: Serve, client_for
 
 def test_unreachable_server_is_a_query_error() -> None:
     with OpenAIChatModel("http://127.0.0.1:9/v1", "m", max_retries=1, backoff_base=0.01, timeout=1) as model, \
-            pytest.raises(ModelQueryError, match="connection error"):
+            pytest.raises(ModelQueryError, match="connection error") as raised:
         model.complete(MESSAGES, TOOL_SCHEMAS)
+    # The job's ending says so typed: the kind and the system's own words, no message parsed (issue 38).
+    assert raised.value.ending.kind == EndingKind.model_unreachable
+    assert raised.value.ending.cause == "Connection refused"
+
+
+def test_each_model_failure_is_typed_for_the_jobs_ending(serve: Serve, client_for: ClientFor) -> None:
+    refused = serve(Status(401, {"error": {"message": "Invalid API key"}}))
+    with pytest.raises(ModelQueryError) as raised:
+        client_for(refused, max_retries=1).complete(MESSAGES, TOOL_SCHEMAS)
+    assert raised.value.kind == EndingKind.model_refused and raised.value.cause == "HTTP 401: Invalid API key"
+    failing = serve(Status(503, {"error": {"message": "down"}}), Status(503, {"error": {"message": "down"}}))
+    with pytest.raises(ModelQueryError) as raised:
+        client_for(failing, max_retries=1).complete(MESSAGES, TOOL_SCHEMAS)
+    assert raised.value.kind == EndingKind.model_failing and raised.value.cause == "HTTP 503: down"
 
 
 def test_replay_model_returns_recordings_in_order() -> None:

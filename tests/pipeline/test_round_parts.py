@@ -313,8 +313,8 @@ class Recorder:
     def cancelled(self) -> bool:
         return False
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        self.stages.append((kind, data))
+    def report(self, event: Any) -> None:
+        self.stages.append((event.kind.value, event.data))
 
 
 @pytest.mark.bwrap

@@ -13,7 +13,6 @@ environment (gitcalls.git_environment), so no filter, hook or driver of the work
 
 from __future__ import annotations
 
-import enum
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,12 +21,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.endings import Ending, EndingKind
 from app.outcome_words import ending
 from app.selection import Candidate, Choice, Pair, choose, cross_checks, settled
 from app.settings import Settings
-from app.statuses import INFRA_EXITS, AttemptStatus, EvidenceLevel, ExitReason
+from app.statuses import INFRA_EXITS, AttemptOutcome, AttemptStatus, EvidenceLevel, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import PatchTooLarge
+from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind
 from worker.attempts.evidence import (
     patch_test_files,
 )
@@ -59,20 +60,6 @@ REACH_IN_FLAG = "reaches into the test runner (its tests prove nothing)"
 TAMPERED_FLAG = "tampered: its test results were forged"
 NOT_REPRODUCED_FLAG = "not reproduced"
 
-
-
-class AttemptOutcome(enum.StrEnum):
-    """How an attempt ended; `AttemptResult.status` maps it to the attempt row's status."""
-
-    verified = "verified"  # the evidence proves the fix (worker/attempts/evidence.py: reproduced or failed_before)
-    tampered = "tampered"  # a run with the patch reported what did not happen: never chosen, never published
-    unproven = "unproven"  # the tests pass, but nothing failed before and nothing reproduces the bug
-    not_verified = "not_verified"  # tests failed, timed out or were flaky
-    refused = "refused"  # a review rule (or the patch size) refused the patch: never tested, never pushed
-    no_patch = "no_patch"
-    no_test_command = "no_test_command"
-    cancelled = "cancelled"
-    unreviewed = "unreviewed"  # a plain replay: the agent's run and patch only
 
 
 @dataclass(frozen=True)
@@ -168,6 +155,23 @@ class AttemptResult:
         return self.outcome == AttemptOutcome.no_patch and self.leaf.exit_reason in INFRA_EXITS
 
     @property
+    def ending(self) -> Ending:
+        """How this attempt ended a job, typed: the model's or the sandbox's failure (the loop's), a refusal,
+        forged results, or no fix; `reason` is its detail."""
+        if self.infrastructure_failure:
+            model = self.leaf.exit_reason == ExitReason.llm_query_error
+            kind = EndingKind.model_error if model else EndingKind.sandbox_failure
+            failed = Ending(kind, cause=self.leaf.error or "")
+            return (self.leaf.failure or failed).but(self.reason)
+        if self.outcome == AttemptOutcome.refused:
+            return Ending(EndingKind.refused, self.reason, cause="; ".join(self.refused))
+        if self.outcome == AttemptOutcome.tampered:
+            return Ending(EndingKind.tampered, self.reason)
+        if self.outcome == AttemptOutcome.cancelled:
+            return Ending(EndingKind.cancelled, self.reason)
+        return Ending(EndingKind.no_fix, self.reason)
+
+    @property
     def status(self) -> AttemptStatus:
         if self.outcome == AttemptOutcome.verified:
             return AttemptStatus.verified
@@ -225,7 +229,7 @@ class AttemptRunner:
             setup_opener(settings),
             scope=scope,
             source_repository=source.repository,
-            on_stage=observer.stage,
+            on_event=lambda event: self.observer.report(event),
             private=root / "environments",  # the job's own layers go with its folder
         )
         self.context = AttemptContext(settings, redact, source, root, observer, environments)
@@ -273,8 +277,8 @@ class AttemptRunner:
                 workspace_pool.remove_workspace(ws)
                 raise
         try:
-            self.observer.stage(
-                "agent_started",
+            self.observer.report(AttemptEvent(
+                AttemptEventKind.agent_started,
                 f"attempt {spec.number}: running the agent ({spec.model_label})",
                 {
                     "attempt": spec.number,
@@ -285,12 +289,12 @@ class AttemptRunner:
                     "test_command_source": config.test_command_source,
                     "guidance": [self.redact(f.source) for f in guidance.files] if guidance else [],
                 },
-            )
+            ))
             leaf, patch, too_large = self._agent(spec, model, ws, config, guidance, environment)
         finally:
             workspace_pool.remove_workspace(ws)
-        self.observer.stage(
-            "agent_finished",
+        self.observer.report(AttemptEvent(
+            AttemptEventKind.agent_finished,
             f"attempt {spec.number}: {ending(leaf.exit_reason, leaf.steps)}",
             {
                 "attempt": spec.number,
@@ -299,7 +303,7 @@ class AttemptRunner:
                 "patch_bytes": len(patch),
                 "patch_lines": len(patch.splitlines()),
             },
-        )
+        ))
         result = AttemptResult(
             spec.number, AttemptOutcome.unreviewed, "", leaf, patch, config, spec.trajectory, guidance=guidance,
             sandbox_patch=patch,
@@ -343,10 +347,10 @@ class AttemptRunner:
             source, tests = by_number[a], by_number[b]
             agrees = cross[(a, b)] = self._cross(source.config, start, source, tests)
             verb = "pass" if agrees else "do not pass"
-            self.observer.stage(
-                "agreement", f"attempt {b}'s reproduction tests {verb} with attempt {a}'s patch",
+            self.observer.report(AttemptEvent(
+                AttemptEventKind.agreement, f"attempt {b}'s reproduction tests {verb} with attempt {a}'s patch",
                 {"patch_of": a, "tests_of": b, "agrees": agrees},
-            )
+            ))
 
     def _cross(self, config: RepoConfig, start: str, source: AttemptResult, tests: AttemptResult) -> bool:
         """Whether `tests`' reproduction tests pass over `source`'s patch: its source changes alone
@@ -397,7 +401,8 @@ class AttemptRunner:
                 if why is not None:
                     found = hint(before.log)
                     reason = f"the tests could not start on the base commit: {why}" + (f"; {found}" if found else "")
-                    raise EnvironmentUnusable(failed(self.redact(reason), before.log, built=report.built))
+                    unusable = failed(self.redact(reason), before.log, built=report.built, tests_unstartable=True)
+                    raise EnvironmentUnusable(unusable)
             self.environment = report
             return report
         return environment_for(self.context, ws, config, start, trusted=start == base)
@@ -535,12 +540,14 @@ class AttemptRunner:
         result.refused = reasons
         reason = self.redact(f"attempt {result.number}'s patch was refused: {'; '.join(reasons)}")
         data = {"attempt": result.number, "reasons": [self.redact(r) for r in reasons]}
-        self.observer.stage("patch_refused", reason, data)
+        self.observer.report(AttemptEvent(AttemptEventKind.patch_refused, reason, data))
         return _ended(result, AttemptOutcome.refused, reason)
 
     def _verify(self, result: AttemptResult, spec: AttemptSpec, review: ReviewPolicy) -> AttemptResult:
         config = result.config
-        self.observer.stage("verifying", f"attempt {result.number}: verifying the patch", {"attempt": result.number})
+        number = result.number
+        self.observer.report(AttemptEvent(AttemptEventKind.verifying, f"attempt {number}: verifying the patch",
+                                          {"attempt": number}))
         tests = patch_test_files(result.changes.paths) if result.changes is not None else []
         if spec.resolution is not None and result.changes is not None:  # the merged branch as a whole
             verification = self.verify_tree(config, spec.base_commit, result.changes.tree, review, result.reach_in)
@@ -552,10 +559,10 @@ class AttemptRunner:
         verdict = verification.verdict
         if verification.flaky:
             result.flags = [*result.flags, FLAKY_FLAG]
-        kind = "verified" if verdict.proves_fix else "not_verified"
+        kind = AttemptEventKind.verified if verdict.proves_fix else AttemptEventKind.not_verified
         summary = f"attempt {result.number}: {verification.summary(config.test_timeout)}"
         data = {"attempt": result.number, "flaky": verification.flaky, "evidence": verdict.level.value}
-        self.observer.stage(kind, summary, data)
+        self.observer.report(AttemptEvent(kind, summary, data))
         if verdict.level == EvidenceLevel.tampered:
             result.flags = [*result.flags, f"{TAMPERED_FLAG}: {verdict.reason}"]
             reason = f"attempt {result.number}'s test results were forged: {verdict.reason}"

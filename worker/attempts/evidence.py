@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.answers import EvidenceAnswer
-from app.statuses import EvidenceLevel
+from app.statuses import PROVEN_LEVELS, EvidenceLevel
 from worker.attempts.repo_config import CONFIG_FILE, TEST_FILES, matches
 from worker.attempts.run_checks import PLUGIN_MODULE, plugin_source
 
@@ -139,7 +139,7 @@ class Evidence:
     @property
     def proves_fix(self) -> bool:
         """Whether `status` may be `fixed`."""
-        return self.level in (EvidenceLevel.reproduced, EvidenceLevel.failed_before)
+        return self.level in PROVEN_LEVELS
 
     @property
     def publishable_unproven(self) -> bool:

@@ -45,7 +45,22 @@ MAX_INSTRUCTIONS_CHARS = 4_000  # longer guidance belongs in an AGENTS.md file
 
 
 class RepoConfigError(ValueError):
-    """`.frogfix.yml` exists but cannot be used; the message says what to fix."""
+    """`.frogfix.yml` exists but cannot be used; the message says what to fix, `problem` the same without the
+    file's name (the job's ending words it: "the repository's .frogfix.yml is not usable: {problem}")."""
+
+    def __init__(self, message: str, *, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.problem = problem or message
+
+
+def config_problem(problem: str) -> RepoConfigError:
+    """`.frogfix.yml: {problem}`."""
+    return RepoConfigError(f"{CONFIG_FILE}: {problem}", problem=problem)
+
+
+def config_state(state: str) -> RepoConfigError:
+    """`.frogfix.yml {state}` ("is not valid YAML: ..."), whose problem reads "it {state}"."""
+    return RepoConfigError(f"{CONFIG_FILE} {state}", problem=f"it {state}")
 
 
 _RULE = "frogfix_rule"  # the pydantic error type of a value rule below; its message follows the key's path
@@ -166,19 +181,19 @@ def read_frogfix_yml(path: Path) -> FrogfixFile:
         return FrogfixFile()
     size = path.stat().st_size
     if size > MAX_CONFIG_BYTES:
-        raise RepoConfigError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES // 1024} KiB ({size} bytes)")
+        raise config_state(f"is larger than {MAX_CONFIG_BYTES // 1024} KiB ({size} bytes)")
     try:
         root, data = _parsed(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise RepoConfigError(f"{CONFIG_FILE} is not valid YAML: {_yaml_problem(exc)}") from exc
+        raise config_state(f"is not valid YAML: {_yaml_problem(exc)}") from exc
     except UnicodeDecodeError as exc:
-        raise RepoConfigError(f"{CONFIG_FILE} is not UTF-8 text (byte {exc.start})") from exc
+        raise config_state(f"is not UTF-8 text (byte {exc.start})") from exc
     if root is None or data is None:  # empty, comments only, or a bare `---`
         return FrogfixFile()
     try:
         return FrogfixFile.model_validate(data)
     except ValidationError as exc:
-        raise RepoConfigError(_first_problem(exc, root)) from exc
+        raise _first_problem(exc, root) from exc
 
 
 def _parsed(text: str) -> tuple[yaml.Node | None, Any]:
@@ -194,16 +209,16 @@ def _parsed(text: str) -> tuple[yaml.Node | None, Any]:
 _UNKNOWN_KEY = frozenset({"extra_forbidden", "invalid_key"})  # pydantic's error types for a key no model has
 
 
-def _first_problem(error: ValidationError, root: yaml.Node) -> str:
+def _first_problem(error: ValidationError, root: yaml.Node) -> RepoConfigError:
     """The problem met first reading the file, in words: the key's path, what is wrong, its line and column."""
-    found: list[tuple[tuple[int, int], str]] = []
+    found: list[tuple[tuple[int, int], RepoConfigError]] = []
     for detail in error.errors():
         mark = _node_at(root, detail["loc"], key=detail["type"] in _UNKNOWN_KEY).start_mark
         found.append(((mark.line, mark.column), _problem(detail, f" (line {mark.line + 1} column {mark.column + 1})")))
     return min(found, key=lambda item: item[0])[1]
 
 
-def _problem(detail: ErrorDetails, where: str) -> str:
+def _problem(detail: ErrorDetails, where: str) -> RepoConfigError:
     """One of pydantic's errors as FrogFix says it: "<key> must be <its field's description>, not <what was found>"."""
     loc = detail["loc"]
     if detail["type"] in _UNKNOWN_KEY:
@@ -212,15 +227,15 @@ def _problem(detail: ErrorDetails, where: str) -> str:
         known = sorted(_section(parents).model_fields)
         close = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
         hint = f"; did you mean {prefix}{close[0]}?" if close else f"; known keys: {', '.join(known)}"
-        return f"{CONFIG_FILE}: unknown key {prefix}{loc[-1]}{where}{hint}"
+        return config_problem(f"unknown key {prefix}{loc[-1]}{where}{hint}")
     names = [str(part) for part in itertools.takewhile(lambda part: isinstance(part, str), loc)]
     if detail["type"] == _RULE:
-        return f"{CONFIG_FILE}: {'.'.join(names)} {detail['msg']}{where}"
+        return config_problem(f"{'.'.join(names)} {detail['msg']}{where}")
     found = _kind(detail["input"]) if len(names) == len(loc) else f"a list with {_kind(detail['input'])}"
     if not names:
-        return f"{CONFIG_FILE} must be a mapping of keys to values, not {found}{where}"
+        return config_state(f"must be a mapping of keys to values, not {found}{where}")
     wanted = _section(names[:-1]).model_fields[names[-1]].description
-    return f"{CONFIG_FILE}: {'.'.join(names)} must be {wanted}, not {found}{where}"
+    return config_problem(f"{'.'.join(names)} must be {wanted}, not {found}{where}")
 
 
 def _section(names: list[str]) -> type[BaseModel]:

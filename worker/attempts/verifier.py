@@ -22,6 +22,7 @@ from app.answers import TestRunAnswer
 from app.outcome_words import run_words
 from app.settings import Settings
 from sandbox.base import SandboxError
+from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind
 from worker.attempts.evidence import REPORT_ENV, Evidence, RunOutcome, judge, verification_command
 from worker.attempts.repo_config import RepoConfig
 from worker.attempts.run_checks import RESULTS_LIMIT, check_run, new_sentinels
@@ -138,9 +139,9 @@ class AttemptObserver(Protocol):
         """Asked before every model call and tool call; True stops the loop (`cancelled`)."""
         ...
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        """`agent_started`, `agent_finished`, `patch_refused`, `testing`, `tested`, `verifying`, `verified`,
-        `not_verified`: the pipeline writes them on the job's timeline, `fix` prints them."""
+    def report(self, event: AttemptEvent) -> None:
+        """What the attempt did (worker/attempts/attempt_events.py): the pipeline and `fix` record it with the one
+        recorder (`attempt_events.record`), `fix` and replay print it."""
         ...
 
 
@@ -313,14 +314,15 @@ class Verifier:
             if not patch:
                 raise EnvironmentUnusable(env)
             return TestRun(None, f"the environment for the patched dependency files could not be built: {env.reason}")
-        c.observer.stage("testing", f"running the tests {label}: {config.test_command}", {})
+        c.observer.report(AttemptEvent(AttemptEventKind.testing, f"running the tests {label}: {config.test_command}"))
         try:
             run = run_tests(
                 ws, config, c.settings, c.redact, image=config.image, environment=env.path, project=env.project
             )
         finally:
             self._spent(time.monotonic() - started)
-        c.observer.stage("tested", f"tests {label}: {run_words(run.answer().as_json())}", {"label": label})
+        words = run_words(run.answer().as_json())
+        c.observer.report(AttemptEvent(AttemptEventKind.tested, f"tests {label}: {words}", {"label": label}))
         return run
 
 def environment_for(

@@ -16,14 +16,18 @@ from typing import Any, TextIO
 
 from app import local_jobs, trajectory
 from app.answers import FixAnswer, TestsAnswer, UsageAnswer
+from app.endings import Ending
 from app.outcome_words import ending, shown_url
 from app.redaction import SecretRedactor, redact_value
 from app.settings import Settings, get_settings
 from app.statuses import ExitReason, FixStatus
 from app.usage import UsageFigures, usage_table
 from sandbox.base import SandboxError
+from worker.attempts import attempt_events
 from worker.attempts.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
+from worker.attempts.attempt_events import ENVIRONMENT_EVENTS, TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
 from worker.attempts.evidence import Evidence, evidence_line
+from worker.attempts.failures import ending_of, environment_ending, stopped_ending
 from worker.attempts.repo_config import RepoConfigError
 from worker.attempts.verifier import TestRun
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
@@ -63,6 +67,7 @@ class FixOutcome:
     # (app/selection.py); the fields above are the chosen attempt's (the last one's when none is).
     attempts: list[dict[str, Any]] = field(default_factory=list)
     selection: dict[str, Any] | None = None
+    ending: Ending | None = None  # how a run that did not fix ended, typed (app/endings.py); `error` is its text
 
     def to_dict(self) -> dict[str, Any]:
         """`fix --json`'s object (app/answers.py `FixAnswer`): `tests` in the one shape, `after` every patched run."""
@@ -77,6 +82,7 @@ class FixOutcome:
             "status": self.status, "exit_reason": self.exit_reason, "steps": self.steps, "patch": self.patch,
             "tests": tests, "evidence": self.evidence.to_dict() if self.evidence else None,
             "trajectory": self.trajectory, "job_id": self.job_id, "error": self.error, "flags": self.flags,
+            "ending": self.ending.to_dict() if self.ending else None,
             "summary": self.final_answer, "usage": UsageAnswer.of(self.usage),
             "environment": self.environment.to_dict() if self.environment else None,
             "attempts": self.attempts, "selection": self.selection,
@@ -149,11 +155,12 @@ class LocalFix:
             try:
                 outcome = self._run(base)
             except gitcalls.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
-                outcome = self._failed(ExitReason.git_error, str(exc)[:500])
+                outcome = self._failed(ExitReason.git_error, str(exc)[:500], ending_of(exc, str(exc)[:500]))
         except BaseException as exc:  # interrupted (Ctrl-C) or a bug: the record must not stay `running`
             why = str(exc)[:300] if isinstance(exc, Stopped) else f"{type(exc).__name__} {str(exc)[:300]}".strip()
+            ended = stopped_ending(why)
             stopped = {"status": FixStatus.failed.value, "exit_reason": ExitReason.cancelled.value,
-                       "error": f"the run stopped: {why}"}
+                       "error": ended.detail, "ending": ended.to_dict()}
             self.record.finish(stopped, self.recorded_attempts)
             raise
         finally:
@@ -201,9 +208,10 @@ class LocalFix:
         try:  # `fix` has no production queue to yield to: FROGFIX_ATTEMPTS attempts, no extra ones
             series = run_series(runner, run_one, attempts=self.settings.attempts, ceiling=0, start=base)
         except RepoConfigError as exc:
-            return self._failed(ExitReason.config_error, str(exc))
+            return self._failed(ExitReason.config_error, str(exc), ending_of(exc, str(exc)))
         except SandboxError as exc:
-            return self._failed(ExitReason.tool_error, f"sandbox failure: {exc}", trajectory=True)
+            why = f"sandbox failure: {exc}"
+            return self._failed(ExitReason.tool_error, why, ending_of(exc, why), trajectory=True)
         except EnvironmentUnusable as exc:
             return self._environment_error(runner, exc.report)
         # None chosen: a tampered attempt is the one reported (the job ends `tampered`, saying how it was found).
@@ -260,6 +268,7 @@ class LocalFix:
         else:
             status = FixStatus.failed if result.infrastructure_failure else FixStatus.no_fix
         leaf, verification = result.leaf, result.verification
+        error = "; ".join(result.refused) or (result.reason if status == FixStatus.tampered else leaf.error)
         return FixOutcome(
             job_id=self.job_id,
             status=status,
@@ -270,7 +279,8 @@ class LocalFix:
             before=before,
             after=verification.after if verification else [],
             trajectory=str(self.trajectory_path),
-            error="; ".join(result.refused) or (result.reason if status == FixStatus.tampered else leaf.error),
+            error=error,
+            ending=None if status in (FixStatus.fixed, FixStatus.unproven) else result.ending.but(error or ""),
             flags=result.refused + [f for f in result.flags if f not in result.refused],
             final_answer=leaf.final_answer,
             evidence=verification.verdict if verification else None,
@@ -295,6 +305,7 @@ class LocalFix:
             after=[],
             trajectory="",
             error=report.reason,
+            ending=environment_ending(report, report.reason),
             usage=UsageFigures(sandbox_seconds=runner.verifier.seconds),
             environment=report,
         )
@@ -315,25 +326,29 @@ class LocalFix:
     def cancelled(self) -> bool:
         return False
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        self.record.event(kind, message)
-        if kind in ("environment", "environment_building", "environment_project"):
-            self.say(message)
-            for line in data.get("detected", []) if kind == "environment" and not data.get("cached") else []:
+    def report(self, event: AttemptEvent) -> None:
+        """The attempt's event on the local record through the one recorder (as the pipeline records it), and
+        its progress line."""
+        attempt_events.record(event, self.record)
+        data = event.data
+        if event.kind in ENVIRONMENT_EVENTS:
+            self.say(event.message)
+            cached = event.kind != AttemptEventKind.environment or data.get("cached")
+            for line in [] if cached else data.get("detected", []):
                 self.say(f"  from {line}")
-        elif kind == "agent_started":
+        elif event.kind == AttemptEventKind.agent_started:
             self.say(f"workspace ready at base commit {data['base_commit'][:12]}")
             source = data.get("test_command_source")
             self.say(f"test command: {data.get('test_command') or '(none found)'} ({source})")
             if data.get("guidance"):
                 self.say(f"repository guidance for the agent: {', '.join(data['guidance'])}")
-        elif kind == "agent_finished":
+        elif event.kind == AttemptEventKind.agent_finished:
             steps, lines = data["steps"], data["patch_lines"]
             self.say(f"{ending(data['exit_reason'], steps)}; patch {lines} lines")
-        elif kind in ("testing", "tested", "not_verified", "verified", "unproven"):
-            self.say(message)
+        elif event.kind in TEST_PROGRESS_EVENTS:
+            self.say(event.message)
 
-    def _failed(self, reason: str, error: str, *, trajectory: bool = False) -> FixOutcome:
+    def _failed(self, reason: str, error: str, ending: Ending, *, trajectory: bool = False) -> FixOutcome:
         self.say(f"failed: {error}")
         return FixOutcome(
             job_id=self.job_id,
@@ -346,6 +361,7 @@ class LocalFix:
             after=[],
             trajectory=str(self.trajectory_path) if trajectory else "",
             error=error,
+            ending=ending,
         )
 
 
@@ -450,7 +466,7 @@ def run_and_report(
             f"status: {status_label(outcome.status)} ({ending(outcome.exit_reason, outcome.steps)}, "
             f"{time.monotonic() - started:.1f}s)"
         )
-        because = why(outcome.status, outcome.exit_reason, outcome.error, model_url=settings.model_base_url)
+        because = why(outcome.status, outcome.exit_reason, outcome.ending, model_url=settings.model_base_url)
         if because:
             print(f"why: {because}")
         if outcome.environment is not None and (outcome.environment.ok or not because):  # else `why` said it

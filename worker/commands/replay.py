@@ -52,14 +52,16 @@ from typing import Any
 
 from app import trajectory
 from app.db import session_scope
+from app.endings import Ending
 from app.jobs import records
 from app.jobs.requeue import requeue_and_send
 from app.logs import get_logger
 from app.redaction import SecretRedactor
 from app.settings import Settings, get_settings
-from app.statuses import ACTIVE_STATUSES, ExitReason
+from app.statuses import ACTIVE_STATUSES, ExitReason, ReplayStatus
 from sandbox.base import SandboxError
 from worker.attempts.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
+from worker.attempts.attempt_events import TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
 from worker.attempts.repo_config import RepoConfigError
 from worker.commands.recorded import (
     Progress,
@@ -165,10 +167,11 @@ class ReplayReport:
     patch_identical: bool | None = None
     tests_after: dict[str, Any] | None = None
     error: str | None = None
+    ending: Ending | None = None  # how the attempt ended when it did not pass, typed (app/endings.py)
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)  # live: the review rules' reasons, as the pipeline gives them
     verified: bool | None = None  # live: the patch passed every verification run
-    outcome: str | None = None  # the attempt's AttemptOutcome (unreviewed for a plain replay)
+    outcome: AttemptOutcome | None = None  # the attempt's (unreviewed for a plain replay)
     usage: dict[str, Any] | None = None  # the attempt's usage figures (tokens, cached, model seconds)
 
     @property
@@ -180,9 +183,9 @@ class ReplayReport:
     @property
     def exit_code(self) -> int:
         """For the CLI: 0 reproduced (or queued, or a live run with a patch), 1 otherwise."""
-        if self.status in ("reproduced", "queued"):
+        if self.status in (ReplayStatus.reproduced, ReplayStatus.queued):
             return 0
-        if self.status == "live":
+        if self.status == ReplayStatus.live:
             return 0 if self.patch and not self.refused else 1
         return 1
 
@@ -210,6 +213,7 @@ class ReplayReport:
             "patch": self.patch,
             "tests_after": self.tests_after,
             "error": self.error,
+            "ending": self.ending.to_dict() if self.ending else None,
             "notes": self.notes,
             "refused": self.refused,
             "verified": self.verified,
@@ -373,9 +377,9 @@ class ReplayObserver:
     def cancelled(self) -> bool:
         return self.checker.should_stop() if self.checker is not None else False
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        if kind in ("testing", "tested", "patch_refused", "verified", "not_verified"):
-            self.progress(message)
+    def report(self, event: AttemptEvent) -> None:
+        if event.kind in TEST_PROGRESS_EVENTS or event.kind == AttemptEventKind.patch_refused:
+            self.progress(event.message)
 
 
 def _replay_model(rec: Recording, settings: Settings, live: bool, model: ModelClient | None,
@@ -497,7 +501,7 @@ def run_live_attempt(
 def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: Path) -> ReplayReport:
     leaf = result.leaf
     return ReplayReport(
-        outcome=str(result.outcome),
+        outcome=result.outcome,
         usage=result.usage.to_dict(),
         job_id=rec.job_id,
         mode="replay" if result.outcome == AttemptOutcome.unreviewed else "live",
@@ -518,12 +522,20 @@ def _report(rec: Recording, spec: AttemptSpec, result: AttemptResult, data_dir: 
         # The recording holds the sandbox's text (output_patch); so does `sandbox_patch`, judged or not.
         patch_identical=None if rec.patch is None else rec.patch == result.sandbox_patch,
         error=leaf.error,
+        ending=_ending(result),
     )
+
+
+def _ending(result: AttemptResult) -> Ending | None:
+    """A plain replay's ending is its loop's failure, if any; a live run's, as the pipeline's attempt ends."""
+    if result.outcome == AttemptOutcome.unreviewed:
+        return result.leaf.failure
+    return None if result.outcome in (AttemptOutcome.verified, AttemptOutcome.unproven) else result.ending
 
 
 def _live_verdict(report: ReplayReport, result: AttemptResult) -> ReplayReport:
     """A live run is judged like the pipeline's attempts: refused, verified or not, never published."""
-    report.status = "live"
+    report.status = ReplayStatus.live
     report.refused = list(result.refused)
     report.verified = result.outcome == AttemptOutcome.verified
     verification = result.verification
@@ -565,19 +577,19 @@ def _replay_verdict(
     report.exit_matches = divergence is None and (leaf.exit_reason == rec.exit_reason or reached_end)
     lines = f"{len(patch.splitlines())} lines" if patch else "empty"
     if divergence is not None:
-        report.status = "diverged"
+        report.status = ReplayStatus.diverged
         report.message = divergence.reason if divergence.call_id is None else (
             f"step {divergence.step} ({divergence.tool}, call {divergence.call_id}): {divergence.reason}; "
             "the replay stopped there"
         )
     elif report.patch_identical is False:
-        report.status = "patch_differs"
+        report.status = ReplayStatus.patch_differs
         recorded_lines = f"{len((rec.patch or '').splitlines())} lines" if rec.patch else "empty"
         report.message = (
             f"every tool result matched, but the patch differs (recorded: {recorded_lines}, replayed: {lines})"
         )
     else:
-        report.status = "reproduced"
+        report.status = ReplayStatus.reproduced
         report.message = (
             f"{all_matched(checker.checked)}; "
             + (f"the same patch ({lines})" if report.patch_identical else "the recording holds no patch to compare")
@@ -631,7 +643,7 @@ def _queue_live_run(key: int | str, who: str, say: Progress) -> ReplayReport:
         else f"job {key} is queued again; the broker is unreachable, so the sweep will send it when it is back"
     )
     say(message)
-    return ReplayReport(job_id=key, mode="queued", status="queued", message=message)
+    return ReplayReport(job_id=key, mode="queued", status=ReplayStatus.queued, message=message)
 
 
 def _replay_recording(

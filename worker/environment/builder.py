@@ -58,6 +58,7 @@ from sandbox.base import (
     SetupSandbox,
 )
 from sandbox.quantity import parse_quantity
+from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind
 from worker.environment import generated
 from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
@@ -109,6 +110,7 @@ class EnvironmentReport:
     project_seconds: float = 0.0  # the project's own install, which runs again in every job
     path: Path | None = None  # the environment's host folder (ENV_DIR); never reported
     project: Path | None = None  # the job's project layer (PROJECT_DIR), where the project is installed
+    tests_unstartable: bool = False  # built (or none needed), yet the tests could not start on the base commit
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"ok": self.ok, "built": self.built, "cached": self.cached}
@@ -135,8 +137,10 @@ class EnvironmentReport:
         return f"environment: {'cached' if self.cached else 'built'} in {self.seconds:.1f}s{own}"
 
 
-def failed(reason: str, log: str = "", *, built: bool = True) -> EnvironmentReport:
-    return EnvironmentReport(False, built=built, reason=reason, log_tail=_tail(log))
+def failed(reason: str, log: str = "", *, built: bool = True, tests_unstartable: bool = False) -> EnvironmentReport:
+    return EnvironmentReport(
+        False, built=built, reason=reason, log_tail=_tail(log), tests_unstartable=tests_unstartable
+    )
 
 
 def _tail(text: str) -> str:
@@ -187,7 +191,7 @@ class Environments:
         *,
         scope: str,
         source_repository: Callable[[], Path] | None = None,
-        on_stage: Callable[[str, str, dict[str, Any]], None] | None = None,
+        on_event: Callable[[AttemptEvent], None] | None = None,
         private: Path | None = None,
     ) -> None:
         self.settings = settings
@@ -195,7 +199,7 @@ class Environments:
         self.open_setup = open_setup
         self.scope = scope
         self.source_repository = source_repository
-        self.on_stage = on_stage or (lambda kind, message, data: None)
+        self.on_event = on_event or (lambda event: None)
         self._mirror = _mirror(settings)
         self._known: dict[str, EnvironmentReport] = {}
         self._private = private
@@ -251,7 +255,7 @@ class Environments:
             report.detected = list(plan.detected)
             if report.ok:
                 self._known[key] = report
-                self.on_stage("environment", report.line(), report.to_dict())
+                self.on_event(AttemptEvent(AttemptEventKind.environment, report.line(), report.to_dict()))
             return report
 
     def _version(self, commit: str | None) -> tuple[str | None, str | None]:
@@ -278,7 +282,8 @@ class Environments:
         """Say once per environment that it is being built (its first step that is not cached)."""
         if not self._announced:
             self._announced = True
-            self.on_stage("environment_building", "building the test environment from the package mirror", {})
+            building = "building the test environment from the package mirror"
+            self.on_event(AttemptEvent(AttemptEventKind.environment_building, building))
 
     @property
     def _mirror_url(self) -> MirrorURL:
@@ -375,7 +380,8 @@ class Environments:
         layer = self.private_folder() / f"project-{key[:16]}"
         if layer.is_dir():
             return layer
-        self.on_stage("environment_project", "installing the project itself (offline, in this job only)", {})
+        installing = "installing the project itself (offline, in this job only)"
+        self.on_event(AttemptEvent(AttemptEventKind.environment_project, installing))
         with self._staging("project", self.private_folder()) as staging:
             script = project_script(request.plan, resolution, request.setup_command, _scm_version(request))
             out = self._run_setup(

@@ -18,9 +18,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.db import session_scope
-from app.forge.api import (
-    Forge,
-)
+from app.endings import CANCELLED_ON_REQUEST, Ending, ending_for_status
+from app.forge.api import Forge
 from app.jobs import records
 from app.jobs.scheduler import production_load
 from app.logs import get_logger
@@ -45,16 +44,20 @@ class Superseded(Exception):
 
 
 class JobEnded(Exception):
-    """A stage decided the job's final status (rejected, cancelled, failed, no_fix)."""
+    """A stage decided the job's final status (rejected, cancelled, failed, no_fix) and how it ended.
+
+    `ending`: the typed ending (app/endings.py); without one, the kind the status alone says (rejected,
+    cancelled, no fix), with `reason` as its detail."""
 
     def __init__(
         self, status: JobStatus, reason: str, comment: str | None = None, notify: str | None = None, log: str = "",
-        *, asks: bool = False,
+        *, asks: bool = False, ending: Ending | None = None,
     ) -> None:
         super().__init__(reason)
         self.status, self.reason, self.comment, self.notify = status, reason, comment, notify
         self.log = log  # a log tail the issue comment shows fenced (an environment error's)
         self.asks = asks  # `comment` is FrogFix's question to the reporter, posted as it is (worker/job/question.py)
+        self.ending = ending.but(reason) if ending is not None else ending_for_status(status, reason)
 
 
 @dataclass
@@ -130,7 +133,7 @@ def remove_finished_workspaces(root: Path) -> list[str]:
 
 def cancelled_on_request() -> JobEnded:
     """The end of a job a cancel stopped (the dashboard, `manage.py cancel`, a removed label, `/frogfix stop`)."""
-    return JobEnded(JobStatus.cancelled, "cancelled on request", "The job was cancelled.")
+    return JobEnded(JobStatus.cancelled, CANCELLED_ON_REQUEST, "The job was cancelled.")
 
 
 class PolledFlag:

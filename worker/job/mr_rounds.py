@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.db import in_transaction, session_scope
+from app.endings import Ending, EndingKind
 from app.forge.api import Forge, ForgeError, MergeRequest
 from app.forge.reviews import STALE_CI, CiReport, ReviewComment, ThreadNote, about_head
 from app.jobs import rounds
@@ -274,6 +275,7 @@ class RoundPipeline(Pipeline):
                 BRANCH_MOVED,
                 "Someone pushed to the branch while this round ran, so FrogFix pushed nothing; "
                 "the next round takes these requests again on the new head.",
+                ending=Ending(EndingKind.branch_moved),
             )
 
     def reply_all(self, text: str) -> None:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from app import trajectory
 from app.db import in_transaction, session_scope
+from app.endings import Ending, EndingKind, ending_for_status
 from app.forge.api import (
     Forge,
     ForgeError,
@@ -34,7 +35,10 @@ from app.models import utcnow
 from app.statuses import RUN_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
+from worker.attempts import attempt_events
 from worker.attempts.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
+from worker.attempts.attempt_events import AttemptEvent
+from worker.attempts.failures import ending_of, environment_ending
 from worker.attempts.repo_config import RepoConfigError
 from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.git import gitcalls, mirrors, publishing, workspace_pool
@@ -109,17 +113,10 @@ class JobObserver:
         """An extra attempt's: a production job is waiting, so it stops (read at most every PREEMPT_POLL_S)."""
         return self.preempt is not None and self.preempt()
 
-    def stage(self, kind: str, message: str, data: dict[str, Any]) -> None:
-        p = self.pipeline
-        if kind == "verifying":
-            p.status(JobStatus.verifying)
-            return
-        if kind in ("testing", "tested"):  # each test run; the verdict is the event
-            log.info(kind, message=message[:500])
-            return
-        if kind == "agent_finished":
-            p.update(exit_reason=data["exit_reason"], steps=data["steps"])
-        p.event(kind, message, data)
+    def report(self, event: AttemptEvent) -> None:
+        """The attempt's event, through the one recorder (worker/attempts/attempt_events.py), as `fix` records it."""
+        if not attempt_events.record(event, self.pipeline).row:  # progress only (a test run): the log has it
+            log.info(event.kind.value, message=event.message[:500])
 
 
 class Pipeline:
@@ -219,30 +216,28 @@ class Pipeline:
             return "superseded"
         except JobEnded as end:
             self.end_log = end.log
-            return self.end(end.status, end.reason, end.comment, end.notify, asks=end.asks)
+            return self.end(end.status, end.reason, end.comment, end.notify, asks=end.asks, ending=end.ending)
         except (ForgeTransient, RepoTransient) as exc:
+            why = f"the forge or git server kept failing: {exc}"
             return self.end(
-                JobStatus.failed,
-                f"the forge or git server kept failing: {exc}",
+                JobStatus.failed, why,
                 "FrogFix could not reach the forge or the git server reliably; an operator can retry.",
+                ending=ending_of(exc, why),
             )
         except (ForgeError, RepoError, RepoConfigError) as exc:
-            return self.end(JobStatus.failed, str(exc), f"FrogFix stopped: {exc}")
+            return self.end(JobStatus.failed, str(exc), f"FrogFix stopped: {exc}", ending=ending_of(exc, str(exc)))
         except SandboxError as exc:
-            return self.end(JobStatus.failed, f"sandbox failure: {exc}", "FrogFix stopped: the sandbox failed.")
+            why = f"sandbox failure: {exc}"
+            return self.end(JobStatus.failed, why, "FrogFix stopped: the sandbox failed.", ending=ending_of(exc, why))
         except self.deps.time_limit_errors:
-            return self.end(
-                JobStatus.failed,
-                f"the job ran past its time limit ({self.s.job_timeout_seconds:.0f} s)",
-                "FrogFix stopped: the job took longer than its time limit.",
-            )
+            why = f"the job ran past its time limit ({self.s.job_timeout_seconds:.0f} s)"
+            return self.end(JobStatus.failed, why, "FrogFix stopped: the job took longer than its time limit.",
+                            ending=Ending(EndingKind.job_timeout, why))
         except Exception as exc:
             log.exception("pipeline_bug")
-            return self.end(
-                JobStatus.failed,
-                f"internal error: {type(exc).__name__}: {exc}",
-                "FrogFix stopped on an internal error; an operator has the details.",
-            )
+            why = f"internal error: {type(exc).__name__}: {exc}"
+            return self.end(JobStatus.failed, why, "FrogFix stopped on an internal error; an operator has the details.",
+                            ending=ending_of(exc, why))
         finally:
             workspace_pool.remove_workspace(self.root)
             if self.forge is not None:
@@ -254,13 +249,17 @@ class Pipeline:
         self.publish(prepared, self.attempts(prepared))
 
     def end(
-        self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None, *, asks: bool = False
+        self, status: JobStatus, reason: str, comment: str | None, notify: str | None = None, *, asks: bool = False,
+        ending: Ending | None = None,
     ) -> str:
-        """The job's final status, its event and this run's open attempts, in one transaction, if still ours.
+        """The job's final status, its ending, its event and this run's open attempts, in one transaction, if
+        still ours.
 
         `asks`: `comment` is a question to the reporter, posted as it is; the job records when it asked,
-        so a `/frogfix` reply can queue it again with the comments written since."""
+        so a `/frogfix` reply can queue it again with the comments written since. `ending`: how it ended,
+        typed (without one, what the status alone says)."""
         reason = self.redact(reason)
+        ended = (ending or ending_for_status(status)).redacted(self.redact).but(reason)
 
         def write(session: Session) -> bool:
             asked = {"asked_at": utcnow()} if asks else {}
@@ -271,6 +270,7 @@ class Pipeline:
                 error=None if status == JobStatus.no_fix else reason,
                 expected=RUN_STATUSES,
                 run=self.run_number,
+                ending=ended,
                 **asked,
             )
             if moved:
@@ -544,11 +544,11 @@ class Pipeline:
             first = failed[0]
             if isinstance(first, BaseException):
                 raise first
-            raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}")
+            raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}", ending=first.ending)
         forged = series.tampered
         if chosen is None and forged:  # no question: the issue is told which attempt forged what, and how
             found = [(r.number, r.verification.verdict.reason if r.verification else r.reason) for r in forged]
-            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found))
+            raise JobEnded(JobStatus.no_fix, forged[0].reason, tampered_comment(found), ending=forged[0].ending)
         if chosen is None:
             last = series.results[-1].reason if series.results else "no attempt ran"
             raise self.abstain(series.results, last)
@@ -602,7 +602,8 @@ class Pipeline:
             " checkout, or say what to install in `.frogfix.yml` (`environment:` extras, groups, requirements,"
             " packages; `test_command`), then add the label again."
         )
-        return JobEnded(JobStatus.failed, f"environment error: {report.reason}", comment, log=report.log_tail)
+        why = f"environment error: {report.reason}"
+        return JobEnded(JobStatus.failed, why, comment, log=report.log_tail, ending=environment_ending(report, why))
 
     def task(self) -> str:
         """The agent's first user message: the issue as untrusted data (a round's adds its requests)."""
@@ -710,6 +711,7 @@ class Pipeline:
                 JobStatus.failed,
                 BRANCH_MOVED,
                 "Someone pushed to the branch while FrogFix worked, so it pushed nothing and kept their commits.",
+                ending=Ending(EndingKind.branch_moved),
             )
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
         description = self.description(prepared, result)

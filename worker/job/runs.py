@@ -11,6 +11,7 @@ from __future__ import annotations
 import structlog
 
 from app.db import session_scope
+from app.endings import Ending, EndingKind
 from app.jobs import records, transitions
 from app.logs import get_logger
 from app.statuses import JobStatus, RoundKind
@@ -43,6 +44,7 @@ def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[
             log.exception("pipeline_start_failed")
             why = f"could not start: {type(exc).__name__}: {exc}"
             with session_scope() as session:
-                transitions.set_status(session, job_id, JobStatus.failed, error=why)
+                bug = Ending(EndingKind.internal_error, why, cause=f"{type(exc).__name__}: {exc}")
+                transitions.set_status(session, job_id, JobStatus.failed, error=why, ending=bug)
             return JobStatus.failed.value
         return pipeline.run()

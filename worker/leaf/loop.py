@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from app.endings import Ending, EndingKind
 from app.logs import get_logger
 from app.statuses import LEAF_EXITS, ExitReason
 from app.textcalls import UNREAD_REPLY, extract_text_calls, text_call_id
@@ -196,6 +197,8 @@ class LeafResult:
     tool_seconds: float
     records: list[StepRecord]
     model_calls_made: int = 0
+    # What failed, typed, when the model server or the sandbox ended the run (app/endings.py).
+    failure: Ending | None = None
 
     def figures(self) -> UsageFigures:
         """The run's usage: one step per reply; model seconds include calls that failed."""
@@ -441,10 +444,11 @@ def run_leaf(
 class _Exit(Exception):
     """Ends the run from wherever the reason is found; `LeafRun.run` turns it into the result."""
 
-    def __init__(self, reason: str, error: str | None = None) -> None:
+    def __init__(self, reason: str, error: str | None = None, failure: Ending | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.error = error
+        self.failure = failure
 
 
 @dataclass
@@ -491,11 +495,12 @@ class LeafRun:
         self.started = self.clock()
         reason: str = ExitReason.max_turns
         error: str | None = None
+        failure: Ending | None = None
         try:
             for index in range(self.limits.max_steps):
                 self.step(index)
         except _Exit as ending:
-            reason, error = ending.reason, ending.error
+            reason, error, failure = ending.reason, ending.error, ending.failure
         return LeafResult(
             exit_reason=reason,
             steps=len(self.records),
@@ -504,6 +509,7 @@ class LeafRun:
             final_answer=self.final_answer,
             usage=self.totals,
             error=error,
+            failure=failure,
             elapsed_s=self.clock() - self.started,
             model_seconds=self.model_seconds,
             tool_seconds=self.tool_seconds,
@@ -526,7 +532,8 @@ class LeafRun:
             self.model_seconds += model_seconds
         if (reply.finish_reason or "").lower() == ABORT_FINISH_REASON:  # not appended: nobody said it
             self._count_unanswered([reply.usage])
-            raise _Exit(ExitReason.llm_query_error, "the model server aborted the request (finish_reason abort)")
+            aborted = "the model server aborted the request (finish_reason abort)"
+            raise _Exit(ExitReason.llm_query_error, aborted, Ending(EndingKind.model_aborted, aborted))
         assistant = self._append_reply(reply)
         planned, from_text = plan_calls(reply.message, index)
         tools_started = time.perf_counter()
@@ -559,10 +566,13 @@ class LeafRun:
             self._count_unanswered(exc.spent)
             # A call cut short by the run's own deadline is the time limit, not a model failure.
             timed_out = self.clock() - self.started >= self.limits.max_seconds
-            raise _Exit(ExitReason.max_time if timed_out else ExitReason.llm_query_error, str(exc)) from exc
+            if timed_out:
+                raise _Exit(ExitReason.max_time, str(exc)) from exc
+            raise _Exit(ExitReason.llm_query_error, str(exc), exc.ending) from exc
         except Exception as exc:  # a bug in a model client must still end the run cleanly
             log.exception("leaf_model_client_failed")
-            raise _Exit(ExitReason.llm_query_error, f"{type(exc).__name__}: {exc}") from exc
+            bug = f"{type(exc).__name__}: {exc}"
+            raise _Exit(ExitReason.llm_query_error, bug, Ending(EndingKind.model_error, bug, cause=bug)) from exc
         self._count_unanswered(reply.aborted)
         return reply
 
@@ -622,11 +632,11 @@ class LeafRun:
         """The sandbox's answer as text; a failure of the sandbox itself ends the run as tool_error."""
         try:
             output = self.sandbox.call_tool(call.name, call.arguments or {})
-        except SandboxError as exc:
-            raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
-        except Exception as exc:  # the sandbox broke in a way it did not foresee
-            log.exception("leaf_sandbox_call_failed", tool=call.name)
-            raise _Exit(ExitReason.tool_error, f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:  # the sandbox failed, or broke in a way it did not foresee
+            if not isinstance(exc, SandboxError):
+                log.exception("leaf_sandbox_call_failed", tool=call.name)
+            broke = f"{type(exc).__name__}: {exc}"
+            raise _Exit(ExitReason.tool_error, broke, Ending(EndingKind.sandbox_failure, broke, cause=broke)) from exc
         return output if isinstance(output, str) else str(output)
 
     def _append_reply(self, reply: ModelReply) -> dict[str, Any]:

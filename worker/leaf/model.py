@@ -22,6 +22,7 @@ from typing import Any, Final, Protocol
 import openai
 
 from app import trajectory
+from app.endings import Ending, EndingKind
 from app.logs import get_logger
 from app.outcome_words import shown_url
 from app.retrying import GaveUp, RetryPolicy
@@ -64,7 +65,18 @@ class ModelError(Exception):
 
 
 class ModelQueryError(ModelError):
-    """The model endpoint failed after our retries, or answered nonsense: exit `llm_query_error`."""
+    """The model endpoint failed after our retries, or answered nonsense: exit `llm_query_error`.
+
+    `kind` (app/endings.py: unreachable, timed out, refused, kept failing, aborted, out of time, or another
+    model error) and `cause` (the failure's own words) are what the job's ending says, typed."""
+
+    def __init__(self, message: str, kind: EndingKind = EndingKind.model_error, cause: str = "") -> None:
+        super().__init__(message)
+        self.kind, self.cause = kind, cause
+
+    @property
+    def ending(self) -> Ending:
+        return Ending(self.kind, str(self), cause=self.cause)
 
 
 class ContextOverflow(ModelError):
@@ -75,7 +87,7 @@ class AbortedReply(ModelQueryError):
     """A 200 with finish_reason `abort`: no answer, but the tokens it reports were spent."""
 
     def __init__(self, message: str, usage: Usage | None) -> None:
-        super().__init__(message)
+        super().__init__(message, EndingKind.model_aborted)
         self.usage = usage
 
 
@@ -381,7 +393,8 @@ class OpenAIChatModel:
         429 or a 5xx, a garbled or aborted 200) with the server's Retry-After."""
         wait = self.timeout if timeout is None else min(self.timeout, started + timeout - retry.clock())
         if wait <= 0:
-            raise ModelQueryError(f"model call ran out of time after {attempt - 1} attempt(s)")
+            ran_out = f"model call ran out of time after {attempt - 1} attempt(s)"
+            raise ModelQueryError(ran_out, EndingKind.model_out_of_time)
         try:
             data = self._client.post(
                 "/chat/completions",
@@ -398,23 +411,24 @@ class OpenAIChatModel:
             if is_context_overflow(exc.status_code, text):
                 raise ContextOverflow(f"HTTP {exc.status_code}: {text[:500]}") from exc
             if exc.status_code != 429 and exc.status_code < 500:
-                raise ModelQueryError(f"model call refused: HTTP {exc.status_code}: {text[:500]}") from exc
+                said = f"HTTP {exc.status_code}: {text[:500]}"
+                raise ModelQueryError(f"model call refused: {said}", EndingKind.model_refused, said) from exc
             asked = retry.retry_after(exc.response.headers.get("retry-after"))
-            raise _TryAgain(f"HTTP {exc.status_code}: {text[:300]}", asked) from exc
+            raise _TryAgain(f"HTTP {exc.status_code}: {text[:300]}", EndingKind.model_failing, asked) from exc
         except openai.APITimeoutError as exc:
-            raise _TryAgain(f"timed out after {wait:.1f}s") from exc
+            raise _TryAgain(f"timed out after {wait:.1f}s", EndingKind.model_timeout) from exc
         except openai.APIConnectionError as exc:
-            raise _TryAgain(f"connection error: {_cause(exc)}") from exc
+            raise _TryAgain(f"connection error: {_cause(exc)}", EndingKind.model_unreachable) from exc
         except openai.OpenAIError as exc:
             raise ModelQueryError(f"model call failed: {type(exc).__name__}: {exc}") from exc
         except ValueError as exc:  # a 200 whose body is not JSON: a cut or garbled answer, worth another try
-            raise _TryAgain(f"answered with invalid JSON: {exc}") from exc
+            raise _TryAgain(f"answered with invalid JSON: {exc}", EndingKind.model_error) from exc
         try:
             reply = self._reply(data, started, retry.clock(), attempt)
         except ModelQueryError as exc:  # a 200 without a usable message or aborted: the same
             if isinstance(exc, AbortedReply) and exc.usage is not None:
                 aborted.append(exc.usage)
-            raise _TryAgain(str(exc)) from exc
+            raise _TryAgain(str(exc), exc.kind) from exc
         self._note_text_calls(reply)
         return reply
 
@@ -483,18 +497,35 @@ def _cause(exc: BaseException) -> str:
 
 
 class _TryAgain(Exception):
-    """A try that failed in a way another try may not: `retry_after` is the server's ask, in seconds."""
+    """A try that failed in a way another try may not: `kind` is what it is should it be the last
+    (app/endings.py), `retry_after` the server's ask in seconds."""
 
-    def __init__(self, error: str, retry_after: float | None = None) -> None:
+    def __init__(self, error: str, kind: EndingKind, retry_after: float | None = None) -> None:
         super().__init__(error)
-        self.retry_after = retry_after
+        self.kind, self.retry_after = kind, retry_after
 
 
 def _gave_up(ending: GaveUp) -> ModelQueryError:
-    """The ModelQueryError a spent retry budget ends in: out of attempts, or out of time first."""
+    """The ModelQueryError a spent retry budget ends in (out of attempts, or out of time first), with the
+    last failure's words for the job's ending (the system's own for an unreachable server)."""
+    last = ending.error
+    assert isinstance(last, _TryAgain)
+    words = _plain_cause(last) if last.kind == EndingKind.model_unreachable else str(last)
     if ending.out_of_time:
-        return ModelQueryError(f"model call failed, no time left to retry: {ending.error}")
-    return ModelQueryError(f"model call failed after {ending.attempts} attempt(s): {ending.error}")
+        return ModelQueryError(f"model call failed, no time left to retry: {last}", last.kind, words)
+    return ModelQueryError(f"model call failed after {ending.attempts} attempt(s): {last}", last.kind, words)
+
+
+def _plain_cause(exc: BaseException) -> str:
+    """A connection failure in the operating system's words ("Connection refused"), from the first OSError
+    behind it; else the exception behind it as it reads."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return str(seen.strerror)
+        seen = seen.__cause__ or seen.__context__
+    behind = exc.__cause__ or exc.__context__
+    return str(behind or exc)
 
 
 class ReplayModel:

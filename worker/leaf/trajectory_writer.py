@@ -114,6 +114,7 @@ class TrajectoryWriter:
             exit_reason=result.exit_reason,
             partial=False,
             error=result.error,
+            ending=result.failure.to_dict() if result.failure else None,  # the model's or sandbox's, typed
             final_message=result.final_answer,
             n_steps=result.steps,
             usage=run_usage(result),
