@@ -1,0 +1,184 @@
+"""Local jobs (`manage.py fix`, `demo`): rows of the jobs table like a forge job's, and the import of
+the records older versions kept in the data folder instead.
+
+A local job's forge is `local`, its project the checkout's absolute folder, its issue the next
+number of that folder's local jobs (so two runs on one folder can be active at once under the
+one-active-job-per-issue index), its trigger user the OS user who ran it. The process that runs
+it claims it as it creates it (status `running`, run 1, a first heartbeat): it is never queued
+for a worker unless an operator retries it or the sweep finds its process dead.
+
+Older versions wrote each local job to `local-jobs/<local-id>.json` under the data folder.
+`import_records` brings each such file into the table once, keyed by its id kept in
+`delivery_id` (a second import adds nothing), so `show local-…` and `replay local-…` still find
+it (`by_local_id`); the files are left where they are.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.jobs.records import UnknownJob, add_event
+from app.models import Job, JobAttempt, utcnow
+from app.moments import as_utc
+from app.statuses import AttemptStatus, ExitReason, FixStatus, JobStatus
+from app.trajectory import LOCAL_ID, local_path
+from app.usage import UsageFigures
+
+FORGE: Final = "local"
+OLD_RECORDS: Final = "local-jobs"  # the folder under the data folder older versions wrote records to
+KINDS: Final = ("fix", "demo")
+MAX_PROJECT: Final = 255  # the column's width: a deeper folder cannot be a local job's project
+NUMBER_TRIES: Final = 5
+
+
+class LocalJobRefused(ValueError):
+    """The folder cannot name a local job (its path is longer than the project column holds)."""
+
+
+def create(session: Session, *, folder: str, title: str, body: str, who: str, kind: str) -> int:
+    """A new local job, already claimed by the calling process (running, run 1, beating); its id.
+
+    Its issue is the folder's next local number; two runs starting at once on one folder get two
+    numbers (the loser of the index's race takes the next)."""
+    if len(folder) > MAX_PROJECT:
+        raise LocalJobRefused(f"the folder's path is longer than {MAX_PROJECT} characters: {folder[:80]}…")
+    now = utcnow()
+    for _ in range(NUMBER_TRIES):
+        number = 1 + int(session.scalar(
+            select(func.coalesce(func.max(Job.issue), 0)).where(Job.forge == FORGE, Job.project == folder)) or 0)
+        job = Job(forge=FORGE, project=folder, issue=number, title=title, body=body, trigger_user=who,
+                  status=JobStatus.running.value, run=1, created_at=now, started_at=now, heartbeat_at=now,
+                  last_enqueued_at=now, queue_wait_seconds=0.0, queue_wait_total_seconds=0.0, steps=0)
+        try:
+            with session.begin_nested():
+                session.add(job)
+                session.flush()
+        except IntegrityError:
+            continue
+        add_event(session, job.id, "created", f"{kind if kind in KINDS else 'fix'} started on {folder}",
+                  {"kind": kind if kind in KINDS else "fix"})
+        return job.id
+    raise LocalJobRefused(f"could not number a new local job of {folder}: too many starting at once")
+
+
+def by_local_id(session: Session, local_id: str) -> int:
+    """The job an imported record became, by the record's `local-…` id."""
+    found = session.scalar(select(Job.id).where(Job.forge == FORGE, Job.delivery_id == local_id).limit(1))
+    if found is None:
+        raise UnknownJob(f"no job with id {local_id[:80]!r}")
+    return int(found)
+
+
+# -- the import of older records -----------------------------------------------------------------
+
+# `fix`'s words, as an older record's status, to the job status and (for a run that stopped) the reason.
+_STATUS: Final[dict[str, JobStatus]] = {
+    FixStatus.fixed: JobStatus.done, FixStatus.unproven: JobStatus.done, FixStatus.no_fix: JobStatus.no_fix,
+    FixStatus.tampered: JobStatus.no_fix, FixStatus.environment_error: JobStatus.failed,
+    FixStatus.failed: JobStatus.failed,
+}
+STOPPED: Final = "the run stopped without finishing (found when its record was imported)"
+
+
+def import_records(session: Session, data_dir: Path) -> list[int]:
+    """Each older record of the data folder not yet in the table, added as a finished job; their ids.
+
+    A file that is not a whole record is skipped (left in place, as before)."""
+    folder = Path(data_dir) / OLD_RECORDS
+    try:
+        files = sorted(f for f in folder.iterdir() if f.suffix == ".json" and LOCAL_ID.fullmatch(f.stem))
+    except OSError:  # no older records
+        return []
+    known = set(session.scalars(select(Job.delivery_id).where(Job.forge == FORGE, Job.delivery_id.is_not(None))))
+    added = []
+    for file in files:
+        if file.stem in known:
+            continue
+        try:
+            document = json.loads(file.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if not isinstance(document, dict) or document.get("record_format") != "frogfix-local-job":
+            continue
+        try:
+            with session.begin_nested():
+                added.append(_add_record(session, file.stem, document))
+        except (KeyError, TypeError, ValueError, OverflowError, IntegrityError):
+            continue
+    return added
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _when(value: Any) -> datetime | None:
+    try:
+        return as_utc(datetime.fromisoformat(value)) if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+def _add_record(session: Session, local_id: str, d: dict[str, Any]) -> int:
+    fix_status, exit_reason = _text(d.get("status")) or "", _text(d.get("exit_reason"))
+    status = _STATUS.get(fix_status)
+    error = _text(d.get("error"))
+    if status is None:  # still `running`: its process is long gone
+        status, error = JobStatus.failed, STOPPED
+    elif status == JobStatus.failed and exit_reason == ExitReason.cancelled:
+        status = JobStatus.cancelled
+    folder = (_text(d.get("repository")) or "")[:MAX_PROJECT]
+    created = _when(d.get("created_at")) or utcnow()
+    number = 1 + int(session.scalar(
+        select(func.coalesce(func.max(Job.issue), 0)).where(Job.forge == FORGE, Job.project == folder)) or 0)
+    kind = d.get("kind") if d.get("kind") in KINDS else "fix"
+    job = Job(
+        forge=FORGE, project=folder, issue=number, title=_text(d.get("title")), body=_text(d.get("body")),
+        trigger_user=f"./manage.py {kind}", status=status.value, run=1, base_commit=_text(d.get("base_commit")),
+        error=error, delivery_id=local_id, steps=int(d.get("steps") or 0), exit_reason=exit_reason,
+        flags=[f for f in d.get("flags") or [] if isinstance(f, str)],
+        selection=d.get("selection") if isinstance(d.get("selection"), dict) else None,
+        created_at=created, started_at=_when(d.get("started_at")) or created,
+        finished_at=_when(d.get("finished_at")) or created, queue_wait_seconds=0.0, queue_wait_total_seconds=0.0,
+        **UsageFigures.from_dict(d.get("usage") if isinstance(d.get("usage"), dict) else {}).columns(),
+    )
+    session.add(job)
+    session.flush()
+    for entry in d.get("attempts") or []:
+        if isinstance(entry, dict):
+            session.add(_attempt(job.id, local_id, entry, job.finished_at))
+    for event in (d.get("events") or [])[:1000]:
+        if isinstance(event, dict) and isinstance(event.get("kind"), str):
+            data = event.get("data") if isinstance(event.get("data"), dict) else None
+            add_event(session, job.id, event["kind"][:32], _text(event.get("message")) or "", data)
+    add_event(session, job.id, "imported", f"imported from the local job record {local_id}", {"local_id": local_id})
+    session.flush()
+    return job.id
+
+
+def _attempt(job_id: int, local_id: str, entry: dict[str, Any], finished: datetime | None) -> JobAttempt:
+    number = int(entry.get("number") or 1)
+    if not 1 <= number <= 1000:
+        raise ValueError(f"attempt number {number} is out of range")
+    status = entry.get("status") if entry.get("status") in tuple(AttemptStatus) else AttemptStatus.failed.value
+    if status == AttemptStatus.running:
+        status = AttemptStatus.failed.value
+    usage = entry.get("usage") if isinstance(entry.get("usage"), dict) else {}
+    return JobAttempt(
+        job_id=job_id, run=1, number=number, status=status, exit_reason=_text(entry.get("exit_reason")),
+        steps=int(entry.get("steps") or 0),
+        # Where `fix` wrote it, never the path the file names: a planted record leads nowhere else.
+        trajectory_path=local_path(local_id, number) if entry.get("trajectory_path") else None,
+        patch=_text(entry.get("patch")), summary=_text(entry.get("summary")),
+        tests=entry.get("tests") if isinstance(entry.get("tests"), dict) else None,
+        flags=[f for f in entry.get("flags") or [] if isinstance(f, str)], error=_text(entry.get("error")),
+        chosen=bool(entry.get("chosen")), finished_at=finished,
+        **UsageFigures.from_dict(usage).columns(),
+    )
