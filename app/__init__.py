@@ -15,10 +15,9 @@ Inside:
   database's `UtcDateTime` column type (models.py) hands every datetime back that way.
 - redaction.py: the one place a secret becomes `[REDACTED]`, for the logs, the forge's text,
   trajectories and job records.
-- local_jobs.py: a local (`fix`, `demo`) job's record in the data folder, written as it runs and
-  read back with a forge job's names, so `jobs`, `show` and the dashboard list and show it.
 - models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
-  webhook intake, the dashboard's read model, requeue-and-send, and scheduler.py: the fair queue
+  webhook intake, the dashboard's read model, requeue-and-send, local.py: local (`fix`, `demo`)
+  jobs' rows and the one import of older local records, and scheduler.py: the fair queue
   and per-project budgets; `production_load`, which eval gives way to), evaluations.py
   (`manage.py eval`'s selector, its SQL and rows).
 - evaluation_report.py: the one computation of an evaluation's figures and its Markdown.

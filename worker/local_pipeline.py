@@ -61,6 +61,7 @@ class LocalPipeline(Pipeline):
         self.kind = kind
         self.environment: EnvironmentReport | None = None  # why the tests could not run, when they could not
         self.before: TestRun | None = None  # the base commit's tests, as the reported attempt's config runs them
+        self.results: list[AttemptResult] = []  # every attempt that ran, those the series leaves out included
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -152,9 +153,15 @@ class LocalPipeline(Pipeline):
         finally:
             self.before = self.base_tests(prepared)
 
+    def reported(self) -> AttemptResult | None:
+        """The attempt `fix` reports: the series' (worker/attempt.py `AttemptSeries.reported`), else the last
+        that ran (one the infrastructure failed is no part of the series)."""
+        if self.series is not None and self.series.results:
+            return self.series.reported
+        return self.results[-1] if self.results else None
+
     def base_tests(self, prepared: Prepared) -> TestRun | None:
-        result = self.series.reported if self.series is not None else None
-        runner = self.runner
+        result, runner = self.reported(), self.runner
         if result is None or runner is None or not result.config.test_command or self.cancelled():
             return None
         try:
@@ -169,6 +176,7 @@ class LocalPipeline(Pipeline):
         if self.s.attempts > 1:
             self.say(f"attempt {number} of {self.s.attempts}")
         result = super().one_attempt(runner, observer, prepared, number, task)
+        self.results.append(result)
         for reason in result.refused:
             self.say(f"refused: {reason}")
         return result

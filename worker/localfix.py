@@ -175,8 +175,8 @@ class LocalFix:
         runner, series = pipeline.runner, pipeline.series
         if pipeline.environment is not None and runner is not None:
             return self._environment_error(runner, pipeline.environment)
-        result = series.reported if series is not None else None
-        if runner is None or series is None or result is None:
+        result = pipeline.reported()
+        if runner is None or result is None:
             if status != JobStatus.cancelled:
                 self.say(f"failed: {error}")
             reason = ExitReason.cancelled if status == JobStatus.cancelled else exit_reason or ExitReason.tool_error
@@ -187,14 +187,15 @@ class LocalFix:
         if status == JobStatus.cancelled:
             outcome.exit_reason, outcome.error = ExitReason.cancelled, error
         outcome.trajectory = self.trajectory(result.number)
-        outcome.attempts = [attempt_entry(r, r.number == series.choice.chosen) for r in series.results]
-        outcome.selection = series.choice.to_dict()
+        chosen = series.choice.chosen if series is not None else None
+        outcome.attempts = [attempt_entry(r, r.number == chosen) for r in pipeline.results]
+        outcome.selection = series.choice.to_dict() if series is not None else None
         # Every test run of the job (each attempt's, the agreement runs, a base run made only for the report).
-        figures = [r.leaf.figures() for r in series.results]
+        figures = [r.leaf.figures() for r in pipeline.results]
         outcome.usage = sum(figures, UsageFigures()) + UsageFigures(sandbox_seconds=runner.verifier.seconds)
         outcome.environment = runner.environment
         verdict = {"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}}
-        for r in series.results:
+        for r in pipeline.results:
             self.amend_trajectory(r.trajectory, verdict)
         return outcome
 

@@ -76,6 +76,11 @@ def by_local_id(session: Session, local_id: str) -> int:
     return int(found)
 
 
+def imported_ids(session: Session) -> set[str]:
+    """The `local-…` ids of every imported record."""
+    return set(session.scalars(select(Job.delivery_id).where(Job.forge == FORGE, Job.delivery_id.is_not(None))))
+
+
 # -- the import of older records -----------------------------------------------------------------
 
 # `fix`'s words, as an older record's status, to the job status and (for a run that stopped) the reason.
@@ -96,7 +101,7 @@ def import_records(session: Session, data_dir: Path) -> list[int]:
         files = sorted(f for f in folder.iterdir() if f.suffix == ".json" and LOCAL_ID.fullmatch(f.stem))
     except OSError:  # no older records
         return []
-    known = set(session.scalars(select(Job.delivery_id).where(Job.forge == FORGE, Job.delivery_id.is_not(None))))
+    known = imported_ids(session)
     added = []
     for file in files:
         if file.stem in known:

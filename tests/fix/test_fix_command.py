@@ -96,7 +96,7 @@ def test_fix_json_fixes_the_bug_and_reports_tests_before_and_after(tmp_path: Pat
     assert tests["command"] == "python3 -m pytest -q"
     assert tests["before"]["exit_code"] == 1 and "1 failed, 1 passed" in tests["before"]["log"]
     assert tests["after"]["exit_code"] == 0 and "2 passed" in tests["after"]["log"]
-    assert out["job_id"].startswith("local-")
+    assert isinstance(out["job_id"], int) and out["job_id"] >= 1  # the job's row (a local job is a job)
 
     trajectory = json.loads(Path(out["trajectory"]).read_text())
     assert trajectory["trajectory_format"] == "leaf-function-calling"
