@@ -16,12 +16,13 @@ it (`by_local_id`); the files are left where they are.
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.jobs.records import UnknownJob, add_event
@@ -34,6 +35,7 @@ from app.usage import UsageFigures
 FORGE: Final = "local"
 OLD_RECORDS: Final = "local-jobs"  # the folder under the data folder older versions wrote records to
 KINDS: Final = ("fix", "demo")
+MAX_COUNT: Final = 2**31 - 1  # a count in an older record, as an integer column holds it
 MAX_PROJECT: Final = 255  # the column's width: a deeper folder cannot be a local job's project
 NUMBER_TRIES: Final = 5
 
@@ -107,7 +109,7 @@ def import_records(session: Session, data_dir: Path) -> list[int]:
         if file.stem in known:
             continue
         try:
-            document = json.loads(file.read_bytes())
+            document = json.loads(file.read_bytes(), parse_float=_finite, parse_constant=_no_constant)
         except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(document, dict) or document.get("record_format") != "frogfix-local-job":
@@ -115,9 +117,28 @@ def import_records(session: Session, data_dir: Path) -> list[int]:
         try:
             with session.begin_nested():
                 added.append(_add_record(session, file.stem, document))
-        except (KeyError, TypeError, ValueError, OverflowError, IntegrityError):
-            continue
+        except (KeyError, TypeError, ValueError, OverflowError, RecursionError, SQLAlchemyError):
+            continue  # not a whole record (its savepoint rolled back): left where it is
     return added
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:20]} is not a finite number")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _count(value: Any) -> int:
+    """A count the record holds, as the database's integer holds it."""
+    number = int(value or 0)
+    if not 0 <= number <= MAX_COUNT:
+        raise ValueError(f"{number} is out of range")
+    return number
 
 
 def _text(value: Any) -> str | None:
@@ -147,12 +168,12 @@ def _add_record(session: Session, local_id: str, d: dict[str, Any]) -> int:
     job = Job(
         forge=FORGE, project=folder, issue=number, title=_text(d.get("title")), body=_text(d.get("body")),
         trigger_user=f"./manage.py {kind}", status=status.value, run=1, base_commit=_text(d.get("base_commit")),
-        error=error, delivery_id=local_id, steps=int(d.get("steps") or 0), exit_reason=exit_reason,
+        error=error, delivery_id=local_id, steps=_count(d.get("steps")), exit_reason=exit_reason,
         flags=[f for f in d.get("flags") or [] if isinstance(f, str)],
         selection=d.get("selection") if isinstance(d.get("selection"), dict) else None,
         created_at=created, started_at=_when(d.get("started_at")) or created,
         finished_at=_when(d.get("finished_at")) or created, queue_wait_seconds=0.0, queue_wait_total_seconds=0.0,
-        **UsageFigures.from_dict(d.get("usage") if isinstance(d.get("usage"), dict) else {}).columns(),
+        **_usage(d.get("usage")),
     )
     session.add(job)
     session.flush()
@@ -169,21 +190,27 @@ def _add_record(session: Session, local_id: str, d: dict[str, Any]) -> int:
 
 
 def _attempt(job_id: int, local_id: str, entry: dict[str, Any], finished: datetime | None) -> JobAttempt:
-    number = int(entry.get("number") or 1)
+    number = _count(entry.get("number") or 1)
     if not 1 <= number <= 1000:
         raise ValueError(f"attempt number {number} is out of range")
     status = entry.get("status") if entry.get("status") in tuple(AttemptStatus) else AttemptStatus.failed.value
     if status == AttemptStatus.running:
         status = AttemptStatus.failed.value
-    usage = entry.get("usage") if isinstance(entry.get("usage"), dict) else {}
     return JobAttempt(
         job_id=job_id, run=1, number=number, status=status, exit_reason=_text(entry.get("exit_reason")),
-        steps=int(entry.get("steps") or 0),
+        steps=_count(entry.get("steps")),
         # Where `fix` wrote it, never the path the file names: a planted record leads nowhere else.
         trajectory_path=local_path(local_id, number) if entry.get("trajectory_path") else None,
         patch=_text(entry.get("patch")), summary=_text(entry.get("summary")),
         tests=entry.get("tests") if isinstance(entry.get("tests"), dict) else None,
         flags=[f for f in entry.get("flags") or [] if isinstance(f, str)], error=_text(entry.get("error")),
-        chosen=bool(entry.get("chosen")), finished_at=finished,
-        **UsageFigures.from_dict(usage).columns(),
+        chosen=bool(entry.get("chosen")), finished_at=finished, **_usage(entry.get("usage")),
     )
+
+
+def _usage(value: Any) -> dict[str, Any]:
+    """The usage columns of a record's figures (its counts within the column's range)."""
+    columns = UsageFigures.from_dict(value if isinstance(value, dict) else {}).columns()
+    if any(not 0 <= number < 2**63 for number in columns.values()):  # BigInteger's range
+        raise ValueError("a usage figure is out of range")
+    return columns
