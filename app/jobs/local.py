@@ -7,8 +7,9 @@ one-active-job-per-issue index), its trigger user the OS user who ran it. The pr
 it claims it as it creates it (status `running`, run 1, a first heartbeat): it is never queued
 for a worker unless an operator retries it or the sweep finds its process dead.
 
-Older versions wrote each local job to `local-jobs/<local-id>.json` under the data folder.
-`import_records` brings each such file into the table once, keyed by its id kept in
+Older versions wrote each local job to `local-jobs/<local-id>.json` under the data folder (and,
+before that, only its trajectory, `trajectories/<local-id>.json`, with `fix`'s verdict in it).
+`import_records` brings each such job into the table once, keyed by its id kept in
 `delivery_id` (a second import adds nothing), so `show local-…` and `replay local-…` still find
 it (`by_local_id`); the files are left where they are.
 """
@@ -29,7 +30,7 @@ from app.jobs.records import UnknownJob, add_event
 from app.models import Job, JobAttempt, utcnow
 from app.moments import as_utc
 from app.statuses import AttemptStatus, ExitReason, FixStatus, JobStatus
-from app.trajectory import LOCAL_ID, local_path
+from app.trajectory import DIRECTORY, LOCAL_ID, local_path
 from app.usage import UsageFigures
 
 FORGE: Final = "local"
@@ -94,32 +95,70 @@ _STATUS: Final[dict[str, JobStatus]] = {
 STOPPED: Final = "the run stopped without finishing (found when its record was imported)"
 
 
-def import_records(session: Session, data_dir: Path) -> list[int]:
-    """Each older record of the data folder not yet in the table, added as a finished job; their ids.
+def _old_files(data_dir: Path) -> dict[str, tuple[Path, bool]]:
+    """Each older local job's file by its id: its record, else (a job from before records) its first
+    attempt's trajectory (`True`: a trajectory)."""
+    found: dict[str, tuple[Path, bool]] = {}
+    for folder, is_trajectory in ((Path(data_dir) / DIRECTORY, True), (Path(data_dir) / OLD_RECORDS, False)):
+        try:
+            files = [f for f in folder.iterdir() if f.suffix == ".json" and LOCAL_ID.fullmatch(f.stem)]
+        except OSError:  # none of this kind
+            continue
+        found.update((f.stem, (f, is_trajectory)) for f in files if ".attempt-" not in f.stem)
+    return found
 
-    A file that is not a whole record is skipped (left in place, as before)."""
-    folder = Path(data_dir) / OLD_RECORDS
-    try:
-        files = sorted(f for f in folder.iterdir() if f.suffix == ".json" and LOCAL_ID.fullmatch(f.stem))
-    except OSError:  # no older records
-        return []
+
+def import_records(session: Session, data_dir: Path) -> list[int]:
+    """Each older local job of the data folder not yet in the table, added as a finished job; their ids.
+
+    A file that is not a whole record (or trajectory) is skipped, left in place as before."""
     known = imported_ids(session)
     added = []
-    for file in files:
-        if file.stem in known:
+    for local_id, (file, is_trajectory) in sorted(_old_files(data_dir).items()):
+        if local_id in known:
             continue
         try:
             document = json.loads(file.read_bytes(), parse_float=_finite, parse_constant=_no_constant)
         except (OSError, ValueError, RecursionError):
             continue
+        if is_trajectory and isinstance(document, dict):
+            document = _from_trajectory(document)
         if not isinstance(document, dict) or document.get("record_format") != "frogfix-local-job":
             continue
         try:
             with session.begin_nested():
-                added.append(_add_record(session, file.stem, document))
+                added.append(_add_record(session, local_id, document))
         except (KeyError, TypeError, ValueError, OverflowError, RecursionError, SQLAlchemyError):
             continue  # not a whole record (its savepoint rolled back): left where it is
     return added
+
+
+# `fix`'s word to the status of the one attempt a job from before records ran.
+_ATTEMPT: Final[dict[str, AttemptStatus]] = {
+    FixStatus.fixed: AttemptStatus.verified, FixStatus.unproven: AttemptStatus.unproven,
+    FixStatus.tampered: AttemptStatus.tampered, FixStatus.no_fix: AttemptStatus.no_fix,
+}
+
+
+def _from_trajectory(data: dict[str, Any]) -> dict[str, Any]:
+    """A job from before records, as a record: what its trajectory and `fix`'s verdict in it say."""
+    fix: dict[str, Any] = data["fix"] if isinstance(data.get("fix"), dict) else {}
+    issue: dict[str, Any] = data["issue"] if isinstance(data.get("issue"), dict) else {}
+    status = fix.get("status") or "running"
+    usage = fix.get("usage") or data.get("usage")
+    attempt = {
+        "number": 1, "status": _ATTEMPT.get(status, AttemptStatus.failed).value, "trajectory_path": True,
+        "patch": data.get("output_patch"), "tests": fix.get("tests"), "chosen": status in _ATTEMPT,
+        "exit_reason": data.get("exit_reason"), "steps": data.get("n_steps"), "usage": usage,
+        "error": fix.get("error") or data.get("error"), "flags": fix.get("flags"),
+    }
+    return {
+        "record_format": "frogfix-local-job", "kind": data.get("kind"), "title": issue.get("title"),
+        "repository": data.get("repository"), "base_commit": data.get("base_commit"), "status": status,
+        "exit_reason": data.get("exit_reason"), "error": attempt["error"], "steps": data.get("n_steps"),
+        "created_at": data.get("started_at"), "started_at": data.get("started_at"),
+        "finished_at": data.get("updated_at"), "usage": usage, "flags": fix.get("flags"), "attempts": [attempt],
+    }
 
 
 def _finite(text: str) -> float:
