@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app import migrate, trajectory
 from app.db import in_transaction, session_scope
 from app.jobs import local, records, transitions
-from app.outcome_words import ending
+from app.outcome_words import ending, shown_url
 from app.redaction import SecretRedactor, redact_value
 from app.settings import Settings, get_settings
 from app.statuses import RUN_STATUSES, AttemptStatus, ExitReason, FixStatus, JobStatus, fix_status
@@ -141,7 +141,7 @@ class LocalFix:
             deps.model_for = lambda: self._model
             self.say(f"running the agent with {type(self._model).__name__} (no model server)")
         else:
-            self.say(f"running the agent with {self.settings.model_name} at {self.settings.model_base_url}")
+            self.say(f"running the agent with {self.settings.model_name} at {shown_url(self.settings.model_base_url)}")
         pipeline = LocalPipeline(self.job_id, deps, progress=self.say, kind=self.kind)
         with Heartbeat(self.job_id, beat_interval(self.settings.stale_job_seconds), run=1):
             try:
