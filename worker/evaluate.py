@@ -644,22 +644,13 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
 
 
 def ensure_schema(settings: Settings) -> None:
-    """The embedded SQLite database (no FROGFIX_DATABASE_URL: the demo's) is upgraded here, as `serve` does,
-    so `demo` then `eval` works in a fresh data folder. A configured database is only checked: upgrading
-    production is the operator's step (`./manage.py migrate`, after a backup), never a side effect of eval."""
-    from alembic.script import ScriptDirectory
-
+    """The database at the code's schema (app/migrate.py `ensure_schema`: only the embedded one is upgraded)."""
     from app import migrate as migrations
 
-    url = settings.resolved_database_url()
-    if not settings.database_url:
-        migrations.upgrade(url)
-        return
-    head = ScriptDirectory.from_config(migrations.alembic_config(url)).get_current_head()
-    current = migrations.current_revision(url)
-    if current != head:
-        raise EvalError(f"the database (FROGFIX_DATABASE_URL) is at schema {current or 'none'}, not {head}: "
-                        "back it up, then run ./manage.py migrate")
+    try:
+        migrations.ensure_schema(settings.resolved_database_url(), configured=bool(settings.database_url))
+    except migrations.SchemaBehind as exc:
+        raise EvalError(str(exc)) from exc
 
 
 EXIT_OK, EXIT_GATE, EXIT_ERROR, EXIT_INCOMPLETE = 0, 1, 2, 3

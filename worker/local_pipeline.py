@@ -16,6 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.orm import Session
+
+from app.db import in_transaction
+from app.jobs import records
 from app.outcome_words import ending
 from app.statuses import ExitReason, JobStatus
 from sandbox.base import SandboxError
@@ -62,6 +66,7 @@ class LocalPipeline(Pipeline):
         self.environment: EnvironmentReport | None = None  # why the tests could not run, when they could not
         self.before: TestRun | None = None  # the base commit's tests, as the reported attempt's config runs them
         self.results: list[AttemptResult] = []  # every attempt that ran, those the series leaves out included
+        self.attempt_ids: dict[int, int] = {}  # each attempt's row, by its number
 
     def say(self, message: str) -> None:
         if self.progress is not None:
@@ -152,6 +157,23 @@ class LocalPipeline(Pipeline):
             return super().attempts(prepared)
         finally:
             self.before = self.base_tests(prepared)
+            self.keep_base_tests()
+
+    def keep_base_tests(self) -> None:
+        """An attempt with no patch to test keeps the base commit's run (as `fix` always reported it), so its
+        job still shows, and eval still finds, tests that failed before."""
+        reported = self.reported()
+        if self.before is None or reported is None:
+            return
+        tests: dict[str, Any] = {"command": reported.config.test_command, "before": self.before.to_dict(),
+                                 "after": None, "after_runs": []}
+        bare = [self.attempt_ids[r.number] for r in self.results if r.evidence is None and r.number in self.attempt_ids]
+
+        def keep(session: Session) -> None:
+            for attempt_id in bare:
+                records.update_attempt(session, attempt_id, tests=tests)
+
+        in_transaction(keep)
 
     def reported(self) -> AttemptResult | None:
         """The attempt `fix` reports: the series' (worker/attempt.py `AttemptSeries.reported`), else the last
@@ -177,6 +199,7 @@ class LocalPipeline(Pipeline):
             self.say(f"attempt {number} of {self.s.attempts}")
         result = super().one_attempt(runner, observer, prepared, number, task)
         self.results.append(result)
+        self.attempt_ids[number] = observer.attempt_id
         for reason in result.refused:
             self.say(f"refused: {reason}")
         return result

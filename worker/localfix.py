@@ -250,8 +250,12 @@ class LocalFix:
 
 def open_local_job(settings: Settings, folder: Path, title: str, body: str, kind: str) -> int:
     """The local job's row, claimed by this process, in the configured database (the embedded SQLite by
-    default, migrated on first use as `serve` migrates it; older local records imported into it once)."""
-    migrate.upgrade(settings.resolved_database_url())
+    default, migrated on first use as `serve` migrates it; a configured one only checked); older local
+    records are imported into it once."""
+    try:
+        migrate.ensure_schema(settings.resolved_database_url(), configured=bool(settings.database_url))
+    except migrate.SchemaBehind as exc:
+        raise FixError(str(exc)) from exc
     with session_scope() as session:
         local.import_records(session, settings.data_dir)
     try:

@@ -138,7 +138,7 @@ def recording_from_file(job_id: int | str, stored: str, settings: Settings) -> R
         raise ReplayError(f"{path} records no base commit")
     patch = data.get("output_patch")
     # What the job's recording says about its issue and checkout (a demo's sample is made again from it).
-    known: dict[str, Any] = {k: job_rec.data[k] for k in ("issue", "repository") if k in job_rec.data}
+    known: dict[str, Any] = {k: job_rec.data[k] for k in ("issue", "repository", "kind") if k in job_rec.data}
     return replace(
         job_rec, path=path, data={**known, **data}, base_commit=base, patch=patch if isinstance(patch, str) else None,
         start_commit=start_commit_of(data, job_rec.start_commit, base),

@@ -30,7 +30,7 @@ from app.jobs.records import UnknownJob, add_event
 from app.models import Job, JobAttempt, utcnow
 from app.moments import as_utc
 from app.statuses import AttemptStatus, ExitReason, FixStatus, JobStatus
-from app.trajectory import DIRECTORY, LOCAL_ID, local_path
+from app.trajectory import DIRECTORY, LOCAL_ID, local_id_time, local_path
 from app.usage import UsageFigures
 
 FORGE: Final = "local"
@@ -200,7 +200,7 @@ def _add_record(session: Session, local_id: str, d: dict[str, Any]) -> int:
     elif status == JobStatus.failed and exit_reason == ExitReason.cancelled:
         status = JobStatus.cancelled
     folder = (_text(d.get("repository")) or "")[:MAX_PROJECT]
-    created = _when(d.get("created_at")) or utcnow()
+    created = local_id_time(local_id) or _when(d.get("created_at")) or utcnow()  # a copied file keeps its day
     number = 1 + int(session.scalar(
         select(func.coalesce(func.max(Job.issue), 0)).where(Job.forge == FORGE, Job.project == folder)) or 0)
     kind = d.get("kind") if d.get("kind") in KINDS else "fix"
@@ -211,7 +211,8 @@ def _add_record(session: Session, local_id: str, d: dict[str, Any]) -> int:
         flags=[f for f in d.get("flags") or [] if isinstance(f, str)],
         selection=d.get("selection") if isinstance(d.get("selection"), dict) else None,
         created_at=created, started_at=_when(d.get("started_at")) or created,
-        finished_at=_when(d.get("finished_at")) or created, queue_wait_seconds=0.0, queue_wait_total_seconds=0.0,
+        finished_at=max(_when(d.get("finished_at")) or created, created), queue_wait_seconds=0.0,
+        queue_wait_total_seconds=0.0,
         **_usage(d.get("usage")),
     )
     session.add(job)
