@@ -3,18 +3,21 @@
 - `tasks.py`: thin Celery tasks on `app.queue`'s app; they claim a job, start its heartbeat
   (`heartbeat.py`, light on imports so it beats from the claim on) and call `runs.py`, which picks
   its pipeline and runs it.
-- `pipeline.py`: one run of one job, stage by stage (admit, prepare, attempts, publish), with no
-  Celery inside; its attempts go through `attempt.py` with an observer that writes the database.
+- `pipeline.py`: one run of one job, stage by stage (admit, prepare, attempts, choose, publish, end),
+  with no Celery inside: the one job core; its attempts go through `attempt.py` with an observer that
+  writes the database. `local_pipeline.py` is the same core for a local job (forge `local`): the
+  checkout folder as its source, a publisher that publishes nothing; `localfix.py` is `manage.py fix`
+  and `demo`'s front (the row, the core run in-process, `fix`'s words).
 - `rounds.py`: the pipelines of rounds on an MR FrogFix opened (review and CI rounds, update
   rounds that merge a moved target in) and the MR's rounds section; `triage.py` judges each round
   request once (and, with FROGFIX_AUTO_UPDATE, asks whether the MR conflicts with its target);
   `merging.py` is git's side of an update round.
 - `job_context.py`: what a run of a job holds beside its stages (its seams, flags).
 - `attempt.py`: one attempt, owned in one place (workspace, `.frogfix.yml` and the repository's
-  AGENTS.md guidance, trajectory, sandbox, Leaf, patch, review rules, verification). The pipeline,
-  `localfix.py` (`manage.py fix`) and `replay.py` (`manage.py replay`) all run attempts through it
-  and differ only in their observer and their workspace source (`workspaces.py`); its test runs
-  are `verifier.py`'s.
+  AGENTS.md guidance, trajectory, sandbox, Leaf, patch, review rules, verification), its spec made
+  in one function (`attempt_spec`). The job core (forge and local jobs) and `replay.py` (`manage.py
+  replay`, eval's live run) all run attempts through it and differ only in their observer and their
+  workspace source (`workspaces.py`); its test runs are `verifier.py`'s.
 - `recorded.py`: a recorded task (the attempt to run again, its repository and start), which
   `replay.py` (compare) and `evaluate.py` (score) share.
 - `wiring.py`: settings to seams: the model client, the sandbox and the forge client.

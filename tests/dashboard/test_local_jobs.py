@@ -181,6 +181,48 @@ def test_a_retried_local_job_whose_folder_is_gone_fails_saying_so(frogfix_env: d
     assert job.status == "failed" and f"the folder {gone} is gone" in (job.error or "")
 
 
+def test_a_local_job_whose_fix_died_follows_a_workers_job_rule(frogfix_env: dict[str, Any], tmp_path: Path) -> None:
+    """Its heartbeat goes stale: the sweep queues it again, and a worker then runs it from its folder
+    (here gone: the job fails saying so), never leaving it `running`."""
+    from datetime import timedelta
+
+    from app.models import utcnow
+    from worker import runs
+    from worker.job_context import Deps
+
+    gone = tmp_path / "gone" / "calc"
+    with session_scope() as session:
+        job_id = local.create(session, folder=str(gone), title="t", body="b", who="alice", kind="fix")
+        records.update_job(session, job_id, heartbeat_at=utcnow() - timedelta(hours=1))
+    with session_scope() as session:
+        assert transitions.recover_stale_jobs(session, timedelta(minutes=5), max_runs=3) == [(job_id, "requeued")]
+    with session_scope() as session:
+        assert records.get_job(session, job_id).status == "queued" and transitions.claim_job(session, job_id)
+    assert runs.run(job_id, Deps.from_settings()) == "failed"
+    with session_scope() as session:
+        assert records.get_job(session, job_id).run == 2
+
+
+@pytest.mark.bwrap
+def test_a_fix_stopped_by_a_signal_ends_its_job_cancelled(local_env: dict[str, Any], tmp_path: Path) -> None:
+    import signal
+
+    repo = make_sample_repo(tmp_path)
+    forever = assistant(None, tool_calls=[tool_call("Bash", {"command": "sleep 0.3"})])
+    with ScriptedOpenAIServer(lambda _i, _b: forever) as server:
+        proc = _fix(repo, server.base_url, FROGFIX_LEAF_MAX_STEPS="500")
+        try:
+            _wait("the fix's first step", lambda: any(j["status"] == "running" and j["steps"] > 0 for j in listed()))
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=POLL_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    [ended] = listed()
+    assert ended["status"] == "cancelled" and "stopped by SIGTERM" in ended["error"], ended
+
+
 def test_two_local_jobs_on_one_folder_are_two_issues_of_it(frogfix_env: dict[str, Any]) -> None:
     with session_scope() as session:
         first = local.create(session, folder="/r/calc", title="a", body="", who="alice", kind="fix")
