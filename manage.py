@@ -9,7 +9,6 @@ import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -71,7 +70,6 @@ import typer  # noqa: E402  (after the interpreter is settled)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app import local_jobs as _local_jobs  # noqa: E402  (standard library, statuses, trajectory: cheap)
 from app import statuses as _statuses  # noqa: E402  (standard library only: cheap at start-up)
 
 cli = typer.Typer(
@@ -166,6 +164,7 @@ def serve(
         settings = _settings()
         if not no_migrate:
             migrate()
+            _import_local_records()
         if settings.embedded_broker and not no_worker:
             embedded = EmbeddedWorker([sys.executable, str(ROOT / "manage.py"), "worker", "--pool", "solo"])
             typer.echo(f"embedded broker: started a worker beside the app (pid {embedded.pid})")
@@ -351,8 +350,7 @@ def doctor(
 
 WIDTH = 80
 STATUSES, FINAL = _statuses.STATUS_ORDER, _statuses.FINAL_STATUSES
-LOCAL_STATUSES = _local_jobs.STATUSES
-JOB_ARG = typer.Argument(help="The job's id (a number; `replay` and `show` also take a local job's local-... id).")
+JOB_ARG = typer.Argument(help="The job's id (a number; an imported local job's old local-... id too).")
 
 
 def _fail(command: str, message: str, code: int = 2) -> NoReturn:
@@ -396,8 +394,26 @@ def _no_tables(exc: Exception) -> bool:
     return "no such table: jobs" in text or 'relation "jobs" does not exist' in text
 
 
-def _forge_job_id(command: str, value: str) -> int:
+def _import_local_records() -> None:
+    """Older versions' local job records (app/jobs/local.py), brought into the jobs table once."""
+    from app.db import session_scope
+    from app.jobs import local
+
+    with session_scope() as session:
+        local.import_records(session, _settings().data_dir)
+
+
+def _job_id(command: str, value: str) -> int:
+    """A job's number; an imported local job's old `local-…` id names the job it became."""
+    from app.db import session_scope
+    from app.jobs import local
+    from app.trajectory import LOCAL_ID
+
     text = value.strip()
+    if LOCAL_ID.fullmatch(text):
+        _import_local_records()
+        with session_scope() as session:
+            return local.by_local_id(session, text)
     if not text.lstrip("-").isdigit():
         _fail(command, f"no job with id {text[:80]!r}", 2)
     return int(text)
@@ -441,9 +457,7 @@ def _dump(value: Any) -> None:
 
 @cli.command("jobs")
 def jobs_command(
-    status: Annotated[
-        str | None, typer.Option(help=f"one of {', '.join(STATUSES)}; local jobs: {', '.join(LOCAL_STATUSES)}")
-    ] = None,
+    status: Annotated[str | None, typer.Option(help=f"one of {', '.join(STATUSES)}")] = None,
     forge: Annotated[str | None, typer.Option(help="gitlab, gitea, or local (fix and demo runs)")] = None,
     project: Annotated[
         str | None,
@@ -453,41 +467,20 @@ def jobs_command(
     offset: Annotated[int, typer.Option(min=0)] = 0,
     json_out: Annotated[bool, typer.Option("--json", help='Print {"items": [...], "total": n}, as the API.')] = False,
 ) -> None:
-    """List jobs, newest first, filtered like the dashboard: forge jobs and local (fix, demo) jobs together."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from app import local_jobs
+    """List jobs, newest first, filtered like the dashboard: forge jobs and local (fix, demo) jobs alike."""
     from app.answers import JobAnswer
     from app.db import session_scope
     from app.jobs import records
-    from app.settings import get_settings
 
-    if status is not None and status not in STATUSES and status not in LOCAL_STATUSES:
-        _fail("jobs", f"unknown status {status!r} (one of: {', '.join(dict.fromkeys(STATUSES + LOCAL_STATUSES))})")
-    if forge is not None and forge not in ("gitlab", "gitea", local_jobs.FORGE):
+    if status is not None and status not in STATUSES:
+        _fail("jobs", f"unknown status {status!r} (one of: {', '.join(STATUSES)})")
+    if forge is not None and forge not in ("gitlab", "gitea", "local"):
         _fail("jobs", f"unknown forge {forge!r} (gitlab, gitea or local)")
-    rows: list[dict[str, Any]] = []
-    total = 0
-    if forge != local_jobs.FORGE and (status is None or status in STATUSES):
-        with _job_errors("jobs"):
-            try:
-                with session_scope() as session:
-                    # Enough forge jobs to fill the page once the local ones are merged in by time.
-                    filtered = records.JobFilter(status, forge, project)
-                    items, total = records.list_jobs(session, filtered, limit + offset, 0)
-                    rows = [JobAnswer.of(job).as_json() for job in items]
-            except SQLAlchemyError as exc:
-                if forge is not None or not _no_tables(exc):
-                    raise
-                # A fresh machine that has only run `demo` or `fix`: its local jobs are still listed.
-                note = "note: forge jobs not listed: the database has no tables yet (./manage.py migrate)"
-                typer.echo(note, err=True)
-    if forge in (None, local_jobs.FORGE) and (status is None or status in LOCAL_STATUSES):
-        local = local_jobs.newest(get_settings().data_dir, status=status, project=project)
-        rows += [job.listing().as_json() for job in local]  # the one job answer, as forge rows and the API's items
-        total += len(local)
-    rows.sort(key=_created, reverse=True)
-    rows = rows[offset:offset + limit]
+    with _job_errors("jobs"):
+        _import_local_records()
+        with session_scope() as session:
+            items, total = records.list_jobs(session, records.JobFilter(status, forge, project), limit, offset)
+            rows = [JobAnswer.of(job).as_json() for job in items]
     if json_out:
         _dump({"items": rows, "total": total})
         return
@@ -495,19 +488,12 @@ def jobs_command(
         typer.echo("no jobs match" if total == 0 else f"no jobs at offset {offset} ({total} match)")
         return
     width = max(6, *(len(str(row["id"])) for row in rows))
-    align = ">" if width == 6 else "<"  # numbers to the right; with a local job's id, every id to the left
-    typer.echo(f"{'ID':{align}{width}} {'STATUS':<10} {'FORGE':<6} {'ISSUE':<36} CREATED (UTC)")
+    typer.echo(f"{'ID':>{width}} {'STATUS':<10} {'FORGE':<6} {'ISSUE':<36} CREATED (UTC)")
     for row in rows:
-        what = row["title"] if row.get("kind") == "local" else f"{row['project']}#{row['issue']}"
-        issue = _fit(what or "", 36, keep="start" if row.get("kind") == "local" else "end")
+        issue = _fit(f"{row['project']}#{row['issue']}", 36)
         created = _when(row["created_at"])[:16]
-        typer.echo(f"{row['id']:{align}{width}} {row['status']:<10} {row['forge']:<6} {issue:<36} {created}")
+        typer.echo(f"{row['id']:>{width}} {row['status']:<10} {row['forge']:<6} {issue:<36} {created}")
     typer.echo(f"jobs {offset + 1}-{offset + len(rows)} of {total}, newest first")
-
-
-def _created(row: dict[str, Any]) -> datetime:
-    """A listed job's creation time, for merging forge and local jobs newest first."""
-    return _local_jobs.parse_when(row.get("created_at")) or datetime.min.replace(tzinfo=UTC)
 
 
 def _job_details(job_id: int) -> dict[str, Any]:
@@ -671,154 +657,17 @@ def _last_event_id(job_id: int) -> int:
     return events[-1].id if events else 0
 
 
-def _show_local(job: str, json_out: bool) -> None:
-    """A local (`fix`, `demo`) job from its record (app/local_jobs.py); one made before records existed,
-    from its trajectory."""
-
-    from app import local_jobs, trajectory
-    from app.answers import EventAnswer, TestsAnswer
-    from app.endings import Ending
-    from app.jobs.records import UnknownJob
-    from app.outcome_words import ending, says_more, why
-    from app.settings import get_settings
-    from app.usage import UsageFigures, usage_table
-
-    settings = get_settings()
-    lines: list[str] = []
-
-    def field(label: str, value: str) -> None:
-        lines.extend(_wrap(value, f"  {label:<10} ", 13))
-
-    def tests_field(tests: Any, evidence: Any) -> None:
-        summary = _tests_summary(tests if isinstance(tests, dict) else None, evidence)
-        command = tests.get("command") if isinstance(tests, dict) else None
-        field("tests", f"{command}: {summary}" if command and summary != "no tests run" else summary)
-
-    def why_field(status: str, exit_reason: str | None, end: Ending | None, model_url: str | None) -> str | None:
-        because = why(status, exit_reason, end, model_url=model_url or settings.model_base_url)
-        if because:
-            field("why", because)
-        return because
-
-    try:
-        record = local_jobs.load(settings.data_dir, job)
-    except local_jobs.UnknownLocalJob:
-        record = None  # no record: a job made before records existed has its trajectory only
-    except trajectory.TrajectoryError as exc:
-        _fail("show", str(exc), 1)
-    if record is not None:
-        tests, evidence = record.tests, record.evidence
-        attempts = record.attempt_list
-        chosen = next((a for a in attempts if a.chosen), attempts[-1] if attempts else None)
-        stored = chosen.trajectory_path if chosen is not None else None
-        if json_out:
-            details = record.answer().as_json()
-            try:
-                where = str(trajectory.resolve(settings.data_dir, stored)) if stored else None
-            except trajectory.TrajectoryError:
-                where = None
-            details["trajectory"] = where
-            _dump(details)
-            return
-        lines.append(f"local job {record.id}: {_statuses.status_label(record.status)}")
-        because = why_field(record.status, record.exit_reason, record.ending, record.model_url)
-        field("issue", record.title or "-")
-        field("repository", record.repository or "-")
-        field("base", (record.base_commit or "-")[:12])
-        field("model", record.model or "-")
-        field("agent", f"{record.steps} steps so far" if record.running else ending(record.exit_reason, record.steps))
-        tests_field(tests, evidence)
-        environment = record.environment or {}
-        if environment.get("ok") and environment.get("built"):
-            field("environment", f"{'cached' if environment.get('cached') else 'built'}")
-        if record.error and says_more(record.error, because):  # the raw text, where the why line did not say it all
-            field("error", record.error)
-        for flag in record.flags:
-            field("flag", flag)
-        field("created", _when(record.created_at.isoformat() if record.created_at else None))
-        field("finished", _when(record.finished_at.isoformat() if record.finished_at else None))
-        if len(attempts) > 1:
-            lines.append("attempts")
-            for a in attempts:
-                head = f"  {a.number:<3} {a.status:<9} " + ("(chosen) " if a.chosen else "")
-                text = f"{ending(a.exit_reason, a.steps)}; tests: {_tests_summary(a.tests)}"
-                lines.extend(_wrap(text, head, len(head)))
-        if record.usage_figures:
-            table = usage_table([("usage", UsageFigures.from_dict(record.usage_figures))])
-            lines.extend("  " + line for line in table.splitlines())
-        if stored:
-            lines.append(f"  trajectory {_trajectory_shown(stored)}")
-        else:
-            lines.append("  trajectory none (the job ended before the agent ran)")
-        if record.events:
-            lines.extend(_timeline_lines([EventAnswer.model_validate(event).as_json() for event in record.events]))
-        typer.echo("\n".join(lines))
-        return
-
-    try:
-        path = trajectory.existing(settings.data_dir, trajectory.local_path(job))
-    except trajectory.TrajectoryError as exc:
-        raise UnknownJob(f"no job with id {job!r}") from exc
-    try:
-        data = trajectory.load(path)
-    except trajectory.TrajectoryError as exc:
-        _fail("show", str(exc), 1)
-    fix = data.get("fix") or {}
-    summary: dict[str, Any] = {
-        "id": job,
-        "kind": "local",
-        "status": fix.get("status") or ("running" if data.get("partial") else "unknown"),
-        "repository": data.get("repository"),
-        "issue": data.get("issue"),
-        "base_commit": data.get("base_commit"),
-        "exit_reason": data.get("exit_reason"),
-        "steps": data.get("n_steps"),
-        "tests": (read.as_json() if (read := TestsAnswer.read(fix.get("tests"))) else None),
-        "evidence": fix.get("evidence"),
-        "flags": fix.get("flags") or [],
-        "usage": fix.get("usage") or data.get("usage"),
-        "trajectory": str(path),
-        "started_at": data.get("started_at"),
-        "updated_at": data.get("updated_at"),
-        "patch": data.get("output_patch"),
-    }
-    if json_out:
-        _dump(summary)
-        return
-    lines.append(f"local job {job}: {_statuses.status_label(summary['status'])}")
-    why_field(summary["status"], summary["exit_reason"], Ending.kept(fix.get("ending"), fix.get("error") or data.get(
-        "error"), status=summary["status"], exit_reason=summary["exit_reason"]), None)
-    title = (summary["issue"] or {}).get("title") if isinstance(summary["issue"], dict) else None
-    field("issue", title or "-")
-    field("repository", summary["repository"] or "-")
-    field("base", (summary["base_commit"] or "-")[:12])
-    field("agent", ending(summary["exit_reason"], summary["steps"]))
-    tests_field(summary["tests"], summary["evidence"])
-    field("started", _when(summary["started_at"]))
-    if summary["usage"]:
-        table = usage_table([("usage", UsageFigures.from_dict(summary["usage"]))])
-        lines.extend("  " + line for line in table.splitlines())
-    lines.append(f"  trajectory {path}")
-    typer.echo("\n".join(lines))
-
-
 @cli.command()
 def show(
     job: Annotated[str, JOB_ARG],
     json_out: Annotated[bool, typer.Option("--json", help="Print the job, its attempts and events as JSON.")] = False,
     follow: Annotated[
-        bool, typer.Option("--follow", help="Then print new timeline events until it ends (forge jobs).")
+        bool, typer.Option("--follow", help="Then print new timeline events until it ends.")
     ] = False,
 ) -> None:
     """A job's fields, attempts and timeline, with its outcome and MR link."""
     with _job_errors("show"):
-        if job.strip().startswith("local-"):
-            _show_local(job.strip(), json_out)
-            if follow:  # its timeline is written by the `fix` process itself, which prints it as it goes
-                typer.echo("frogfix show: --follow follows forge jobs; a local job's progress is on its fix's stderr",
-                           err=True)
-            return
-        job_id = _forge_job_id("show", job)
+        job_id = _job_id("show", job)
         details = _job_details(job_id)
         if json_out:
             _dump(details)
@@ -840,7 +689,7 @@ def cancel(
     from app.jobs.transitions import TOO_LATE, cancel_job
 
     with _job_errors("cancel"):
-        job_id = _forge_job_id("cancel", job)
+        job_id = _job_id("cancel", job)
         last = _last_event_id(job_id)
         with session_scope() as session:
             outcome = cancel_job(session, job_id, _who())
@@ -868,7 +717,7 @@ def retry(
     from app.jobs.requeue import requeue_and_send
 
     with _job_errors("retry"):
-        job_id = _forge_job_id("retry", job)
+        job_id = _job_id("retry", job)
         last = _last_event_id(job_id)
         sent = requeue_and_send(
             job_id,

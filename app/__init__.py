@@ -24,10 +24,9 @@ Inside:
 - retrying.py: `RetryPolicy`, the one way a call is tried again (forge, model, git and database
   calls): attempts and seconds, backoff with jitter, Retry-After as seconds or an HTTP-date, on
   tenacity. (Polling until something is true is sandbox/polling.py: the sandbox imports no app/.)
-- local_jobs.py: a local (`fix`, `demo`) job's record in the data folder, written as it runs and
-  read back with a forge job's names, so `jobs`, `show` and the dashboard list and show it.
 - models.py: the ORM tables. jobs/: every SQL statement about jobs (records, transitions,
-  webhook intake, the dashboard's read model, requeue-and-send, and scheduler.py: the fair queue
+  webhook intake, the dashboard's read model, requeue-and-send, local.py: local (`fix`, `demo`)
+  jobs' rows and the one import of older local records, and scheduler.py: the fair queue
   and per-project budgets; `production_load`, which eval gives way to), evaluations.py
   (`manage.py eval`'s selector, its SQL and rows).
 - evaluation_report.py: the one computation of an evaluation's figures and its Markdown.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, model_validator
 
@@ -319,13 +319,10 @@ class ThreadAnswer(Answer):
 class JobAnswer(Answer):
     """A job as `/api/jobs` and `jobs --json` list it (../shared/DESIGN.md's `/api/jobs` contract)."""
 
-    id: int | str = Field(description="a forge job's number; a local job's `local-...` id")
-    kind: Literal["forge", "local"] = "forge"
-    local_kind: str | None = Field(default=None, description="a local job's command: fix or demo")
+    id: int = Field(description="the job's number")
     forge: str = Field(description="gitlab, gitea, or local for a run of fix or demo")
-    project: str = Field(description="path with namespace; a local job's checkout folder")
-    repository: str | None = Field(default=None, description="a local job's checkout")
-    issue: int | None = Field(description="the issue's number in its project; None for a local job")
+    project: str = Field(description="path with namespace; a local job's repository folder (absolute)")
+    issue: int | None = Field(description="the issue's number in its project; a local job numbers its folder's runs")
     issue_url: str | None = None
     title: str | None = None
     status: str
@@ -361,7 +358,7 @@ class JobAnswer(Answer):
 
     @classmethod
     def of(cls, job: Any) -> JobAnswer:
-        """A forge job's row (app/models.py `Job`)."""
+        """A job's row (app/models.py `Job`), a forge's or a local one's alike."""
         values = _fields_of(cls, job)
         values.update(attempt=job.run, flags=job.flags or [], usage=UsageAnswer.of(job.usage),
                       ending=ending.to_dict() if (ending := job.ending) is not None else None)
@@ -418,7 +415,7 @@ class FixAnswer(Answer):
     tests: TestsAnswer = Field(default_factory=TestsAnswer)
     evidence: EvidenceAnswer | None = None
     trajectory: str = Field(default="", description="the saved trajectory file; empty when the agent did not run")
-    job_id: str
+    job_id: int = Field(description="the job's row (a local job is a job: `show`, `retry`, `cancel` take it)")
     error: str | None = None
     flags: list[str] = Field(default_factory=list)
     summary: str = ""

@@ -43,3 +43,23 @@ def current_revision(url: str) -> str | None:
             return MigrationContext.configure(conn).get_current_revision()
     finally:
         engine.dispose()
+
+
+class SchemaBehind(RuntimeError):
+    """A configured database is not at the schema this code needs; the message says what to do."""
+
+
+def ensure_schema(url: str, *, configured: bool) -> None:
+    """The embedded SQLite database (`configured` False: no FROGFIX_DATABASE_URL) is upgraded here, as `serve`
+    does, so `demo`, `fix` and `eval` work in a fresh data folder. A configured database is only checked:
+    upgrading production is the operator's step (`./manage.py migrate`, after a backup), never a side effect."""
+    from alembic.script import ScriptDirectory
+
+    if not configured:
+        upgrade(url)
+        return
+    head = ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+    current = current_revision(url)
+    if current != head:
+        raise SchemaBehind(f"the database (FROGFIX_DATABASE_URL) is at schema {current or 'none'}, not {head}: "
+                           "back it up, then run ./manage.py migrate")

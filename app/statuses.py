@@ -212,6 +212,18 @@ EVIDENCE_LABELS: Final[dict[str, str]] = {
 }
 
 
+def fix_status(job_status: str, attempt_status: str | None) -> FixStatus:
+    """`fix`'s word for a local job: a view of the job's status and its reported attempt's (the chosen one,
+    else the first tampered, else the last): `fixed` only when the patch was kept and its evidence proves it."""
+    if attempt_status == AttemptStatus.verified and job_status == JobStatus.done:
+        return FixStatus.fixed
+    if attempt_status == AttemptStatus.unproven and job_status in VERDICT_STATUSES:
+        return FixStatus.unproven  # kept, or held back by FROGFIX_REQUIRE_REPRODUCTION
+    if attempt_status == AttemptStatus.tampered and job_status == JobStatus.no_fix:
+        return FixStatus.tampered
+    return FixStatus.no_fix if job_status == JobStatus.no_fix else FixStatus.failed
+
+
 def status_label(status: str) -> str:
     """A status as people read it (`no fix`); an unknown one as it is stored."""
     return STATUS_LABELS.get(status, status)

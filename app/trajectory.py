@@ -24,19 +24,15 @@ TRAJECTORY_FORMAT: Final = "leaf-function-calling"
 FORMAT_VERSION: Final = 1
 DIRECTORY: Final = "trajectories"  # under the data folder
 REPLAYS: Final = f"{DIRECTORY}/replays"
-# A local (`manage.py fix`) job's id: also its file's name, so it may hold no path separator. The ids
-# FrogFix makes (`new_local_id`) start with the UTC second they were made: `local-YYYYMMDD-HHMMSS-<hex>`.
+# The id an older version gave a local (`manage.py fix`) job, before local jobs were rows (app/jobs/local.py
+# imports them, keeping the id): also its files' name, so it may hold no path separator. Those ids start
+# with the UTC second they were made: `local-YYYYMMDD-HHMMSS-<hex>`.
 LOCAL_ID: Final = re.compile(r"local-[A-Za-z0-9][A-Za-z0-9._-]{0,120}")
 _LOCAL_STAMP: Final = re.compile(r"local-(\d{8}-\d{6})(?:-|$)")
 
 
-def new_local_id(now: datetime | None = None) -> str:
-    """A new local job's id: the UTC second it starts, and six random hex digits."""
-    return (now or datetime.now(UTC)).strftime("local-%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-
-
 def local_id_time(local_id: str) -> datetime | None:
-    """When a local job started, from its id (`new_local_id`'s stamp); None for an id without one."""
+    """When an older local job started, from its id's stamp; None for an id without one."""
     stamp = _LOCAL_STAMP.match(local_id)
     if stamp is None:
         return None

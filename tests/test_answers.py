@@ -62,7 +62,7 @@ def test_an_attempts_verdict_stored_in_its_tests_is_its_evidence() -> None:
 
 
 def test_a_fix_answer_of_the_old_shape_reads_as_the_one_shape() -> None:
-    old = {"status": "fixed", "exit_reason": "agent", "steps": 4, "patch": "diff", "job_id": "local-x",
+    old = {"status": "fixed", "exit_reason": "agent", "steps": 4, "patch": "diff", "job_id": 7,
            "tests": {"command": "pytest", "before": BEFORE, "after": RUN, "after_runs": [RUN, RUN], "flaky": False,
                      "reproduction": None},
            "evidence": VERDICT, "trajectory": "t.json", "error": None, "flags": [], "summary": "s",
@@ -78,7 +78,7 @@ def test_a_job_row_is_the_job_answer() -> None:
     job = Job(id=7, forge="gitlab", project="acme/calc", issue=3, status="queued", run=2, steps=0,
               queue_wait_seconds=1.23456, flags=None, selection={"chosen": 1, "attempts": 2, "why": "w", "ranked": []})
     answer = JobAnswer.of(job).as_json()
-    assert (answer["id"], answer["kind"], answer["attempt"], answer["run"]) == (7, "forge", 2, 2)
+    assert (answer["id"], answer["forge"], answer["attempt"], answer["run"]) == (7, "gitlab", 2, 2)
     assert answer["flags"] == [] and answer["queue_wait_seconds"] == 1.235
     assert answer["usage"]["prompt_tokens"] == 0 and answer["selection"]["chosen"] == 1
     assert JobAnswer.model_validate(answer).as_json() == answer

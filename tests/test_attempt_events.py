@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from app.local_jobs import LocalJobRecord
 from app.statuses import JobStatus
 from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind, effect, record
 
@@ -57,20 +56,6 @@ def test_the_recorder_moves_the_job_sets_its_fields_and_writes_its_rows() -> Non
     assert effect(an_attempt()[4]).row is False and effect(an_attempt()[3]).status == JobStatus.verifying
 
 
-def test_fix_records_the_same_events_the_same_way(tmp_path: Path) -> None:
-    """`fix`'s local record takes the recorder's status change as its stage row, and the same fields and rows."""
-    local = LocalJobRecord(tmp_path, "local-1", lambda value: value)
-    local.start(kind="fix", title="t", body="b", repository="/r", base_commit="0" * 40, model="m")
-    job = Job()
-    for event in an_attempt():
-        record(event, job)
-        record(event, local)
-    kinds = [e["kind"] for e in local.document["events"]]
-    assert kinds == ["created", "environment_building", "agent_started", "agent_finished", "verifying", "verified"]
-    assert set(kinds) - {"created"} == set(job.rows) | set(job.statuses)
-    assert local.document["exit_reason"] == "agent" and local.document["steps"] == 3
-
-
 def test_every_observer_reads_events_not_stage_strings() -> None:
     """No `stage("...")` call and no `stage(` method left in worker/: events are typed."""
     for path in sorted((ROOT / "worker").rglob("*.py")):
@@ -81,25 +66,23 @@ def test_every_observer_reads_events_not_stage_strings() -> None:
         assert "stage" not in methods and "on_stage" not in text, path
 
 
-def test_the_pipeline_and_fix_observers_use_the_one_recorder(tmp_path: Path) -> None:
-    """The pipeline's JobObserver and `fix`'s LocalFix record an attempt's events through `record`: the same
-    status change and rows as the recorder gives a job."""
-    from types import SimpleNamespace
-
-    from worker.commands.fix import LocalFix
+def test_the_pipeline_and_fix_observers_use_the_one_recorder() -> None:
+    """The pipeline's JobObserver and a local job's (`fix`: worker/job/local_pipeline.py) record an attempt's
+    events through `record`: the same status change and rows as the recorder gives a job; `fix` also prints
+    the test runs as they happen."""
+    from worker.attempts.attempt_events import TEST_RUN_EVENTS
+    from worker.job.local_pipeline import LocalObserver
     from worker.job.pipeline import JobObserver
 
-    pipeline, expected = Job(), Job()
-    observer = JobObserver(pipeline)  # type: ignore[arg-type]  # a job as the recorder sees it
-    local = LocalJobRecord(tmp_path, "local-2", lambda value: value)
-    local.start(kind="fix", title="t", body="b", repository="/r", base_commit="0" * 40, model="m")
+    pipeline, local, expected = Job(), Job(), Job()
     said: list[str] = []
-    fix = SimpleNamespace(record=local, say=said.append)
+    local.say = said.append  # type: ignore[attr-defined]
+    observer = JobObserver(pipeline)  # type: ignore[arg-type]  # a job as the recorder sees it
+    local_observer = LocalObserver(local)  # type: ignore[arg-type]
     for event in an_attempt():
         record(event, expected)
         observer.report(event)
-        LocalFix.report(fix, event)  # type: ignore[arg-type]
-    assert (pipeline.statuses, pipeline.fields, pipeline.rows) == (expected.statuses, expected.fields, expected.rows)
-    assert [e["kind"] for e in local.document["events"]][1:] == [
-        "environment_building", "agent_started", "agent_finished", "verifying", "verified"]
-    assert "building" in said and "running the tests before" in said
+        local_observer.report(event)
+    for seen in (pipeline, local):
+        assert (seen.statuses, seen.fields, seen.rows) == (expected.statuses, expected.fields, expected.rows)
+    assert said == [event.message for event in an_attempt() if event.kind in TEST_RUN_EVENTS] and said

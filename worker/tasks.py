@@ -19,7 +19,7 @@ from app.queue import CHECK_UPDATE, REPLAY_JOB, RUN_JOB, SWEEP, TRIAGE, celery_a
 from app.settings import get_settings
 from app.sweep import sweep_once
 from sandbox.cgroups import CgroupSupport
-from worker.heartbeat import Heartbeat, beat_interval
+from worker.job.heartbeat import Heartbeat, beat_interval
 
 log = get_logger("frogfix.worker")
 # Celery's own per-task lines carry no job id; ours do (bound below), so keep Celery's quieter.

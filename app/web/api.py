@@ -32,7 +32,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=5000)] = 50,
     offset: Offset = 0,
     status: JobStatus | None = None,  # an unknown status is a 422
-    forge: Literal["gitlab", "gitea"] | None = None,
+    forge: Literal["gitlab", "gitea", "local"] | None = None,
     project: ProjectFilter = None,
 ) -> JobListAnswer:
     with session_scope() as session:

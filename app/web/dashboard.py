@@ -18,9 +18,9 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
-from app import auth, local_jobs, statuses
+from app import auth, statuses
 from app.db import session_scope
-from app.jobs import evaluations, read_model, records
+from app.jobs import evaluations, local, read_model, records
 from app.jobs.requeue import requeue_and_send
 from app.jobs.transitions import TOO_LATE, InvalidTransition, cancel_job
 from app.logs import get_logger
@@ -28,11 +28,10 @@ from app.models import utcnow
 from app.queue import send_replay_job
 from app.settings import get_settings
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, RETRYABLE_STATUSES, STATUS_ORDER, JobStatus
-from app.trajectory import TrajectoryError, TrajectoryMissing
+from app.trajectory import LOCAL_ID, TrajectoryError, TrajectoryMissing
 from app.usage import UsageFigures
 from app.web import views
 from app.web.params import (
-    MAX_DB_INT,
     NO_NUL,
     AttemptId,
     EvaluationId,
@@ -40,7 +39,7 @@ from app.web.params import (
     JobRef,
     Offset,
     ProjectFilter,
-    forge_job_id,
+    path_job_id,
 )
 from app.web.security import clear_cookie_header, safe_next, session_cookie_header
 
@@ -57,10 +56,7 @@ templates.env.filters.update(
     short_sha=views.short_sha,
     mr_ref=views.mr_ref,
 )
-templates.env.globals.update(
-    STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES,
-    LOCAL_STATUS_CHOICES=[s for s in local_jobs.FINAL if s not in STATUS_ORDER],
-)
+templates.env.globals.update(STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES)
 log = get_logger("frogfix.dashboard")
 # Failed sign-ins: 10 per username from one address, and 100 per username from anywhere, in 5 minutes.
 # Keyed on the pair so that, behind a reverse proxy (one address for everyone), one person guessing
@@ -69,7 +65,6 @@ throttle = auth.LoginThrottle(limit=10, window=300)
 user_throttle = auth.LoginThrottle(limit=100, window=300)
 
 PAGE_SIZE = 50
-LOCAL_ROWS_OVERVIEW = 5
 LIVE_POLL_MS = 2000
 LIST_POLL_MS = 5000
 CSP = (
@@ -200,14 +195,12 @@ def overview(request: Request) -> Response:
         data = read_model.dashboard_overview(session)
         recent = read_model.dashboard_jobs(session, records.JobFilter(), limit=8)
     total = sum(data.by_status.values())
-    local = local_jobs.newest(get_settings().data_dir)[:LOCAL_ROWS_OVERVIEW]
     context = {
         "o": data,
         "total": total,
         "chart": views.jobs_per_day_svg(data.per_day),
         "series": views.CHART_SERIES,
         "recent": recent.rows,
-        "local": local,
         "model_slots_help": MODEL_SLOTS_HELP,
         "sandbox_help": SANDBOX_HELP,
         "poll_ms": LIST_POLL_MS,
@@ -301,35 +294,21 @@ def job_list(
     q: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
     older: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
     newer: Annotated[str | None, Query(max_length=64, pattern=NO_NUL)] = None,
-    local_from: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0,
 ) -> Response:
-    status = status if status in STATUS_ORDER or status in local_jobs.STATUSES else None
-    forge = forge if forge in ("gitlab", "gitea", local_jobs.FORGE) else None
-    # `fixed`, `unproven` and `environment_error` are local jobs' statuses only, as `local` is their forge.
-    local_only = forge == local_jobs.FORGE or (status is not None and status not in STATUS_ORDER)
+    status = status if status in STATUS_ORDER else None
+    forge = forge if forge in ("gitlab", "gitea", "local") else None
     project = (project or "").strip() or None
     q = (q or "").strip() or None
-    if local_only:
-        page = read_model.JobPage([], None, None, 0, False)
-    else:
-        with session_scope() as session:
-            page = read_model.dashboard_jobs(
-                session, records.JobFilter(status, forge, project), q, older_than=_cursor(older),
-                newer_than=_cursor(newer), limit=PAGE_SIZE,
-            )
+    with session_scope() as session:
+        page = read_model.dashboard_jobs(
+            session, records.JobFilter(status, forge, project), q, older_than=_cursor(older),
+            newer_than=_cursor(newer), limit=PAGE_SIZE,
+        )
     filters = {k: v for k, v in {"status": status, "forge": forge, "project": project, "q": q}.items() if v}
     first_page = older is None and newer is None
-    wanted = forge in (None, local_jobs.FORGE) and (status is None or status in local_jobs.STATUSES)
-    matching = local_jobs.newest(get_settings().data_dir, status=status, project=project, q=q) if wanted else []
-    local = matching[local_from:local_from + PAGE_SIZE] if first_page else []
     context = {
         "page": page,
-        "local": local,
-        "local_total": len(matching),
-        "local_from": local_from,
-        "local_more": local_from + PAGE_SIZE < len(matching),
         "page_size": PAGE_SIZE,
-        "local_only": local_only,
         "trigger_label": get_settings().trigger_label,
         "filters": filters,
         "older": _cursor_text(page.older),
@@ -371,10 +350,10 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
 
 @router.get("/jobs/{job_ref}", response_class=HTMLResponse)
 def job_page(request: Request, job_ref: JobRef) -> Response:
-    """A forge job (a number) or a local job (`local-…`); anything else is the not-found page."""
-    job_id = forge_job_id(job_ref)
+    """A job (a number; an imported local job also by its old `local-…` id); anything else is not found."""
+    job_id = job_number(job_ref)
     if job_id is None:
-        return _local_job_page(request, job_ref)
+        return not_found(request, f"no job {job_ref[:80]!r}")
     settings = get_settings()
     with session_scope() as session:
         try:
@@ -421,33 +400,7 @@ def _job_context(job: Any, events: list[Any], views_: list[dict[str, Any]]) -> d
         "active": False,
         "retryable": False,
         "can_replay": False,
-        "local": False,
     }
-
-
-def _local_job_page(request: Request, job_ref: str) -> Response:
-    settings = get_settings()
-    try:
-        job = local_jobs.load(settings.data_dir, job_ref)
-    except local_jobs.UnknownLocalJob:
-        return not_found(request, f"no job {job_ref[:80]!r}")
-    except TrajectoryError as exc:
-        return not_found(request, str(exc))
-    try:  # the record is a file anyone with the data folder could have edited: a value it cannot be shown with
-        views_ = [_attempt_view(a, settings.data_dir) for a in job.attempt_list]
-        figures = [(f"attempt {a.number}", UsageFigures.from_dict(a.usage)) for a in job.attempt_list]
-        context = {
-            **_job_context(job, job.events, views_),
-            "local": True,
-            "stages": _stages(job.status, [e.kind for e in job.events], local=True),
-            "live_state": "",
-            "usage_rows": figures,
-            "usage": UsageFigures.from_dict(job.usage_figures),
-        }
-    except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
-        message = f"The record of local job {job.id} has a value this page cannot show ({type(exc).__name__})."
-        return not_found(request, message, status=500, heading="Unreadable record")
-    return _render(request, "job.html", context)
 
 
 def live_state(job: Any, latest: Any, attempts: int) -> str:
@@ -457,7 +410,7 @@ def live_state(job: Any, latest: Any, attempts: int) -> str:
 
 
 # The stages of the strip and the events that show a run reached each (the job's status counts too).
-FORGE_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
+JOB_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("queued", ()),
     ("admitted", ("admitted",)),
     ("prepared", ("prepared",)),
@@ -465,26 +418,20 @@ FORGE_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("verifying", ("verifying", "verified", "not_verified")),
     ("publishing", ("pushing", "pushed")),
 )
-LOCAL_STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("started", ("created",)),
-    ("agent", ("agent_started",)),
-    ("verifying", ("verifying", "verified", "not_verified")),
-)
 
 
-def _stages(status: str, kinds: list[str], *, local: bool = False) -> list[tuple[str, str]]:
+def _stages(status: str, kinds: list[str]) -> list[tuple[str, str]]:
     """The strip's stages with a state each: done, current, todo, skipped (a finished job never reached
     it) or the final status. `kinds` are the current run's events, so a retry starts the strip again."""
     seen = set(kinds)
-    reached = [bool(set(events) & seen) for _name, events in (LOCAL_STAGES if local else FORGE_STAGES)]
-    names = [name for name, _events in (LOCAL_STAGES if local else FORGE_STAGES)]
-    if not local:  # a forge job is queued from its start, and its status tells a stage its events may not yet
-        reached[0] = True
-        if status in (JobStatus.verifying, JobStatus.publishing, JobStatus.done):
-            reached[names.index("verifying")] = True
-        if status in (JobStatus.publishing, JobStatus.done):
-            reached[names.index("publishing")] = True
-    final = status in (local_jobs.FINAL if local else FINAL_STATUSES)
+    reached = [bool(set(events) & seen) for _name, events in JOB_STAGES]
+    names = [name for name, _events in JOB_STAGES]
+    reached[0] = True  # a job is queued (or, a local one, claimed) from its start; its status may run ahead
+    if status in (JobStatus.verifying, JobStatus.publishing, JobStatus.done):
+        reached[names.index("verifying")] = True
+    if status in (JobStatus.publishing, JobStatus.done):
+        reached[names.index("publishing")] = True
+    final = status in FINAL_STATUSES
     last = max((i for i, hit in enumerate(reached) if hit), default=0)
     out = []
     for i, name in enumerate(names):
@@ -512,7 +459,7 @@ def _provenance(job: Any, shown: dict[str, Any] | None) -> list[tuple[str, str]]
     sampling = meta.get("sampling") or {}
     rows = [
         ("forge", job.forge),
-        ("project", getattr(job, "repository", None) or job.project),
+        ("project", job.project),
         ("issue", f"#{job.issue}" if job.issue else "—"),
         ("triggered by", job.trigger_user or "—"),
         ("webhook delivery", job.delivery_id or "—"),
@@ -573,11 +520,11 @@ def job_progress(job_id: JobId, after: Offset = 0) -> JSONResponse:
 
 @router.get("/jobs/{job_ref}/attempts/{attempt_id}/trajectory", response_class=HTMLResponse)
 def trajectory_page(request: Request, job_ref: JobRef, attempt_id: AttemptId) -> Response:
-    """An attempt's trajectory, step by step; a local job's attempt is named by its number."""
+    """An attempt's trajectory, step by step."""
     settings = get_settings()
     try:
         job, attempt = _job_attempt(job_ref, attempt_id)
-    except (records.UnknownJob, local_jobs.UnknownLocalJob, TrajectoryError) as exc:
+    except (records.UnknownJob, TrajectoryError) as exc:
         return not_found(request, str(exc))
     try:
         trajectory = views.load_trajectory(attempt.trajectory_path, settings.data_dir)
@@ -588,15 +535,23 @@ def trajectory_page(request: Request, job_ref: JobRef, attempt_id: AttemptId) ->
     return _render(request, "trajectory.html", context)
 
 
+def job_number(job_ref: str) -> int | None:
+    """The job a page path names: its number, or an imported local job's old `local-…` id; None: no job."""
+    job_id = path_job_id(job_ref)
+    if job_id is not None or not LOCAL_ID.fullmatch(job_ref):
+        return job_id
+    with session_scope() as session:
+        try:
+            return local.by_local_id(session, job_ref)
+        except records.UnknownJob:
+            return None
+
+
 def _job_attempt(job_ref: str, attempt_id: int) -> tuple[Any, Any]:
-    """The job and its attempt: a forge job's attempt by its id, a local job's by its number."""
-    job_id = forge_job_id(job_ref)
+    """The job and its attempt (by the attempt's id)."""
+    job_id = job_number(job_ref)
     if job_id is None:
-        local = local_jobs.load(get_settings().data_dir, job_ref)
-        found = next((a for a in local.attempt_list if a.number == attempt_id), None)
-        if found is None:
-            raise local_jobs.UnknownLocalJob(f"local job {job_ref} has no attempt {attempt_id}")
-        return local, found
+        raise records.UnknownJob(f"no job {job_ref[:80]!r}")
     with session_scope() as session:
         return records.get_job(session, job_id), records.get_attempt(session, job_id, attempt_id)
 
@@ -607,7 +562,7 @@ def trajectory_file(job_ref: JobRef, attempt_id: AttemptId) -> Response:
     settings = get_settings()
     try:
         job, attempt = _job_attempt(job_ref, attempt_id)
-    except (records.UnknownJob, local_jobs.UnknownLocalJob, TrajectoryError) as exc:
+    except (records.UnknownJob, TrajectoryError) as exc:
         raise HTTPException(404, str(exc)) from exc
     try:
         path = views.trajectory_file(attempt.trajectory_path, settings.data_dir)

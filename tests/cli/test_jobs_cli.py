@@ -130,21 +130,24 @@ def test_show_prints_where_each_trajectory_is_in_this_data_folder(three_jobs: di
     assert stored[1:] == ["trajectories/job-1-run-2-1.json", "../../etc/passwd"]  # as recorded
 
 
-def test_show_reads_a_local_job_from_its_trajectory(frogfix_env: dict[str, Any]) -> None:
+def test_show_finds_a_local_job_from_before_records_by_its_old_id(frogfix_env: dict[str, Any]) -> None:
+    """A `fix` from before local jobs had records left its trajectory only: it is imported as a job once."""
     from app import trajectory
 
+    (frogfix_env["data_dir"] / trajectory.DIRECTORY).mkdir(parents=True, exist_ok=True)
+    broken = frogfix_env["data_dir"] / trajectory.local_path("local-20260101-000000-broken")
+    broken.write_text("{cut short")
     path = frogfix_env["data_dir"] / trajectory.local_path("local-20260101-000000-abcdef")
     document = {"trajectory_format": "leaf-function-calling", "repository": "/src/calc", "base_commit": "ab" * 20,
                 "exit_reason": "agent", "n_steps": 3, "fix": {"status": "fixed", "flags": []}, "messages": []}
     trajectory.write_atomic(path, json.dumps(document).encode())
     data = json.loads(manage("show", "local-20260101-000000-abcdef", "--json").stdout)
-    summary = (data["kind"], data["status"], data["steps"], data["trajectory"])
-    assert summary == ("local", "fixed", 3, str(path.resolve()))
-    assert "local job local-20260101-000000-abcdef: fixed" in manage("show", "local-20260101-000000-abcdef").stdout
-    path.write_text("{cut short")
-    broken = manage("show", "local-20260101-000000-abcdef")
-    assert broken.returncode == 1 and "could not be read" in broken.stderr and "Traceback" not in broken.stderr
-    for unknown in ("local-nothing-here", "local-../../x"):
+    summary = (data["forge"], data["project"], data["status"], data["steps"], data["attempts"][0]["trajectory_path"])
+    assert summary == ("local", "/src/calc", "done", 3, "trajectories/local-20260101-000000-abcdef.json")
+    shown = manage("show", "local-20260101-000000-abcdef").stdout
+    assert shown.startswith(f"job {data['id']}: done\n") and str(path.resolve()) in shown
+    assert manage("show", str(data["id"])).stdout == shown
+    for unknown in ("local-nothing-here", "local-../../x", "local-20260101-000000-broken"):
         proc = manage("show", unknown)
         assert proc.returncode == 2 and proc.stderr.strip() == f"frogfix show: no job with id {unknown!r}"
 

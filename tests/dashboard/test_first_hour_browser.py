@@ -1,5 +1,7 @@
 """README's first hour, as a newcomer does it, in Chromium: `./manage.py demo`, `./manage.py create-admin`,
-`./manage.py serve`, sign in, find the demo's job in the list and open its page with the diff and the tests.
+`./manage.py serve`, sign in, find the demo's job on the overview's count, in the list, on its page with
+the diff and the tests, and its tokens on Usage; `/api/jobs` lists it, and `retry` and `cancel` with its id
+answer as they do for a forge job (a local job is a job: issue 38).
 
 Real processes with the embedded defaults (SQLite, filesystem broker) on a temp data folder; nothing
 is prepared behind the CLI's back.
@@ -94,23 +96,44 @@ def test_demo_then_serve_then_the_demos_job_on_the_dashboard(
             page.click("button[type=submit]")
             page.wait_for_url(lambda url: "/login" not in url)
 
+            page.goto("/")
+            assert page.locator('[data-testid="total-jobs"]').inner_text() == "1"  # not `Jobs 0` above the demo
+            assert page.locator("#job-rows").get_by_text("add() returns the difference").count() == 1
+
             page.goto("/jobs")
-            row = page.locator(f'#local-rows tr[data-job-id="{job_id}"]')
+            row = page.locator(f'#job-rows tr[data-job-id="{job_id}"]')
             row.wait_for()
-            assert "local" in row.inner_text() and "add() returns the difference" in row.inner_text()
+            assert "local" in row.inner_text().lower() and "add() returns the difference" in row.inner_text()
+            assert page.locator('[data-testid="job-count"]').inner_text().startswith("1 job")
             SCREENSHOTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(SCREENSHOTS / "first-hour-jobs.png"), full_page=True)
 
             row.locator(f'a[href="/jobs/{job_id}"]').first.click()
             page.wait_for_url(f"**/jobs/{job_id}")
             assert page.locator("h1").inner_text().startswith(f"Job {job_id}")
+            assert page.locator('[data-testid="forge"]').inner_text().lower() == "local"
             assert "+    return a + b" in page.locator('[data-testid="diff"]').inner_text().replace("\u2212", "-")
             tests = page.locator(".tests").inner_text()
             assert "before the patch" in tests.lower() and "passed" in tests
             assert page.locator(".evidence-level").inner_text() in ("reproduced", "failed_before")
             page.screenshot(path=str(SCREENSHOTS / "first-hour-demo-job.png"), full_page=True)
 
+            page.goto("/usage")
+            usage = page.locator("main").inner_text()
+            assert "No jobs in this window" not in usage and "9,390" in usage  # the demo's prompt tokens
+
+            listed = context.request.get("/api/jobs").json()  # the signed-in session reads the API too
+            [item] = listed["items"]
+            assert (item["id"], item["forge"], item["status"]) == (job_id, "local", "done")
+            assert item["project"].endswith("/calc") and item["usage"]["prompt_tokens"] == 9390
+
             page.goto("/jobs/local-20261202-000000-ffffff")
             assert page.locator("h1").inner_text() == "Not found"
         finally:
             context.close()
+
+        # `retry` and `cancel` with the demo's id say what they say of a finished forge job.
+        retried = manage(newcomer_env, "retry", str(job_id))
+        assert retried.returncode == 1 and f"job {job_id} is done; only failed" in retried.stderr, retried.stderr
+        cancelled = manage(newcomer_env, "cancel", str(job_id))
+        assert cancelled.returncode == 1 and f"job {job_id} is already done" in cancelled.stderr, cancelled.stderr

@@ -24,7 +24,7 @@ def recorded_job(root: Path, solved: bool) -> str:
     outcome = LocalFix(repo, ISSUE_TITLE, ISSUE_BODY, model=demo_model() if solved else giving_up()).run()
     assert outcome.status == ("fixed" if solved else "no_fix"), outcome.error
     assert outcome.before is not None and outcome.before.exit_code not in (0, None)
-    return outcome.job_id
+    return str(outcome.job_id)  # a job's key, as eval's tasks name it
 
 
 class Candidate:

@@ -109,6 +109,9 @@ def test_demo_then_eval_works_in_a_fresh_data_folder(local_env: dict[str, Any], 
     assert "is at schema none, not " in refused.stderr and "back it up, then run ./manage.py migrate" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert manage("migrate", env=configured).returncode == 0
+    # A local job is a job of the configured database (issue 38): the demo's went to the embedded one.
+    assert "no executable task" in manage("eval", "--scripted-model", "demo", env=configured).stderr
+    assert manage("demo", env=configured).returncode == 0
     assert manage("eval", "--scripted-model", "demo", env=configured).returncode == 0
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.bwrap
 
 
 def _recording(data_dir: Path, key: str) -> Path:
-    return trajectory.existing(data_dir, trajectory.local_path(key))
+    return trajectory.existing(data_dir, trajectory.attempt_path(int(key), 1, 1))
 
 
 def _rewrite(path: Path, change: Any) -> None:

@@ -117,12 +117,14 @@ def test_a_job_whose_tests_passed_before_is_no_task(frogfix_env: dict[str, Any])
 
 @pytest.mark.bwrap
 def test_local_jobs_are_dated_by_their_id_not_the_files_mtime(local_env: dict[str, Any], tmp_path: Path) -> None:
-    """A trajectory copied, restored or touched keeps its job's date: the UTC stamp in `local-YYYYMMDD-HHMMSS-…`."""
+    """An older local job's trajectory copied, restored or touched keeps its job's date once imported (app/jobs/
+    local.py): the UTC stamp in `local-YYYYMMDD-HHMMSS-…`, else the trajectory's start, never the file's mtime."""
+    from app.jobs import local
     from worker.commands.evaluate import local_job_time, select_tasks
 
     real = recorded_job(tmp_path / "a", solved=True)
     folder = local_env["data_dir"] / trajectory.DIRECTORY
-    original = json.loads((folder / f"{real}.json").read_text())
+    original = json.loads((folder / f"job-{real}-run-1-1.json").read_text())
 
     def copy(key: str, change: Callable[[dict[str, Any]], None] = lambda _d: None) -> None:
         data = json.loads(json.dumps(original))
@@ -133,15 +135,19 @@ def test_local_jobs_are_dated_by_their_id_not_the_files_mtime(local_env: dict[st
     copy("local-20200105-101010-aaaaaa")
     copy("local-20200106-090000-bbbbbb", lambda d: d["fix"]["tests"]["before"].update(exit_code=0))  # passed before
     copy("local-named-by-hand", lambda d: d.update(started_at="2020-01-07T08:00:00+00:00"))
-    os.utime(folder / f"{real}.json", (0, 0))  # the real job's file claims 1970; its id says today
+    os.utime(folder / f"job-{real}-run-1-1.json", (0, 0))  # the real job's file claims 1970; its row says today
+    today = datetime.now(UTC).strftime("%Y-%m-%d")
 
     def keys(selector: str) -> list[str]:
-        return [t["key"] for t in select_tasks(parse_selector(selector), get_settings())]
+        found = [t["key"] for t in select_tasks(parse_selector(selector), get_settings())]
+        with session_scope() as session:
+            names = {str(local.by_local_id(session, old)): old for old in local.imported_ids(session)}
+        return [names.get(key, key) for key in found]
 
     assert sorted(keys("")) == sorted([real, "local-20200105-101010-aaaaaa", "local-named-by-hand"])
     assert keys("until=2020-01-31") == ["local-20200105-101010-aaaaaa", "local-named-by-hand"]
     assert keys("since=2020-01-06, until=2020-01-31") == ["local-named-by-hand"]
     assert keys("until=2020-01-05") == ["local-20200105-101010-aaaaaa"]  # `until` takes the whole day
-    assert keys(f"since={real[6:10]}-{real[10:12]}-{real[12:14]}") == [real]
+    assert keys(f"since={today}") == [real]
     assert local_job_time("local-20200105-101010-aaaaaa", {}) == datetime(2020, 1, 5, 10, 10, 10, tzinfo=UTC)
     assert local_job_time("local-x", {"started_at": "not a time"}) is None

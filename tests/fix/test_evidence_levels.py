@@ -137,6 +137,6 @@ def test_fix_runs_every_attempt_and_reports_the_one_the_evidence_chose(tmp_path:
     assert levels == [(1, "unproven", False), (2, "regressed", False), (3, "reproduced", True)], levels
     assert out["status"] == "fixed" and proc.returncode == 0 and out["evidence"]["level"] == "reproduced"
     assert out["selection"]["chosen"] == 3 and "tests/test_clamp_high.py" in out["patch"]
-    assert out["trajectory"].endswith(".attempt-3.json") and Path(out["trajectory"]).is_file()
+    assert out["trajectory"].endswith("-run-1-3.json") and Path(out["trajectory"]).is_file()
     assert all(a["usage"]["prompt_tokens"] > 0 for a in out["attempts"])
     assert out["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in out["attempts"])

@@ -97,7 +97,7 @@ def test_fix_json_fixes_the_bug_and_reports_tests_before_and_after(tmp_path: Pat
     assert tests["command"] == "python3 -m pytest -q"
     assert tests["before"]["exit_code"] == 1 and "1 failed, 1 passed" in tests["before"]["log"]
     assert tests["after"][0]["exit_code"] == 0 and "2 passed" in tests["after"][0]["log"]
-    assert out["job_id"].startswith("local-")
+    assert isinstance(out["job_id"], int) and out["job_id"] >= 1  # the job's row (a local job is a job)
     # The one `tests` shape (app/answers.py): `after` lists every patched run; the whole object is FixAnswer's.
     assert set(tests) == {"command", "before", "after", "flaky", "reproduction"} and len(tests["after"]) >= 1
     assert FixAnswer.model_validate(out).as_json() == out

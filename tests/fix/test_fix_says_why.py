@@ -36,10 +36,14 @@ def show(data_dir: Path, job_id: str, model_url: str = "http://127.0.0.1:9/v1") 
 
 
 def job_id_of(data_dir: Path) -> str:
-    """The one local job a `fix` run left in this data folder."""
-    records = sorted((data_dir / "local-jobs").glob("local-*.json"))
-    assert len(records) == 1, records
-    return records[0].stem
+    """The one job a `fix` run left in this data folder's database (a local job is a job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
+    env.update({"FROGFIX_DATA_DIR": str(data_dir)})
+    listed = subprocess.run([sys.executable, str(ROOT / "manage.py"), "jobs", "--json"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    items = json.loads(listed.stdout)["items"]
+    assert len(items) == 1 and items[0]["forge"] == "local", items
+    return str(items[0]["id"])
 
 
 def lines_starting(text: str, prefix: str) -> list[str]:
@@ -82,7 +86,7 @@ def test_a_model_server_that_is_down_is_named_with_its_url_and_doctor(tmp_path: 
 
     shown = show(data, job_id_of(data), model_url=url)
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.startswith(f"local job {job_id_of(data)}: failed\n")
+    assert shown.stdout.startswith(f"job {job_id_of(data)}: failed\n")
     assert shown_why(shown.stdout) == why[0].removeprefix("why: ")
     assert "model unreachable after 0 steps" in shown.stdout
 
@@ -146,7 +150,7 @@ def test_an_environment_that_cannot_be_built_says_so_and_why(tmp_path: Path) -> 
 
     shown = show(data, job_id_of(data))
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.startswith(f"local job {job_id_of(data)}: environment error\n")
+    assert shown.stdout.startswith(f"job {job_id_of(data)}: failed\n")
     assert shown_why(shown.stdout) == why[0].removeprefix("why: ")
     assert "mirror-password-26" not in shown.stdout
 
@@ -166,16 +170,17 @@ def test_a_fix_says_no_why_and_its_tests_in_words(tmp_path: Path) -> None:
 
     shown = show(data, job_id_of(data))
     assert shown.returncode == 0, shown.stderr
-    assert shown.stdout.startswith(f"local job {job_id_of(data)}: fixed\n")
+    assert shown.stdout.startswith(f"job {job_id_of(data)}: done\n")
     assert "  why " not in shown.stdout
     assert "  agent      the agent finished after 4 steps" in shown.stdout
-    assert "python3 -m pytest -q: before: 1 failed, 1 passed; after: 2 passed (2 runs)" in " ".join(
-        shown.stdout.split()
-    )
+    assert "tests: before: 1 failed, 1 passed; after: 2 passed (2 runs)" in " ".join(shown.stdout.split())
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")} | {"FROGFIX_DATA_DIR": str(data)}
     as_json = json.loads(subprocess.run([sys.executable, str(ROOT / "manage.py"), "show", job_id_of(data), "--json"],
                                         env=env, capture_output=True, text=True, timeout=120).stdout)
-    assert (as_json["kind"], as_json["status"], as_json["exit_reason"]) == ("local", "fixed", "agent")
-    assert as_json["tests"]["before"]["counts"] == {"failed": 1, "passed": 1}
-    assert as_json["evidence"]["level"] == "failed_before" and "+    return a + b" in as_json["patch"]
-    assert Path(as_json["trajectory"]).is_file() and as_json["attempts"][0]["chosen"] is True
+    # A local job is a job: `show --json` has a forge job's shape, forge `local`, project the checkout's folder.
+    assert (as_json["forge"], as_json["status"], as_json["exit_reason"]) == ("local", "done", "agent")
+    [attempt] = as_json["attempts"]
+    assert attempt["chosen"] is True and attempt["status"] == "verified" and "+    return a + b" in attempt["patch"]
+    assert attempt["evidence"]["level"] == "failed_before"  # the answer lifts the verdict beside `tests`
+    assert attempt["tests"]["before"]["counts"] == {"failed": 1, "passed": 1}
+    assert (data / attempt["trajectory_path"]).is_file()

@@ -51,9 +51,9 @@ from worker.git.merging import Resolution, changed_paths, full_patch
 from worker.git.workspace_sources import WorkspaceSource
 from worker.leaf.loop import LeafLimits, LeafResult, StepRecord, run_leaf
 from worker.leaf.model import ModelClient
-from worker.leaf.prompts import RepoGuidance, add_guidance, add_test_command
+from worker.leaf.prompts import RepoGuidance, add_guidance, add_test_command, system_prompt
 from worker.leaf.trajectory_writer import TrajectoryWriter
-from worker.wiring import open_job_sandbox, sandbox_limits, setup_opener
+from worker.wiring import leaf_limits_from, open_job_sandbox, sampling_from, sandbox_limits, setup_opener
 
 FLAKY_FLAG = "the patched tests gave different results between runs (flaky)"
 REACH_IN_FLAG = "reaches into the test runner (its tests prove nothing)"
@@ -99,6 +99,46 @@ class AttemptSpec:
     def start(self) -> str:
         """The commit the agent's checkout and the patch start from."""
         return self.start_commit or self.base_commit
+
+
+def attempt_spec(
+    settings: Settings,
+    *,
+    job_id: int | str,
+    number: int,
+    base_commit: str,
+    task: str,
+    trajectory: str,
+    fields: dict[str, Any],
+    seconds_left: float | None = None,
+    start_commit: str | None = None,
+    resolution: Resolution | None = None,
+    labels: dict[str, str] | None = None,
+    system: str | None = None,
+    recorded: dict[str, Any] | None = None,
+    limits: LeafLimits | None = None,
+) -> AttemptSpec:
+    """The one place an attempt's spec is made: the job core (forge and local jobs) and replay call it.
+
+    The system prompt, limits, model label and sampling come from settings; a replay passes its
+    recording's `system` prompt, and a plain replay `recorded` (the recording's `model_label` and
+    `sampling`): its task is then sent as it was, its guidance included (`read_guidance` off)."""
+    return AttemptSpec(
+        job_id=job_id,
+        number=number,
+        base_commit=base_commit,
+        start_commit=start_commit,
+        resolution=resolution,
+        system_prompt=system if system is not None else system_prompt(settings.prompts_dir),
+        task=task,
+        limits=limits or leaf_limits_from(settings, seconds_left),
+        trajectory=trajectory,
+        model_label=recorded["model_label"] if recorded else settings.model_name,
+        sampling=dict(recorded["sampling"]) if recorded else sampling_from(settings).body_fields(),
+        trajectory_fields=fields,
+        labels=labels or {"frogfix/job": str(job_id), "frogfix/attempt": str(number)},
+        read_guidance=recorded is None,
+    )
 
 
 @dataclass(frozen=True)
@@ -595,6 +635,13 @@ class AttemptSeries:
     def tampered(self) -> list[AttemptResult]:
         """The attempts whose test results were forged: never chosen; named when nothing is published."""
         return [r for r in self.results if r.outcome == AttemptOutcome.tampered]
+
+    @property
+    def reported(self) -> AttemptResult | None:
+        """The attempt a job's words report: the chosen one, else the first tampered (saying how it was
+        found), else the last."""
+        forged = self.tampered
+        return self.chosen or (forged[0] if forged else self.results[-1] if self.results else None)
 
 
 def run_series(

@@ -34,11 +34,12 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from app import local_jobs, trajectory
+from app import trajectory
 from app.db import in_transaction, session_scope
 from app.evaluation_report import UNRUNNABLE, attempt_evidence, counted
 from app.forge.api import Forge, ForgeError, ForgeNotFound, mr_number_from_url
 from app.jobs import evaluations as ev_records
+from app.jobs import local, records
 from app.jobs.evaluations import TaskSelector, parse_selector
 from app.logs import get_logger
 from app.moments import as_utc
@@ -89,11 +90,16 @@ def local_job_time(key: str, data: dict[str, Any]) -> datetime | None:
 
 
 def _local_tasks(settings: Settings, selector: TaskSelector) -> list[dict[str, Any]]:
-    """Local (`fix`, `demo`) jobs: their one trajectory holds the verdict `fix` added to it."""
+    """Local (`fix`, `demo`) jobs older than their rows (made before their records, so never imported):
+    their one trajectory holds the verdict `fix` added to it."""
     folder = settings.data_dir / trajectory.DIRECTORY
+    with session_scope() as session:
+        imported = local.imported_ids(session)
     found = []
     for path in sorted(folder.glob("local-*.json")) if folder.is_dir() else []:
         key = path.stem
+        if key in imported:  # a job row now (app/jobs/local.py), selected with the others
+            continue
         try:
             data = trajectory.read(path)
         except trajectory.TrajectoryError:
@@ -176,16 +182,24 @@ def unknown_ids(selector: TaskSelector, settings: Settings) -> list[str]:
 
 
 def _local_job_exists(folder: Path, key: str) -> bool:
-    """A local job has a record (app/local_jobs.py) or, if made before records, its trajectory."""
+    """An old local id names an imported job (app/jobs/local.py) or, if made before records, a trajectory."""
     try:
-        return local_jobs.path(folder, key).is_file() or (folder / trajectory.local_path(key)).is_file()
-    except (local_jobs.UnknownLocalJob, trajectory.TrajectoryError):
+        with session_scope() as session:
+            local.by_local_id(session, key)
+        return True
+    except records.UnknownJob:
+        pass
+    try:
+        return (folder / trajectory.local_path(key)).is_file()
+    except trajectory.TrajectoryError:
         return False
 
 
 def select_tasks(selector: TaskSelector, settings: Settings, progress: Progress | None = None) -> list[dict[str, Any]]:
     """The executable tasks `selector` picks: forge jobs oldest first (each with its MR's human verdict),
     then local jobs."""
+    with session_scope() as session:
+        local.import_records(session, settings.data_dir)
     with session_scope() as session:
         candidates = ev_records.finished_jobs_with_tests(session, selector)
     verdicts = HumanVerdicts(settings, progress or (lambda _m: None))
@@ -630,22 +644,13 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
 
 
 def ensure_schema(settings: Settings) -> None:
-    """The embedded SQLite database (no FROGFIX_DATABASE_URL: the demo's) is upgraded here, as `serve` does,
-    so `demo` then `eval` works in a fresh data folder. A configured database is only checked: upgrading
-    production is the operator's step (`./manage.py migrate`, after a backup), never a side effect of eval."""
-    from alembic.script import ScriptDirectory
-
+    """The database at the code's schema (app/migrate.py `ensure_schema`: only the embedded one is upgraded)."""
     from app import migrate as migrations
 
-    url = settings.resolved_database_url()
-    if not settings.database_url:
-        migrations.upgrade(url)
-        return
-    head = ScriptDirectory.from_config(migrations.alembic_config(url)).get_current_head()
-    current = migrations.current_revision(url)
-    if current != head:
-        raise EvalError(f"the database (FROGFIX_DATABASE_URL) is at schema {current or 'none'}, not {head}: "
-                        "back it up, then run ./manage.py migrate")
+    try:
+        migrations.ensure_schema(settings.resolved_database_url(), configured=bool(settings.database_url))
+    except migrations.SchemaBehind as exc:
+        raise EvalError(str(exc)) from exc
 
 
 EXIT_OK, EXIT_GATE, EXIT_ERROR, EXIT_INCOMPLETE = 0, 1, 2, 3

@@ -1,43 +1,42 @@
-"""`manage.py fix REPO_DIR --issue FILE`: one job on a local checkout, without a forge.
+"""`manage.py fix REPO_DIR --issue FILE` and `demo`: the command's front for one local job.
 
-Copy the committed checkout into a fresh workspace, run the Leaf loop in a sandbox, take the
-patch, then run the test command in fresh sandboxes on the base commit and with the patch.
+It reads the arguments, makes the job's row (forge `local`, claimed by this process: app/jobs/local.py),
+runs the job core in this process (worker/job/local_pipeline.py: the checkout is the source, nothing is
+published) under a heartbeat like a worker's, and prints the job as `fix` words it. It needs no server:
+the embedded SQLite database is migrated on first use, as `serve` does. `manage.py cancel <id>` stops
+it as it stops a worker's job; Ctrl-C, SIGTERM and SIGHUP end the job `cancelled`.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from app import local_jobs, trajectory
+from sqlalchemy.orm import Session
+
+from app import migrate, trajectory
 from app.answers import FixAnswer, TestsAnswer, UsageAnswer
+from app.db import in_transaction, session_scope
 from app.endings import Ending
+from app.jobs import local, records, transitions
 from app.outcome_words import ending, shown_url
 from app.redaction import SecretRedactor, redact_value
 from app.settings import Settings, get_settings
-from app.statuses import ExitReason, FixStatus
+from app.statuses import RUN_STATUSES, AttemptStatus, ExitReason, FixStatus, JobStatus, fix_status
 from app.usage import UsageFigures, usage_table
-from sandbox.base import SandboxError
-from worker.attempts import attempt_events
-from worker.attempts.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
-from worker.attempts.attempt_events import ENVIRONMENT_EVENTS, TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
+from worker.attempts.attempt import AttemptResult, AttemptRunner
 from worker.attempts.evidence import Evidence, evidence_line
-from worker.attempts.failures import ending_of, environment_ending, stopped_ending
-from worker.attempts.repo_config import RepoConfigError
+from worker.attempts.failures import environment_ending, stopped_ending
 from worker.attempts.verifier import TestRun
-from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
+from worker.environment.builder import EnvironmentReport
 from worker.git import gitcalls, mirrors
-from worker.git.workspace_sources import CheckoutSource
-from worker.leaf.issue_text import sanitize_issue_text
-from worker.leaf.loop import StepRecord
-from worker.leaf.model import ModelClient
-from worker.leaf.prompts import render_task, system_prompt
-from worker.wiring import leaf_limits_from, model_from, sampling_from
+from worker.job.heartbeat import Heartbeat, beat_interval
+from worker.job.job_context import Deps
+from worker.job.local_pipeline import LocalPipeline
 
 
 class FixError(Exception):
@@ -46,7 +45,7 @@ class FixError(Exception):
 
 @dataclass
 class FixOutcome:
-    job_id: str
+    job_id: int
     status: str  # FixStatus: fixed, no_fix, failed
     exit_reason: str
     steps: int
@@ -102,7 +101,8 @@ def read_issue_file(path: Path) -> tuple[str, str]:
 
 
 class LocalFix:
-    """One local job. Construct, then `run()`; progress lines go to `progress`."""
+    """One local job: its row made and claimed here, run through the job core in this process
+    (worker/job/local_pipeline.py), then seen as `fix --json`'s view. Construct, then `run()`."""
 
     def __init__(
         self,
@@ -113,63 +113,43 @@ class LocalFix:
         settings: Settings | None = None,
         progress: TextIO | None = None,
         model: Any = None,
-        job_id: str | None = None,
         kind: str = "fix",
     ) -> None:
         self.settings = settings or get_settings()
         self.repo_dir = repo_dir.resolve()
         self.title, self.body = title, body
         self.progress = progress
-        self.job_id = job_id or trajectory.new_local_id()
-        self.root = self.settings.resolved_workspace_dir() / self.job_id
-        self.trajectory_path = self.settings.data_dir / trajectory.local_path(self.job_id)
         self.redactor = SecretRedactor(self.settings.secret_values())
         self._model = model
         self.kind = kind
-        # The job's record (app/local_jobs.py): what `jobs`, `show` and the dashboard read.
-        self.record = local_jobs.LocalJobRecord(
-            self.settings.data_dir, self.job_id, lambda value: redact_value(value, self.redactor.redact)
-        )
-        self.recorded_attempts: list[dict[str, Any]] = []
-        self.attempt = 1  # the attempt whose steps are reported (fix runs its attempts one at a time)
+        self.job_id = 0  # the row's id, once `run` made it
 
     def say(self, message: str) -> None:
         if self.progress is not None:
             print(f"[frogfix {self.job_id}] {self.redactor.redact(message)}", file=self.progress, flush=True)
 
-    def model(self) -> ModelClient:
-        if self._model is None:
-            self._model = model_from(self.settings)
-        return self._model
-
     def run(self) -> FixOutcome:
-        """The job, recorded from its start (a refused call, e.g. no such folder, records nothing)."""
-        base = self.base_commit()
-        self.root.mkdir(parents=True, exist_ok=True)
-        model = self.settings.model_name if self._model is None else f"{type(self._model).__name__} (no model server)"
-        self.record.start(
-            kind=self.kind, title=self.title, body=self.body, repository=str(self.repo_dir), base_commit=base,
-            model=model, model_url=shown_url(self.settings.model_base_url) if self._model is None else None,
-        )
-        try:
+        """The job, a row from its start (a refused call, e.g. no such folder, makes none)."""
+        self.check_checkout()
+        self.job_id = open_local_job(self.settings, self.repo_dir, self.title, self.body, self.kind)
+        deps = Deps.from_settings(self.settings)
+        if self._model is not None:
+            deps.model_for = lambda: self._model
+            self.say(f"running the agent with {type(self._model).__name__} (no model server)")
+        else:
+            self.say(f"running the agent with {self.settings.model_name} at {shown_url(self.settings.model_base_url)}")
+        pipeline = LocalPipeline(self.job_id, deps, progress=self.say, kind=self.kind)
+        with Heartbeat(self.job_id, beat_interval(self.settings.stale_job_seconds), run=1):
             try:
-                outcome = self._run(base)
-            except gitcalls.RepoError as exc:  # e.g. an unusual checkout that cannot be copied
-                outcome = self._failed(ExitReason.git_error, str(exc)[:500], ending_of(exc, str(exc)[:500]))
-        except BaseException as exc:  # interrupted (Ctrl-C) or a bug: the record must not stay `running`
-            why = str(exc)[:300] if isinstance(exc, Stopped) else f"{type(exc).__name__} {str(exc)[:300]}".strip()
-            ended = stopped_ending(why)
-            stopped = {"status": FixStatus.failed.value, "exit_reason": ExitReason.cancelled.value,
-                       "error": ended.detail, "ending": ended.to_dict()}
-            self.record.finish(stopped, self.recorded_attempts)
-            raise
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-        self.record.finish(outcome.to_dict(), self.recorded_attempts)
-        return outcome
+                pipeline.run()
+            except BaseException as exc:  # Ctrl-C, SIGTERM or SIGHUP: the job ends, it must not stay `running`
+                why = str(exc)[:300] if isinstance(exc, Stopped) else f"{type(exc).__name__} {str(exc)[:300]}".strip()
+                end_interrupted(self.job_id, why)
+                raise
+        return self.view(pipeline)
 
-    def base_commit(self) -> str:
-        """The checkout's HEAD commit, read with the isolated git environment (no filter or hook runs)."""
+    def check_checkout(self) -> None:
+        """Refuse what is no checkout, before any row is made."""
         if not self.repo_dir.exists():
             raise FixError(f"{self.repo_dir} does not exist")
         if not self.repo_dir.is_dir():
@@ -177,96 +157,50 @@ class LocalFix:
         if not (self.repo_dir / ".git").exists():
             raise FixError(f"{self.repo_dir} is not a git checkout")
         try:
-            base = mirrors.resolve(self.repo_dir, "HEAD")
+            mirrors.resolve(self.repo_dir, "HEAD")
         except gitcalls.RepoError as exc:
             raise FixError(f"{self.repo_dir} has no commits yet") from exc
         if mirrors.has_uncommitted_changes(self.repo_dir):
             self.say("note: uncommitted changes in the checkout are not part of the job (it starts from HEAD)")
-        return base
 
-    def _run(self, base: str) -> FixOutcome:
-        runner = AttemptRunner(
-            self.settings, self.redactor.redact, CheckoutSource(self.repo_dir), self.root, self,
-            scope=f"local:{self.repo_dir}",
-        )
-        if self._model is None:
-            self.say(f"running the agent with {self.settings.model_name} at {self.settings.model_base_url}")
-        else:
-            self.say(f"running the agent with {type(self._model).__name__} (no model server)")
-        review = ReviewPolicy.from_settings(self.settings)
-
-        def run_one(number: int, extra: bool) -> AttemptResult:
-            if self.settings.attempts > 1:
-                self.say(f"attempt {number} of {self.settings.attempts}")
-            self.attempt = number
-            self.record.attempt_started(number, trajectory.local_path(self.job_id, number))
-            result = runner.run(self.spec(base, number), self.model(), review)
-            for reason in result.refused:
-                self.say(f"refused: {reason}")
-            return result
-
-        try:  # `fix` has no production queue to yield to: FROGFIX_ATTEMPTS attempts, no extra ones
-            series = run_series(runner, run_one, attempts=self.settings.attempts, ceiling=0, start=base)
-        except RepoConfigError as exc:
-            return self._failed(ExitReason.config_error, str(exc), ending_of(exc, str(exc)))
-        except SandboxError as exc:
-            why = f"sandbox failure: {exc}"
-            return self._failed(ExitReason.tool_error, why, ending_of(exc, why), trajectory=True)
-        except EnvironmentUnusable as exc:
-            return self._environment_error(runner, exc.report)
-        # None chosen: a tampered attempt is the one reported (the job ends `tampered`, saying how it was found).
-        forged = series.tampered
-        result = series.chosen or (forged[0] if forged else series.results[-1])
-        if len(series.results) > 1:
-            self.say(f"chosen: {series.choice.why}")
-        before = runner.verifier.before(result.config, base) if result.config.test_command else None
-        outcome = self.outcome(result, before)
-        outcome.trajectory = str(self.settings.data_dir / trajectory.local_path(self.job_id, result.number))
-        outcome.attempts = [attempt_entry(r, r.number == series.choice.chosen) for r in series.results]
-        outcome.selection = series.choice.to_dict()
-        self.recorded_attempts = [record_entry(r, r.number == series.choice.chosen) for r in series.results]
+    def view(self, pipeline: LocalPipeline) -> FixOutcome:
+        """`fix --json`'s object: the job's status and the reported attempt's evidence, in `fix`'s words."""
+        with session_scope() as session:
+            job = records.get_job(session, self.job_id)
+            status, error, exit_reason, ended = job.status, job.error, job.exit_reason, job.ending
+        runner, series = pipeline.runner, pipeline.series
+        if pipeline.environment is not None and runner is not None:
+            return self._environment_error(runner, pipeline.environment)
+        result = pipeline.reported()
+        if runner is None or result is None:
+            if status != JobStatus.cancelled:
+                self.say(f"failed: {error}")
+            reason = ExitReason.cancelled if status == JobStatus.cancelled else exit_reason or ExitReason.tool_error
+            failed = FixOutcome(self.job_id, FixStatus.failed, reason, 0, "", None, None, [], "", error=error,
+                                ending=ended)
+            failed.trajectory = self.trajectory(1) if reason == ExitReason.tool_error and runner is not None else ""
+            return failed
+        outcome = self.outcome(result, pipeline.before, fix_status(status, result.status.value))
+        if status == JobStatus.cancelled:
+            outcome.exit_reason, outcome.error = ExitReason.cancelled, error
+        outcome.trajectory = self.trajectory(result.number)
+        chosen = series.choice.chosen if series is not None else None
+        outcome.attempts = [attempt_entry(r, r.number == chosen) for r in pipeline.results]
+        outcome.selection = series.choice.to_dict() if series is not None else None
         # Every test run of the job (each attempt's, the agreement runs, a base run made only for the report).
-        figures = [r.leaf.figures() for r in series.results]
+        figures = [r.leaf.figures() for r in pipeline.results]
         outcome.usage = sum(figures, UsageFigures()) + UsageFigures(sandbox_seconds=runner.verifier.seconds)
         outcome.environment = runner.environment
         verdict = {"fix": {k: v for k, v in outcome.to_dict().items() if k not in ("patch", "trajectory")}}
-        for r in series.results:
-            self.amend_trajectory(r.number, verdict)
+        for r in pipeline.results:
+            self.amend_trajectory(r.trajectory, verdict)
         return outcome
 
-    def spec(self, base: str, number: int = 1) -> AttemptSpec:
-        s = self.settings
-        task = render_task(
-            self.title, sanitize_issue_text(self.body), prompts_dir=s.prompts_dir, project=self.repo_dir.name,
-            issue_number="",
-        )
-        return AttemptSpec(
-            job_id=self.job_id,
-            number=number,
-            base_commit=base,
-            system_prompt=system_prompt(s.prompts_dir),
-            task=task,
-            limits=leaf_limits_from(s),
-            trajectory=trajectory.local_path(self.job_id, number),
-            model_label=s.model_name,
-            sampling=sampling_from(s).body_fields(),
-            # `kind`: a demo's recording says so, so a replay makes its temporary sample again (recorded.py).
-            trajectory_fields={
-                "issue": {"title": self.title}, "repository": str(self.repo_dir), "attempt": number, "kind": self.kind,
-            },
-        )
+    def trajectory(self, number: int) -> str:
+        return str(self.settings.data_dir / trajectory.attempt_path(self.job_id, 1, number))
 
-    def outcome(self, result: AttemptResult, before: TestRun | None) -> FixOutcome:
-        """The attempt's verdict as `fix` reports it: `fixed` only when the evidence proves it
-        (reproduced or failed_before, worker/attempts/evidence.py); `unproven` when the tests pass but prove nothing."""
-        if result.outcome == AttemptOutcome.verified:
-            status = FixStatus.fixed
-        elif result.outcome == AttemptOutcome.unproven:
-            status = FixStatus.unproven
-        elif result.outcome == AttemptOutcome.tampered:
-            status = FixStatus.tampered
-        else:
-            status = FixStatus.failed if result.infrastructure_failure else FixStatus.no_fix
+    def outcome(self, result: AttemptResult, before: TestRun | None, status: FixStatus) -> FixOutcome:
+        """The reported attempt as `fix` reports it (`status`: app/statuses.py `fix_status`)."""
         leaf, verification = result.leaf, result.verification
         error = "; ".join(result.refused) or (result.reason if status == FixStatus.tampered else leaf.error)
         return FixOutcome(
@@ -278,7 +212,7 @@ class LocalFix:
             test_command=result.config.test_command,
             before=before,
             after=verification.after if verification else [],
-            trajectory=str(self.trajectory_path),
+            trajectory="",
             error=error,
             ending=None if status in (FixStatus.fixed, FixStatus.unproven) else result.ending.but(error or ""),
             flags=result.refused + [f for f in result.flags if f not in result.refused],
@@ -289,10 +223,7 @@ class LocalFix:
         )
 
     def _environment_error(self, runner: AttemptRunner, report: EnvironmentReport) -> FixOutcome:
-        """The tests cannot run: the job ends before any model call, saying why and what the log ends with."""
-        self.say(report.line())
-        if report.log_tail:
-            self.say("the log ends:\n" + report.log_tail)
+        """The tests cannot run: the job ended before any model call, saying why and what the log ends with."""
         before = runner.verifier.base_run
         return FixOutcome(
             job_id=self.job_id,
@@ -310,59 +241,53 @@ class LocalFix:
             environment=report,
         )
 
-    def amend_trajectory(self, number: int, fields: dict[str, Any]) -> None:
+    def amend_trajectory(self, stored: str, fields: dict[str, Any]) -> None:
         """Add `fix`'s verdict to an attempt's finished trajectory, atomically (readers see the old or the new file)."""
-        path = self.settings.data_dir / trajectory.local_path(self.job_id, number)
-        # Redacted string by string, as the writer redacts.
-        trajectory.amend(path, redact_value(fields, self.redactor.redact))
+        if stored:
+            # Redacted string by string, as the writer redacts.
+            trajectory.amend(self.settings.data_dir / stored, redact_value(fields, self.redactor.redact))
 
-    # -- the observer: progress lines ------------------------------------------------------------
 
-    def on_step(self, record: StepRecord) -> None:
-        names = ", ".join(c.name for c in record.calls) or "final answer"
-        self.say(f"step {record.step + 1}: {names} (context {record.context_tokens} tokens)")
-        self.record.progress(self.attempt, record.step + 1)
+def open_local_job(settings: Settings, folder: Path, title: str, body: str, kind: str) -> int:
+    """The local job's row, claimed by this process, in the configured database (the embedded SQLite by
+    default, migrated on first use as `serve` migrates it; a configured one only checked); older local
+    records are imported into it once."""
+    try:
+        migrate.ensure_schema(settings.resolved_database_url(), configured=bool(settings.database_url))
+    except migrate.SchemaBehind as exc:
+        raise FixError(str(exc)) from exc
+    with session_scope() as session:
+        local.import_records(session, settings.data_dir)
+    try:
+        with session_scope() as session:
+            return local.create(session, folder=str(folder), title=title, body=body, who=os_user(), kind=kind)
+    except local.LocalJobRefused as exc:
+        raise FixError(str(exc)) from exc
 
-    def cancelled(self) -> bool:
-        return False
 
-    def report(self, event: AttemptEvent) -> None:
-        """The attempt's event on the local record through the one recorder (as the pipeline records it), and
-        its progress line."""
-        attempt_events.record(event, self.record)
-        data = event.data
-        if event.kind in ENVIRONMENT_EVENTS:
-            self.say(event.message)
-            cached = event.kind != AttemptEventKind.environment or data.get("cached")
-            for line in [] if cached else data.get("detected", []):
-                self.say(f"  from {line}")
-        elif event.kind == AttemptEventKind.agent_started:
-            self.say(f"workspace ready at base commit {data['base_commit'][:12]}")
-            source = data.get("test_command_source")
-            self.say(f"test command: {data.get('test_command') or '(none found)'} ({source})")
-            if data.get("guidance"):
-                self.say(f"repository guidance for the agent: {', '.join(data['guidance'])}")
-        elif event.kind == AttemptEventKind.agent_finished:
-            steps, lines = data["steps"], data["patch_lines"]
-            self.say(f"{ending(data['exit_reason'], steps)}; patch {lines} lines")
-        elif event.kind in TEST_PROGRESS_EVENTS:
-            self.say(event.message)
+def os_user() -> str:
+    import getpass
 
-    def _failed(self, reason: str, error: str, ending: Ending, *, trajectory: bool = False) -> FixOutcome:
-        self.say(f"failed: {error}")
-        return FixOutcome(
-            job_id=self.job_id,
-            status=FixStatus.failed,
-            exit_reason=reason,
-            steps=0,
-            patch="",
-            test_command=None,
-            before=None,
-            after=[],
-            trajectory=str(self.trajectory_path) if trajectory else "",
-            error=error,
-            ending=ending,
-        )
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment
+        return "local"
+
+
+def end_interrupted(job_id: int, stopped: str) -> None:
+    """The job of a `fix` that was stopped (Ctrl-C, a signal) ends `cancelled`, with its open attempts."""
+    why = stopped_ending(stopped).detail
+
+    def write(session: Session) -> None:
+        if transitions.set_status(session, job_id, JobStatus.cancelled, error=why, expected=RUN_STATUSES,
+                                  exit_reason=ExitReason.cancelled.value, ending=stopped_ending(stopped)):
+            records.close_open_attempts(session, job_id, AttemptStatus.cancelled.value, why)
+            records.add_event(session, job_id, JobStatus.cancelled.value, why)
+
+    try:
+        in_transaction(write)
+    except Exception as exc:  # the database is away: the sweep's heartbeat rule ends it later
+        print(f"frogfix fix: could not record the end of job {job_id}: {type(exc).__name__}", file=sys.stderr)
 
 
 def attempt_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
@@ -379,21 +304,6 @@ def attempt_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
         "changed_lines": result.candidate.changed_lines,
         "flags": result.flags,
         "usage": result.usage.to_dict(),
-    }
-
-
-def record_entry(result: AttemptResult, chosen: bool) -> dict[str, Any]:
-    """One attempt in the local job's record (app/local_jobs.py): `fix --json`'s entry, plus what the job
-    page shows of it (the names a forge job's attempt row has)."""
-    evidence = result.evidence
-    return {
-        **attempt_entry(result, chosen),
-        "status": result.status.value,
-        "trajectory_path": result.trajectory,
-        "patch": result.patch,
-        "summary": result.leaf.final_answer,
-        "tests": evidence.to_dict() if evidence is not None else None,
-        "error": "; ".join(result.refused) or result.leaf.error,
     }
 
 
@@ -425,12 +335,13 @@ def run_demo_command(as_json: bool) -> int:
         return run_and_report(repo, ISSUE_TITLE, ISSUE_BODY, as_json, model=demo_model(), kind="demo")
 
 
-class Stopped(Exception):
-    """SIGTERM or SIGHUP (a closed terminal) reached `fix`: the run ends, and its record says so."""
+class Stopped(BaseException):
+    """SIGTERM or SIGHUP (a closed terminal) reached `fix`: the run ends, and its job says so (a BaseException,
+    like Ctrl-C's, so the job core's catch-all for bugs lets it through)."""
 
 
 def stop_on_signals() -> None:
-    """Turn SIGTERM and SIGHUP into an exception, so the job's record ends rather than stays `running`."""
+    """Turn SIGTERM and SIGHUP into an exception, so the job ends rather than stays `running`."""
     import signal
 
     def stop(signum: int, _frame: object) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from app import trajectory
 from app.db import session_scope
-from app.jobs import records
+from app.jobs import local, records
 from app.settings import Settings
 from worker.git import gitcalls, merging, mirrors, workspace_pool
 from worker.git.workspace_sources import CheckoutSource, MirrorSource
@@ -138,7 +138,7 @@ def recording_from_file(job_id: int | str, stored: str, settings: Settings) -> R
         raise ReplayError(f"{path} records no base commit")
     patch = data.get("output_patch")
     # What the job's recording says about its issue and checkout (a demo's sample is made again from it).
-    known: dict[str, Any] = {k: job_rec.data[k] for k in ("issue", "repository") if k in job_rec.data}
+    known: dict[str, Any] = {k: job_rec.data[k] for k in ("issue", "repository", "kind") if k in job_rec.data}
     return replace(
         job_rec, path=path, data={**known, **data}, base_commit=base, patch=patch if isinstance(patch, str) else None,
         start_commit=start_commit_of(data, job_rec.start_commit, base),
@@ -200,7 +200,7 @@ def find_recording(job_id: int | str, attempt: int | str | None, settings: Setti
         recorded_patch = chosen.patch
     return Recording(
         job_id, chosen.path, data, base, recorded_patch, chosen.run, chosen.number, forge=forge, project=project,
-        start_commit=start_commit_of(data, job_start, base),
+        start_commit=start_commit_of(data, job_start, base), repository=project if forge == local.FORGE else None,
     )
 
 
@@ -335,7 +335,7 @@ def repo_source(rec: Recording, settings: Settings, redact: Callable[[str], str]
     """The mirror on disk when it holds the commit the attempt started from, else the mirror updated
     from the forge; for a local job, its checkout (or `repo_dir`, where it lives now)."""
     base = rec.base_commit
-    if isinstance(rec.job_id, str):
+    if isinstance(rec.job_id, str) or rec.forge == local.FORGE:
         where = repo_dir or (Path(rec.repository) if rec.repository else None)
         if where is None:
             raise ReplayError(f"the trajectory of {rec.job_id} does not say which repository it ran on; use --repo")

@@ -60,7 +60,14 @@ from app.redaction import SecretRedactor
 from app.settings import Settings, get_settings
 from app.statuses import ACTIVE_STATUSES, ExitReason, ReplayStatus
 from sandbox.base import SandboxError
-from worker.attempts.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy
+from worker.attempts.attempt import (
+    AttemptOutcome,
+    AttemptResult,
+    AttemptRunner,
+    AttemptSpec,
+    ReviewPolicy,
+    attempt_spec,
+)
 from worker.attempts.attempt_events import TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
 from worker.attempts.repo_config import RepoConfigError
 from worker.commands.recorded import (
@@ -79,7 +86,7 @@ from worker.git import gitcalls, merging, workspace_pool
 from worker.leaf.loop import LeafLimits, StepRecord, plan_calls
 from worker.leaf.model import ModelClient, ModelQueryError, ModelReply, ReplayModel
 from worker.leaf.prompts import strip_guidance
-from worker.wiring import leaf_limits_from, model_from, sampling_from
+from worker.wiring import leaf_limits_from, model_from
 
 log = get_logger("frogfix.replay")
 
@@ -411,25 +418,27 @@ def _spec(
     messages = rec.messages
     live = mode != "replay"
     task = str(messages[1].get("content") or "")
-    return AttemptSpec(
+    recorded = None if live else {
+        "model_label": f"replay of {rec.data.get('model')}", "sampling": dict(rec.data.get("sampling") or {}),
+    }
+    return attempt_spec(
+        settings,
         job_id=rec.job_id,
         number=rec.number or 1,
         base_commit=rec.base_commit if resolution is not None else rec.checkout_commit,
         start_commit=rec.start_commit if resolution is not None else None,
         resolution=resolution,
-        system_prompt=str(messages[0].get("content") or ""),
         task=strip_guidance(task) if live else task,
         limits=limits,
         trajectory=trajectory.replay_path(rec.path, mode),
-        model_label=settings.model_name if live else f"replay of {rec.data.get('model')}",
-        sampling=sampling_from(settings).body_fields() if live else dict(rec.data.get("sampling") or {}),
-        trajectory_fields={
+        system=str(messages[0].get("content") or ""),
+        recorded=recorded,
+        fields={
             "mode": mode, "replay_of": str(rec.path), "run": rec.run, "attempt": rec.number,
             **({"base_commit": rec.base_commit, "start_commit": rec.start_commit} if rec.start_commit else {}),
             **(fields or {}),
         },
         labels={"frogfix/job": _safe_label(rec.job_id), "frogfix/attempt": mode if live else "replay"},
-        read_guidance=live,
     )
 
 

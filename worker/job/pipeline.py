@@ -36,7 +36,15 @@ from app.statuses import RUN_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
 from worker.attempts import attempt_events
-from worker.attempts.attempt import AttemptOutcome, AttemptResult, AttemptRunner, AttemptSpec, ReviewPolicy, run_series
+from worker.attempts.attempt import (
+    AttemptOutcome,
+    AttemptResult,
+    AttemptRunner,
+    AttemptSeries,
+    ReviewPolicy,
+    attempt_spec,
+    run_series,
+)
 from worker.attempts.attempt_events import AttemptEvent
 from worker.attempts.failures import ending_of, environment_ending
 from worker.attempts.repo_config import RepoConfigError
@@ -44,7 +52,7 @@ from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
 from worker.git import gitcalls, mirrors, publishing, workspace_pool
 from worker.git.gitcalls import RepoError, RepoTransient
 from worker.git.merging import Resolution
-from worker.git.workspace_sources import PoolSource
+from worker.git.workspace_sources import PoolSource, WorkspaceSource
 from worker.job.job_context import (
     BOT_AUTHOR,
     BRANCH_MOVED,
@@ -66,7 +74,6 @@ from worker.leaf.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.prompts import (
     render_task,
-    system_prompt,
 )
 from worker.texts.mr_text import (
     Provenance,
@@ -78,7 +85,7 @@ from worker.texts.mr_text import (
     mr_title,
     tampered_comment,
 )
-from worker.wiring import leaf_limits_from, sampling_from
+from worker.wiring import sampling_from
 
 log = get_logger("frogfix.pipeline")
 class JobObserver:
@@ -149,6 +156,8 @@ class Pipeline:
         self.deadline = time.monotonic() + self.s.job_timeout_seconds
         self.selection: dict[str, Any] = {}  # how the published attempt was chosen (app/selection.py)
         self.resolution: Resolution | None = None  # an update round's conflicted merge, for its attempts
+        self.runner: AttemptRunner | None = None  # the attempts' runner and their series, once they ran
+        self.series: AttemptSeries | None = None
 
     # -- timeline helpers --------------------------------------------------------------------
 
@@ -207,7 +216,7 @@ class Pipeline:
         except SQLAlchemyError as exc:  # housekeeping only: the next run tries again
             log.warning("workspace_cleanup_failed", error=str(exc)[:300])
         try:
-            self.forge = self.deps.forge_for(self.forge_kind)
+            self.forge = self.open_forge()
             self.admit()
             self.work()
             return JobStatus.done.value
@@ -242,6 +251,17 @@ class Pipeline:
             workspace_pool.remove_workspace(self.root)
             if self.forge is not None:
                 self.forge.close()
+
+    def open_forge(self) -> Forge | None:
+        """The job's forge client (the job core's source of the issue and publisher of its MR)."""
+        return self.deps.forge_for(self.forge_kind)
+
+    def workspaces(self, prepared: Prepared) -> WorkspaceSource:
+        """Where the attempts' fresh workspaces come from: the warm pool over the mirror."""
+        return PoolSource(self.deps.pool, prepared.mirror)
+
+    def observer(self, stop: threading.Event | None = None) -> JobObserver:
+        return JobObserver(self, stop)
 
     def work(self) -> None:
         """What the job does once admitted: prepare the repository, run the attempts, publish the chosen one."""
@@ -471,8 +491,8 @@ class Pipeline:
 
         An unproven pick is published marked "not reproduced". With none to publish, or an unproven
         pick under FROGFIX_REQUIRE_REPRODUCTION, the job publishes nothing and asks the reporter."""
-        runner = AttemptRunner(
-            self.s, self.redact, PoolSource(self.deps.pool, prepared.mirror), self.root, JobObserver(self),
+        runner = self.runner = AttemptRunner(
+            self.s, self.redact, self.workspaces(prepared), self.root, self.observer(),
             scope=f"{self.forge_kind}:{self.project}",
         )
         runner.agree = self.resolution is None
@@ -486,7 +506,7 @@ class Pipeline:
             if stop.is_set():  # an attempt beside this one ended the series before this one started
                 return None
             self.check_cancel()
-            observer = JobObserver(self, stop)
+            observer = self.observer(stop)
             observer.preempt = PolledFlag(production_waits, "preempt_check", PREEMPT_POLL_S) if extra else None
             began = time.monotonic()
             try:
@@ -529,7 +549,7 @@ class Pipeline:
                 in_transaction(lambda session: job_slots.give_extra_slots(session, self.job_id, self.run_number))
 
         side_by_side = self.take_slots(self.s.attempts - 1)
-        series = run_series(
+        series = self.series = run_series(
             runner, run_one, attempts=self.s.attempts, ceiling=self.s.attempt_ceiling,
             start=prepared.start or prepared.base, why_stop=why_stop, parallel=1 + side_by_side,
             side_by_side_done=give_back, abort=stop.set,
@@ -623,13 +643,7 @@ class Pipeline:
         observer.start(
             in_transaction(lambda session: records.start_attempt(session, self.job_id, self.run_number, number))
         )
-        fields: dict[str, Any] = {
-            "attempt": number,
-            "run": self.run_number,
-            "forge": self.forge_kind,
-            "project": self.project,
-            "issue": self.issue,
-        }
+        fields = self.trajectory_fields(number)
         if self.round:
             fields.update(round=self.round, round_kind=self.round_kind, mr=self.mr_number)
         if self.resolution is not None:  # what replay needs to make the conflicted start again
@@ -638,20 +652,10 @@ class Pipeline:
                 "head": merge.head, "target": merge.target, "target_branch": self.resolution.target_branch,
                 "conflicted": list(merge.conflicted),
             }  # fmt: skip
-        spec = AttemptSpec(
-            job_id=self.job_id,
-            number=number,
-            base_commit=prepared.base,
-            start_commit=prepared.start,
-            system_prompt=system_prompt(self.s.prompts_dir),
-            task=task,
-            limits=leaf_limits_from(self.s, self.deadline - time.monotonic()),
+        spec = attempt_spec(
+            self.s, job_id=self.job_id, number=number, base_commit=prepared.base, start_commit=prepared.start,
+            task=task, seconds_left=self.deadline - time.monotonic(), resolution=self.resolution, fields=fields,
             trajectory=trajectory.attempt_path(self.job_id, self.run_number, number),
-            model_label=self.s.model_name,
-            sampling=sampling_from(self.s).body_fields(),
-            trajectory_fields=fields,
-            labels={"frogfix/job": str(self.job_id), "frogfix/attempt": str(number)},
-            resolution=self.resolution,
         )
         result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s), observer)
         cancelled = result.outcome == AttemptOutcome.cancelled and self.cancel_asked()
@@ -665,6 +669,11 @@ class Pipeline:
             return result
         self.status(JobStatus.running, expected=("running", "verifying"))  # the next attempt, or the choice
         return result
+
+    def trajectory_fields(self, number: int) -> dict[str, Any]:
+        """What an attempt's trajectory says of its job, beside what the runner writes."""
+        return {"attempt": number, "run": self.run_number, "forge": self.forge_kind, "project": self.project,
+                "issue": self.issue}
 
     def _record_attempt(self, attempt_id: int, result: AttemptResult) -> None:
         leaf = result.leaf
@@ -761,7 +770,7 @@ class Pipeline:
             selection=self.selection,
         )
 
-    def finish(self, mr_url: str, message: str, flags: list[str], data: dict[str, Any], **recorded: Any) -> None:
+    def finish(self, mr_url: str | None, message: str, flags: list[str], data: dict[str, Any], **recorded: Any) -> None:
         """The job is done with its MR, in one transaction with its event, if this run still owns it.
 
         `recorded`: what the job keeps of the publish (the MR's number; `push` recorded the commit).

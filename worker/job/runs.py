@@ -1,9 +1,10 @@
 """Running a claimed job: which pipeline it gets, to a final status.
 
 The `frogfix.run_job` task calls `run`, under the heartbeat it started at the claim
-(worker/heartbeat.py). A job with `round > 0` is a round on an MR FrogFix opened
+(worker/job/heartbeat.py). A job with `round > 0` is a round on an MR FrogFix opened
 (worker/job/mr_rounds.py): an update round merges the target in, any other round answers its requests;
-every other job is the issue's first run (worker/job/pipeline.py).
+every other job is the issue's first run (worker/job/pipeline.py), a local job's (forge `local`, a retried
+`fix` or one the sweep re-queued after its process died) from its checkout folder (worker/job/local_pipeline.py).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import structlog
 
 from app.db import session_scope
 from app.endings import Ending, EndingKind
-from app.jobs import records, transitions
+from app.jobs import local, records, transitions
 from app.logs import get_logger
 from app.statuses import JobStatus, RoundKind
 from worker.job.job_context import Deps
+from worker.job.local_pipeline import LocalPipeline
 from worker.job.mr_rounds import RoundPipeline, UpdateRoundPipeline
 from worker.job.pipeline import Pipeline
 
@@ -23,10 +25,12 @@ log = get_logger("frogfix.pipeline")
 
 
 def pipeline_for(job_id: int, deps: Deps) -> Pipeline:
-    """The job's pipeline: an update round's, a review or CI round's, else the issue's."""
+    """The job's pipeline: an update round's, a review or CI round's, a local job's, else the issue's."""
     with session_scope() as session:
         job = records.get_job(session, job_id)
-        is_round, kind = (job.round or 0) > 0, job.round_kind
+        is_round, kind, is_local = (job.round or 0) > 0, job.round_kind, job.forge == local.FORGE
+    if is_local:
+        return LocalPipeline(job_id, deps)
     if not is_round:
         return Pipeline(job_id, deps)
     return UpdateRoundPipeline(job_id, deps) if kind == RoundKind.update else RoundPipeline(job_id, deps)
@@ -34,7 +38,7 @@ def pipeline_for(job_id: int, deps: Deps) -> Pipeline:
 
 def run(job_id: int, deps: Deps | None = None, *, time_limit_errors: tuple[type[BaseException], ...] = ()) -> str:
     """Run a claimed job to a final status; never raises. The caller keeps the claim's heartbeat
-    (worker/heartbeat.py), from the claim on."""
+    (worker/job/heartbeat.py), from the claim on."""
     with structlog.contextvars.bound_contextvars(job_id=job_id):
         try:
             deps = deps or Deps.from_settings()
