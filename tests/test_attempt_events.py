@@ -1,4 +1,4 @@
-"""worker/attempts/attempt_events.py: typed attempt events and the one recorder the pipeline and `fix` share."""
+"""app/attempt_events.py: typed attempt events and the one recorder the pipeline and `fix` share."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from app.attempt_events import AttemptEvent, AttemptEventKind, effect, record
 from app.statuses import JobStatus
-from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind, effect, record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,7 +70,7 @@ def test_the_pipeline_and_fix_observers_use_the_one_recorder() -> None:
     """The pipeline's JobObserver and a local job's (`fix`: worker/job/local_pipeline.py) record an attempt's
     events through `record`: the same status change and rows as the recorder gives a job; `fix` also prints
     the test runs as they happen."""
-    from worker.attempts.attempt_events import TEST_RUN_EVENTS
+    from app.attempt_events import TEST_RUN_EVENTS
     from worker.job.local_pipeline import LocalObserver
     from worker.job.pipeline import JobObserver
 

@@ -180,7 +180,7 @@ ROOMS = (
     "worker.job",
     "worker.commands",
 )
-ENTRIES = ("worker.tasks", "worker.job.heartbeat", "worker.embedded")
+ENTRIES = ("worker.tasks", "worker.embedded")
 
 
 def room_of(module: str) -> str | None:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.attempt_events import AttemptEvent, AttemptEventKind
 from app.endings import Ending, EndingKind
 from app.outcome_words import ending
 from app.selection import Candidate, Choice, Pair, choose, cross_checks, settled
@@ -28,7 +29,6 @@ from app.settings import Settings
 from app.statuses import INFRA_EXITS, AttemptOutcome, AttemptStatus, EvidenceLevel, ExitReason
 from app.usage import UsageFigures
 from sandbox.base import PatchTooLarge
-from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind
 from worker.attempts.evidence import (
     patch_test_files,
 )

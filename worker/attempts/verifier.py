@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from app.answers import TestRunAnswer
+from app.attempt_events import AttemptEvent, AttemptEventKind
 from app.outcome_words import run_words
 from app.settings import Settings
 from sandbox.base import SandboxError
-from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind
 from worker.attempts.evidence import REPORT_ENV, Evidence, RunOutcome, judge, verification_command
 from worker.attempts.repo_config import RepoConfig
 from worker.attempts.run_checks import RESULTS_LIMIT, check_run, new_sentinels
@@ -140,7 +140,7 @@ class AttemptObserver(Protocol):
         ...
 
     def report(self, event: AttemptEvent) -> None:
-        """What the attempt did (worker/attempts/attempt_events.py): the pipeline and `fix` record it with the one
+        """What the attempt did (app/attempt_events.py): the pipeline and `fix` record it with the one
         recorder (`attempt_events.record`), `fix` and replay print it."""
         ...
 

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from app import trajectory
+from app.attempt_events import TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
 from app.db import session_scope
 from app.endings import Ending
 from app.jobs import records
@@ -68,7 +69,6 @@ from worker.attempts.attempt import (
     ReviewPolicy,
     attempt_spec,
 )
-from worker.attempts.attempt_events import TEST_PROGRESS_EVENTS, AttemptEvent, AttemptEventKind
 from worker.attempts.repo_config import RepoConfigError
 from worker.commands.recorded import (
     Progress,

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.attempt_events import AttemptEvent, AttemptEventKind
 from app.settings import Settings
 from sandbox import index_pump
 from sandbox.base import (
@@ -58,7 +59,6 @@ from sandbox.base import (
     SetupSandbox,
 )
 from sandbox.quantity import parse_quantity
-from worker.attempts.attempt_events import AttemptEvent, AttemptEventKind
 from worker.environment import generated
 from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for

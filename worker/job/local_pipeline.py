@@ -19,13 +19,13 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.answers import TestsAnswer
+from app.attempt_events import TEST_RUN_EVENTS, AttemptEvent
 from app.db import in_transaction
 from app.jobs import records
 from app.outcome_words import ending
 from app.statuses import ExitReason, JobStatus
 from sandbox.base import SandboxError
 from worker.attempts.attempt import AttemptResult, AttemptRunner
-from worker.attempts.attempt_events import TEST_RUN_EVENTS, AttemptEvent
 from worker.attempts.repo_config import RepoConfigError
 from worker.attempts.verifier import TestRun
 from worker.environment.builder import EnvironmentReport

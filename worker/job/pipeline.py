@@ -17,7 +17,8 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from app import trajectory
+from app import attempt_events, trajectory
+from app.attempt_events import AttemptEvent
 from app.db import in_transaction, session_scope
 from app.endings import Ending, EndingKind, ending_for_status
 from app.forge.api import (
@@ -35,7 +36,6 @@ from app.models import utcnow
 from app.statuses import RUN_STATUSES, AttemptStatus, JobStatus
 from app.usage import UsageFigures
 from sandbox.base import SandboxError
-from worker.attempts import attempt_events
 from worker.attempts.attempt import (
     AttemptOutcome,
     AttemptResult,
@@ -43,12 +43,10 @@ from worker.attempts.attempt import (
     AttemptSeries,
     ReviewPolicy,
     attempt_spec,
-    run_series,
 )
-from worker.attempts.attempt_events import AttemptEvent
 from worker.attempts.failures import ending_of, environment_ending
 from worker.attempts.repo_config import RepoConfigError
-from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
+from worker.environment.builder import EnvironmentReport
 from worker.git import gitcalls, mirrors, publishing, workspace_pool
 from worker.git.gitcalls import RepoError, RepoTransient
 from worker.git.merging import Resolution
@@ -56,20 +54,18 @@ from worker.git.workspace_sources import PoolSource, WorkspaceSource
 from worker.job.job_context import (
     BOT_AUTHOR,
     BRANCH_MOVED,
-    PREEMPT_POLL_S,
     CancelCheck,
     Deps,
     JobEnded,
-    PolledFlag,
     Prepared,
     Superseded,
     cancelled_on_request,
     job_url,
-    production_waits,
     project_allowed,
     remove_finished_workspaces,
 )
 from worker.job.question import answers_since, question_comment
+from worker.job.series_run import SeriesRun
 from worker.leaf.issue_text import sanitize_issue_text
 from worker.leaf.loop import StepRecord, step_usage
 from worker.leaf.prompts import (
@@ -121,7 +117,7 @@ class JobObserver:
         return self.preempt is not None and self.preempt()
 
     def report(self, event: AttemptEvent) -> None:
-        """The attempt's event, through the one recorder (worker/attempts/attempt_events.py), as `fix` records it."""
+        """The attempt's event, through the one recorder (app/attempt_events.py), as `fix` records it."""
         if not attempt_events.record(event, self.pipeline).row:  # progress only (a test run): the log has it
             log.info(event.kind.value, message=event.message[:500])
 
@@ -486,82 +482,29 @@ class Pipeline:
         return True
 
     def attempts(self, prepared: Prepared) -> AttemptResult:
-        """FROGFIX_ATTEMPTS attempts, then more up to FROGFIX_MAX_ATTEMPTS while no production job waits;
-        the selection rule (app/selection.py) picks the one to publish.
-
-        An unproven pick is published marked "not reproduced". With none to publish, or an unproven
-        pick under FROGFIX_REQUIRE_REPRODUCTION, the job publishes nothing and asks the reporter."""
+        """FROGFIX_ATTEMPTS attempts, then more up to FROGFIX_MAX_ATTEMPTS while no production job waits
+        (worker/job/series_run.py); the selection rule (app/selection.py) picks the one to publish."""
         runner = self.runner = AttemptRunner(
             self.s, self.redact, self.workspaces(prepared), self.root, self.observer(),
             scope=f"{self.forge_kind}:{self.project}",
         )
         runner.agree = self.resolution is None
-        ids: dict[int, int] = {}
-        task = self.task()
-        stop = threading.Event()  # one attempt ended the job: the ones beside it stop at their next call
-        failed: list[BaseException | AttemptResult] = []  # what the infrastructure failed, in order
-        spent: list[float] = []  # each attempt's wall time, to know whether another fits in the job's time
-
-        def run_one(number: int, extra: bool) -> AttemptResult | None:
-            if stop.is_set():  # an attempt beside this one ended the series before this one started
-                return None
-            self.check_cancel()
-            observer = self.observer(stop)
-            observer.preempt = PolledFlag(production_waits, "preempt_check", PREEMPT_POLL_S) if extra else None
-            began = time.monotonic()
-            try:
-                result = self.one_attempt(runner, observer, prepared, number, task)
-            except EnvironmentUnusable as exc:
-                stop.set()
-                raise self.environment_error(exc.report) from exc
-            except SandboxError as exc:  # this attempt's sandbox failed: the others' results still count
-                stop.set()
-                failed.append(exc)
-                why = self.redact(f"sandbox failure: {exc}")
-                in_transaction(lambda session: records.update_attempt(
-                    session, observer.attempt_id, finished=True, status=AttemptStatus.failed.value, error=why))
-                return None
-            except BaseException:
-                stop.set()
-                raise
-            spent.append(time.monotonic() - began)
-            ids[number] = observer.attempt_id
-            if result.outcome == AttemptOutcome.cancelled:  # stopped for production, or beside a failure
-                if observer.preempted:
-                    self.event("attempt_preempted", f"attempt {number} (extra) stopped: a production job is waiting")
-                return None
-            if result.infrastructure_failure:  # the model could not be used: no more attempts now
-                stop.set()
-                failed.append(result)
-                return None
-            return result
-
-        def why_stop() -> str | None:
-            """Why no extra attempt may start now: production comes first, and the job's time is bounded."""
-            if in_transaction(production_waits):
-                return "a production job is waiting for the model"
-            if spent and self.deadline - time.monotonic() < 2 * max(spent):
-                return "the job's time left would not fit another attempt"
-            return None
-
-        def give_back() -> None:
-            if side_by_side:
-                in_transaction(lambda session: job_slots.give_extra_slots(session, self.job_id, self.run_number))
-
-        side_by_side = self.take_slots(self.s.attempts - 1)
-        series = self.series = run_series(
-            runner, run_one, attempts=self.s.attempts, ceiling=self.s.attempt_ceiling,
-            start=prepared.start or prepared.base, why_stop=why_stop, parallel=1 + side_by_side,
-            side_by_side_done=give_back, abort=stop.set,
-        )
+        run = SeriesRun(self, runner, prepared, self.task())
+        series = self.series = run.run(self.s.attempts, self.s.attempt_ceiling)
         if series.extra_stop:
             self.event("extra_attempts_stopped", f"no more attempts: {series.extra_stop}")
         self.check_cancel()
+        return self.choose(series, run)
+
+    def choose(self, series: AttemptSeries, run: SeriesRun) -> AttemptResult:
+        """The series' pick, or how the job ends without one. An unproven pick is published marked "not
+        reproduced"; with none to publish, or an unproven pick under FROGFIX_REQUIRE_REPRODUCTION, the job
+        publishes nothing and asks the reporter."""
         choice, chosen = series.choice, series.chosen
         self.selection = choice.to_dict()
         self.update(selection=self.selection)
-        if chosen is None and failed:  # nothing to publish, and the infrastructure is why
-            first = failed[0]
+        if chosen is None and run.failed:  # nothing to publish, and the infrastructure is why
+            first = run.failed[0]
             if isinstance(first, BaseException):
                 raise first
             raise JobEnded(JobStatus.failed, first.reason, f"FrogFix stopped: {first.reason}", ending=first.ending)
@@ -575,7 +518,7 @@ class Pipeline:
         if chosen.outcome == AttemptOutcome.unproven and self.s.require_reproduction:
             raise self.abstain(series.results, chosen.reason, require=True)
         self.event("chosen", choice.why, {"attempt": chosen.number, "attempts": choice.attempts})
-        in_transaction(lambda session: records.update_attempt(session, ids[chosen.number], chosen=True))
+        in_transaction(lambda session: records.update_attempt(session, run.ids[chosen.number], chosen=True))
         self.status(JobStatus.verifying, expected=("running", "verifying"))  # publishing starts from verifying
         return chosen
 
