@@ -38,11 +38,18 @@ def bare_python(tmp_path: Path) -> Path:
     return target / "bin" / "python"
 
 
+# What manage.py needs before anything third-party: itself, pyproject.toml's dependency list and the
+# standard-library bootstrap it runs first (worker/commands/bootstrap.py).
+MANAGE_FILES = ("manage.py", "pyproject.toml", "worker/__init__.py", "worker/commands/__init__.py",
+                "worker/commands/bootstrap.py")
+
+
 def checkout(tmp_path: Path, *files: str) -> Path:
     """A scratch checkout holding copies of `files` from this one."""
     root = tmp_path / "checkout"
     root.mkdir()
     for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, root / name)
     return root
 
@@ -59,7 +66,7 @@ def run(argv: list[str | Path], cwd: Path, path_first: Path | None = None) -> su
 
 
 def test_manage_reexecs_into_the_checkout_venv_when_the_interpreter_lacks_the_dependencies(tmp_path: Path) -> None:
-    root = checkout(tmp_path, "manage.py", "pyproject.toml")
+    root = checkout(tmp_path, *MANAGE_FILES)
     log = tmp_path / "calls.log"
     script(root / ".venv" / "bin" / "python", f'echo "venv $* mark=$FROGFIX_MANAGE_REEXEC" >>"{log}"\n')
     done = run([bare_python(tmp_path), "manage.py", "jobs", "--limit", "3"], cwd=root)
@@ -69,7 +76,8 @@ def test_manage_reexecs_into_the_checkout_venv_when_the_interpreter_lacks_the_de
 
 def test_manage_stays_under_an_interpreter_that_has_the_project_installed(tmp_path: Path) -> None:
     root = checkout(tmp_path, "manage.py", "pyproject.toml")
-    (root / "app").symlink_to(ROOT / "app")
+    for package in ("app", "worker", "sandbox"):  # the project, as an installed interpreter has it
+        (root / package).symlink_to(ROOT / package)
     log = tmp_path / "calls.log"
     recorder(root / ".venv" / "bin" / "python", log)
     done = run([sys.executable, "manage.py", "--help"], cwd=root)
@@ -79,7 +87,7 @@ def test_manage_stays_under_an_interpreter_that_has_the_project_installed(tmp_pa
 
 
 def test_a_venv_that_lacks_them_too_is_a_clear_error_not_a_loop(tmp_path: Path) -> None:
-    root = checkout(tmp_path, "manage.py", "pyproject.toml")
+    root = checkout(tmp_path, *MANAGE_FILES)
     bare = bare_python(tmp_path)
     counter = tmp_path / "execs"
     script(root / ".venv" / "bin" / "python", f'echo x >>"{counter}"\nexec "{bare}" "$@"\n')
@@ -92,7 +100,7 @@ def test_a_venv_that_lacks_them_too_is_a_clear_error_not_a_loop(tmp_path: Path) 
 
 def test_a_half_installed_venv_run_directly_is_a_clear_error(tmp_path: Path) -> None:
     """./install.sh stopped before pip finished: .venv's own interpreter lacks the dependencies too."""
-    root = checkout(tmp_path, "manage.py", "pyproject.toml")
+    root = checkout(tmp_path, *MANAGE_FILES)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True, timeout=120)
     done = run([root / ".venv" / "bin" / "python", "manage.py", "jobs"], cwd=root)
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
@@ -100,7 +108,7 @@ def test_a_half_installed_venv_run_directly_is_a_clear_error(tmp_path: Path) -> 
 
 
 def test_without_a_venv_a_bare_interpreter_is_told_to_run_install(tmp_path: Path) -> None:
-    root = checkout(tmp_path, "manage.py", "pyproject.toml")
+    root = checkout(tmp_path, *MANAGE_FILES)
     done = run([bare_python(tmp_path), "manage.py", "jobs"], cwd=root)
     assert done.returncode == 1
     assert done.stderr.startswith("manage.py: ") and done.stderr.rstrip().endswith("run ./install.sh")

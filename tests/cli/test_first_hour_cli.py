@@ -7,14 +7,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -36,14 +34,6 @@ def manage(*args: str, env: dict[str, str] | None = None, timeout: float = 120) 
     )
 
 
-def _manage_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("frogfix_manage_first_hour", MANAGE)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 # -- replay: "all 1 tool results matched" -----------------------------------------------------------
 
 
@@ -55,7 +45,7 @@ def test_replay_counts_its_tool_results_in_agreeing_words(capsys: pytest.Capture
         "1 tool result matched", "2 tool results matched", "0 tool results matched"
     )
 
-    printer = _manage_module()._print_replay
+    from worker.commands.cli.runs import print_replay as printer
     for checked, said in ((1, "1 tool result matched"), (3, "3 tool results matched")):
         report = ReplayReport(
             job_id=1, mode="replay", status="reproduced", run=1, number=1, steps_recorded=checked + 1,
