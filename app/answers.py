@@ -239,7 +239,7 @@ class AttemptAnswer(Answer):
     def _evidence_beside_tests(cls, data: Any) -> Any:
         """A stored attempt keeps its verdict inside `tests`; the answer has it beside them, as `fix` does."""
         if not isinstance(data, Mapping | BaseModel):
-            data = _fields_of(cls, data)  # a local job's attempt (app/local_jobs.py), read by name
+            data = _fields_of(cls, data)  # an attempt row (app/models.py `JobAttempt`), read by name
         if isinstance(data, Mapping) and not data.get("evidence"):
             verdict = stored_evidence(data.get("tests"))
             if verdict is not None:
