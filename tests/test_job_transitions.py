@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import update
 
+from app.answers import JobAnswer
 from app.db import session_scope
 from app.forge.webhook import WebhookEvent
 from app.jobs import intake, records, transitions
@@ -198,11 +199,11 @@ def test_a_job_keeps_its_ending_typed_until_it_runs_again(frogfix_env: dict[str,
         assert transitions.set_status(s, job_id, JobStatus.failed, error=ended.detail, ending=ended)
     with session_scope() as s:
         job = records.get_job(s, job_id)
-        assert job.ending == ended and job.to_dict()["ending"] == ended.to_dict()
+        assert job.ending == ended and Ending.from_dict(JobAnswer.of(job).as_json()["ending"]) == ended
         transitions.retry_job(s, job_id, "op")
     with session_scope() as s:
         job = records.get_job(s, job_id)
-        assert (job.ending_kind, job.ending_facts, job.to_dict()["ending"]) == (None, None, None)
+        assert (job.ending_kind, job.ending_facts, JobAnswer.of(job).as_json()["ending"]) == (None, None, None)
         transitions.cancel_job(s, job_id, "op")
     with session_scope() as s:
         assert records.get_job(s, job_id).ending == Ending(EndingKind.cancelled, records.get_job(s, job_id).error)

@@ -18,7 +18,7 @@ from tests.conftest import configure
 from tests.doubles.openai_server import assistant, text_call
 from tests.pipeline.conftest import PROJECT, World
 from tests.pipeline.test_pipeline_e2e import _branch_file, _gitlab_job, _job
-from worker.job import pipeline
+from worker.job import series_run
 from worker.tasks import run_job
 
 
@@ -97,7 +97,7 @@ def test_extra_attempts_run_while_idle_and_stop_when_production_arrives(
 ) -> None:
     """FROGFIX_ATTEMPTS=1, FROGFIX_MAX_ATTEMPTS=3: attempt 1 is only lucky, so an extra attempt starts
     (no production job queued); a production job queued during its model turns stops it at the next turn."""
-    monkeypatch.setattr(pipeline, "PREEMPT_POLL_S", 0.0)  # look before every call, however fast the turns
+    monkeypatch.setattr(series_run, "PREEMPT_POLL_S", 0.0)  # look before every call, however fast the turns
     configure(world.env["monkeypatch"], attempts="1", max_attempts="3", verify_runs="1")
     script = LUCKY + RIGHT
     queued: list[int] = []
