@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -57,18 +58,39 @@ def configure(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
     configure_celery(get_settings())
 
 
+_TEMPLATE: list[Path] = []  # this test process's database at head, made on first use
+
+
+def migrated_template() -> Path:
+    """An SQLite database file Alembic brought to head once per test process: each test's database is a copy.
+
+    The migrations themselves are tested on empty SQLite and PostgreSQL databases (tests/test_migrations.py),
+    and a fresh data folder's own upgrade by the commands that make one (`demo`, `eval`: README's first
+    steps); every other test only needs a database at head, which a file copy gives in well under a
+    millisecond where running the migrations again takes a second or more."""
+    if not _TEMPLATE:
+        from app.migrate import upgrade
+
+        folder = tempfile.mkdtemp(prefix="frogfix-migrated-")
+        atexit.register(shutil.rmtree, folder, True)
+        template = Path(folder) / "frogfix.db"
+        upgrade(f"sqlite:///{template}")
+        _TEMPLATE.append(template)
+    return _TEMPLATE[0]
+
+
+def seeded(data_dir: Path) -> Path:
+    """`data_dir` with its embedded database at head (a copy of the template), unless it has one already."""
+    database = data_dir / "frogfix.db"
+    if not database.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(migrated_template(), database)
+    return data_dir
+
+
 @pytest.fixture(scope="session")
-def migrated_database(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An SQLite database file Alembic brought to head once per session: each test's database is a copy.
-
-    The migrations themselves are tested on empty SQLite and PostgreSQL databases (tests/test_migrations.py);
-    every other test only needs a database at head, which a file copy gives in well under a millisecond
-    where running the migrations again takes a second or more."""
-    from app.migrate import upgrade
-
-    template = tmp_path_factory.mktemp("migrated") / "frogfix.db"
-    upgrade(f"sqlite:///{template}")
-    return template
+def migrated_database() -> Path:
+    return migrated_template()
 
 
 @pytest.fixture

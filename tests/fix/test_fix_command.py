@@ -15,6 +15,7 @@ import pytest
 
 from app.answers import FixAnswer
 from app.patches import file_diffs
+from tests.conftest import seeded
 from tests.doubles.openai_server import ScriptedOpenAIServer, Status, assistant, text_call, tool_call
 from tests.fix.sample_repo import ISSUE, git, make_sample_repo
 from worker.leaf.prompts import system_prompt
@@ -59,6 +60,7 @@ def run_fix(
 ) -> subprocess.CompletedProcess[str]:
     issue = data_dir.parent / "issue.md"
     issue.write_text(ISSUE)
+    seeded(data_dir)  # its database at head: `fix`'s own upgrade of a fresh folder is demo's and eval's test
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
     env.update(
         {

@@ -66,7 +66,8 @@ def test_a_refused_call_makes_no_job(tmp_path: Path, where: str) -> None:
     proc = run_fix(target, tmp_path / "data", "http://127.0.0.1:9/v1")
     expected = {"missing": "does not exist", "file": "is not a folder", "not_git": "is not a git checkout"}[where]
     assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
-    assert not (tmp_path / "data" / "frogfix.db").exists()
+    with sqlite3.connect(tmp_path / "data" / "frogfix.db") as db:  # run_fix seeds it at head: no row was made
+        assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
 
 
 @pytest.mark.bwrap

@@ -18,6 +18,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from tests.conftest import seeded
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "realrepos"
 FIX_TIMEOUT = 1500  # seconds for one `manage.py fix`: a cold environment plus two runs of arrow's suite, loaded
@@ -124,6 +126,7 @@ def run_fix(
     The environment is the caller's minus any FROGFIX_ setting (as tests/fix does), so the only
     mirror FrogFix knows is `index_url`. Returns the process and its JSON (None when stdout is not one).
     """
+    seeded(data_dir)  # its database at head (tests/conftest.py): the migrations are tested on their own
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
     env.update({
         "FROGFIX_DATA_DIR": str(data_dir),
