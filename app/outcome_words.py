@@ -279,7 +279,7 @@ def run_words(run: Any) -> str:
     return f"failed (exit {code})"
 
 
-def _after_runs(tests: dict[str, Any]) -> list[Any]:
+def _patched_runs(tests: dict[str, Any]) -> list[Any]:
     """The patched runs of the one `tests` shape (app/answers.py `TestsAnswer`: `after` is their list; a
     stored dict of an older shape is read into it there, before it reaches these words)."""
     after = tests.get("after")
@@ -296,7 +296,7 @@ def tests_line(tests: dict[str, Any] | None, evidence: dict[str, Any] | None = N
     instead, which names the tests."""
     if not isinstance(tests, dict) or not tests:
         return "no tests run"
-    runs = _after_runs(tests)
+    runs = _patched_runs(tests)
     if not runs:
         after = "did not run"
     else:
