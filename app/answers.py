@@ -265,7 +265,9 @@ class EventAnswer(Answer):
 
 
 class ThreadJobAnswer(Answer):
-    """One job of an MR's thread: round 0 or a round on it (app/jobs/read_model.py `ThreadJob`)."""
+    """One job of an MR's thread: round 0 (the job that opened the MR) or a round on it (app/jobs/read_model.py
+    `thread_jobs`): `round_kind` a RoundKind (None for round 0), `start_commit` the branch head it built on,
+    `ci_status` the forge's CI on `pushed_commit`."""
 
     id: int
     round: int
@@ -283,7 +285,8 @@ class ThreadJobAnswer(Answer):
 
 
 class RequestAnswer(Answer):
-    """A comment, review or CI result on the MR (app/jobs/read_model.py `RequestRow`)."""
+    """A comment, review or CI result on the MR (app/jobs/read_model.py `request_answer`): `kind` review, stop or
+    ci; `status` a RequestStatus; `job_id` the round that took it; `ci_jobs` the failing CI jobs' names."""
 
     id: int
     kind: str
@@ -300,6 +303,13 @@ class RequestAnswer(Answer):
     url: str | None = None
     ci_status: str | None = None
     ci_jobs: list[str] = Field(default_factory=list)
+
+    @property
+    def location(self) -> str | None:
+        """`path:line` of a line comment, the path alone when the forge gave no line (the job page shows it)."""
+        if not self.path:
+            return None
+        return f"{self.path}:{self.line}" if self.line is not None else self.path
 
 
 class ThreadAnswer(Answer):

@@ -14,7 +14,15 @@ from typing import Any
 from sqlalchemy import Row, Select, and_, distinct, func, or_, select
 from sqlalchemy.orm import Session
 
-from app.answers import AttemptAnswer, EventAnswer, JobAnswer, JobDetailAnswer, ThreadAnswer
+from app.answers import (
+    AttemptAnswer,
+    EventAnswer,
+    JobAnswer,
+    JobDetailAnswer,
+    RequestAnswer,
+    ThreadAnswer,
+    ThreadJobAnswer,
+)
 from app.jobs import rounds
 from app.jobs.records import JobFilter, count_jobs_by_status, filter_conditions, get_job, job_attempts, job_events
 from app.models import Job, JobAttempt, RoundRequest, utcnow
@@ -269,93 +277,6 @@ _TURNED_DOWN = (RequestStatus.ignored.value, RequestStatus.dropped.value)
 _WAITING = (RequestStatus.pending.value, RequestStatus.accepted.value)
 
 
-@dataclass(frozen=True)
-class ThreadJob:
-    """One job of an MR's thread: round 0 (the job that opened the MR) or a round on it."""
-
-    id: int
-    round: int
-    round_kind: str | None  # a RoundKind; None for round 0
-    trigger_user: str | None  # who asked: the issue's labeller for round 0, the newest request's author after
-    status: str
-    cancel_requested: bool
-    start_commit: str | None  # the branch head the round built on; round 0: the base commit
-    pushed_commit: str | None
-    ci_status: str | None  # forge CI on pushed_commit
-    mr_url: str | None
-    mr_number: int | None
-    created_at: datetime
-    finished_at: datetime | None
-
-
-@dataclass(frozen=True)
-class RequestRow:
-    """One comment, review or CI result on the MR as the job page and the API show it.
-
-    Every text field came from the forge, typed by people FrogFix does not trust: the page escapes
-    it (Jinja's autoescape), links only http(s) URLs, and the comment is cut to REQUEST_TEXT_CHARS.
-    """
-
-    id: int
-    kind: str  # review, stop, ci
-    status: str  # a RequestStatus
-    reason: str | None
-    author: str | None
-    job_id: int | None  # the round that took it
-    created_at: datetime
-    comment_kind: str | None = None  # note, diff_note, review_changes, review_comment
-    path: str | None = None
-    line: int | None = None
-    text: str = ""
-    text_cut: bool = False
-    url: str | None = None
-    ci_status: str | None = None
-    ci_jobs: tuple[str, ...] = ()  # the failing CI jobs' names (Gitea: the status contexts)
-
-    @property
-    def location(self) -> str | None:
-        """`path:line` of a line comment, the path alone when the forge gave no line."""
-        if not self.path:
-            return None
-        return f"{self.path}:{self.line}" if self.line is not None else self.path
-
-    @classmethod
-    def of(cls, request: RoundRequest) -> RequestRow:
-        """The row from the stored request; its `data` is read defensively (a ReviewComment or CiReport dict)."""
-        data = request.data if isinstance(request.data, dict) else {}
-        text = _text(data.get("description") if request.kind == RoundKind.ci.value else data.get("body")) or ""
-        return cls(
-            id=request.id,
-            kind=request.kind,
-            status=request.status,
-            reason=request.reason,
-            author=request.author,
-            job_id=request.job_id,
-            created_at=request.created_at,
-            comment_kind=_text(data.get("kind"), 32) if request.kind != RoundKind.ci.value else None,
-            path=_text(data.get("path"), 500),
-            line=data["line"] if isinstance(data.get("line"), int) and not isinstance(data["line"], bool) else None,
-            text=text[:REQUEST_TEXT_CHARS],
-            text_cut=len(text) > REQUEST_TEXT_CHARS,
-            url=_text(data.get("url"), 2000),
-            ci_status=_text(data.get("status"), 32) if request.kind == RoundKind.ci.value else None,
-            ci_jobs=_ci_job_names(data) if request.kind == RoundKind.ci.value else (),
-        )
-
-
-@dataclass(frozen=True)
-class JobThread:
-    """The MR a job belongs to: its jobs (round 0 first), the requests this job took, and the rest."""
-
-    current: int  # the job whose page this is
-    mr_number: int | None
-    jobs: list[ThreadJob]
-    requests: list[RequestRow]  # taken by the current job, oldest first
-    waiting: list[RequestRow]  # pending or accepted: for the next round, oldest first
-    turned_down: list[RequestRow]  # ignored or dropped, with the reason, newest first
-
-
-
 def _text(value: Any, limit: int | None = None) -> str | None:
     if not isinstance(value, str) or not value:
         return None
@@ -379,11 +300,13 @@ _THREAD_COLUMNS = (
 )
 
 
-def thread_jobs(session: Session, thread_id: int) -> list[ThreadJob]:
-    """rounds.thread_jobs's rows, as the dashboard shows them (only the columns it reads)."""
+def thread_jobs(session: Session, thread_id: int) -> list[ThreadJobAnswer]:
+    """rounds.thread_jobs's rows, as the dashboard and the API show them (only the columns they read).
+
+    Round 0's start is its base commit; a round's `trigger_user` is the newest request's author."""
     rows = session.execute(select(*_THREAD_COLUMNS).where(rounds.in_thread(thread_id)).order_by(*rounds.THREAD_ORDER))
     return [
-        ThreadJob(
+        ThreadJobAnswer(
             id=r.id,
             round=r.round or 0,
             round_kind=r.round_kind,
@@ -402,7 +325,33 @@ def thread_jobs(session: Session, thread_id: int) -> list[ThreadJob]:
     ]
 
 
-def job_thread(session: Session, job: Job) -> JobThread | None:
+def request_answer(request: RoundRequest) -> RequestAnswer:
+    """A stored request as the job page and the API show it; its `data` is read defensively (a ReviewComment or
+    CiReport dict). Every text field came from the forge, typed by people FrogFix does not trust: the page
+    escapes it (Jinja's autoescape), links only http(s) URLs, and the comment is cut to REQUEST_TEXT_CHARS."""
+    data = request.data if isinstance(request.data, dict) else {}
+    ci = request.kind == RoundKind.ci.value
+    text = _text(data.get("description") if ci else data.get("body")) or ""
+    return RequestAnswer(
+        id=request.id,
+        kind=request.kind,
+        status=request.status,
+        reason=request.reason,
+        author=request.author,
+        job_id=request.job_id,
+        created_at=request.created_at,
+        comment_kind=_text(data.get("kind"), 32) if not ci else None,
+        path=_text(data.get("path"), 500),
+        line=data["line"] if isinstance(data.get("line"), int) and not isinstance(data["line"], bool) else None,
+        text=text[:REQUEST_TEXT_CHARS],
+        text_cut=len(text) > REQUEST_TEXT_CHARS,
+        url=_text(data.get("url"), 2000),
+        ci_status=_text(data.get("status"), 32) if ci else None,
+        ci_jobs=list(_ci_job_names(data)) if ci else [],
+    )
+
+
+def job_thread(session: Session, job: Job) -> ThreadAnswer | None:
     """The thread of `job`'s MR; None for a job that opened no MR, is no round and was asked nothing."""
     root = job.thread_id or job.id
     if job.thread_id is None and job.mr_number is None:
@@ -421,26 +370,25 @@ def job_thread(session: Session, job: Job) -> JobThread | None:
     ).all()
     # A CI result that did not fail asks for nothing: the job shows it (ci_status), the requests do not.
     asking = [r for r in newest if r.kind != "ci" or (r.data or {}).get("status") == "failed"]
-    return JobThread(
+    return ThreadAnswer(
         current=job.id,
         mr_number=mr_number,
         jobs=jobs,
-        requests=[RequestRow.of(r) for r in taken],
-        waiting=[RequestRow.of(r) for r in reversed(asking) if r.status in _WAITING],
-        turned_down=[RequestRow.of(r) for r in asking if r.status in _TURNED_DOWN],
+        requests=[request_answer(r) for r in taken],
+        waiting=[request_answer(r) for r in reversed(asking) if r.status in _WAITING],
+        turned_down=[request_answer(r) for r in asking if r.status in _TURNED_DOWN],
     )
 
 
 def job_detail(session: Session, job_id: int) -> JobDetailAnswer:
     """One forge job as `/api/jobs/{id}` and `show --json` answer it (app/answers.py); UnknownJob if none."""
     job = get_job(session, job_id)
-    thread = job_thread(session, job)
     return JobDetailAnswer.of_parts(
         JobAnswer.of(job),
         [EventAnswer.model_validate(e) for e in job_events(session, job_id)],
         [AttemptAnswer.of(a) for a in job_attempts(session, job_id)],
         body=job.body,
-        thread=ThreadAnswer.model_validate(thread) if thread is not None else None,
+        thread=job_thread(session, job),
     )
 
 
