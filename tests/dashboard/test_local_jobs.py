@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.dashboard.scenario import finished_job, new_job
 from tests.doubles.openai_server import ScriptedOpenAIServer, assistant, tool_call
 from tests.fix.sample_repo import make_sample_repo
 from tests.fix.test_fix_command import ISSUE, fixing_script
+from tests.servers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 BROWSER_ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"  # what Chromium sends
@@ -103,16 +103,6 @@ def _fix(repo: Path, model_url: str, *extra: str, **env: str) -> subprocess.Pope
     )
 
 
-def _wait(what: str, done: Any, seconds: float = POLL_S) -> Any:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        found = done()
-        if found:
-            return found
-        time.sleep(0.2)
-    pytest.fail(f"waited {seconds:.0f} s for {what}")
-
-
 @pytest.mark.bwrap
 def test_cancel_reaches_a_running_fix_as_it_reaches_a_workers_job(local_env: dict[str, Any], tmp_path: Path) -> None:
     repo = make_sample_repo(tmp_path)
@@ -120,8 +110,9 @@ def test_cancel_reaches_a_running_fix_as_it_reaches_a_workers_job(local_env: dic
     with ScriptedOpenAIServer(lambda _i, _b: forever) as server:
         proc = _fix(repo, server.base_url, FROGFIX_LEAF_MAX_STEPS="500")
         try:
-            job = _wait("the fix's job to be running with a step taken",
-                        lambda: next((j for j in listed() if j["status"] == "running" and j["steps"] > 0), None))
+            # The fix's job running, with a step taken.
+            job = wait_until(lambda: next((j for j in listed() if j["status"] == "running" and j["steps"] > 0), None),
+                             timeout=POLL_S)
             asked = manage("cancel", str(job["id"]))
             assert asked.returncode == 0 and "asked the worker to stop" in asked.stdout, asked.stderr
             out, err = proc.communicate(timeout=POLL_S)
@@ -212,7 +203,8 @@ def test_a_fix_stopped_by_a_signal_ends_its_job_cancelled(local_env: dict[str, A
     with ScriptedOpenAIServer(lambda _i, _b: forever) as server:
         proc = _fix(repo, server.base_url, FROGFIX_LEAF_MAX_STEPS="500")
         try:
-            _wait("the fix's first step", lambda: any(j["status"] == "running" and j["steps"] > 0 for j in listed()))
+            # The fix's first step.
+            wait_until(lambda: any(j["status"] == "running" and j["steps"] > 0 for j in listed()), timeout=POLL_S)
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=POLL_S)
         finally:
