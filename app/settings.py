@@ -116,6 +116,11 @@ class Settings(BaseSettings):
     # in a setup sandbox that reaches this index (through FrogFix's relay, which adds the credentials) and
     # nothing else. Empty: no environment is built; the tests run with the sandbox image's Python.
     pip_index_url: SecretStr = SecretStr("")
+    # The company's npm registry mirror (Verdaccio, Nexus, Artifactory, a forge's package registry),
+    # `user:password@` allowed. Set, a JavaScript or TypeScript repository's test environment is installed
+    # from its lockfile, in a setup sandbox that reaches this registry's own paths (through FrogFix's relay,
+    # which adds the credentials) and nothing else. Empty: no JavaScript environment is built.
+    npm_registry_url: SecretStr = SecretStr("")
     # Built environments, cached by what determines them. Empty: `.environments` beside the job workspaces
     # (every folder above must be searchable by the sandbox's unprivileged uid, as for workspaces).
     environment_dir: Path | None = None
@@ -244,17 +249,19 @@ class Settings(BaseSettings):
         return folder
 
     def index_secrets(self) -> list[str]:
-        """The mirror URL and its password, for the redactor (the URL alone is redacted with `secret_values`)."""
+        """The mirrors' URLs and their passwords, for the redactor (the URL alone is redacted with `secret_values`)."""
         from urllib.parse import unquote, urlsplit
 
-        url = self.pip_index_url.get_secret_value()
-        if not url:
-            return []
-        try:
-            password = unquote(urlsplit(url).password or "")
-        except ValueError:
-            password = ""
-        return [value for value in (url, password) if len(value) >= 4] if password else []
+        found: list[str] = []
+        for setting in (self.pip_index_url, self.npm_registry_url):
+            url = setting.get_secret_value()
+            try:
+                password = unquote(urlsplit(url).password or "") if url else ""
+            except ValueError:
+                password = ""
+            if password:
+                found += [value for value in (url, password) if len(value) >= 4]
+        return found
 
     def resolved_broker_url(self) -> str:
         return self.broker_url or "filesystem://"
@@ -281,6 +288,7 @@ class Settings(BaseSettings):
             self.admin_token,
             self.metrics_token,
             self.secret_key,
+            self.npm_registry_url,
         ]
         found = [
             v.get_secret_value() for v in values if len(v.get_secret_value()) >= 6 and v.get_secret_value() != "EMPTY"
