@@ -203,6 +203,7 @@ class EnvironmentAnswer(Answer):
     project_seconds: Seconds | None = None
     detected: list[str] | None = None
     key: str | None = None
+    note: str | None = Field(default=None, description="JavaScript: the sandbox's Node, and any mismatch")
     reason: str | None = None
     log_tail: str | None = None
 

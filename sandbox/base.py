@@ -132,7 +132,8 @@ class SandboxSpec:
 
     `environment` is a built test environment on the host, read-only at ENV_DIR; `project` the job's
     own layer over it, read-only at PROJECT_DIR; `setup` makes the sandbox a setup-phase one (see
-    SetupMounts), which may have a built environment too (the project's own install).
+    SetupMounts), which may have a built environment too (the project's own install); `checkout_binds`
+    lays parts of the environment over the workspace, read-only.
     """
 
     workspace: str
@@ -143,6 +144,11 @@ class SandboxSpec:
     environment: str | None = None
     setup: SetupMounts | None = None
     project: str | None = None
+    # Folders of the built environment bound read-only over the checkout: (host folder, path relative to the
+    # workspace), e.g. a JavaScript install's node_modules, which Node finds only beside the code.
+    checkout_binds: tuple[tuple[str, str], ...] = ()
+    # Folders inside those binds that get a small writable tmpfs of their own (runners' caches), relative paths.
+    checkout_scratch: tuple[str, ...] = ()
 
 
 class SetupSandbox(Protocol):

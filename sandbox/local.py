@@ -128,6 +128,7 @@ SEED_SCRIPT = (
     f'/bin/cp -a {SEED_IN_SANDBOX}/. "$0"/ && exec "$@"'
 )
 HOME_IN_SANDBOX = "/tmp/home"
+SCRATCH_SIZE_BYTES = 256 * 1024**2  # each runner cache inside a read-only environment (checkout_scratch)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # What programs need from /etc, and nothing else: no host users, keys or service configs, and no
 # /etc/gitconfig (CI hosts put `insteadOf` URLs with tokens there).
@@ -442,6 +443,10 @@ class LocalSandbox(RunnerClient):
         argv += ["--size", str(SHM_SIZE_BYTES), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         argv += ["--size", str(self.options.tmp_size_bytes), "--tmpfs", "/tmp", "--dir", HOME_IN_SANDBOX]
         argv += ["--size", str(self.options.workspace_size_bytes), "--tmpfs", MOUNT_POINT]
+        for src, relative in _checkout_binds(self.spec):
+            argv += ["--ro-bind", src, f"{MOUNT_POINT}/{relative}"]
+        for relative in self.spec.checkout_scratch:  # checked with the binds
+            argv += ["--size", str(SCRATCH_SIZE_BYTES), "--tmpfs", f"{MOUNT_POINT}/{relative}"]
         argv += ["--ro-bind", self.workspace, SEED_IN_SANDBOX]
         argv += ["--perms", "0644", "--ro-bind-data", str(runner), RUNNER_IN_SANDBOX]
         argv += ["--remount-ro", "/", "--chdir", MOUNT_POINT, "--info-fd", str(info_fd)]
@@ -700,6 +705,16 @@ def _environment_binds(spec: SandboxSpec) -> list[tuple[str, str]]:
     if setup.relay is not None:
         binds.append(_bind_pair((setup.relay, RELAY_DIR)))
     return binds + [_bind_pair((src, f"{TOOLS_DIR}/{name}")) for name, src in setup.tools]
+
+
+def _checkout_binds(spec: SandboxSpec) -> list[tuple[str, str]]:
+    """The environment's folders laid over the workspace (real folders) and scratch folders: plain relative paths."""
+    for relative in [rel for _, rel in spec.checkout_binds] + list(spec.checkout_scratch):
+        if relative.startswith("/") or any(part in ("", ".", "..") for part in relative.split("/")):
+            raise SandboxError(f"a folder laid over the checkout must be a plain relative path, got {relative!r}")
+    if any(not os.path.isdir(src) or os.path.islink(src) for src, _ in spec.checkout_binds):
+        raise SandboxError("a folder laid over the checkout is missing from the environment")
+    return [(os.path.realpath(src), relative) for src, relative in spec.checkout_binds]
 
 
 def _host_ids(workspace: str, host_uid: int | None, host_gid: int | None) -> tuple[int, int] | None:

@@ -27,6 +27,7 @@ from sandbox.base import (
 from sandbox.factory import open_sandbox
 from sandbox.quantity import parse_cpus, parse_quantity
 from worker.environment import generated
+from worker.environment.layout import read_layout
 from worker.leaf.loop import LeafLimits
 from worker.leaf.model import ModelClient, OpenAIChatModel, SamplingParams
 
@@ -94,14 +95,21 @@ def sandbox_spec(
     env: dict[str, str] | None = None,
     project: Path | None = None,
 ) -> SandboxSpec:
+    layout = read_layout(environment) if environment is not None else None
+    active = {} if environment is None else ENVIRONMENT_ENV if layout is None else layout.variables()
+    variables = {**SANDBOX_ENV, **active, **(env or {})}
+    if active.get("NODE_OPTIONS") and env and env.get("NODE_OPTIONS"):  # both hold: the environment's, then the run's
+        variables["NODE_OPTIONS"] = f"{active['NODE_OPTIONS']} {env['NODE_OPTIONS']}"
     return SandboxSpec(
         workspace=str(workspace),
-        env={**SANDBOX_ENV, **(ENVIRONMENT_ENV if environment is not None else {}), **(env or {})},
+        env=variables,
         limits=sandbox_limits(settings),
         image=image,
         labels=labels or {},
         environment=str(environment) if environment is not None else None,
         project=str(project) if project is not None else None,
+        checkout_binds=tuple(layout.binds(environment)) if layout is not None and environment is not None else (),
+        checkout_scratch=layout.scratch() if layout is not None else (),
     )
 
 
@@ -161,7 +169,25 @@ def open_job_sandbox(
     if project is not None:
         generated.lay(workspace, generated.in_layer(project))
     spec = sandbox_spec(workspace, settings, image, labels, environment, env, project)
+    exclude_from_git(workspace, [relative for _, relative in spec.checkout_binds])
     return open_configured_sandbox(spec, settings)
+
+
+def exclude_from_git(workspace: Path, relatives: list[str]) -> None:
+    """The environment's folders laid over the checkout are never the patch's: `git add -A` skips them
+    (.git/info/exclude, the checkout's own, which no commit carries)."""
+    info = workspace / ".git" / "info"
+    if not relatives or not (workspace / ".git").is_dir() or (workspace / ".git").is_symlink():
+        return
+    info.mkdir(exist_ok=True)
+    exclude = info / "exclude"
+    if exclude.is_symlink():
+        return
+    have = exclude.read_text(encoding="utf-8", errors="replace") if exclude.is_file() else ""
+    lines = [f"/{relative}/" for relative in relatives if f"/{relative}/" not in have.splitlines()]
+    if lines:
+        with exclude.open("a", encoding="utf-8") as out:
+            out.write(("" if not have or have.endswith("\n") else "\n") + "\n".join(lines) + "\n")
 
 
 def open_setup_sandbox(

@@ -40,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,10 +59,12 @@ from sandbox.base import (
     SetupSandbox,
 )
 from sandbox.quantity import parse_quantity
-from worker.environment import generated
+from worker.environment import generated, javascript, javascript_declared
 from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
+from worker.environment.javascript_install import install_env as javascript_install_env
 from worker.environment.relay import IndexRelay, MirrorURL
+from worker.environment.report import EnvironmentReport, StepFailed, failed
 from worker.environment.steps import (
     RESOLVED,
     SAVE,
@@ -79,80 +81,11 @@ from worker.environment.steps import (
 from worker.git import mirrors, workspace_pool
 
 BUILDER_VERSION = "3"  # part of every key: environments cached before the mirror-only layer (v2) are rebuilt
-LOG_TAIL_CHARS = 4_000
 RESOLVE_SIZE = 16 * 1024**2  # the resolve step keeps only its pins
 PROJECT_PTH = "_frogfix_project.pth"  # written by FrogFix into the environment: PROJECT_SITE as a site folder
 PROJECT_PTH_LINE = (
     f"import os, site; os.path.isdir({PROJECT_SITE!r}) and site.addsitedir({PROJECT_SITE!r})\n"
 )
-
-
-class EnvironmentUnusable(Exception):
-    """The job's tests cannot run: the environment could not be built, or the tests could not start."""
-
-    def __init__(self, report: EnvironmentReport) -> None:
-        super().__init__(report.reason)
-        self.report = report
-
-
-@dataclass
-class EnvironmentReport:
-    """What `fix --json` calls `environment`, the job page and `show` print, and the issue comment says."""
-
-    ok: bool
-    built: bool = False  # False: no environment applies (no mirror set, or not a Python repository)
-    cached: bool = False
-    seconds: float = 0.0
-    reason: str = ""
-    log_tail: str = ""
-    detected: list[str] = field(default_factory=list)
-    key: str = ""
-    project_seconds: float = 0.0  # the project's own install, which runs again in every job
-    path: Path | None = None  # the environment's host folder (ENV_DIR); never reported
-    project: Path | None = None  # the job's project layer (PROJECT_DIR), where the project is installed
-    tests_unstartable: bool = False  # built (or none needed), yet the tests could not start on the base commit
-
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"ok": self.ok, "built": self.built, "cached": self.cached}
-        data["seconds"] = round(self.seconds, 3)
-        if self.project_seconds:
-            data["project_seconds"] = round(self.project_seconds, 3)
-        if self.detected:
-            data["detected"] = self.detected
-        if self.key:
-            data["key"] = self.key[:16]
-        if not self.ok or self.reason:
-            data["reason"] = self.reason
-        if not self.ok:
-            data["log_tail"] = self.log_tail
-        return data
-
-    def line(self) -> str:
-        """One line for `fix`'s stdout, `show` and the timeline."""
-        if not self.ok:
-            return f"environment error: {self.reason}"
-        if not self.built:
-            return f"environment: none built ({self.reason})"
-        own = f" (the project's own install {self.project_seconds:.1f}s)" if self.project is not None else ""
-        return f"environment: {'cached' if self.cached else 'built'} in {self.seconds:.1f}s{own}"
-
-
-def failed(reason: str, log: str = "", *, built: bool = True, tests_unstartable: bool = False) -> EnvironmentReport:
-    return EnvironmentReport(
-        False, built=built, reason=reason, log_tail=_tail(log), tests_unstartable=tests_unstartable
-    )
-
-
-def _tail(text: str) -> str:
-    return text if len(text) <= LOG_TAIL_CHARS else "[...]\n" + text[-LOG_TAIL_CHARS:]
-
-
-class StepFailed(Exception):
-    """One step of the setup phase failed; `report` says why."""
-
-    def __init__(self, report: EnvironmentReport) -> None:
-        super().__init__(report.reason)
-        self.report = report
 
 
 @dataclass(frozen=True)
@@ -201,12 +134,13 @@ class Environments:
         self.source_repository = source_repository
         self.on_event = on_event or (lambda event: None)
         self._mirror = _mirror(settings)
+        self.npm_mirror = _npm_mirror(settings)
         self._known: dict[str, EnvironmentReport] = {}
         self._private = private
         self._own_private = private is None
         self._announced = False
         # Attempts side by side share one object: one builds a declaration's layers while the other waits.
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -227,11 +161,13 @@ class Environments:
         """The environment for the checkout at `workspace` (ok or not; nothing raises for the repository's faults).
 
         `trusted`: the checkout is an unpatched base, so what is built from it may be cached."""
+        if javascript_declared.wants_environment(workspace, test_command, python=is_python(workspace)):
+            return javascript.for_checkout(self, workspace, image, trusted)
         if self._mirror is None:
             why = "FROGFIX_PIP_INDEX_URL is not set: the sandbox image's Python runs the tests"
             return EnvironmentReport(True, reason=why)
         if not is_python(workspace):
-            return EnvironmentReport(True, reason="not a Python repository: nothing to build")
+            return EnvironmentReport(True, reason="not a Python or JavaScript repository: nothing to build")
         try:
             plan = plan_for(workspace, test_command, overrides)
             read = read_from_folder(workspace)
@@ -243,7 +179,7 @@ class Environments:
         interpreter = interpreter_identity(self.settings, image)
         request = SetupRequest(workspace, plan, setup_command, self.scope, version, tag, image, build_code, interpreter)
         key = declaration_key(request, self._mirror, self.settings)
-        with self._lock:
+        with self.lock:
             if key in self._known:
                 return self._known[key]
             started = time.monotonic()
@@ -253,10 +189,39 @@ class Environments:
                 report = exc.report
             report.seconds = time.monotonic() - started
             report.detected = list(plan.detected)
-            if report.ok:
-                self._known[key] = report
-                self.on_event(AttemptEvent(AttemptEventKind.environment, report.line(), report.to_dict()))
-            return report
+            return self.settle_report(key, report)
+
+    def known(self, key: str) -> EnvironmentReport | None:
+        """The report of a declaration this job already built (hold `lock`)."""
+        return self._known.get(key)
+
+    def settle_report(self, key: str, report: EnvironmentReport) -> EnvironmentReport:
+        """Remember a good report for the job's later checkouts and say it on the timeline (hold `lock`)."""
+        if report.ok:
+            self._known[key] = report
+            self.on_event(AttemptEvent(AttemptEventKind.environment, report.line(), report.to_dict()))
+        return report
+
+    def locked(self, entry: Path) -> contextlib.AbstractContextManager[None]:
+        """The file lock two builds of one environment wait on."""
+        return _locked(entry.parent / f"{entry.name}.lock")
+
+    def finish_entry(self, staging: Path, out: Path, key: str, scope: str, extra: dict[str, Any]) -> None:
+        """The built tree settled as `staging/env`, its meta beside it; the step's leftovers removed."""
+        _settle(out)
+        meta = {"builder": BUILDER_VERSION, "key": key, "built_at": time.time(), "scope": scope, **extra}
+        (staging / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
+        out.rename(staging / "env")
+        for leftover in ("files", "relay"):
+            shutil.rmtree(staging / leftover, ignore_errors=True)
+
+    def prune_cache(self, root: Path, key: str) -> None:
+        prune(root, self.settings.environment_cache_entries, key, self.settings.job_timeout_seconds)
+
+    def npm_relay_url(self) -> str:
+        """The npm registry as a setup sandbox reaches it (the relay's loopback address, the mirror's path)."""
+        assert self.npm_mirror is not None
+        return f"http://127.0.0.1:{PUMP_PORT}{self.npm_mirror.path}"
 
     def _version(self, commit: str | None) -> tuple[str | None, str | None]:
         if commit is None or self.source_repository is None:
@@ -278,7 +243,7 @@ class Environments:
             report.project_seconds = time.monotonic() - began
         return report
 
-    def _building(self) -> None:
+    def building(self) -> None:
         """Say once per environment that it is being built (its first step that is not cached)."""
         if not self._announced:
             self._announced = True
@@ -310,13 +275,13 @@ class Environments:
             data = json.loads(saved.read_text(encoding="utf-8"))
             if data.get("builder") == BUILDER_VERSION:
                 return Resolution(tuple(data["pins"]), tuple(data["local"])), True
-        self._building()
+        self.building()
         try:
             script = resolve_script(request.workspace, request.plan)
         except ValueError as exc:
             raise StepFailed(failed(str(exc), built=False)) from None
-        with self._staging("resolve") as staging:
-            out = self._run_setup(
+        with self.staging("resolve") as staging:
+            out = self.run_setup(
                 "installing the declared dependencies", request.workspace, staging, script,
                 relay=True, size=RESOLVE_SIZE, image=request.image,
             )
@@ -343,34 +308,28 @@ class Environments:
     ) -> tuple[Path, bool]:
         """The environment of the pins: from the cache, else installed; cached only from a trusted checkout."""
         entry = root / key if trusted or (root / key / "env").is_dir() else self.private_folder() / f"env-{key[:16]}"
-        with _locked(entry.parent / f"{entry.name}.lock"):
+        with self.locked(entry):
             if (entry / "env").is_dir():
                 if entry.parent == root:
                     os.utime(entry)  # the cache's least recently used order
                 return entry / "env", True
-            self._building()
+            self.building()
             empty = self.private_folder() / f"empty-{secrets.token_hex(4)}"
             empty.mkdir(mode=0o755)
             empty.chmod(0o755)
             try:
-                with self._staging("dependencies", entry.parent) as staging:
-                    out = self._run_setup(
+                with self.staging("dependencies", entry.parent) as staging:
+                    out = self.run_setup(
                         "installing the declared dependencies", empty, staging, dependencies_script(resolution),
                         relay=True, size=parse_quantity(self.settings.environment_size), image=request.image,
                     )
                     _add_project_site(out)
-                    _settle(out)
-                    meta = {"builder": BUILDER_VERSION, "key": key, "pins": list(resolution.pins),
-                            "built_at": time.time(), "scope": request.scope}
-                    (staging / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
-                    out.rename(staging / "env")
-                    for leftover in ("files", "relay"):
-                        shutil.rmtree(staging / leftover, ignore_errors=True)
+                    self.finish_entry(staging, out, key, request.scope, {"pins": list(resolution.pins)})
                     staging.rename(entry)  # the whole entry appears at once
             finally:
                 workspace_pool.remove_workspace(empty)
         if entry.parent == root:
-            prune(root, self.settings.environment_cache_entries, key, self.settings.job_timeout_seconds)
+            self.prune_cache(root, key)
         return entry / "env", False
 
     # -- step 3: the project's own install --------------------------------------------------------
@@ -382,9 +341,9 @@ class Environments:
             return layer
         installing = "installing the project itself (offline, in this job only)"
         self.on_event(AttemptEvent(AttemptEventKind.environment_project, installing))
-        with self._staging("project", self.private_folder()) as staging:
+        with self.staging("project", self.private_folder()) as staging:
             script = project_script(request.plan, resolution, request.setup_command, _scm_version(request))
-            out = self._run_setup(
+            out = self.run_setup(
                 "the project's own install", request.workspace, staging, script,
                 relay=False, size=parse_quantity(self.settings.environment_size), image=request.image,
                 environment=env, target=PROJECT_DIR, save=True,
@@ -402,7 +361,7 @@ class Environments:
     # -- one setup sandbox --------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _staging(self, step: str, parent: Path | None = None) -> Iterator[Path]:
+    def staging(self, step: str, parent: Path | None = None) -> Iterator[Path]:
         folder = (parent or self.private_folder()) / f".{step}-{secrets.token_hex(6)}"
         folder.mkdir(mode=0o755)
         folder.chmod(0o755)
@@ -412,9 +371,10 @@ class Environments:
             if folder.exists():
                 workspace_pool.remove_workspace(folder)
 
-    def _run_setup(
+    def run_setup(
         self, what: str, workspace: Path, staging: Path, script: str, *, relay: bool, size: int,
         image: str | None, environment: Path | None = None, target: str = ENV_DIR, save: bool = False,
+        npm: bool = False,
     ) -> Path:
         """`script` in a setup sandbox over `workspace`; returns the host folder holding its `target`.
 
@@ -432,9 +392,13 @@ class Environments:
         with contextlib.ExitStack() as stack:
             index = None
             if relay:
-                index = stack.enter_context(IndexRelay(self._mirror_url, relay_dir / RELAY_SOCKET))
+                mirror = self.npm_mirror if npm else self._mirror_url
+                assert mirror is not None
+                index = stack.enter_context(IndexRelay(mirror, relay_dir / RELAY_SOCKET, npm=npm))
                 index.inside_origin = f"http://127.0.0.1:{PUMP_PORT}"
-            env = setup_env(index.inside_index_url() if index else None)
+            env = setup_env(index.inside_index_url() if index and not npm else None)
+            if npm:
+                env.update(javascript_install_env(self.npm_relay_url()))
             try:
                 with closing(self.open_setup(workspace, mounts, env, image, environment)) as box:
                     built = box.run_command(f"bash {SETUP_FILES_DIR}/{SCRIPT}", timeout=s.environment_timeout_seconds)
@@ -464,6 +428,11 @@ class Environments:
 def _mirror(settings: Settings) -> MirrorURL | None:
     url = settings.pip_index_url.get_secret_value()
     return MirrorURL(url) if url else None
+
+
+def _npm_mirror(settings: Settings) -> MirrorURL | None:
+    url = settings.npm_registry_url.get_secret_value()
+    return MirrorURL(url, setting="FROGFIX_NPM_REGISTRY_URL") if url else None
 
 
 def declaration_key(request: SetupRequest, mirror: MirrorURL, settings: Settings) -> str:

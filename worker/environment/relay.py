@@ -51,7 +51,9 @@ FORWARDED_REQUEST_HEADERS = ("accept", "range", "if-none-match", "if-modified-si
 FORWARDED_RESPONSE_HEADERS = (
     "content-type", "content-range", "accept-ranges", "etag", "last-modified", "cache-control", "date",
 )
-INDEX_TYPES = ("text/html", "application/vnd.pypi.simple", "application/json")
+# Pages read whole to rewrite the mirror's absolute links: PEP 503/691 index pages, and npm packuments
+# (full JSON, or the abbreviated `application/vnd.npm.install-v1+json`), whose `dist.tarball` URLs are absolute.
+INDEX_TYPES = ("text/html", "application/vnd.pypi.simple", "application/json", "application/vnd.npm.install-v1+json")
 MAX_INDEX_PAGE_BYTES = 64 * 1024**2  # an index page is read whole to rewrite its links
 CHUNK = 256 * 1024
 MAX_LINKED = 200_000  # linked file paths one relay remembers (about 30 MB); a build needs far fewer
@@ -98,10 +100,11 @@ def _decoded(segment: str) -> str | None:
 class MirrorURL:
     """FROGFIX_PIP_INDEX_URL taken apart: the origin, the index path, and the credentials kept apart."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, setting: str = "FROGFIX_PIP_INDEX_URL") -> None:
         parts = urlsplit(url.strip())
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("FROGFIX_PIP_INDEX_URL must be an http:// or https:// URL of a PEP 503 simple index")
+            what = "a PEP 503 simple index" if setting == "FROGFIX_PIP_INDEX_URL" else "an npm registry"
+            raise ValueError(f"{setting} must be an http:// or https:// URL of {what}")
         self.scheme = parts.scheme
         self.host = parts.hostname
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -162,6 +165,16 @@ class _Handler(BaseHTTPRequestHandler):
     do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = do_CONNECT = _refuse
 
 
+# npm asks for a scoped package's document as one segment with its slash encoded: /@scope%2fname.
+SCOPED_SEGMENT = re.compile(r"/@[a-z0-9][a-z0-9._~-]*%2[fF](?=[a-z0-9._~-]+(?:/|$))")
+
+
+def _scoped_name_joined(path: str) -> str:
+    """`path` as `malformed` should judge it in npm mode: `@scope%2fname` read as the two plain segments it
+    names (only that exact spelling, with lowercase package characters; anything else is judged as sent)."""
+    return SCOPED_SEGMENT.sub(lambda m: m.group(0)[:-3] + "/", path)
+
+
 def _target(handler: BaseHTTPRequestHandler) -> str:
     """The request target as sent: `handler.path` has had a leading `//` folded into `/`."""
     words = handler.requestline.split()
@@ -171,8 +184,9 @@ def _target(handler: BaseHTTPRequestHandler) -> str:
 class IndexRelay:
     """Serves the mirror's index on a unix socket for one setup sandbox; `close()` stops it."""
 
-    def __init__(self, mirror: MirrorURL, socket_path: Path, *, timeout: float = 60.0) -> None:
+    def __init__(self, mirror: MirrorURL, socket_path: Path, *, timeout: float = 60.0, npm: bool = False) -> None:
         self.mirror = mirror
+        self.npm = npm  # an npm registry: a scoped package's name is one segment, `@scope%2fname`
         self.socket_path = socket_path
         self.inside_origin = ""  # set by the builder: http://127.0.0.1:PORT
         self.requests = 0
@@ -223,7 +237,7 @@ class IndexRelay:
 
     def refusal(self, path: str) -> tuple[int, str] | None:
         """The status and reason to refuse `path` with; None to forward it."""
-        why = malformed(path)
+        why = malformed(_scoped_name_joined(path) if self.npm else path)
         if why is not None:
             return 400, why
         if self.in_index(path):

@@ -90,7 +90,7 @@ def setup_env(index_url: str | None) -> dict[str, str]:
     return env
 
 
-def _pump() -> list[str]:
+def pump_lines() -> list[str]:
     """The loopback pump to the relay, started by the system's python3 (never the environment's); it must
     not hold the command's output open, or the command would never end. Locally the relay's socket is
     bound in; on Kubernetes the backend's tunnel already listens."""
@@ -120,7 +120,7 @@ def resolve_script(workspace: Path, plan: Plan) -> str:
     if plan.project:
         lines.append("-e /workspace" + (f"[{','.join(plan.extras)}]" if plan.extras else ""))
         lines += build_requirements(workspace)
-    script = [*_pump(), 'echo "frogfix: resolving the declared dependencies"']
+    script = [*pump_lines(), 'echo "frogfix: resolving the declared dependencies"']
     script.append(_heredoc("/tmp/frogfix-resolve.in", "\n".join(lines) + "\n"))
     constraints = ""
     if plan.constraints:
@@ -135,7 +135,7 @@ def resolve_script(workspace: Path, plan: Plan) -> str:
 
 def dependencies_script(resolution: Resolution) -> str:
     """Step 2: the pins into a fresh environment; this sandbox has no checkout."""
-    script = [*_pump(), 'echo "frogfix: installing the declared dependencies"']
+    script = [*pump_lines(), 'echo "frogfix: installing the declared dependencies"']
     script.append(f'{UV} venv --quiet --allow-existing --python "$(command -v python3)" {ENV_DIR}')
     if resolution.pins:
         script.append(_heredoc("/tmp/frogfix-pins.txt", "\n".join(resolution.pins) + "\n"))

@@ -1,0 +1,149 @@
+"""The install step's text: the script a setup sandbox runs, its environment, and the install files cleaned.
+
+Kept apart from javascript.py (which decides and caches) so the builder's setup sandbox can take the
+variables without the JavaScript module, and each piece can be read and tested as text.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+
+from sandbox.base import ENV_DIR
+from worker.environment.javascript_declared import PUBLIC_REGISTRIES, JavaScriptPlan
+from worker.environment.layout import CHECKOUT_FOLDER, SCRATCH
+from worker.environment.steps import pump_lines
+
+CACHE = "/workspace/.frogfix-cache"  # the package managers' download caches: in the workspace's room, never saved
+
+# .npmrc keys that shape the installed tree, kept; every other key (registries, credentials, proxies,
+# certificates, scripts, paths, pnpmfiles) is dropped, so no rc file sends the install elsewhere.
+NPMRC_KEPT = frozenset({
+    "shamefully-hoist", "public-hoist-pattern", "hoist-pattern", "hoist", "node-linker", "auto-install-peers",
+    "strict-peer-dependencies", "dedupe-peer-dependents", "resolve-peers-from-workspace-root",
+    "link-workspace-packages", "prefer-workspace-packages", "shared-workspace-lockfile", "legacy-peer-deps",
+    "install-strategy", "include-workspace-root", "inject-workspace-packages", "peers-suffix-max-length",
+    "virtual-store-dir-max-length", "lockfile-include-tarball-url", "save-workspace-protocol", "omit", "include",
+})
+# .yarnrc.yml's top-level keys kept (Yarn Berry); registries, scopes, auth, yarnPath and plugins go.
+YARNRC_KEPT = frozenset({"packageExtensions", "nmHoistingLimits", "nmMode", "nmSelfReferences", "compressionLevel"})
+# pnpm-workspace.yaml's top-level keys dropped (pnpm 10 reads settings there too).
+PNPM_WORKSPACE_DROPPED = re.compile(
+    r"^(registry|registries|storeDir|pnpmfile|globalPnpmfile|npmPath|cacheDir|scriptShell|shellEmulator|"
+    r"managePackageManagerVersions|packageManagerStrict|packageManagerStrictVersion|httpProxy|httpsProxy|"
+    r"noProxy|ca|cafile|cert|key|strictSsl|gitShallowHosts)\s*:"
+)
+
+
+
+def rewrite_registry_urls(text: str, registry: str, mirror_spellings: Sequence[str] = (), inside: str = "") -> str:
+    """The lockfile's registry URLs pointed at the relay (hashes untouched): the public registry's to the
+    mirror's registry path, the mirror's own (a lockfile made against it) to the same path on the relay."""
+    for spelling in mirror_spellings:
+        text = text.replace(spelling + "/", inside + "/")
+    for host in PUBLIC_REGISTRIES:
+        text = text.replace(f"https://{host}/", registry).replace(f"http://{host}/", registry)
+    return text
+
+
+def clean_npmrc(text: str) -> str:
+    kept = []
+    for line in text.splitlines():
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and key in NPMRC_KEPT:
+            kept.append(line)
+    return "\n".join(kept) + ("\n" if kept else "")
+
+
+def clean_yarnrc_yml(text: str) -> str:
+    kept, keep = [], False
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            keep = line.split(":", 1)[0].strip().strip("\"'") in YARNRC_KEPT
+        if keep:
+            kept.append(line)
+    return "\n".join(kept) + ("\n" if kept else "")
+
+
+def clean_pnpm_workspace(text: str) -> str:
+    kept, keep = [], True
+    for line in text.splitlines():
+        if line and not line[0].isspace() and not line.startswith("#"):
+            keep = PNPM_WORKSPACE_DROPPED.match(line) is None
+        if keep:
+            kept.append(line)
+    return "\n".join(kept) + ("\n" if kept else "")
+
+
+def install_script(plan: JavaScriptPlan) -> str:
+    """The setup sandbox's script: the package manager from the mirror, then the frozen install, scripts off,
+    then each node_modules folder saved under ENV_DIR/checkout at its place."""
+    manager = plan.manager
+    reg = '"$npm_config_registry"'
+    npm = f"npm --registry={reg} --cache={CACHE}/npm --no-audit --no-fund --no-update-notifier"
+    script = [*pump_lines(), f"mkdir -p {CACHE} {ENV_DIR}/pm {ENV_DIR}/{CHECKOUT_FOLDER}", "cd /workspace"]
+    if manager.package:
+        script.append(f'echo "frogfix: installing {manager.shown()} from the package mirror"')
+        script.append(
+            f"{npm} install --prefix {ENV_DIR}/pm --ignore-scripts --no-save --no-package-lock "
+            f"{shlex.quote(f'{manager.package}@{manager.version}')} >/dev/null"
+        )
+    script.append(f'echo "frogfix: installing the packages {plan.lockfile} pins ({manager.shown()}, scripts off)"')
+    script.append(_install_command(manager.kind, npm, reg))
+    script.append(f"mkdir -p {' '.join(SCRATCH)}")
+    for rel in (".", *plan.workspaces):
+        source = "/workspace" if rel == "." else f"/workspace/{rel}"
+        target = f"{ENV_DIR}/{CHECKOUT_FOLDER}" + ("" if rel == "." else f"/{rel}")
+        script.append(
+            f"if [ -d {shlex.quote(source)}/node_modules ] && [ ! -L {shlex.quote(source)}/node_modules ]; then "
+            f"mkdir -p {shlex.quote(target)} && cp -a {shlex.quote(source)}/node_modules {shlex.quote(target)}/ && "
+            f"rm -rf {shlex.quote(source)}/node_modules; fi"
+        )
+    script.append('echo "frogfix: environment ready"')
+    return "\n".join(script) + "\n"
+
+
+def _install_command(kind: str, npm: str, reg: str) -> str:
+    pm = f"{ENV_DIR}/pm/node_modules/.bin"
+    if kind == "npm":
+        return f"{npm} ci --ignore-scripts --include=dev --include=optional --include=peer"
+    if kind == "pnpm":
+        return (
+            f"{pm}/pnpm install --frozen-lockfile --ignore-scripts --ignore-pnpmfile --registry={reg} "
+            f"--store-dir={CACHE}/pnpm --package-import-method=copy --config.manage-package-manager-versions=false "
+            "--config.verify-deps-before-run=false --reporter=append-only"
+        )
+    if kind == "yarn":
+        return (
+            f"{pm}/yarn install --frozen-lockfile --non-interactive --ignore-scripts --no-default-rc --ignore-engines "
+            f"--registry {reg} --cache-folder {CACHE}/yarn --network-timeout 600000"
+        )
+    return f"{pm}/yarn install --immutable --mode=skip-build"  # Yarn Berry: settings from YARN_* (setup_env)
+
+
+def install_env(registry: str) -> dict[str, str]:
+    """The variables the install reads besides the script's flags: the registry, no rc file of the user, no
+    version switching, Yarn Berry's settings (environment variables beat .yarnrc.yml)."""
+    return {
+        "npm_config_registry": registry,
+        "npm_config_userconfig": "/tmp/.frogfix-no-user-npmrc",
+        "npm_config_globalconfig": "/tmp/.frogfix-no-global-npmrc",
+        "npm_config_update_notifier": "false",
+        "COREPACK_ENABLE_STRICT": "0",
+        "COREPACK_ENABLE_AUTO_PIN": "0",
+        "YARN_IGNORE_PATH": "1",
+        "YARN_NPM_REGISTRY_SERVER": registry.rstrip("/"),
+        "YARN_UNSAFE_HTTP_WHITELIST": "127.0.0.1",
+        "YARN_NODE_LINKER": "node-modules",
+        "YARN_ENABLE_SCRIPTS": "false",
+        "YARN_ENABLE_GLOBAL_CACHE": "false",
+        "YARN_CACHE_FOLDER": f"{CACHE}/berry",
+        "YARN_ENABLE_TELEMETRY": "false",
+        "YARN_ENABLE_IMMUTABLE_INSTALLS": "true",
+        "YARN_ENABLE_PROGRESS_BARS": "false",
+        "YARN_PLUGINS": "",
+        "CI": "1",
+    }
+
+
