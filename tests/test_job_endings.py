@@ -14,7 +14,7 @@ from app.retrying import RetryPolicy
 from sandbox.base import SandboxError
 from worker.attempts.failures import ending_of, environment_ending, stopped_ending
 from worker.attempts.frogfix_yml import RepoConfigError, config_problem, config_state
-from worker.environment.builder import EnvironmentUnusable, failed
+from worker.environment.report import EnvironmentUnusable, failed
 from worker.git.gitcalls import RepoError
 
 CALL = "read issue #1 of acme/calc"

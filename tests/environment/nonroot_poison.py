@@ -23,7 +23,8 @@ from contextlib import closing
 from pathlib import Path
 
 from app.settings import Settings
-from worker.environment.builder import EnvironmentReport, Environments
+from worker.environment.builder import Environments
+from worker.environment.report import EnvironmentReport
 from worker.wiring import open_job_sandbox, setup_opener
 
 MARK = "FROGFIX-POISON-MARK"

@@ -43,8 +43,9 @@ from worker.attempts.verifier import (
     Verifier,
     environment_for,
 )
-from worker.environment.builder import EnvironmentReport, Environments, EnvironmentUnusable, failed
+from worker.environment.builder import Environments
 from worker.environment.readiness import could_not_start, hint
+from worker.environment.report import EnvironmentReport, EnvironmentUnusable, failed
 from worker.git import publishing, workspace_pool
 from worker.git.merging import CONFLICT_AUTHOR as RESOLUTION_AUTHOR
 from worker.git.merging import Resolution, changed_paths, full_patch

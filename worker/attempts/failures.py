@@ -9,7 +9,7 @@ from app.endings import Ending, EndingKind
 from app.forge.api import ForgeError, ForgeTransient
 from sandbox.base import SandboxError
 from worker.attempts.repo_config import RepoConfigError
-from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
+from worker.environment.report import EnvironmentReport, EnvironmentUnusable
 from worker.git.gitcalls import RepoError, RepoTransient
 
 

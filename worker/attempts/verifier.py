@@ -26,8 +26,9 @@ from sandbox.base import SandboxError
 from worker.attempts.evidence import REPORT_ENV, Evidence, RunOutcome, judge, verification_command
 from worker.attempts.repo_config import RepoConfig
 from worker.attempts.run_checks import RESULTS_LIMIT, check_run, new_sentinels
-from worker.environment.builder import EnvironmentReport, Environments, EnvironmentUnusable
+from worker.environment.builder import Environments
 from worker.environment.readiness import could_not_start
+from worker.environment.report import EnvironmentReport, EnvironmentUnusable
 from worker.git import gitcalls, workspace_pool
 from worker.git.workspace_sources import WorkspaceSource
 from worker.leaf.loop import StepRecord

@@ -32,7 +32,7 @@ from worker.attempts.attempt import AttemptResult, AttemptRunner
 from worker.attempts.evidence import Evidence, evidence_line
 from worker.attempts.failures import environment_ending, stopped_ending
 from worker.attempts.verifier import TestRun
-from worker.environment.builder import EnvironmentReport
+from worker.environment.report import EnvironmentReport
 from worker.git import gitcalls, mirrors
 from worker.job.heartbeat import Heartbeat, beat_interval
 from worker.job.job_context import Deps

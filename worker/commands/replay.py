@@ -81,7 +81,7 @@ from worker.commands.recorded import (
     repo_source,
     resolution_of,
 )
-from worker.environment.builder import EnvironmentUnusable
+from worker.environment.report import EnvironmentUnusable
 from worker.git import gitcalls, merging, workspace_pool
 from worker.leaf.loop import LeafLimits, StepRecord, plan_calls
 from worker.leaf.model import ModelClient, ModelQueryError, ModelReply, ReplayModel

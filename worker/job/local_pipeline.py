@@ -28,7 +28,7 @@ from sandbox.base import SandboxError
 from worker.attempts.attempt import AttemptResult, AttemptRunner
 from worker.attempts.repo_config import RepoConfigError
 from worker.attempts.verifier import TestRun
-from worker.environment.builder import EnvironmentReport
+from worker.environment.report import EnvironmentReport
 from worker.git import mirrors
 from worker.git.gitcalls import RepoError
 from worker.git.workspace_sources import CheckoutSource, WorkspaceSource

@@ -24,7 +24,7 @@ from app.settings import Settings
 from app.statuses import EvidenceLevel, JobStatus, RequestStatus
 from worker.attempts.attempt import AttemptResult, AttemptRunner, ReviewPolicy
 from worker.attempts.verifier import Verification
-from worker.environment.builder import EnvironmentUnusable
+from worker.environment.report import EnvironmentUnusable
 from worker.git import gitcalls, merging, mirrors, publishing
 from worker.git.workspace_sources import PoolSource
 from worker.job.job_context import BOT_AUTHOR, BRANCH_MOVED, Deps, JobEnded, Prepared, job_url, project_allowed

@@ -46,7 +46,7 @@ from worker.attempts.attempt import (
 )
 from worker.attempts.failures import ending_of, environment_ending
 from worker.attempts.repo_config import RepoConfigError
-from worker.environment.builder import EnvironmentReport
+from worker.environment.report import EnvironmentReport
 from worker.git import gitcalls, mirrors, publishing, workspace_pool
 from worker.git.gitcalls import RepoError, RepoTransient
 from worker.git.merging import Resolution

@@ -17,7 +17,7 @@ from app.jobs import job_slots, records
 from app.statuses import AttemptOutcome, AttemptStatus
 from sandbox.base import SandboxError
 from worker.attempts.attempt import AttemptResult, AttemptRunner, AttemptSeries, run_series
-from worker.environment.builder import EnvironmentReport, EnvironmentUnusable
+from worker.environment.report import EnvironmentReport, EnvironmentUnusable
 from worker.job.job_context import PREEMPT_POLL_S, JobEnded, PolledFlag, Prepared, production_waits
 
 
