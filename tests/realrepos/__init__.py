@@ -118,13 +118,14 @@ def load_tasks(root: Path = FIXTURES) -> list[Task]:
 
 
 def run_fix(
-    repo: Path, issue: Path, *, data_dir: Path, workspace_dir: Path, model_url: str, index_url: str,
-    timeout: float = FIX_TIMEOUT,
+    repo: Path, issue: Path, *, data_dir: Path, workspace_dir: Path, model_url: str, index_url: str = "",
+    npm_registry_url: str = "", timeout: float = FIX_TIMEOUT,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     """`manage.py fix REPO --issue ISSUE --json` as the CLI runs it, with the realrepos settings.
 
     The environment is the caller's minus any FROGFIX_ setting (as tests/fix does), so the only
-    mirror FrogFix knows is `index_url`. Returns the process and its JSON (None when stdout is not one).
+    mirrors FrogFix knows are `index_url` (PyPI) and `npm_registry_url`. Returns the process and its
+    JSON (None when stdout is not one).
     """
     seeded(data_dir)  # its database at head (tests/conftest.py): the migrations are tested on their own
     env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
@@ -134,6 +135,7 @@ def run_fix(
         "FROGFIX_MODEL_BASE_URL": model_url,
         "FROGFIX_MODEL_NAME": "scripted",
         "FROGFIX_PIP_INDEX_URL": index_url,
+        "FROGFIX_NPM_REGISTRY_URL": npm_registry_url,
     })
     proc = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "fix", str(repo), "--issue", str(issue), "--json"],

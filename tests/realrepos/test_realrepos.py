@@ -58,9 +58,9 @@ def task_params() -> list[Any]:
             for name in known]
 
 
-def secret_forms(password: str) -> list[bytes]:
+def secret_forms(password: str, user: str = USER) -> list[bytes]:
     """The password as it could leak: raw, URL-quoted (in an index URL), or inside a Basic header."""
-    basic = base64.b64encode(f"{USER}:{password}".encode())
+    basic = base64.b64encode(f"{user}:{password}".encode())
     return sorted({password.encode(), quote(password, safe="").encode(), basic})
 
 
