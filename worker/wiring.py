@@ -109,7 +109,7 @@ def sandbox_spec(
         environment=str(environment) if environment is not None else None,
         project=str(project) if project is not None else None,
         checkout_binds=tuple(layout.binds(environment)) if layout is not None and environment is not None else (),
-        checkout_scratch=layout.scratch() if layout is not None else (),
+        checkout_scratch=layout.scratch(environment) if layout is not None and environment is not None else (),
     )
 
 

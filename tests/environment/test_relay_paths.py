@@ -78,6 +78,11 @@ class _MirrorHandler(BaseHTTPRequestHandler):
                 f'<a href="/packages/many-{n}.whl">x</a>'.encode() for n in range(3)
             )),
             "/admin/secret": ("text/plain", CANARY.encode()),
+            # an npm registry under /npm/: a scoped package's abbreviated document, its tarball URL absolute
+            "/npm/@company%2fleft": ("application/vnd.npm.install-v1+json", json.dumps({
+                "name": "@company/left", "versions": {"1.0.0": {"dist": {
+                    "tarball": f"{origin}/npm/@company/left/-/left-1.0.0.tgz", "integrity": "sha512-x"}}},
+            }).encode()),
         }
         moves = {"/simple/moved": "/simple/moved/", "/simple/escape/": "/admin/secret",
                  "/packages/moving-1.0.whl": f"{origin}/storage/moving-1.0.whl"}
@@ -86,7 +91,7 @@ class _MirrorHandler(BaseHTTPRequestHandler):
         if target in pages:
             kind, body = pages[target]
             return self._send(200, body, {"Content-Type": kind})
-        if target.startswith(("/packages/", "/files/", "/root/pypi/", "/storage/")):
+        if target.startswith(("/packages/", "/files/", "/root/pypi/", "/storage/", "/npm/")):
             return self._send(200, f"FILE {target}".encode(), {"Content-Type": "application/octet-stream"})
         return self._send(404, b"not here\n")
 
@@ -238,3 +243,26 @@ def test_the_linked_files_kept_are_bounded(
         assert ask(relay, "/simple/many/")[0] == 200
         assert [ask(relay, f"/packages/many-{n}.whl")[0] for n in range(3)] == [200, 200, 403]
         assert any("2 linked files at most" in error for error in relay.errors)
+
+
+def test_an_npm_registry_is_relayed_under_its_path_scoped_names_included(mirror: FakeMirror, folder: Path) -> None:
+    relay = IndexRelay(MirrorURL(f"http://u:p@127.0.0.1:{mirror.port}/npm/", setting="FROGFIX_NPM_REGISTRY_URL"),
+                       folder / "npm.sock", npm=True)
+    relay.inside_origin = "http://127.0.0.1:3141"
+    with relay:
+        status, headers, body = ask(relay, "/npm/@company%2fleft")
+        assert status == 200, body
+        tarball = json.loads(body)["versions"]["1.0.0"]["dist"]["tarball"]
+        assert tarball == "http://127.0.0.1:3141/npm/@company/left/-/left-1.0.0.tgz"  # the sandbox's address
+        assert int(headers["Content-Length"]) == len(body)
+        assert ask(relay, "/npm/@company/left/-/left-1.0.0.tgz")[0] == 200
+        for refused in ("/admin/secret", "/npm/a%2fb", "/npm/@company%2f..", "/npm/@company%2f%2e%2e",
+                        "/npm/@Company%2fleft", "/npm/%40company%2fleft", "/npm/../admin/secret"):
+            assert ask(relay, refused)[0] in (400, 403), refused
+        assert ask(relay, "/npm/@company%2fleft", method="POST")[0] == 405  # audits and publishes go nowhere
+    assert "/npm/@company%2fleft" in mirror.targets()
+
+
+def test_a_pypi_relay_keeps_refusing_an_encoded_slash(mirror: FakeMirror, folder: Path) -> None:
+    with open_relay(mirror, folder) as relay:
+        assert ask(relay, "/simple/@company%2fleft")[0] == 400

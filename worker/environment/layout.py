@@ -49,8 +49,11 @@ class Layout:
             pairs.append((str(environment / CHECKOUT_FOLDER / inside), inside))
         return pairs
 
-    def scratch(self) -> tuple[str, ...]:
-        return SCRATCH if "." in self.links else ()
+    def scratch(self, environment: Path) -> tuple[str, ...]:
+        """The runner cache folders the install made empty (a tmpfs needs its mount point)."""
+        root = environment / CHECKOUT_FOLDER
+        made = [rel for rel in SCRATCH if (root / rel).is_dir() and not (root / rel).is_symlink()]
+        return tuple(made) if "." in self.links else ()
 
     def search_path(self) -> str:
         return ":".join([f"{WORKSPACE}/node_modules/.bin", *self.path, DEFAULT_PATH])
