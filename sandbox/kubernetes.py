@@ -270,6 +270,12 @@ class KubernetesSandbox(RunnerClient):
         self.environment = os.path.realpath(spec.environment) if spec.environment is not None else None
         if self.environment is not None and not os.path.isdir(self.environment):
             raise SandboxError(f"the built environment {spec.environment} is not a directory")
+        # A pod gets its own copy of the environment's checkout folders (node_modules), in its workspace: no
+        # later job sees what this pod's processes write there, and Node finds them where it looks.
+        self.checkout_binds = [
+            (os.path.realpath(src), relative) for src, relative in spec.checkout_binds
+            if not relative.startswith("/") and ".." not in relative.split("/") and os.path.isdir(src)
+        ]
 
     def _shape(self) -> PodShape:
         """The pods' shape: the sizes from the options, the storage grown by what is copied into the
@@ -476,6 +482,8 @@ class KubernetesSandbox(RunnerClient):
                 uid = self.kube.run_as_user
                 with tarfile.open(fileobj=cast(Any, writer), mode="w|", format=tarfile.PAX_FORMAT) as archive:
                     archive.add(self.workspace, arcname="workspace", filter=lambda info: tar_entry(info, uid))
+                    for src, relative in self.checkout_binds:
+                        archive.add(src, arcname=f"workspace/{relative}", filter=lambda info: tar_entry(info, uid))
                     self._add_environment(archive, uid)
                     profile = login_profile(self.env)
                     if profile:
