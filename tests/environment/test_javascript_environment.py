@@ -1,0 +1,153 @@
+"""A JavaScript repository's environment as `fix` meets it: from the npm mirror only, or an
+`environment_error` before any model call that says why, and the mirror's password nowhere.
+
+The mirror is a real Verdaccio on loopback (tests/npm_registry.py) where one is needed; the cases that
+end before any download need none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import seeded
+from tests.doubles.openai_server import ScriptedOpenAIServer, assistant
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.bwrap
+
+
+@pytest.fixture
+def roots() -> Iterator[Path]:
+    """A base folder the sandbox's unprivileged uid can reach (pytest's tmp is 0700)."""
+    base = Path("/tmp") / f"frogfix-test-js-{os.getpid()}-{os.urandom(3).hex()}"
+    base.mkdir(mode=0o711)
+    base.chmod(0o711)
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def js_repo(path: Path, package: dict[str, Any], files: dict[str, str]) -> Path:
+    path.mkdir(parents=True)
+    (path / "package.json").write_text(json.dumps(package, indent=2))
+    for name, text in files.items():
+        (path / name).parent.mkdir(parents=True, exist_ok=True)
+        (path / name).write_text(text)
+    subprocess.run("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base",
+                   shell=True, cwd=path, check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(path)], check=True)
+    return path
+
+
+def run_fix(repo: Path, base: Path, model_url: str, registry: str) -> tuple[subprocess.CompletedProcess[str], Any]:
+    data = base / "data"
+    seeded(data)
+    issue = base / "issue.md"
+    issue.write_text("add() is wrong\n\nIt subtracts.\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
+    env.update({"FROGFIX_DATA_DIR": str(data), "FROGFIX_WORKSPACE_DIR": str(base / "ws"),
+                "FROGFIX_MODEL_BASE_URL": model_url, "FROGFIX_MODEL_NAME": "scripted",
+                "FROGFIX_NPM_REGISTRY_URL": registry})
+    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "fix", str(repo), "--issue", str(issue), "--json"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    try:
+        return proc, json.loads(proc.stdout)
+    except ValueError:
+        return proc, None
+
+
+PACKAGE = {"name": "calc", "version": "1.0.0", "scripts": {"test": "node --test"},
+           "devDependencies": {"is-number": "7.0.0"}}
+LOCK = json.dumps({
+    "name": "calc", "version": "1.0.0", "lockfileVersion": 3, "requires": True,
+    "packages": {
+        "": {"name": "calc", "version": "1.0.0", "devDependencies": {"is-number": "7.0.0"}},
+        "node_modules/is-number": {
+            "version": "7.0.0", "resolved": "https://registry.npmjs.org/is-number/-/is-number-7.0.0.tgz",
+            "integrity": "sha512-41Cifkg6e8TylSpdtTpeLVMqvSBEVzTttHvERD741+pnZ8ANv0004MRL43QKPDlK9cGvNp6NZWZUBlbGXYxxng==",
+            "dev": True, "license": "MIT", "engines": {"node": ">=0.12.0"},
+        },
+    },
+}, indent=2)
+SOURCES = {
+    "package-lock.json": LOCK,
+    "calc.js": "exports.add = (a, b) => a - b;\n",
+    "test/calc.test.js": (
+        "const test = require('node:test');\nconst assert = require('node:assert');\n"
+        "const isNumber = require('is-number');\nconst { add } = require('../calc');\n"
+        "test('adds', () => { assert.ok(isNumber(add(1, 2))); assert.strictEqual(add(1, 2), 3); });\n"
+    ),
+}
+
+
+class Listener:
+    """A TCP listener on the host's loopback that counts the connections it accepts (a closed door)."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+
+def ends_before_the_model(proc: subprocess.CompletedProcess[str], out: Any, model: ScriptedOpenAIServer) -> str:
+    assert out is not None, proc.stderr[-3000:]
+    assert out["status"] == "environment_error", json.dumps(out, indent=1)[-3000:]
+    assert out["usage"]["calls"] == 0 and not [r for r in model.requests if b"chat/completions" in r[:200]]
+    return str(out["environment"]["reason"])
+
+
+def test_no_registry_set_ends_the_job_before_the_model_saying_so(roots: Path) -> None:
+    repo = js_repo(roots / "repo", PACKAGE, SOURCES)
+    with ScriptedOpenAIServer([assistant("done")]) as model:
+        proc, out = run_fix(repo, roots, model.base_url, "")
+        reason = ends_before_the_model(proc, out, model)
+    assert "FROGFIX_NPM_REGISTRY_URL is not set" in reason, reason
+
+
+def test_a_git_dependency_ends_the_job_naming_it(roots: Path) -> None:
+    package = {**PACKAGE, "dependencies": {"left-pad": "git+https://git.example.com/left-pad.git#v1"}}
+    repo = js_repo(roots / "repo", package, SOURCES)
+    door = Listener()
+    with ScriptedOpenAIServer([assistant("done")]) as model:
+        proc, out = run_fix(repo, roots, model.base_url, f"http://127.0.0.1:{door.port}/")
+        reason = ends_before_the_model(proc, out, model)
+    assert "left-pad (git+https://git.example.com/left-pad.git#v1)" in reason and "mirror cannot serve" in reason
+    assert door.accepted == 0  # nothing was fetched: the plan refused it first
+
+
+def test_an_unreachable_registry_ends_the_job_with_the_reason_and_no_password(roots: Path) -> None:
+    repo = js_repo(roots / "repo", PACKAGE, SOURCES)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    canary = "npm-canary-5c1d9e"
+    with ScriptedOpenAIServer([assistant("done")]) as model:
+        proc, out = run_fix(repo, roots, model.base_url, f"http://frogfix:{canary}@127.0.0.1:{port}/npm/")
+        reason = ends_before_the_model(proc, out, model)
+    assert "installing the lockfile's packages failed" in reason and "did not answer" in reason, reason
+    assert canary not in proc.stdout + proc.stderr
+    leaked = subprocess.run(["grep", "-rl", canary, str(roots)], capture_output=True, text=True).stdout
+    assert leaked == "", leaked
