@@ -35,7 +35,7 @@ import tarfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import IO, NamedTuple
+from typing import IO, Any, NamedTuple
 from urllib.parse import quote, unquote
 
 import httpx
@@ -185,8 +185,9 @@ class Verdaccio:
             entry = _json_line(line)
             if entry.get("sub") != "in" or "status" not in entry or not isinstance(entry.get("request"), dict):
                 continue
+            sent = int((entry.get("bytes") or {}).get("out", 0))
             request = Request(str(entry["request"].get("method")), str(entry["request"].get("url")),
-                              int(entry["status"]), entry.get("user"), int(entry.get("bytes", {}).get("out", 0)))
+                              int(entry["status"]), entry.get("user") or None, sent)
             if request.method == "GET" and request.status == 200 and request.bytes_out == 0:
                 continue
             at = float(entry.get("time", 0)) / 1000
@@ -200,13 +201,13 @@ class Verdaccio:
         """(name, version) of every tarball it sent (200), each once, in the order first sent."""
         served: list[tuple[str, str]] = []
         for request in self.requests():
-            if request.method == "GET" and request.status == 200 and (parsed := tarball_of(request.path)):
-                if parsed not in served:
-                    served.append(parsed)
+            parsed = tarball_of(request.path) if request.method == "GET" and request.status == 200 else None
+            if parsed and parsed not in served:
+                served.append(parsed)
         return served
 
 
-def _json_line(line: str) -> dict[str, object]:
+def _json_line(line: str) -> dict[str, Any]:
     with contextlib.suppress(ValueError):
         value = json.loads(line)
         return value if isinstance(value, dict) else {}
