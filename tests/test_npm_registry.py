@@ -17,6 +17,8 @@ from tests.npm_registry import PACKAGE_MANAGERS, Verdaccio, publish, tarball, ta
 from tests.servers import free_port
 
 PRIVATE = "@company/left-pad-lite"
+CLIENT_SCRIPTS = {"pnpm": "pnpm/bin/pnpm.cjs", "yarn classic": "yarn/bin/yarn.js",
+                  "yarn berry": "@yarnpkg/cli-dist/bin/yarn.js"}
 LEFT_PAD = {"index.js": "module.exports = (s, n, c = ' ') => String(s).padStart(n, c);\n"}
 
 
@@ -84,25 +86,49 @@ def test_a_private_scoped_package_publishes_and_installs(npm_registry: Verdaccio
     assert (PRIVATE, "1.0.0") in npm_registry.served_tarballs()
 
 
-def test_the_package_managers_are_served_and_pnpm_and_yarn_authenticate(
-    npm_registry: Verdaccio, tmp_path: Path
-) -> None:
-    tools = tmp_path / "tools"
+@pytest.fixture(scope="module")
+def tools(npm_registry: Verdaccio, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The package managers FrogFix installs from the mirror, installed from it (which fills its storage)."""
+    folder = tmp_path_factory.mktemp("clients") / "tools"
     wanted = [f"{name}@{version}" for name, version in PACKAGE_MANAGERS]
-    done = run_client(npm_registry.npmrc(), tools, "npm", "install", "--ignore-scripts", *wanted)
+    done = run_client(npm_registry.npmrc(), folder, "npm", "install", "--ignore-scripts", *wanted)
     assert done.returncode == 0, done.stderr
+    return folder
+
+
+def test_the_package_managers_are_served(npm_registry: Verdaccio, tools: Path) -> None:
     for name, version in PACKAGE_MANAGERS:
         assert installed_version(tools, name) == version
         assert (name, version) in npm_registry.served_tarballs()
-    pnpm = str(tools / "node_modules" / "pnpm" / "bin" / "pnpm.cjs")
-    yarn = str(tools / "node_modules" / "yarn" / "bin" / "yarn.js")
-    for client, command in (("pnpm", ["node", pnpm, "add", "--store-dir", str(tmp_path / "pnpm-store")]),
-                            ("yarn", ["node", yarn, "add", "--non-interactive", "--cache-folder",
-                                      str(tmp_path / "yarn-cache")])):
-        project = tmp_path / f"with-{client}"
-        done = run_client(npm_registry.npmrc(), project, *command, "is-number@7.0.0")
-        assert done.returncode == 0, f"{client}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
-        assert installed_version(project, "is-number") == "7.0.0"
+
+
+@pytest.mark.parametrize("client", ["pnpm", "yarn classic", "yarn berry"])
+def test_each_package_manager_authenticates_with_basic_credentials(
+    npm_registry: Verdaccio, tools: Path, tmp_path: Path, client: str
+) -> None:
+    """Each sends `Authorization: Basic` from its own setting (.npmrc `_auth`; Berry's `npmAuthIdent`
+    with `npmAlwaysAuth`), for package documents and tarballs alike."""
+    project = tmp_path / "project"
+    project.mkdir()
+    command = ["node", str(tools / "node_modules" / CLIENT_SCRIPTS[client]), "add"]
+    if client == "pnpm":
+        command += ["--store-dir", str(tmp_path / "pnpm-store")]
+    elif client == "yarn classic":
+        command += ["--non-interactive", "--cache-folder", str(tmp_path / "yarn-cache")]
+    else:
+        (project / "package.json").write_text(json.dumps({"name": "berry", "packageManager": "yarn@4.5.3"}))
+        (project / "yarn.lock").touch()
+        (project / ".yarnrc.yml").write_text(json.dumps({
+            "npmRegistryServer": npm_registry.plain_url.rstrip("/"), "unsafeHttpWhitelist": ["127.0.0.1"],
+            "npmAuthIdent": f"{npm_registry.user}:{npm_registry.password}", "npmAlwaysAuth": True,
+            "nodeLinker": "node-modules", "enableGlobalCache": False, "enableTelemetry": False,
+        }))
+    before = len(npm_registry.requests())
+    done = run_client(npm_registry.npmrc(), project, *command, "is-number@7.0.0")
+    assert done.returncode == 0, f"{client}: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+    assert installed_version(project, "is-number") == "7.0.0"
+    fetched = [r for r in npm_registry.requests()[before:] if r.path == "/is-number/-/is-number-7.0.0.tgz"]
+    assert fetched and all(r.status == 200 and r.user == npm_registry.user for r in fetched)
 
 
 def test_it_serves_from_its_storage_when_the_public_registry_is_unreachable(
