@@ -49,6 +49,7 @@ CACHE = Path(os.environ.get("FROGFIX_TEST_CACHE") or Path.home() / ".cache" / "f
 # What FrogFix installs from the mirror (the package managers themselves), kept in the storage.
 PACKAGE_MANAGERS = (("pnpm", "10.28.0"), ("yarn", "1.22.22"), ("@yarnpkg/cli-dist", "4.5.3"))
 READY_S = 120.0  # a cold start on a busy machine; polled, never slept
+PUBLISH_S = 60.0  # how long a publish retries while another server creates the same package
 DUPLICATE_S = 0.05  # Verdaccio may log one request twice (see `requests`)
 
 
@@ -259,14 +260,19 @@ def publish(registry: Verdaccio, name: str, version: str, files: Mapping[str, st
                                     "data": base64.b64encode(data).decode(), "length": len(data)}},
     }
     escaped = quote(name, safe="@")
-    response = httpx.put(f"{registry.plain_url}{escaped}", json=document, auth=registry.auth(), timeout=60)
-    if response.status_code in (200, 201):
-        return integrity
-    existing = httpx.get(f"{registry.plain_url}{escaped}", auth=registry.auth(), timeout=60)
-    found = existing.json().get("versions", {}).get(version, {}) if existing.status_code == 200 else {}
-    if response.status_code in (403, 409) and found.get("dist", {}).get("integrity") == integrity:
-        return integrity
-    raise RuntimeError(f"publishing {name}@{version} failed: HTTP {response.status_code} {response.text[:300]}")
+    deadline = time.monotonic() + PUBLISH_S
+    while True:
+        response = httpx.put(f"{registry.plain_url}{escaped}", json=document, auth=registry.auth(), timeout=60)
+        if response.status_code in (200, 201):
+            return integrity
+        existing = httpx.get(f"{registry.plain_url}{escaped}", auth=registry.auth(), timeout=60)
+        found = existing.json().get("versions", {}).get(version) if existing.status_code == 200 else None
+        if found is not None and found.get("dist", {}).get("integrity") == integrity:
+            return integrity
+        # 409 while another server creates the same package: its version may not be written yet.
+        if found is not None or response.status_code != 409 or time.monotonic() > deadline:
+            raise RuntimeError(f"publishing {name}@{version} failed: HTTP {response.status_code} {response.text[:300]}")
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")

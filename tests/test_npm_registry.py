@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import httpx
@@ -156,3 +157,36 @@ def test_tarball_paths_and_bytes() -> None:
     assert tarball_of("/is-number") is None and tarball_of("/-/ping") is None
     assert tarball(PRIVATE, "1.0.0", LEFT_PAD) == tarball(PRIVATE, "1.0.0", LEFT_PAD)
     assert shutil.which("node") and shutil.which("npm"), "the npm registry tests need node and npm (./install.sh)"
+
+
+def test_two_servers_share_one_storage_while_both_publish(tmp_path: Path) -> None:
+    """xdist workers each run a server on the shared storage: publishing the same new package from both
+    at once (Verdaccio answers 409 while the other creates it) still ends with every version on both."""
+    storage = tmp_path / "storage"
+    servers = [Verdaccio(tmp_path / f"server-{i}", storage=storage, uplink=f"http://127.0.0.1:{free_port()}/")
+               for i in range(2)]
+    errors: list[str] = []
+
+    def publish_all(server: Verdaccio) -> None:
+        for patch in range(4):
+            try:
+                publish(server, "@company/raced", f"1.0.{patch}", {"index.js": f"module.exports = {patch};\n"})
+            except RuntimeError as exc:
+                errors.append(str(exc))
+
+    for server in servers:
+        server.folder.mkdir()
+        server.start()
+    try:
+        threads = [threading.Thread(target=publish_all, args=(server,)) for server in servers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert errors == []
+        for server in servers:
+            document = httpx.get(f"{server.plain_url}@company%2fraced", auth=server.auth(), timeout=60).json()
+            assert sorted(document["versions"]) == ["1.0.0", "1.0.1", "1.0.2", "1.0.3"]
+    finally:
+        for server in servers:
+            server.stop()
