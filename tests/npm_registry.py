@@ -50,7 +50,9 @@ CACHE = Path(os.environ.get("FROGFIX_TEST_CACHE") or Path.home() / ".cache" / "f
 PACKAGE_MANAGERS = (("pnpm", "10.28.0"), ("yarn", "1.22.22"), ("@yarnpkg/cli-dist", "4.5.3"))
 READY_S = 120.0  # a cold start on a busy machine; polled, never slept
 PUBLISH_S = 60.0  # how long a publish retries while another server creates the same package
-DUPLICATE_S = 0.05  # Verdaccio may log one request twice (see `requests`)
+DUPLICATE_S = 0.05
+LOG_S = 60.0  # how long `requests` waits for the log to show its marker request
+MARK = "/-/frogfix-log-mark/"  # Verdaccio may log one request twice (see `requests`)
 
 
 class Request(NamedTuple):
@@ -177,26 +179,54 @@ class Verdaccio:
     def requests(self) -> list[Request]:
         """Every request answered so far, in order, from the JSON log.
 
-        Verdaccio logs a request when its response ends and again when the request stream closes:
-        that second line either comes first (status 200 not yet set, nothing sent: dropped) or repeats
-        the first within milliseconds (collapsed)."""
+        Verdaccio writes its log behind the responses: a request to a marker path (MARK, its own
+        lines left out) is awaited in the log first, so every request answered before this call is
+        in. Verdaccio logs each request twice, when its response ends and when the request stream
+        closes: that second line either comes first (status still 200, nothing sent, maybe no user
+        yet) or repeats the first within milliseconds. A GET or PUT always sends a body, so a 200
+        that sent nothing is such a line (dropped) and a repeat is collapsed; a HEAD sends nothing,
+        so its two lines are taken as a pair, the answer being the one that differs from that."""
         found: list[Request] = []
         last: dict[Request, float] = {}
-        for line in self.log.read_text(errors="replace").splitlines() if self.log.exists() else []:
-            entry = _json_line(line)
-            if entry.get("sub") != "in" or "status" not in entry or not isinstance(entry.get("request"), dict):
-                continue
+        heads: dict[str, Request] = {}  # a HEAD's first line, until its second
+        for entry in self._log_entries():
             sent = int((entry.get("bytes") or {}).get("out", 0))
             request = Request(str(entry["request"].get("method")), str(entry["request"].get("url")),
                               int(entry["status"]), entry.get("user") or None, sent)
-            if request.method == "GET" and request.status == 200 and request.bytes_out == 0:
+            if request.path.startswith(MARK):
+                continue
+            if request.method == "HEAD":
+                first = heads.pop(request.path, None)
+                if first is None:
+                    heads[request.path] = request
+                else:
+                    early = first.status == 200 and (request.status != 200 or first.user is None)
+                    found.append(request if early else first)
                 continue
             at = float(entry.get("time", 0)) / 1000
-            if at - last.get(request, -1e9) <= DUPLICATE_S:
+            if (request.status == 200 and request.bytes_out == 0) or at - last.get(request, -1e9) <= DUPLICATE_S:
                 continue
             last[request] = at
             found.append(request)
-        return found
+        return found + list(heads.values())
+
+    def _log_entries(self) -> list[dict[str, Any]]:
+        """The log's answered-request entries, once a marker request (while it runs) has reached it."""
+        mark = f"{MARK}{secrets.token_hex(8)}"
+        running = self._process is not None and self._process.poll() is None
+        if running:
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"{self.plain_url}{mark.lstrip('/')}", timeout=30)
+        deadline = time.monotonic() + LOG_S
+        while True:
+            text = self.log.read_text(errors="replace") if self.log.exists() else ""
+            entries = [e for e in map(_json_line, text.splitlines())
+                       if e.get("sub") == "in" and "status" in e and isinstance(e.get("request"), dict)]
+            if not running or any(e["request"].get("url") == mark for e in entries):
+                return entries
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Verdaccio's log ({self.log}) did not show a request after {LOG_S}s")
+            time.sleep(0.05)
 
     def served_tarballs(self) -> list[tuple[str, str]]:
         """(name, version) of every tarball it sent (200), each once, in the order first sent."""

@@ -190,3 +190,19 @@ def test_two_servers_share_one_storage_while_both_publish(tmp_path: Path) -> Non
     finally:
         for server in servers:
             server.stop()
+
+
+def test_the_request_log_lists_each_request_once(npm_registry: Verdaccio) -> None:
+    """Verdaccio writes some requests twice (tests/npm_registry.py, `requests`): each is listed once."""
+    base, wrong = npm_registry.plain_url, (npm_registry.user, "not-the-password")
+    sent = [("GET", "is-number", npm_registry.auth()), ("GET", "is-number", wrong), ("GET", "-/ping", None),
+            ("HEAD", "is-number/-/is-number-7.0.0.tgz", npm_registry.auth()), ("GET", "is-number", None),
+            ("GET", "is-number/-/is-number-7.0.0.tgz", npm_registry.auth())]
+    before = len(npm_registry.requests())
+    for method, path, auth in sent:
+        httpx.request(method, f"{base}{path}", auth=auth, timeout=60)
+    seen = [(r.method, r.path, r.status, r.user) for r in npm_registry.requests()[before:]]
+    user = npm_registry.user
+    assert seen == [("GET", "/is-number", 200, user), ("GET", "/is-number", 401, None), ("GET", "/-/ping", 200, None),
+                    ("HEAD", "/is-number/-/is-number-7.0.0.tgz", 200, user), ("GET", "/is-number", 401, None),
+                    ("GET", "/is-number/-/is-number-7.0.0.tgz", 200, user)]
