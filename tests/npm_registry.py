@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import fcntl
@@ -137,6 +138,7 @@ class Verdaccio:
         config = self.folder / "config.yaml"
         config.write_text(config_text(self.storage, htpasswd, self.log, self.uplink))
         self._output = (self.folder / "output.txt").open("wb")
+        atexit.register(self.stop)  # also when the session ends without its teardown
         node = shutil.which("node") or "node"
         self._process = subprocess.Popen(
             [node, str(script), "--config", str(config), "--listen", f"127.0.0.1:{self.port}"],
