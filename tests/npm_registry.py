@@ -31,6 +31,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import tarfile
 import time
@@ -51,9 +52,9 @@ CACHE = Path(os.environ.get("FROGFIX_TEST_CACHE") or Path.home() / ".cache" / "f
 PACKAGE_MANAGERS = (("pnpm", "10.28.0"), ("yarn", "1.22.22"), ("@yarnpkg/cli-dist", "4.5.3"))
 READY_S = 120.0  # a cold start on a busy machine; polled, never slept
 PUBLISH_S = 60.0  # how long a publish retries while another server creates the same package
-DUPLICATE_S = 0.05
+DUPLICATE_S = 0.05  # Verdaccio may log one request twice, this far apart (see `requests`)
 LOG_S = 60.0  # how long `requests` waits for the log to show its marker request
-MARK = "/-/frogfix-log-mark/"  # Verdaccio may log one request twice (see `requests`)
+MARK = "/-/frogfix-log-mark/"
 
 
 class Request(NamedTuple):
@@ -119,9 +120,8 @@ class Verdaccio:
         self.folder = folder
         self.user = "frogfix-tests"
         self.password = "npm-" + secrets.token_urlsafe(18)
-        self.port = free_port()
-        self.plain_url = f"http://127.0.0.1:{self.port}/"
-        self.url = f"http://{self.user}:{quote(self.password, safe='')}@127.0.0.1:{self.port}/"
+        self.port, self.plain_url, self.url = 0, "", ""
+        self._at(free_port())
         self.storage = storage or CACHE / "npm-storage"
         self.log = folder / "verdaccio.log.jsonl"
         self.uplink = uplink
@@ -129,7 +129,8 @@ class Verdaccio:
         self._output: IO[bytes] | None = None
 
     def start(self) -> Verdaccio:
-        """Start it and wait (polling /-/ping) until it answers; its output goes to `folder`/output.txt."""
+        """Start it and wait (polling /-/ping) until it answers; its output goes to `folder`/output.txt.
+        A port taken between choosing and binding it is chosen again (twice at most)."""
         script = verdaccio_script()
         self.storage.mkdir(parents=True, exist_ok=True)
         htpasswd = self.folder / "htpasswd"
@@ -137,8 +138,16 @@ class Verdaccio:
         htpasswd.write_text(f"{self.user}:{{SHA}}{digest}\n")
         config = self.folder / "config.yaml"
         config.write_text(config_text(self.storage, htpasswd, self.log, self.uplink))
-        self._output = (self.folder / "output.txt").open("wb")
         atexit.register(self.stop)  # also when the session ends without its teardown
+        for _ in range(3):
+            if self._launch(script, config):
+                return self
+            self._at(free_port())
+        raise RuntimeError(f"Verdaccio found no free port:\n{self._output_tail()}")
+
+    def _launch(self, script: Path, config: Path) -> bool:
+        """Whether it answers; False when its port was taken meanwhile; raises on any other end."""
+        self._output = (self.folder / "output.txt").open("wb")
         node = shutil.which("node") or "node"
         self._process = subprocess.Popen(
             [node, str(script), "--config", str(config), "--listen", f"127.0.0.1:{self.port}"],
@@ -147,11 +156,21 @@ class Verdaccio:
         deadline = time.monotonic() + READY_S
         while not self._answers():
             if self._process.poll() is not None or time.monotonic() > deadline:
+                exited = self._process.poll() is not None
                 self.stop()
-                output = (self.folder / "output.txt").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"Verdaccio did not answer on {self.plain_url}-/ping:\n{output}")
+                if exited and _listening(self.port):  # it dies without a word when its port is taken
+                    return False
+                raise RuntimeError(f"Verdaccio did not answer on {self.plain_url}-/ping:\n{self._output_tail()}")
             time.sleep(0.1)
-        return self
+        return True
+
+    def _output_tail(self) -> str:
+        return (self.folder / "output.txt").read_text(errors="replace")[-3000:]
+
+    def _at(self, port: int) -> None:
+        self.port = port
+        self.plain_url = f"http://127.0.0.1:{port}/"
+        self.url = f"http://{self.user}:{quote(self.password, safe='')}@127.0.0.1:{port}/"
 
     def _answers(self) -> bool:
         with contextlib.suppress(httpx.HTTPError):
@@ -238,6 +257,12 @@ class Verdaccio:
             if parsed and parsed not in served:
                 served.append(parsed)
         return served
+
+
+def _listening(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        return True
+    return False
 
 
 def _json_line(line: str) -> dict[str, Any]:

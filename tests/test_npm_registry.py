@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 from pathlib import Path
@@ -206,3 +207,17 @@ def test_the_request_log_lists_each_request_once(npm_registry: Verdaccio) -> Non
     assert seen == [("GET", "/is-number", 200, user), ("GET", "/is-number", 401, None), ("GET", "/-/ping", 200, None),
                     ("HEAD", "/is-number/-/is-number-7.0.0.tgz", 200, user), ("GET", "/is-number", 401, None),
                     ("GET", "/is-number/-/is-number-7.0.0.tgz", 200, user)]
+
+
+def test_a_port_taken_before_it_binds_is_chosen_again(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        registry = Verdaccio(tmp_path, storage=tmp_path / "storage", uplink=f"http://127.0.0.1:{free_port()}/")
+        registry._at(taken.getsockname()[1])
+        registry.start()
+        try:
+            assert registry.port != taken.getsockname()[1]
+            assert httpx.get(f"{registry.plain_url}-/ping", timeout=60).status_code == 200
+        finally:
+            registry.stop()
