@@ -249,10 +249,11 @@ class Verdaccio:
                 raise TimeoutError(f"Verdaccio's log ({self.log}) did not show a request after {LOG_S}s")
             time.sleep(0.05)
 
-    def served_tarballs(self) -> list[tuple[str, str]]:
-        """(name, version) of every tarball it sent (200), each once, in the order first sent."""
+    def served_tarballs(self, since: int = 0) -> list[tuple[str, str]]:
+        """(name, version) of every tarball it sent (200), each once, in the order first sent; `since`:
+        only after the first that many requests (`before = len(registry.requests())`, then an install)."""
         served: list[tuple[str, str]] = []
-        for request in self.requests():
+        for request in self.requests()[since:]:
             parsed = tarball_of(request.path) if request.method == "GET" and request.status == 200 else None
             if parsed and parsed not in served:
                 served.append(parsed)

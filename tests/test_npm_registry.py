@@ -44,12 +44,13 @@ def installed_version(project: Path, name: str) -> str:
 
 def test_npm_installs_through_the_registry_with_its_credentials(npm_registry: Verdaccio, tmp_path: Path) -> None:
     project = tmp_path / "app"
+    before = len(npm_registry.requests())
     done = run_client(npm_registry.npmrc(), project, "npm", "install", "is-number@7.0.0")
     assert done.returncode == 0, done.stderr
     assert installed_version(project, "is-number") == "7.0.0"
     lock = json.loads((project / "package-lock.json").read_text())
     assert lock["packages"]["node_modules/is-number"]["resolved"].startswith(npm_registry.plain_url)
-    assert ("is-number", "7.0.0") in npm_registry.served_tarballs()
+    assert npm_registry.served_tarballs(since=before) == [("is-number", "7.0.0")]
     fetched = [r for r in npm_registry.requests() if r.path == "/is-number/-/is-number-7.0.0.tgz" and r.status == 200]
     assert fetched and all(r.user == npm_registry.user for r in fetched)
 
