@@ -6,15 +6,16 @@
 - Its storage is one persistent cache folder (`.../npm-storage`) shared by every server: it proxies
   https://registry.npmjs.org/ and keeps what it fetched for ten years (maxage), so once a package is
   in it, the tests need nothing outside (`uplink=` points a server at a dead uplink to prove it).
-  Verdaccio locks a package's files while it writes them, so servers of several workers share it;
+  Servers of several workers share it (tests/test_npm_registry.py proves two publishing at once);
   private packages are published with the same bytes every time (see `tarball`), so a second
-  publish of a version is the same package (checked by its integrity), not a conflict.
+  publish of a version is the same package (checked by its integrity), not a conflict: publish a
+  different content under another name or version.
 - Every package needs a login (`$authenticated`), by htpasswd with a user and password each server
   makes (`{SHA}` hashes: Verdaccio 6 also takes bcrypt, apr1 MD5, crypt and `{PLAIN}`);
   registration is off (`max_users: -1`). Verdaccio takes `Authorization: Basic` (as FrogFix's relay
-  sends it); npm, pnpm and Yarn classic do not build it from a registry URL's userinfo for every
-  request (npm only for package documents, not tarballs): a client outside the relay gets the
-  credentials as `//host:port/:_auth` (`npmrc()`).
+  sends it); no client builds it from a registry URL's userinfo for every request (npm and Yarn
+  Berry only for package documents, not tarballs; pnpm never; Yarn classic fails): a client outside
+  the relay gets the credentials as `//host:port/:_auth` (`npmrc()`), Berry as `npmAuthIdent`.
 - Requests are logged as JSON lines to a file: `requests()` and `served_tarballs()` read it.
 """
 
