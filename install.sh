@@ -24,6 +24,9 @@ command -v chromium >/dev/null || missing+=(chromium)
 command -v runuser >/dev/null || missing+=(util-linux)
 # the local sandbox runs target repositories' tests with the system python3
 /usr/bin/python3 -c "import pytest" 2>/dev/null || missing+=(python3-pytest)
+# JavaScript repositories' environments, and the tests' npm registry (Verdaccio, tests/npm_registry.py)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
   missing+=(postgresql)
 fi

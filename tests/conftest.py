@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.nonroot import nonroot as nonroot  # the fixture, for any test (see tests/nonroot.py)
+from tests.npm_registry import npm_registry as npm_registry  # the company's npm mirror (a session fixture)
 from tests.processes import Workers
 from tests.servers import Postgres, Redis, postgres_server, redis_server
 

@@ -298,6 +298,10 @@ def test_the_images_are_described() -> None:
     # pid 1 reaps: each local sandbox's watchdog is re-parented to it when it exits
     assert " tini " in frogfix and 'ENTRYPOINT ["/usr/bin/tini", "--"]' in frogfix
     assert "FROM python:3.12" in sandbox and "git" in sandbox and "pytest" in sandbox and "USER 1000" in sandbox
+    # Node LTS and npm in both: JavaScript repositories run in the local sandbox (the worker's /usr) and in pods
+    for image in (frogfix, sandbox):
+        assert "FROM node:22-bookworm-slim AS node" in image and "COPY --from=node /usr/local/bin/node " in image
+        assert "/usr/local/bin/npm" in image and "node --version && npm --version" in image
 
 
 def _ingress_routes(built: list[dict[str, Any]], path: str) -> bool:

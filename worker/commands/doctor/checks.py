@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from app.redaction import SecretRedactor
 from app.settings import Settings
-from worker.commands.doctor import forges, mirror, model, sandboxes, system
+from worker.commands.doctor import forges, mirror, model, npm_mirror, sandboxes, system
 from worker.commands.doctor.results import CheckResult, DoctorOptions, failed
 
 GroupFn = Callable[[Settings, DoctorOptions], list[CheckResult]]
@@ -43,6 +43,7 @@ def default_groups(settings: Settings) -> list[Group]:
         Group("model", 120, model.check_model, "check that FROGFIX_MODEL_BASE_URL answers"),
         sandbox_group,
         Group("mirror", 30, mirror.check_mirror, "check that FROGFIX_PIP_INDEX_URL answers"),
+        Group("npm mirror", 40, npm_mirror.check_npm_mirror, "check that FROGFIX_NPM_REGISTRY_URL answers"),
         Group("disk", 15, system.check_disk, "check that the data and workspace folders' file systems answer"),
         Group("metrics", 5, system.check_metrics_token, "check FROGFIX_METRICS_TOKEN"),
         Group("evidence", 15, system.check_evidence_bound, "check that `prlimit --version` answers"),
