@@ -66,6 +66,9 @@ def run_fix(repo: Path, base: Path, model_url: str, registry: str) -> tuple[subp
         return proc, None
 
 
+IS_NUMBER_INTEGRITY = (
+    "sha512-41Cifkg6e8TylSpdtTpeLVMqvSBEVzTttHvERD741+pnZ8ANv0004MRL43QKPDlK9cGvNp6NZWZUBlbGXYxxng=="
+)
 PACKAGE = {"name": "calc", "version": "1.0.0", "scripts": {"test": "node --test"},
            "devDependencies": {"is-number": "7.0.0"}}
 LOCK = json.dumps({
@@ -74,7 +77,7 @@ LOCK = json.dumps({
         "": {"name": "calc", "version": "1.0.0", "devDependencies": {"is-number": "7.0.0"}},
         "node_modules/is-number": {
             "version": "7.0.0", "resolved": "https://registry.npmjs.org/is-number/-/is-number-7.0.0.tgz",
-            "integrity": "sha512-41Cifkg6e8TylSpdtTpeLVMqvSBEVzTttHvERD741+pnZ8ANv0004MRL43QKPDlK9cGvNp6NZWZUBlbGXYxxng==",
+            "integrity": IS_NUMBER_INTEGRITY,
             "dev": True, "license": "MIT", "engines": {"node": ">=0.12.0"},
         },
     },
@@ -151,3 +154,118 @@ def test_an_unreachable_registry_ends_the_job_with_the_reason_and_no_password(ro
     assert canary not in proc.stdout + proc.stderr
     leaked = subprocess.run(["grep", "-rl", canary, str(roots)], capture_output=True, text=True).stdout
     assert leaked == "", leaked
+
+
+def test_a_registry_refusing_the_password_ends_the_job_naming_the_refusal(roots: Path, npm_registry: Any) -> None:
+    repo = js_repo(roots / "repo", PACKAGE, SOURCES)
+    wrong = f"http://{npm_registry.user}:wrong-password-4d2a@127.0.0.1:{npm_registry.port}/"
+    with ScriptedOpenAIServer([assistant("done")]) as model:
+        proc, out = run_fix(repo, roots, model.base_url, wrong)
+        reason = ends_before_the_model(proc, out, model)
+    assert "installing the lockfile's packages failed" in reason, reason
+    assert "HTTP 401: it refused FrogFix's credentials" in reason, reason
+    assert "wrong-password-4d2a" not in proc.stdout + proc.stderr
+
+
+PRIVATE = "@company/frog-pad"
+PRIVATE_FILES = {"index.js": "module.exports = (s) => `frog:${s}`;\n"}
+
+
+def environment_run(repo: Path, base: Path, registry: str, command: str) -> tuple[Any, str]:
+    """The checkout's environment built from `registry`, then `command` in a job sandbox over a copy."""
+    from contextlib import closing
+
+    from app.settings import Settings
+    from worker.environment.builder import Environments
+    from worker.wiring import open_job_sandbox, setup_opener
+
+    settings = Settings(data_dir=base / "data", workspace_dir=base / "ws", npm_registry_url=registry)
+    environments = Environments(settings, lambda text: text, setup_opener(settings), scope="test:js")
+    report = environments.for_checkout(repo, None, None, None)
+    if not report.ok:
+        return report, ""
+    copy = base / "copy"
+    shutil.copytree(repo, copy, symlinks=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(copy)], check=True)
+    with closing(open_job_sandbox(copy, settings, None, environment=report.path)) as box:
+        return report, box.run_command(command, timeout=300).log
+
+
+def test_scoped_packages_come_from_the_mirror_whatever_the_repositorys_npmrc_says(
+    roots: Path, npm_registry: Any
+) -> None:
+    from tests.npm_registry import publish
+
+    integrity = publish(npm_registry, PRIVATE, "1.0.0", PRIVATE_FILES)
+    door = Listener()
+    elsewhere = f"http://127.0.0.1:{door.port}/"
+    lock = json.loads(LOCK)
+    lock["packages"][""]["dependencies"] = {PRIVATE: "1.0.0"}
+    lock["packages"][f"node_modules/{PRIVATE}"] = {
+        "version": "1.0.0", "resolved": f"https://registry.npmjs.org/{PRIVATE}/-/frog-pad-1.0.0.tgz",
+        "integrity": integrity, "license": "MIT",
+    }
+    npmrc = f"registry={elsewhere}\n@company:registry={elsewhere}\n//127.0.0.1:{door.port}/:_authToken=abc\n"
+    repo = js_repo(roots / "repo", {**PACKAGE, "dependencies": {PRIVATE: "1.0.0"}},
+                   {**SOURCES, "package-lock.json": json.dumps(lock), ".npmrc": npmrc})
+    before = len(npm_registry.requests())
+    report, log = environment_run(
+        repo, roots, npm_registry.url,
+        f"node -e \"console.log(require('{PRIVATE}')('ok'), require('is-number')(3))\"",
+    )
+    assert report.ok, report.to_dict()
+    assert "frog:ok true" in log, log
+    assert door.accepted == 0  # the repository's .npmrc sent nothing elsewhere
+    served = npm_registry.served_tarballs(since=before)
+    assert (PRIVATE, "1.0.0") in served and ("is-number", "7.0.0") in served, served
+    leaked = subprocess.run(["grep", "-rl", npm_registry.password, str(roots)], capture_output=True, text=True)
+    assert leaked.stdout == "", leaked.stdout
+
+
+def test_a_yarn_berry_repository_is_installed_by_the_yarn_it_names_from_the_mirror(
+    roots: Path, npm_registry: Any
+) -> None:
+    """The lockfile is made here by Yarn 4 itself (from the mirror); its .yarnrc.yml names a yarnPath the
+    repository does not have, a plugin and another registry: none of them is used."""
+    tools = roots / "tools"
+    tools.mkdir()
+    (tools / ".npmrc").write_text(npm_registry.npmrc())
+    host = {"PATH": os.environ["PATH"], "HOME": str(roots / "home"), "npm_config_cache": str(roots / "npm-cache")}
+    done = subprocess.run(["npm", "install", "--ignore-scripts", "--no-audit", "--no-fund", "@yarnpkg/cli-dist@4.5.3"],
+                          cwd=tools, env=host, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    yarn = tools / "node_modules/@yarnpkg/cli-dist/bin/yarn.js"
+    repo = roots / "repo"
+    repo.mkdir()
+    (repo / "package.json").write_text(json.dumps({**PACKAGE, "packageManager": "yarn@4.5.3"}))
+    (repo / ".yarnrc.yml").write_text(json.dumps({
+        "npmRegistryServer": npm_registry.plain_url.rstrip("/"), "unsafeHttpWhitelist": ["127.0.0.1"],
+        "npmAuthIdent": f"{npm_registry.user}:{npm_registry.password}", "npmAlwaysAuth": True,
+        "nodeLinker": "node-modules", "enableGlobalCache": False, "enableTelemetry": False,
+    }))
+    (repo / "yarn.lock").touch()
+    made = subprocess.run(["node", str(yarn), "install"], cwd=repo, env={**host, "YARN_ENABLE_IMMUTABLE_INSTALLS": "0"},
+                          capture_output=True, text=True, timeout=300)
+    assert made.returncode == 0, made.stdout[-2000:]
+    door = Listener()
+    (repo / ".yarnrc.yml").write_text(
+        f"yarnPath: .yarn/releases/yarn-evil.cjs\nnpmRegistryServer: http://127.0.0.1:{door.port}\n"
+        "plugins:\n  - path: .yarn/plugins/evil.cjs\nnodeLinker: pnp\n"
+    )
+    shutil.rmtree(repo / "node_modules")
+    for name, text in SOURCES.items():
+        if name != "package-lock.json":
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            (repo / name).write_text(text)
+    subprocess.run("git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base",
+                   shell=True, cwd=repo, check=True)
+    subprocess.run(["chmod", "-R", "a+rX", str(repo)], check=True)
+    before = len(npm_registry.requests())
+    command = "(cd /tmp && yarn --version); node --test 2>&1 | tail -9"
+    report, log = environment_run(repo, roots, npm_registry.url, command)
+    assert report.ok, (report.reason, report.log_tail)
+    assert report.detected[0].startswith("yarn 4.5.3"), report.detected
+    assert "4.5.3" in log and "fail 1" in log, log  # the test runs (and fails on the bug): is-number resolved
+    served = npm_registry.served_tarballs(since=before)
+    assert ("is-number", "7.0.0") in served and ("@yarnpkg/cli-dist", "4.5.3") in served, served
+    assert door.accepted == 0

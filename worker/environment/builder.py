@@ -63,6 +63,7 @@ from worker.environment import generated, javascript, javascript_declared
 from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
 from worker.environment.javascript_install import install_env as javascript_install_env
+from worker.environment.javascript_install import install_error
 from worker.environment.relay import IndexRelay, MirrorURL
 from worker.environment.report import EnvironmentReport, StepFailed, failed
 from worker.environment.steps import (
@@ -398,7 +399,8 @@ class Environments:
                 index.inside_origin = f"http://127.0.0.1:{PUMP_PORT}"
             env = setup_env(index.inside_index_url() if index and not npm else None)
             if npm:
-                env.update(javascript_install_env(self.npm_relay_url()))
+                env.update(javascript_install_env(self.npm_relay_url(), javascript.node_options(
+                    javascript.sandbox_node(self.settings.sandbox))))
             try:
                 with closing(self.open_setup(workspace, mounts, env, image, environment)) as box:
                     built = box.run_command(f"bash {SETUP_FILES_DIR}/{SCRIPT}", timeout=s.environment_timeout_seconds)
@@ -407,7 +409,8 @@ class Environments:
                         raise StepFailed(failed(f"{what} ran past FROGFIX_ENVIRONMENT_TIMEOUT_SECONDS "
                                                 f"({s.environment_timeout_seconds:g} s)", log))
                     if built.exit_code != 0:
-                        reason = f"{what} failed (exit {built.exit_code}){_first_error(log)}"
+                        first = install_error(log) if npm else _first_error(log)
+                        reason = f"{what} failed (exit {built.exit_code}){first}"
                         if index is not None and index.requests == 0:
                             reason += " (the package mirror was never reached)"
                         elif index is not None and index.errors:

@@ -21,6 +21,7 @@ Why it is built this way (docs/ENVIRONMENTS.md says it for operators):
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -209,6 +210,7 @@ def install_key(request: JavaScriptRequest, mirror: MirrorURL, size: str) -> str
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=4)
 def sandbox_node(backend: str) -> str:
     """The sandbox's Node version: the host's `node` for the local sandbox (it binds the host's /usr)."""
     if backend == "kubernetes":

@@ -12,10 +12,13 @@ from collections.abc import Sequence
 
 from sandbox.base import ENV_DIR
 from worker.environment.javascript_declared import PUBLIC_REGISTRIES, JavaScriptPlan
-from worker.environment.layout import CHECKOUT_FOLDER, SCRATCH
+from worker.environment.layout import CHECKOUT_FOLDER, PACKAGE_MANAGER_VARIABLES, SCRATCH
 from worker.environment.steps import pump_lines
 
 CACHE = "/workspace/.frogfix-cache"  # the package managers' download caches: in the workspace's room, never saved
+# Yarn Berry keeps its install state in .yarn/ and refuses to run scripts without it: FrogFix keeps it in
+# the root node_modules, which every sandbox of the job gets (layout.py sets the same path there).
+YARN_STATE = PACKAGE_MANAGER_VARIABLES["YARN_INSTALL_STATE_PATH"]
 
 # .npmrc keys that shape the installed tree, kept; every other key (registries, credentials, proxies,
 # certificates, scripts, paths, pnpmfiles) is dropped, so no rc file sends the install elsewhere.
@@ -122,7 +125,7 @@ def _install_command(kind: str, npm: str, reg: str) -> str:
     return f"{pm}/yarn install --immutable --mode=skip-build"  # Yarn Berry: settings from YARN_* (setup_env)
 
 
-def install_env(registry: str) -> dict[str, str]:
+def install_env(registry: str, node_options: str = "") -> dict[str, str]:
     """The variables the install reads besides the script's flags: the registry, no rc file of the user, no
     version switching, Yarn Berry's settings (environment variables beat .yarnrc.yml)."""
     return {
@@ -130,6 +133,10 @@ def install_env(registry: str) -> dict[str, str]:
         "npm_config_userconfig": "/tmp/.frogfix-no-user-npmrc",
         "npm_config_globalconfig": "/tmp/.frogfix-no-global-npmrc",
         "npm_config_update_notifier": "false",
+        # A mirror on the company's network answers fast or not at all: retry twice, briefly (npm and pnpm).
+        "npm_config_fetch_retries": "2",
+        "npm_config_fetch_retry_mintimeout": "1000",
+        "npm_config_fetch_retry_maxtimeout": "5000",
         "COREPACK_ENABLE_STRICT": "0",
         "COREPACK_ENABLE_AUTO_PIN": "0",
         "YARN_IGNORE_PATH": "1",
@@ -143,7 +150,25 @@ def install_env(registry: str) -> dict[str, str]:
         "YARN_ENABLE_IMMUTABLE_INSTALLS": "true",
         "YARN_ENABLE_PROGRESS_BARS": "false",
         "YARN_PLUGINS": "",
+        "YARN_INSTALL_STATE_PATH": YARN_STATE,
         "CI": "1",
+        **({"NODE_OPTIONS": node_options} if node_options else {}),
     }
 
 
+
+
+_ERROR_LINE = re.compile(
+    r"^(?:npm (?:ERR!|error) (?!code |errno |A complete log|Log files|\s*$)|ERR_PNPM_\w+|\u2009?ERR_PNPM"
+    r"|error (?!Command failed)|\u27a4 YN\d{4}: .*(?:Error|error|failed|not found|Not Found|Unauthorized|denied)"
+    r"|Error: )"
+)
+
+
+def install_error(log: str) -> str:
+    """The package manager's own first error line, for the one-line reason (": npm error 404 Not Found - GET …")."""
+    for line in log.splitlines():
+        text = line.strip()
+        if _ERROR_LINE.search(text):
+            return f": {text}"[:302]
+    return ""

@@ -21,6 +21,16 @@ LAYOUT_FILE = "layout.json"
 # per-process address-space limit refuses (vitest's parsers are WebAssembly): Node 20.15+ and 22.2+ can do without.
 WASM_WITHOUT_TRAP_HANDLER = "--disable-wasm-trap-handler"
 KNOWN_NODE_OPTIONS = ("", WASM_WITHOUT_TRAP_HANDLER)
+# The package manager in the job's sandboxes works on the installed tree as the install left it: the mirror's
+# Yarn, not a `yarnPath` of the repository's; Berry with node_modules and the install state kept there.
+PACKAGE_MANAGER_VARIABLES = {
+    "YARN_IGNORE_PATH": "1",
+    "YARN_NODE_LINKER": "node-modules",
+    "YARN_INSTALL_STATE_PATH": "/workspace/node_modules/.frogfix-yarn-install-state.gz",
+    "YARN_ENABLE_GLOBAL_CACHE": "false",
+    "YARN_ENABLE_TELEMETRY": "false",
+    "COREPACK_ENABLE_STRICT": "0",
+}
 CHECKOUT_FOLDER = "checkout"  # ENV_DIR/checkout/<folder>/node_modules, for each folder of the checkout
 PM_BIN = f"{ENV_DIR}/pm/node_modules/.bin"  # the package manager the install used (pnpm, yarn)
 WORKSPACE = "/workspace"
@@ -60,7 +70,7 @@ class Layout:
 
     def variables(self) -> dict[str, str]:
         """The sandbox's variables for this environment: PATH, and NODE_OPTIONS where one is needed."""
-        found = {"PATH": self.search_path()}
+        found = {"PATH": self.search_path(), **PACKAGE_MANAGER_VARIABLES}
         if self.node_options:
             found["NODE_OPTIONS"] = self.node_options
         return found

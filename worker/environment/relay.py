@@ -367,6 +367,8 @@ class IndexRelay:
             if moved is None or not (self.in_index(moved) or (not index and self._record([moved]))):
                 error = f"the mirror redirected {path[:120]!a} to a path the relay refuses"
         kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+        if error is None and response.status_code in (401, 403):
+            error = f"the mirror answered HTTP {response.status_code}: it refused FrogFix's credentials"
         self._note(error=error)
         if body and kind.startswith(INDEX_TYPES) and response.status_code == 200:
             data = b""
