@@ -210,3 +210,17 @@ def reporter_files(sentinels: Mapping[str, str]) -> dict[str, str]:
     assert line in files[HOOK_FILE]
     files[HOOK_FILE] = files[HOOK_FILE].replace(line, f"const SENTINELS = {json.dumps(dict(sentinels))};", 1)
     return files
+
+
+def through_node(command: str | None) -> str | None:
+    """The runner a command starts through node (npx, npm, pnpm, yarn, a package.json script), which
+    never passes the results channel on; None when it starts none that way."""
+    if not command or runner_of(command) is not None:
+        return None
+    for words in _segments(command):
+        _, words = _environment(words)
+        if words and (words[0] in _PACKAGE_MANAGERS or words[0] == "npx"):
+            found = runner_of(shlex.join(_binary_of(words[0], words[1:])))
+            if found is not None or _script_named(words[0], words[1:]) == "test":
+                return found or "package.json's test script"
+    return None
