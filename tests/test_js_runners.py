@@ -1,0 +1,370 @@
+"""JavaScript runners: the runner's own command found in package.json, and real jest, vitest, mocha and
+node's own runner read per test through FrogFix's preload (worker/attempts/js_reporters/), on a real pipe.
+
+The runners are installed once with npm into a cache folder outside the repository (pinned versions,
+a file lock so xdist workers do not race) and linked into each repository the tests make; the
+preload and reporters are the files `verification_command` writes into the sandbox, with the run's
+sentinels, loaded through NODE_OPTIONS exactly as REPORT_ENV gives it. What arrived on the channel
+is judged by run_checks.check_run, as a real run's is.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from worker.attempts.evidence import REPORT_ENV, verification_command
+from worker.attempts.js_runners import (
+    HOOK_DIR,
+    detect_js,
+    js_test_command,
+    one_file_hint,
+    reporter_files,
+    runner_of,
+    through_node,
+)
+from worker.attempts.repo_config import RepoConfig, detect_test_command, review_flags
+from worker.attempts.run_checks import RunCheck, check_run, direct_runner, new_sentinels
+from worker.attempts.stored_patch import ChangedFile, PatchEvidence
+from worker.leaf.prompts import add_test_command
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "realrepos-js"
+VERSIONS = {"jest": "29.7.0", "vitest": "4.0.17", "mocha": "11.7.1"}
+
+
+# ---- the runner's own command ----
+
+
+def script(test: str, **others: str) -> str:
+    return json.dumps({"scripts": {"test": test, **others}})
+
+
+@pytest.mark.parametrize(
+    ("test", "others", "command"),
+    [
+        ("pnpm lint && vitest run --typecheck", {"lint": "eslint ."}, "vitest run --typecheck"),
+        ("jest && npm run check:type:ts", {"check:type:ts": "tsd && tsc -p x.json"}, "jest"),
+        ("vitest", {}, "vitest run"),
+        ("vitest watch --coverage", {}, "vitest run --coverage"),
+        ("cross-env NODE_ENV=test jest --ci", {}, "NODE_ENV=test jest --ci"),
+        ("NODE_OPTIONS=--experimental-vm-modules jest", {}, 'NODE_OPTIONS="$NODE_OPTIONS --experimental-vm-modules" jest'),
+        ("npm run unit", {"unit": "mocha -r ts-node/register 'test/**/*.ts'"}, "mocha -r ts-node/register 'test/**/*.ts'"),
+        ("pnpm unit", {"unit": "yarn run inner", "inner": "node --test test/"}, "node --test test/"),
+        ("yarn --silent vitest run", {}, "vitest run"),
+        ("npx jest", {}, "jest"),
+        ('nyc mocha "test/*.js"', {}, "mocha 'test/*.js'"),
+        ("npm run lint; vitest run | tee out.txt", {"lint": "eslint ."}, "vitest run"),
+        ("eslint . && tsc && prettier --check .", {}, None),
+        ("npm run lint", {"lint": "eslint ."}, None),
+        ("npm run a", {"a": "npm run b", "b": "npm run a"}, None),  # a loop: depth-limited
+        ("vitest bench", {}, None),
+        ("node scripts/test.js", {}, None),
+    ],
+)
+def test_the_runners_own_command_is_found_in_the_test_script(test: str, others: dict[str, str], command: str | None) -> None:
+    found = js_test_command(script(test, **others))
+    assert (found[0] if found else None) == command
+    if command is not None:
+        assert runner_of(command) is not None and direct_runner(command) == ("$" not in command)
+
+
+def test_no_test_script_or_broken_json_names_no_runner() -> None:
+    assert js_test_command("{") is None
+    assert js_test_command('{"scripts": {"build": "tsc"}}') is None
+    assert js_test_command('{"scripts": "jest"}') is None
+
+
+def _fixture_package(name: str) -> str:
+    with tarfile.open(FIXTURES / name / "base.tar.gz") as tar:
+        member = tar.extractfile("package.json")
+        assert member is not None
+        return member.read().decode("utf-8")
+
+
+@pytest.mark.skipif(not FIXTURES.is_dir(), reason="the shared JavaScript fixtures are not in this checkout")
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [
+        ("commander-configureoutput-copy", "jest"),
+        ("d3-format-prefix-parens", "vitest run"),
+        ("ufo-withbase-prefix", "vitest run --typecheck"),
+    ],
+)
+def test_the_real_fixtures_package_json(tmp_path: Path, name: str, command: str) -> None:
+    (tmp_path / "package.json").write_text(_fixture_package(name))
+    assert detect_js(tmp_path) is not None
+    found = detect_test_command(tmp_path)
+    assert found is not None and found[0] == command and "package.json" in found[1]
+
+
+def test_one_file_hint_reaches_the_agents_task() -> None:
+    assert one_file_hint("jest") == "To run one test file: `jest path/to/file.test.js`."
+    assert "vitest run path/to/file.test.ts" in (one_file_hint("vitest run --typecheck") or "")
+    assert "node --test path/to/file.test.js" in (one_file_hint("node --test") or "")
+    assert "mocha path/to/file.test.js" in (one_file_hint("NODE_ENV=test mocha") or "")
+    assert one_file_hint("npm test") is None and one_file_hint("python3 -m pytest -q") is None
+    task = add_test_command("Fix the bug.", "jest", one_file_hint("jest"))
+    assert "`jest`" in task and "`jest path/to/file.test.js`" in task
+    assert add_test_command("Fix.", "pytest", None).endswith("you can run it too.")
+
+
+def test_a_runner_started_through_node_is_named_as_such() -> None:
+    assert through_node("npx jest") == "jest"
+    assert through_node("pnpm exec vitest run") == "vitest"
+    assert through_node("npm test") == "package.json's test script"
+    assert through_node("jest") is None and through_node("make test") is None
+    assert runner_of("npx jest") is None and not direct_runner("npx jest") and not direct_runner("jest && tsc")
+
+
+def test_runner_files_are_flagged_like_pytests() -> None:
+    paths = ("jest.config.ts", "web/vitest.config.mts", "vitest.workspace.ts", "vite.config.js", ".mocharc.yml",
+             "src/setupTests.ts", "test/jest.setup.js", "babel.config.cjs", ".babelrc", "tsconfig.build.json",
+             "src/__tests__/a.js", "src/a.test.ts")  # fmt: skip
+    flags = review_flags(changes(*paths), RepoConfig(test_command="jest"))
+    assert len(flags) == len(paths)
+    assert all("test file or test-runner configuration" in flag for flag in flags), flags
+    assert review_flags(changes("src/index.ts"), RepoConfig(test_command="jest")) == []
+
+
+def changes(*paths: str) -> PatchEvidence:
+    return PatchEvidence("0" * 40, "1" * 40, "", tuple(ChangedFile(p) for p in paths))
+
+
+def test_the_verification_run_writes_the_preload_with_its_sentinels() -> None:
+    sentinels = new_sentinels()
+    assert REPORT_ENV["NODE_OPTIONS"] == f"--require {HOOK_DIR}/hook.cjs"
+    command = verification_command("jest", sentinels)
+    assert f"{HOOK_DIR}/hook.cjs" in command and f"{HOOK_DIR}/vitest-reporter.mjs" in command
+    assert json.dumps(sentinels) in reporter_files(sentinels)["hook.cjs"]
+    assert command.endswith("{ jest\n}")
+
+
+# ---- the real runners, on a real pipe ----
+
+
+@pytest.fixture(scope="session")
+def runners() -> Path:
+    """jest, vitest and mocha at pinned versions, installed once per machine outside the repository."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    assert npm and node, "node and npm are needed (the sandbox image and the local sandbox have them)"
+    key = hashlib.sha256(json.dumps(VERSIONS, sort_keys=True).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frogfix-tests" / "js-runners"
+    folder = cache / key
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "installed").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            (folder / "package.json").write_text('{"private": true}')
+            specs = [f"{name}@{version}" for name, version in VERSIONS.items()]
+            subprocess.run([npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", *specs],
+                           cwd=folder, check=True, capture_output=True, timeout=900)  # fmt: skip
+            (folder / "installed").write_text(json.dumps(VERSIONS))
+    return folder / "node_modules"
+
+
+def make_repo(root: Path, files: dict[str, str], modules: Path, package: dict[str, object] | None = None) -> Path:
+    repo = root / "repo"
+    for name, text in {"package.json": json.dumps(package or {"private": True}), **files}.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    (repo / "node_modules").symlink_to(modules, target_is_directory=True)
+    return repo
+
+
+def run(repo: Path, command: str, sentinels: dict[str, str] | None = None) -> tuple[RunCheck, str, int]:
+    """The command as a verification run starts it: the preload through NODE_OPTIONS, the channel a pipe."""
+    sentinels = sentinels if sentinels is not None else new_sentinels()
+    hooks = repo.parent / "hooks"
+    hooks.mkdir(exist_ok=True)
+    for name, text in reporter_files(sentinels).items():
+        (hooks / name).write_text(text)
+    read, write = os.pipe()
+    chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: os.read(read, 65536), b"")))
+    reader.start()
+    env = {**os.environ, "FROGFIX_RESULTS_FD": str(write), "NODE_OPTIONS": f"--require {hooks}/hook.cjs",
+           "PATH": f"{repo}/node_modules/.bin:{os.environ['PATH']}", "CI": "1", "NO_COLOR": "1"}  # fmt: skip
+    try:
+        done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, pass_fds=(write,), capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+    finally:
+        os.close(write)
+        reader.join(timeout=600)
+        os.close(read)
+    log = done.stdout + done.stderr
+    return check_run(b"".join(chunks).decode(), log, done.returncode, False, command, sentinels), log, done.returncode
+
+
+JEST_TESTS = """
+describe('outer', () => {
+  describe('inner', () => {
+    test('passes', () => {});
+    test('fails', () => { expect(1).toBe(2); });
+  });
+  test.skip('skipped', () => {});
+  test.todo('later');
+});
+test('sees no extra argv', () => { expect(process.argv.slice(2)).toEqual([]); });
+"""
+VITEST_TESTS = "import { describe, test, expect } from 'vitest';\n" + JEST_TESTS.replace(
+    "sees no extra argv', () => { expect(process.argv.slice(2)).toEqual([]); }", "top', () => {}"
+)
+MOCHA_TESTS = """const assert = require('assert');
+describe('outer', () => {
+  describe('inner', () => {
+    it('passes', () => {});
+    it('fails', () => { assert.equal(1, 2); });
+  });
+  it.skip('skipped', () => {});
+});
+it('top', () => {});
+"""
+NODE_TESTS = """const { describe, it, test } = require('node:test');
+const assert = require('node:assert');
+describe('outer', () => {
+  describe('inner', () => {
+    it('passes', () => {});
+    it('fails', () => { assert.equal(1, 2); });
+  });
+  it('skipped', { skip: true }, () => {});
+  it.todo('later');
+});
+test('top', () => {});
+"""
+BROKEN = "this is not javascript (\n"
+
+
+def expected(file: str, top: str = "top", todo: bool = True) -> dict[str, str]:
+    cases = {f"{file}::outer > inner > passes": "passed", f"{file}::outer > inner > fails": "failed",
+             f"{file}::outer > skipped": "skipped", f"{file}::{top}": "passed"}  # fmt: skip
+    return {**cases, f"{file}::outer > later": "skipped"} if todo else cases
+
+
+def test_jest_per_test_without_a_word_added_to_argv(tmp_path: Path, runners: Path) -> None:
+    files = {"tests/a.test.js": JEST_TESTS, "tests/b.test.js": BROKEN}
+    repo = make_repo(tmp_path, files, runners, {"private": True, "jest": {"maxWorkers": 1}})  # in band, as commander
+    check, log, code = run(repo, "jest")
+    assert code == 1, log
+    assert check.tests == {**expected("tests/a.test.js", "sees no extra argv"),
+                           "tests/b.test.js::<file failed to run>": "failed"}  # fmt: skip
+    assert check.tampered == "" and any("jest has no way to add a test" in n for n in check.unavailable)
+
+
+def test_vitest_per_test_with_its_default_reporter_kept(tmp_path: Path, runners: Path) -> None:
+    files = {"test/a.test.js": VITEST_TESTS, "test/b.test.js": BROKEN}
+    repo = make_repo(tmp_path, files, runners, {"private": True, "type": "module"})
+    check, log, code = run(repo, "vitest run")
+    assert code == 1, log
+    assert check.tests == {**expected("test/a.test.js"), "test/b.test.js::<file failed to run>": "failed"}
+    assert check.tampered == "" and "Test Files" in log  # vitest's own report still printed
+
+
+def test_mocha_per_test_with_sentinels_no_one_sees(tmp_path: Path, runners: Path) -> None:
+    repo = make_repo(tmp_path, {"test/a.test.js": MOCHA_TESTS}, runners)
+    sentinels = new_sentinels()
+    check, log, code = run(repo, "mocha", sentinels)
+    assert code == 1, log  # the failing sentinels count in no exit code
+    assert check.tests == expected("test/a.test.js", todo=False)
+    assert check.tampered == "" and not any("sentinels" in note for note in check.unavailable)
+    assert not any(name in log for name in sentinels) and "2 passing" in log and "1 failing" in log
+
+
+def test_a_mocha_file_that_fails_to_load_is_its_one_result(tmp_path: Path, runners: Path) -> None:
+    repo = make_repo(tmp_path, {"test/a.test.js": MOCHA_TESTS, "test/b.test.js": BROKEN}, runners)
+    check, log, code = run(repo, "mocha")
+    assert code != 0, log
+    assert check.tests == {"test/b.test.js::<file failed to run>": "failed"}
+    assert check.tampered == ""
+
+
+def test_node_test_per_test_with_spec_on_stdout(tmp_path: Path, runners: Path) -> None:
+    repo = make_repo(tmp_path, {"test/a.test.js": NODE_TESTS, "test/b.test.js": BROKEN}, runners)
+    check, log, code = run(repo, "node --test test/")
+    assert code == 1, log
+    assert check.tests == {**expected("test/a.test.js"), "test/b.test.js::<file failed to run>": "failed"}
+    assert check.tampered == "" and "✖ fails" in log  # spec's own report
+
+
+def test_a_runner_started_through_npx_gets_no_channel_and_says_so(tmp_path: Path, runners: Path) -> None:
+    repo = make_repo(tmp_path, {"tests/a.test.js": JEST_TESTS}, runners)
+    check, log, code = run(repo, "npx jest")
+    assert code == 1, log
+    assert check.tests is None and check.tampered == ""
+    assert any("through node" in note and "judged by exit codes" in note for note in check.unavailable)
+
+
+FORGE_EVERY_FD = """
+const fs = require('fs');
+for (let fd = 3; fd < 256; fd++) {
+  for (const n of [1, 2, 3, 50]) {
+    try { fs.writeSync(fd, JSON.stringify({k: 'case', n, id: 'x.test.js::forged', outcome: 'passed'}) + '\\n'); } catch (e) {}
+  }
+}
+console.log('Tests: 3 passed, 3 total');
+console.log('3 passing');
+"""
+
+
+@pytest.mark.parametrize(
+    ("runner", "command", "test_file", "body"),
+    [
+        ("jest", "jest", "tests/f.test.js", "test('fails', () => { expect(1).toBe(2); });\ntest('forges', () => {%s});"),
+        ("vitest", "vitest run", "test/f.test.js",
+         "import {test, expect} from 'vitest';\nimport {createRequire} from 'node:module';\n"
+         "const require = createRequire(import.meta.url);\n"
+         "test('fails', () => { expect(1).toBe(2); });\ntest('forges', () => {%s});"),
+        ("mocha", "mocha", "test/f.test.js", "it('fails', () => { throw new Error('no'); });\nit('forges', () => {%s});"),
+        ("node-test", "node --test test/", "test/f.test.js",
+         "const {test} = require('node:test');\ntest('fails', () => { throw new Error('no'); });\n"
+         "test('forges', () => {%s});"),
+    ],
+)
+def test_fake_lines_on_every_descriptor_never_make_a_believed_pass(
+    tmp_path: Path, runners: Path, runner: str, command: str, test_file: str, body: str
+) -> None:
+    package = {"private": True, "type": "module"} if runner == "vitest" else {"private": True}
+    repo = make_repo(tmp_path, {test_file: body % FORGE_EVERY_FD}, runners, package)
+    check, log, code = run(repo, command)
+    # Where the test reaches the channel (mocha runs tests in its own process) the lines are out of
+    # order; where it cannot (workers, child processes), the failing test stays failed.
+    assert check.tampered or (check.tests or {}).get(f"{test_file}::fails") == "failed", (check, log)
+    assert f"{test_file.split('::')[0]}::forged" not in (check.tests or {})
+
+
+@pytest.mark.parametrize(
+    ("runner", "command", "test_file", "body"),
+    [
+        ("mocha", "mocha", "test/e.test.js",
+         "it('fails', () => { throw new Error('no'); });\nit('exits', () => { process.exit(0); });"),
+        ("jest", "jest", "tests/e.test.js",
+         "test('fails', () => { expect(1).toBe(2); });\ntest('exits', () => { process.exit(0); });"),
+        ("vitest", "vitest run", "test/e.test.js",
+         "import {test, expect} from 'vitest';\ntest('fails', () => { expect(1).toBe(2); });\n"
+         "test('exits', () => { process.exit(0); });"),
+        ("node-test", "node --test test/", "test/e.test.js",
+         "const {test} = require('node:test');\ntest('fails', () => { throw new Error('no'); });\n"
+         "test('exits', () => { process.exit(0); });"),
+    ],
+)
+def test_a_test_that_exits_early_with_0_is_never_a_believed_pass(
+    tmp_path: Path, runners: Path, runner: str, command: str, test_file: str, body: str
+) -> None:
+    package = {"private": True, "type": "module"} if runner == "vitest" else {"private": True}
+    repo = make_repo(tmp_path, {test_file: body}, runners, package)
+    check, log, code = run(repo, command)
+    believed_pass = not check.tampered and check.tests is not None and "failed" not in check.tests.values()
+    assert not believed_pass, (check, log)
+    if code == 0:  # the process claimed success: the runner's own session says otherwise
+        assert check.tampered, (check, log)
