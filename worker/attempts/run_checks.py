@@ -37,6 +37,8 @@ PLUGIN_MODULE = "frogfix_results"
 PLUGIN_SOURCE = Path(__file__).with_name("evidence_plugin.py").read_text(encoding="utf-8")
 RESULTS_LIMIT = MAX_RESULTS_BYTES  # ask for all the runner keeps
 MAX_TESTS = 200_000
+# A JavaScript runner that ended failed with no failing test reported: one failure of its own stands for it.
+OUTSIDE_TESTS = "::<the run failed outside its tests>"
 # A test case's outcome, worst last: a case reported twice (a pass, then a teardown error) keeps the worst.
 OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 # The summary line's counts that a session's own results must match (pytest's categories).
@@ -107,6 +109,10 @@ def check_run(
         return RunCheck(tampered=str(exc))
     if not sessions:
         return RunCheck(unavailable=[_no_session(command)])
+    for session in sessions:
+        failed = "failed" in session.tests.values()
+        if session.runner != "pytest" and session.exitstatus not in (0, None) and not failed:
+            session.tests[OUTSIDE_TESTS] = "failed"  # a crashed worker, an unhandled error: never an all-pass
     check = RunCheck(tests=_merged(sessions))
     if not timed_out and not all(s.ended for s in sessions):
         # A session that never ended sent only part of its results: nothing per test is believed from it.

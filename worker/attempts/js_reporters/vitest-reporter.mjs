@@ -20,15 +20,17 @@ function titles(test) {
 export default class FrogFixReporter {
   constructor() {
     this.channel = require('./hook.cjs').takeSender();
+    this.seen = new Set();
   }
 
   onInit(vitest) {
     if (this.channel) this.channel.start('vitest', vitest && vitest.version);
   }
 
-  onTestModuleEnd(module) {
+  onTestModuleEnd(module, ended) {
     const channel = this.channel;
-    if (!channel) return;
+    if (!channel || this.seen.has(module)) return;
+    this.seen.add(module);
     const file = module.moduleId;
     let count = 0;
     for (const test of module.children.allTests()) {
@@ -37,7 +39,7 @@ export default class FrogFixReporter {
       count += 1;
     }
     const errors = typeof module.errors === 'function' ? module.errors() : [];
-    if (errors.length || (!count && module.state() === 'failed')) {
+    if (errors.length || (!count && module.state() === 'failed') || ended === false) {
       channel.send('case', { id: channel.loadFailure(file), outcome: 'failed' });
     }
   }
@@ -45,6 +47,7 @@ export default class FrogFixReporter {
   onTestRunEnd(modules, errors, reason) {
     const channel = this.channel;
     if (!channel) return;
+    for (const module of modules || []) this.onTestModuleEnd(module, false); // its worker died: it never ended
     channel.send('planted', { names: [], why: 'vitest has no way to add a test to a run' });
     const failed = reason !== 'passed' || (errors && errors.length > 0);
     channel.send('end', { exitstatus: failed ? 1 : 0, stopped: reason === 'interrupted' });
