@@ -17,11 +17,16 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from app.settings import get_settings
+from sandbox.local import MOUNT_POINT
+from worker.attempts import verifier
 from worker.attempts.evidence import REPORT_ENV, verification_command
 from worker.attempts.js_runners import (
     HOOK_DIR,
@@ -32,9 +37,10 @@ from worker.attempts.js_runners import (
     runner_of,
     through_node,
 )
-from worker.attempts.repo_config import RepoConfig, detect_test_command, review_flags
+from worker.attempts.repo_config import RepoConfig, detect_test_command, load_repo_config, review_flags
 from worker.attempts.run_checks import RunCheck, check_run, direct_runner, new_sentinels
 from worker.attempts.stored_patch import ChangedFile, PatchEvidence
+from worker.attempts.verifier import run_tests
 from worker.leaf.prompts import add_test_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -380,3 +386,46 @@ def test_a_test_that_exits_early_with_0_is_never_a_believed_pass(
     assert not believed_pass, (check, log)
     if code == 0:  # the process claimed success: the runner's own session says otherwise
         assert check.tampered, (check, log)
+
+
+# ---- through the real verification path: detection, the local sandbox, run_tests ----
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    """A job workspace the sandbox's unprivileged user can reach (run_tests removes it)."""
+    root = Path(tempfile.mkdtemp(prefix="frogfix-js-runners-"))
+    root.chmod(0o755)
+    yield root / "ws"
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("test_script", "files", "command", "tests"),
+    [
+        ("eslint . && node --test test/", {"test/a.test.js": NODE_TESTS}, "node --test test/",
+         expected("test/a.test.js")),
+        ("jest && tsc -p tsconfig.json", {"tests/a.test.js": JEST_TESTS}, "jest",
+         expected("tests/a.test.js", "sees no extra argv")),
+        ("npm run lint && mocha", {"test/a.test.js": MOCHA_TESTS}, "mocha", expected("test/a.test.js", todo=False)),
+    ],
+)
+def test_a_detected_runner_is_read_per_test_in_the_sandbox(
+    workspace: Path, runners: Path, test_script: str, files: dict[str, str], command: str, tests: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The lead's environment puts the checkout's node_modules/.bin first on PATH; here the test does.
+    path = f"{MOUNT_POINT}/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
+    monkeypatch.setattr(verifier, "REPORT_ENV", {**REPORT_ENV, "PATH": path})
+    package = {"scripts": {"test": test_script, "lint": "eslint ."}, "jest": {"maxWorkers": 1}}
+    for name, text in {"package.json": json.dumps(package), **files}.items():
+        (workspace / name).parent.mkdir(parents=True, exist_ok=True)
+        (workspace / name).write_text(text)
+    if command != "node --test test/":  # the lead's environment binds node_modules; here a copy stands for it
+        shutil.copytree(runners, workspace / "node_modules", symlinks=True)
+    config = load_repo_config(workspace)
+    assert config.test_command == command and config.test_command_source.startswith("detected: package.json")
+    run = run_tests(workspace, config, get_settings(), lambda text: text)
+    assert run.exit_code == 1, run.log
+    assert run.tests == tests and run.tampered == "", run
+    assert not any("never" in note for note in run.unavailable), run.unavailable
