@@ -429,3 +429,57 @@ def test_a_detected_runner_is_read_per_test_in_the_sandbox(
     assert run.exit_code == 1, run.log
     assert run.tests == tests and run.tampered == "", run
     assert not any("never" in note for note in run.unavailable), run.unavailable
+
+
+# ---- what run_checks makes of a JavaScript session's lines ----
+
+
+def lines(*records: dict[str, object]) -> str:
+    return "".join(json.dumps({**record, "n": n}) + "\n" for n, record in enumerate(records, 1))
+
+
+START = {"k": "start", "runner": "vitest", "version": "4.0.17", "pid": 7}
+PASS = {"k": "case", "id": "test/a.test.js::a > b", "outcome": "passed"}
+FAIL = {"k": "case", "id": "test/a.test.js::a > c", "outcome": "failed"}
+PLANTED = {"k": "planted", "names": [], "why": "vitest has no way to add a test to a run"}
+
+
+def end(status: int) -> dict[str, object]:
+    return {"k": "end", "exitstatus": status, "stopped": False}
+
+
+def test_a_js_session_is_read_and_its_exit_code_held_to_its_end() -> None:
+    results = lines(START, PASS, FAIL, {**FAIL, "outcome": "passed"}, PLANTED, end(1))
+    check = check_run(results, "", 1, False, "vitest run", {})
+    assert check.tests == {PASS["id"]: "passed", FAIL["id"]: "failed"} and check.tampered == ""  # worst copy counts
+    said = check_run(results, "", 0, False, "vitest run", {}).tampered
+    assert said == "the test command exited 0 but its vitest session ended with 1"
+    assert check_run(results, "", 0, False, "pnpm lint && vitest run", {}).tampered == ""  # not the runner itself
+    passing = lines(START, PASS, PLANTED, end(0))
+    noted = check_run(passing, "", 1, False, "vitest run", {})  # coverage thresholds: the project's own
+    assert noted.tampered == ""
+    assert any("exited 1 after its vitest session ended with 0" in note for note in noted.unavailable)
+
+
+def test_a_js_session_that_never_ended_is_not_believed() -> None:
+    check = check_run(lines(START, PASS), "", 1, False, "vitest run", {})
+    assert check.tests is None and any("a vitest session never finished" in n for n in check.unavailable)
+    assert check_run(lines(START, PASS), "", 0, False, "vitest run", {}).tampered == (
+        "the test command exited 0 but its vitest session never finished"
+    )
+
+
+def test_forged_js_lines_are_tampered() -> None:
+    out_of_order = lines(START, PASS) + json.dumps({**FAIL, "n": 9}) + "\n"
+    assert "out of order" in check_run(out_of_order, "", 0, False, "jest", {}).tampered
+    after_end = lines(START, PASS, PLANTED, end(0), PASS)
+    assert "after" in check_run(after_end, "", 0, False, "jest", {}).tampered
+    assert check_run(lines(START, {**PASS, "outcome": "xpass"}, end(0)), "", 0, False, "jest", {}).tampered
+    assert check_run(lines({**START, "runner": "karma"}), "", 0, False, "jest", {}).tampered
+    pytest_case = lines({"k": "start", "pytest": "8", "pid": 1}, PASS)  # a JS record in pytest's session
+    assert check_run(pytest_case, "", 0, False, "pytest", {}).tampered
+
+
+def test_a_failed_run_with_no_failing_test_is_never_an_all_pass() -> None:
+    check = check_run(lines(START, PASS, PLANTED, end(1)), "", 1, False, "vitest run", {})
+    assert check.tests == {PASS["id"]: "passed", "::<the run failed outside its tests>": "failed"}

@@ -137,6 +137,9 @@ def check_run(
 
 def _no_session(command: str) -> str:
     """Why the channel carried no session: a runner started through node never gets it, another runner sends none."""
+    direct = runner_of(command)
+    if direct is not None:
+        return f"no {direct} session on the results channel (a version FrogFix cannot read): judged by exit codes"
     runner = through_node(command)
     if runner is None:
         return "no pytest session reported on the results channel (another runner)"

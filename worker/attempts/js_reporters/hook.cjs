@@ -119,6 +119,7 @@ function wrapScheduler(exports) {
     const scheduler = await create.apply(this, arguments);
     if (state.jest && !state.jest.added && scheduler && typeof scheduler.addReporter === 'function') {
       state.jest.added = true;
+      start('jest', state.jest.version); // a session only where the reporter is in: else no result is claimed
       scheduler.addReporter(jestReporter());
     }
     return scheduler;
@@ -132,10 +133,9 @@ function wrapCore(core) {
   const version = typeof core.getVersion === 'function' ? core.getVersion() : '?';
   const wrapped = async function (argv, projects) {
     if (state.jest) return runCLI.call(this, argv, projects); // one session per process
-    state.jest = { added: false };
-    start('jest', version);
+    state.jest = { added: false, version: version };
     const out = await runCLI.call(this, argv, projects);
-    if (!state.jest.added) return out; // no reporter, no results: the session never ends, nothing is believed
+    if (!state.jest.added) return out; // a jest whose scheduler FrogFix cannot reach: judged by exit codes
     const results = out && out.results;
     const code = !results || results.success ? 0 : out.globalConfig.testFailureExitCode;
     send('planted', { names: [], why: 'jest has no way to add a test to a run' });
