@@ -24,11 +24,17 @@ export default class FrogFixReporter {
   }
 
   onInit(vitest) {
-    if (this.channel) this.channel.start('vitest', vitest && vitest.version);
+    this.version = vitest && vitest.version;
+  }
+
+  started() {
+    /* The session starts with the first result: a vitest without these hooks (before 3) claims nothing. */
+    if (this.channel) this.channel.start('vitest', this.version);
+    return this.channel;
   }
 
   onTestModuleEnd(module, ended) {
-    const channel = this.channel;
+    const channel = this.started();
     if (!channel || this.seen.has(module)) return;
     this.seen.add(module);
     const file = module.moduleId;
@@ -45,7 +51,7 @@ export default class FrogFixReporter {
   }
 
   onTestRunEnd(modules, errors, reason) {
-    const channel = this.channel;
+    const channel = this.started();
     if (!channel) return;
     for (const module of modules || []) this.onTestModuleEnd(module, false); // its worker died: it never ended
     channel.send('planted', { names: [], why: 'vitest has no way to add a test to a run' });
