@@ -62,6 +62,8 @@ def script(test: str, **others: str) -> str:
         ("jest && npm run check:type:ts", {"check:type:ts": "tsd && tsc -p x.json"}, "jest"),
         ("vitest", {}, "vitest run"),
         ("vitest watch --coverage", {}, "vitest run --coverage"),
+        ("jest --watchAll --ci", {}, "jest --ci"),
+        ("mocha -w --recursive", {}, "mocha --recursive"),
         ("cross-env NODE_ENV=test jest --ci", {}, "NODE_ENV=test jest --ci"),
         ("NODE_OPTIONS=--no-warnings jest", {}, 'NODE_OPTIONS="$NODE_OPTIONS --no-warnings" jest'),  # the preload stays
         ("npm run unit", {"unit": "mocha -r ts-node/register 'test/*.ts'"}, "mocha -r ts-node/register 'test/*.ts'"),
@@ -303,6 +305,22 @@ def test_node_test_per_test_with_spec_on_stdout(tmp_path: Path, runners: Path) -
     assert code == 1, log
     assert check.tests == {**expected("test/a.test.js"), "test/b.test.js::<file failed to run>": "failed"}
     assert check.tampered == "" and "✖ fails" in log  # spec's own report
+
+
+def test_node_test_keeps_a_reporter_the_project_chose(tmp_path: Path, runners: Path) -> None:
+    repo = make_repo(tmp_path, {"test/a.test.js": NODE_TESTS}, runners)
+    check, log, code = run(repo, "node --test --test-reporter=tap test/")
+    assert code == 1 and "TAP version" in log and "# fail 1" in log, log  # tap's own report, on stdout
+    assert check.tests == expected("test/a.test.js") and check.tampered == ""
+
+
+def test_a_mocha_esm_file_that_fails_to_link_is_its_one_result(tmp_path: Path, runners: Path) -> None:
+    files = {"test/a.test.mjs": "import { missing } from './lib.mjs';\nit('uses it', () => missing());\n",
+             "test/lib.mjs": "export const present = 1;\n"}  # fmt: skip
+    repo = make_repo(tmp_path, files, runners)
+    check, log, code = run(repo, "mocha 'test/*.test.mjs'")
+    assert code != 0, log
+    assert check.tests == {"test/a.test.mjs::<file failed to run>": "failed"} and check.tampered == ""
 
 
 def test_a_runner_started_through_npx_gets_no_channel_and_says_so(tmp_path: Path, runners: Path) -> None:

@@ -32,6 +32,7 @@ _SEPARATORS = frozenset({"&&", "||", ";", "|", "&", ";;", "|&"})
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*")
 _COVERAGE = frozenset({"nyc", "c8"})  # wrappers that start the runner as a child: the channel would not reach it
 _MAX_DEPTH = 4
+_WATCH = frozenset({"--watch", "--watchAll", "-w"})
 # npm's own commands that are no script: `npm run` follows a script, `npm exec`/`npx` a package's binary.
 _NPM_SCRIPT_VERBS = {"run", "run-script", "rum", "urn"}
 _TEST_VERBS = {"test", "t", "tst"}
@@ -154,10 +155,10 @@ def _runner_words(words: list[str]) -> list[str] | None:
     if not words:
         return None
     program = words[0].rsplit("/", 1)[-1]
-    if program in ("jest", "mocha", "_mocha"):
-        return [program, *words[1:]]
+    if program in ("jest", "mocha", "_mocha"):  # never watching: the run must end
+        return [program, *(w for w in words[1:] if w not in _WATCH)]
     if program == "vitest":
-        rest = [w for w in words[1:] if w not in ("--watch", "-w")]
+        rest = [w for w in words[1:] if w not in _WATCH]
         if rest[:1] in (["watch"], ["dev"]):
             rest = rest[1:]
         if rest[:1] == ["bench"]:
