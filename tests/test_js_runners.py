@@ -291,6 +291,18 @@ def test_mocha_per_test_with_sentinels_no_one_sees(tmp_path: Path, runners: Path
     assert not any(name in log for name in sentinels) and "2 passing" in log and "1 failing" in log
 
 
+def test_a_mocha_forgery_that_turns_failures_into_passes_meets_the_sentinels(tmp_path: Path, runners: Path) -> None:
+    forger = (
+        "const Runner = require('mocha/lib/runner');\n"
+        "Runner.prototype.fail = function (test) { test.state = 'passed'; this.emit('pass', test); };\n"
+        "it('fails', () => { throw new Error('no'); });\n"
+    )
+    repo = make_repo(tmp_path, {"test/a.test.js": forger}, runners)
+    check, log, code = run(repo, "mocha")
+    assert code == 0 and "1 passing" in log, log  # what the process says
+    assert check.tampered == "FrogFix's sentinel test that must fail was reported passed", check
+
+
 def test_a_mocha_file_that_fails_to_load_is_its_one_result(tmp_path: Path, runners: Path) -> None:
     repo = make_repo(tmp_path, {"test/a.test.js": MOCHA_TESTS, "test/b.test.js": BROKEN}, runners)
     check, log, code = run(repo, "mocha")
