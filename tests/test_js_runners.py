@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 
 from app.settings import get_settings
+from app.statuses import EvidenceLevel
 from sandbox.local import MOUNT_POINT
 from worker.attempts import verifier
-from worker.attempts.evidence import REPORT_ENV, verification_command
+from worker.attempts.evidence import REPORT_ENV, RunOutcome, judge, verification_command
 from worker.attempts.js_runners import (
     HOOK_DIR,
     detect_js,
@@ -513,3 +514,23 @@ def test_forged_js_lines_are_tampered() -> None:
 def test_a_failed_run_with_no_failing_test_is_never_an_all_pass() -> None:
     check = check_run(lines(START, PASS, PLANTED, end(1)), "", 1, False, "vitest run", {})
     assert check.tests == {PASS["id"]: "passed", "::<the run failed outside its tests>": "failed"}
+
+
+def test_a_vitest_fix_is_reproduced_by_the_unchanged_verdict(tmp_path: Path, runners: Path) -> None:
+    """Evidence reads TestRun.tests only: a JavaScript runner's ids give the same verdicts as pytest's."""
+    source = {"src/add.js": "export const add = (a, b) => a - b;\n"}
+    old_test = "import {test, expect} from 'vitest';\nimport {add} from '../src/add.js';\n"
+    new_test = old_test + "describe('add', () => { test('adds', () => { expect(add(1, 2)).toBe(3); }); });\n"
+    new_test = new_test.replace("import {test,", "import {describe, test,")
+    package = {"private": True, "type": "module"}
+
+    def outcome(files: dict[str, str], name: str) -> RunOutcome:
+        check, _, code = run(make_repo(tmp_path / name, files, runners, package), "vitest run")
+        return RunOutcome(code, True, check.tests, check.tampered, tuple(check.unavailable))
+
+    base = outcome({**source, "test/add.test.js": old_test + "test('zero', () => {});\n"}, "base")
+    tests_only = outcome({**source, "test/add.test.js": new_test}, "tests-only")
+    fixed = outcome({"src/add.js": "export const add = (a, b) => a + b;\n", "test/add.test.js": new_test}, "fixed")
+    evidence = judge(base, [fixed], tests_only, ["test/add.test.js"])
+    assert evidence.level == EvidenceLevel.reproduced and evidence.per_test, evidence
+    assert evidence.reproduction.tests == ["test/add.test.js::add > adds"]
