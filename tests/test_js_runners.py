@@ -27,6 +27,7 @@ import pytest
 from app.settings import get_settings
 from app.statuses import EvidenceLevel
 from sandbox.local import MOUNT_POINT
+from tests.nonroot import NonRoot
 from worker.attempts import verifier
 from worker.attempts.evidence import REPORT_ENV, RunOutcome, judge, verification_command
 from worker.attempts.js_runners import (
@@ -534,3 +535,11 @@ def test_a_vitest_fix_is_reproduced_by_the_unchanged_verdict(tmp_path: Path, run
     evidence = judge(base, [fixed], tests_only, ["test/add.test.js"])
     assert evidence.level == EvidenceLevel.reproduced and evidence.per_test, evidence
     assert evidence.reproduction.tests == ["test/add.test.js::add > adds"]
+
+
+@pytest.mark.bwrap  # the nonroot fixture checks that bubblewrap runs for that user
+def test_node_test_is_read_per_test_for_a_non_root_worker(nonroot: NonRoot) -> None:
+    outcome = nonroot.run_json(ROOT / "tests" / "js_worker_side.py", str(nonroot.folder("js-")), timeout=300)
+    assert outcome["command"] == "node --test test/" and outcome["exit_code"] == 1, outcome
+    assert outcome["tests"] == {"test/a.test.js::outer > passes": "passed", "test/a.test.js::outer > fails": "failed"}
+    assert outcome["tampered"] == ""
