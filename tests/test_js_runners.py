@@ -283,6 +283,16 @@ def test_vitest_per_test_with_its_default_reporter_kept(tmp_path: Path, runners:
     assert check.tampered == "" and "Test Files" in log  # vitest's own report still printed
 
 
+def test_vitest_loads_its_config_from_a_read_only_node_modules(tmp_path: Path, runners: Path) -> None:
+    """A job's node_modules is read-only: vite's default config loader writes there, the one FrogFix picks does not."""
+    files = {"test/a.test.js": VITEST_TESTS, "vitest.config.js": "export default { test: { testTimeout: 9000 } };\n"}
+    repo = make_repo(tmp_path, files, runners, {"private": True, "type": "module"})
+    read_only = "mount --bind node_modules/ node_modules/ && mount -o remount,bind,ro node_modules/"
+    check, log, code = run(repo, f"unshare -rm sh -c '{read_only} && exec vitest run'")
+    assert code == 1 and "EROFS" not in log, log
+    assert check.tests == expected("test/a.test.js") and check.tampered == ""
+
+
 def test_mocha_per_test_with_sentinels_no_one_sees(tmp_path: Path, runners: Path) -> None:
     repo = make_repo(tmp_path, {"test/a.test.js": MOCHA_TESTS}, runners)
     sentinels = new_sentinels()

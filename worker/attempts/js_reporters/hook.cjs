@@ -166,8 +166,34 @@ function hookJest() {
 
 /* ---- vitest: its own reporter option, given before the CLI parses, with the default kept ---- */
 
-function hookVitest() {
+function writable(folder) {
+  try {
+    fs.accessSync(folder, fs.constants.W_OK);
+    return true;
+  } catch (e) {
+    return e.code === 'ENOENT';
+  }
+}
+
+function atLeast(version, major, minor) {
+  const [a, b] = String(version).split('.').map(Number);
+  return a > major || (a === major && b >= minor);
+}
+
+function hookVitest(script) {
   const argv = process.argv;
+  // A job's node_modules is read-only: vite's default config loader writes the bundled config there
+  // (node_modules/.vite-temp) and fails; its module-runner loader (vitest 3.1 on) writes nothing.
+  let version = '0';
+  try {
+    version = JSON.parse(fs.readFileSync(path.join(path.dirname(fs.realpathSync(script)), 'package.json'), 'utf8')).version;
+  } catch (e) {
+    version = '0';
+  }
+  const chosen = argv.some((a) => a === '--configLoader' || a.startsWith('--configLoader='));
+  if (!chosen && atLeast(version, 3, 1) && !writable(path.join(process.cwd(), 'node_modules'))) {
+    argv.push('--configLoader', 'runner');
+  }
   if (argv.some((a) => a === '--reporter' || a.startsWith('--reporter='))) {
     argv.push('--reporter=' + path.join(__dirname, 'vitest-reporter.mjs'));
   } else {
@@ -327,7 +353,7 @@ function main() {
   if (fd === null || !runner) return;
   state.fd = fd;
   if (runner === 'jest') hookJest();
-  else if (runner === 'vitest') hookVitest();
+  else if (runner === 'vitest') hookVitest(process.argv[1]);
   else if (runner === 'mocha') hookMocha();
   else if (runner === 'node-test' && !again) reexecNodeTest();
 }
