@@ -47,7 +47,9 @@ def _repo(tmp_path: Path, files: dict[str, str]) -> Path:
         ({"pyproject.toml": "[tool.pytest.ini_options]\n"}, "python3 -m pytest -q"),
         ({"pytest.ini": "[pytest]\n"}, "python3 -m pytest -q"),
         ({"tests/test_x.py": ""}, "python3 -m pytest -q"),
-        ({"package.json": '{"scripts": {"test": "jest"}}'}, "npm test"),
+        ({"package.json": '{"scripts": {"test": "jest"}}'}, "jest"),  # the runner itself: it gets the channel
+        ({"package.json": '{"scripts": {"test": "node run-tests.js"}}'}, "npm test"),  # no runner FrogFix reads
+        ({"package.json": '{"scripts": {"test": "jest"}}', "pytest.ini": "[pytest]\n"}, "python3 -m pytest -q"),
         ({"go.mod": "module x\n"}, "go test ./..."),
         ({"Cargo.toml": "[package]\n"}, "cargo test"),
         ({"Makefile": "build:\n\ttrue\ntest:\n\ttrue\n"}, "make test"),

@@ -32,6 +32,7 @@ from sandbox.base import PatchTooLarge
 from worker.attempts.evidence import (
     patch_test_files,
 )
+from worker.attempts.js_runners import one_file_hint
 from worker.attempts.reach_in import reach_in
 from worker.attempts.repo_config import RepoConfig, load_guidance, load_repo_config, refusal_reasons, review_flags
 from worker.attempts.stored_patch import EvidenceLimits, PatchEvidence, PatchRefused, take_evidence
@@ -509,7 +510,8 @@ class AttemptRunner:
 
         task = spec.task
         if spec.read_guidance:  # a plain replay sends the recorded task as it is
-            task = add_guidance(add_test_command(task, config.test_command), guidance)
+            hint = one_file_hint(config.test_command)
+            task = add_guidance(add_test_command(task, config.test_command, hint), guidance)
         env, project = (environment.path, environment.project) if environment is not None else (None, None)
         with closing(open_job_sandbox(ws, self.settings, config.image, spec.labels, env, project=project)) as box:
             leaf = run_leaf(

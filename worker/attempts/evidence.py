@@ -25,6 +25,8 @@ from typing import Any
 
 from app.answers import EvidenceAnswer
 from app.statuses import PROVEN_LEVELS, EvidenceLevel
+from worker.attempts.js_runners import HOOK_DIR as JS_HOOK_DIR
+from worker.attempts.js_runners import NODE_ENV, reporter_files
 from worker.attempts.repo_config import CONFIG_FILE, TEST_FILES, matches
 from worker.attempts.run_checks import PLUGIN_MODULE, plugin_source
 
@@ -38,10 +40,13 @@ HOOK_DIR = "/tmp/.frogfix-python"
 # the tests import the repository's code as they always did, and drops PYTHONSAFEPATH for the runner's
 # children (werkzeug's tests start scripts with their own PYTHONPATH: with PYTHONSAFEPATH inherited, a
 # script could not import its sibling modules).
+# NODE_OPTIONS loads FrogFix's preload for JavaScript runners wherever node starts (worker/attempts/js_runners.py);
+# it acts only in a runner's own main process.
 REPORT_ENV = {
     "PYTEST_ADDOPTS": f"-p {PLUGIN_MODULE}",
     "PYTHONSAFEPATH": "1",
     "PYTHONPATH": HOOK_DIR,
+    **NODE_ENV,
 }
 RUNNERS = ("pytest", "py.test")
 RUNNER_GUARD = f"""import os, sys
@@ -87,10 +92,12 @@ del _frogfix_guard
 def verification_command(command: str, sentinels: Mapping[str, str]) -> str:
     """The test command behind the runner guard and FrogFix's plugin: both are written first (a fresh
     sandbox's /tmp), so they exist before any Python of the test command starts; `mkdir` from the
-    system's own folders (`command -p`), never from the environment first on the job's PATH."""
-    files = {"sitecustomize.py": RUNNER_GUARD, f"{PLUGIN_MODULE}.py": plugin_source(sentinels)}
-    writes = " && ".join(f"printf '%s' {shlex.quote(text)} > {HOOK_DIR}/{name}" for name, text in files.items())
-    return f"command -p mkdir -p {HOOK_DIR} && {writes} && {{ {command}\n}}"
+    system's own folders (`command -p`), never from the environment first on the job's PATH. The
+    JavaScript preload and reporters go into their own folder, the same sentinels in the preload."""
+    files = {f"{HOOK_DIR}/sitecustomize.py": RUNNER_GUARD, f"{HOOK_DIR}/{PLUGIN_MODULE}.py": plugin_source(sentinels)}
+    files.update({f"{JS_HOOK_DIR}/{name}": text for name, text in reporter_files(sentinels).items()})
+    writes = " && ".join(f"printf '%s' {shlex.quote(text)} > {path}" for path, text in files.items())
+    return f"command -p mkdir -p {HOOK_DIR} {JS_HOOK_DIR} && {writes} && {{ {command}\n}}"
 
 
 # The patch's test changes, which the reproduction applies alone to the base source: the review rules'

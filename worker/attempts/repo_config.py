@@ -32,6 +32,7 @@ from worker.attempts.frogfix_yml import (
     RepoConfigError,
     read_frogfix_yml,
 )
+from worker.attempts.js_runners import detect_js
 from worker.attempts.stored_patch import ChangedFile, PatchEvidence
 from worker.environment.declared import Overrides, is_dependency_file
 from worker.git.gitcalls import git_environment
@@ -54,6 +55,22 @@ TEST_FILES = (
     "**/test_*.py",
     "**/*_test.py",
     CONFIG_FILE,
+    # JavaScript and TypeScript runners' configuration and setup (worker/attempts/js_runners.py)
+    "package.json",
+    "**/jest.config.*",
+    "**/vitest.config.*",
+    "**/vitest.workspace.*",
+    "**/vite.config.*",
+    "**/.mocharc*",
+    "**/jest.setup.*",
+    "**/vitest.setup.*",
+    "**/setupTests.*",
+    "**/babel.config.*",
+    "**/.babelrc*",
+    "**/tsconfig*.json",
+    "**/__tests__/**",
+    "**/*.test.*",
+    "**/*.spec.*",
 )
 # The files that decide what the tests run: a patch that swaps the runner could print "3 passed"
 # without running a test. The one list: review_flags and README's "What a job does" both use it
@@ -252,6 +269,9 @@ def detect_test_command(workspace: Path) -> tuple[str, str] | None:
             return "python3 -m pytest -q", f"{name} found"
     if any(workspace.glob("test*/**/test_*.py")) or any(workspace.glob("test_*.py")):
         return "python3 -m pytest -q", "test_*.py files found"
+    js = detect_js(workspace)
+    if js is not None:
+        return js
     package = workspace / "package.json"
     if package.is_file():
         try:

@@ -30,11 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.runner import MAX_RESULTS_BYTES
+from worker.attempts.js_runners import RUNNERS as JS_RUNNERS
+from worker.attempts.js_runners import runner_of, through_node
 
 PLUGIN_MODULE = "frogfix_results"
 PLUGIN_SOURCE = Path(__file__).with_name("evidence_plugin.py").read_text(encoding="utf-8")
 RESULTS_LIMIT = MAX_RESULTS_BYTES  # ask for all the runner keeps
 MAX_TESTS = 200_000
+# A JavaScript runner that ended failed with no failing test reported: one failure of its own stands for it.
+OUTSIDE_TESTS = "::<the run failed outside its tests>"
 # A test case's outcome, worst last: a case reported twice (a pass, then a teardown error) keeps the worst.
 OUTCOME_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 # The summary line's counts that a session's own results must match (pytest's categories).
@@ -78,6 +82,7 @@ class _Session:
     ended: bool = False
     exitstatus: int | None = None
     stopped: bool = False
+    runner: str = "pytest"  # or one of the JavaScript runners (worker/attempts/js_reporters/hook.cjs)
 
 
 class _Forged(Exception):
@@ -103,21 +108,45 @@ def check_run(
     except _Forged as exc:
         return RunCheck(tampered=str(exc))
     if not sessions:
-        return RunCheck(unavailable=["no pytest session reported on the results channel (another runner)"])
+        return RunCheck(unavailable=[_no_session(command)])
+    for session in sessions:
+        failed = "failed" in session.tests.values()
+        if session.runner != "pytest" and session.exitstatus not in (0, None) and not failed:
+            session.tests[OUTSIDE_TESTS] = "failed"  # a crashed worker, an unhandled error: never an all-pass
     check = RunCheck(tests=_merged(sessions))
     if not timed_out and not all(s.ended for s in sessions):
         # A session that never ended sent only part of its results: nothing per test is believed from it.
         check.tests = None
-        check.unavailable.append(f"a pytest session never finished (exit {exit_code}): judged by exit codes")
+        name = next(s.runner for s in sessions if not s.ended)
+        check.unavailable.append(f"a {name} session never finished (exit {exit_code}): judged by exit codes")
     if check.tests is not None and len(check.tests) > MAX_TESTS:
         check.tests = None
         check.unavailable.append(f"more than {MAX_TESTS} tests: judged by exit codes")
-    for verdict in (_sentinels(sessions, sentinels, timed_out), _summary(sessions, log)):
+    pytest = [s for s in sessions if s.runner == "pytest"]
+    for verdict in (_sentinels(sessions, sentinels, timed_out), _summary(pytest, log)):
         check.tampered = check.tampered or verdict[0]
         check.unavailable += verdict[1]
     if not timed_out and not check.tampered:
-        check.tampered = _exit_code(sessions, exit_code, command)
+        if any(s.runner != "pytest" for s in sessions):
+            check.tampered, note = _js_exit_code(sessions, exit_code, command)
+            check.unavailable += [note] if note else []
+        else:
+            check.tampered = _exit_code(sessions, exit_code, command)
     return check
+
+
+def _no_session(command: str) -> str:
+    """Why the channel carried no session: a runner started through node never gets it, another runner sends none."""
+    direct = runner_of(command)
+    if direct is not None:
+        return f"no {direct} session on the results channel (a version FrogFix cannot read): judged by exit codes"
+    runner = through_node(command)
+    if runner is None:
+        return "no pytest session reported on the results channel (another runner)"
+    return (
+        f"no test runner session on the results channel: the test command starts {runner} through node"
+        " (npx, npm, a package manager or a script), which never passes the channel on: judged by exit codes"
+    )
 
 
 def _sessions(results: str, sentinels: Mapping[str, str], cut_ok: bool) -> list[_Session]:
@@ -139,6 +168,10 @@ def _sessions(results: str, sentinels: Mapping[str, str], cut_ok: bool) -> list[
         if kind == "start":
             current, expected = _Session(), 1
             sessions.append(current)
+            if "runner" in record:
+                if record["runner"] not in JS_RUNNERS:
+                    raise _Forged("a line on the results channel that FrogFix's plugin did not write")
+                current.runner = str(record["runner"])
         if current is None or record["n"] != expected:
             raise _Forged("the results channel's lines are out of order (another writer)")
         if current.ended:
@@ -171,6 +204,11 @@ def _take(session: _Session, kind: Any, record: dict[str, Any], sentinels: Mappi
         if name not in sentinels or name in session.sentinels or not isinstance(outcome, str):
             raise _Forged("a sentinel result FrogFix did not ask for")
         session.sentinels[name] = outcome
+    elif kind == "case" and session.runner != "pytest" and isinstance(node, str):
+        outcome = record.get("outcome")
+        if outcome not in ("passed", "failed", "skipped"):
+            raise _Forged("a line on the results channel that FrogFix's preload did not write")
+        _worst(session.tests, node, outcome)
     elif kind == "end":
         status = record.get("exitstatus")
         session.ended, session.stopped = True, bool(record.get("stopped"))
@@ -212,11 +250,13 @@ def _sentinels(sessions: list[_Session], sentinels: Mapping[str, str], timed_out
             if outcome != want:
                 return f"FrogFix's sentinel test that must {sentinels[name]} was reported {outcome}", []
         if session.planted is None:
-            unavailable.append("sentinels: pytest never finished collecting")
+            never = "pytest never finished collecting" if session.runner == "pytest" else f"{session.runner} never ran"
+            unavailable.append(f"sentinels: {never}")
         elif not session.planted:
             unavailable.append(f"sentinels: {session.planted_why or 'not added'}")
         elif len(session.sentinels) < len(session.planted):
-            interrupted = not session.ended or session.stopped or session.exitstatus not in (0, 1)
+            status_ok = session.runner != "pytest" or session.exitstatus in (0, 1)  # pytest's 2: interrupted
+            interrupted = not session.ended or session.stopped or not status_ok
             if not interrupted and not timed_out:
                 return "FrogFix's sentinel tests were taken out of a run that was not stopped", []
             unavailable.append("sentinels: the run stopped before they all ran")
@@ -252,7 +292,8 @@ def _summary(sessions: list[_Session], log: str) -> tuple[str, list[str]]:
 
 
 def direct_runner(command: str) -> bool:
-    """Whether the test command is pytest itself (`pytest …`, `python3 -m pytest …`), so its exit code is pytest's."""
+    """Whether the test command is pytest itself (`pytest …`, `python3 -m pytest …`) or a JavaScript runner FrogFix
+    reads (jest, vitest, mocha, `node --test`), so its exit code is the runner's."""
     if not command or _SHELL.search(command):
         return False
     try:
@@ -264,7 +305,7 @@ def direct_runner(command: str) -> bool:
     if not words:
         return False
     program = words[0].rsplit("/", 1)[-1]
-    if program in _RUNNERS:
+    if program in _RUNNERS or runner_of(command) is not None:
         return True
     return bool(re.fullmatch(r"python[0-9.]*", program)) and words[1:3] == ["-m", "pytest"]
 
@@ -279,3 +320,21 @@ def _exit_code(sessions: list[_Session], exit_code: int | None, command: str) ->
     if session.exitstatus is not None and session.exitstatus != exit_code:
         return f"the test command exited {exit_code} but its pytest session ended with {session.exitstatus}"
     return ""
+
+
+def _js_exit_code(sessions: list[_Session], exit_code: int | None, command: str) -> tuple[str, str]:
+    """(forgery, note): a JavaScript runner's command may not exit 0 unless its session ended with 0. A
+    non-zero exit after a passing session is the project's own (coverage thresholds, open handles): noted."""
+    runner = runner_of(command)
+    if exit_code is None or runner is None or len(sessions) != 1 or sessions[0].runner != runner:
+        return "", ""
+    session = sessions[0]
+    if not session.ended:
+        never = f"the test command exited 0 but its {runner} session never finished"
+        return (never, "") if exit_code == 0 else ("", "")
+    if session.exitstatus is None or session.exitstatus == exit_code:
+        return "", ""
+    if exit_code == 0:
+        return f"the test command exited 0 but its {runner} session ended with {session.exitstatus}", ""
+    said = f"exit code: the test command exited {exit_code} after its {runner} session ended with {session.exitstatus}"
+    return "", said

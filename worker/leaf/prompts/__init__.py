@@ -379,19 +379,21 @@ def render_guidance(guidance: RepoGuidance) -> str:
     return f"{GUIDANCE_INTRO}\n\n{GUIDANCE_BEGIN}\n{body}\n{GUIDANCE_END}"
 
 
-def test_command_line(command: str) -> str:
-    """The task's line naming the test command FrogFix verifies with (from .frogfix.yml or detected)."""
-    return (
+def test_command_line(command: str, one_file: str | None = None) -> str:
+    """The task's line naming the test command FrogFix verifies with (from .frogfix.yml or detected), and
+    how to run one test file with its runner where FrogFix knows it (a JavaScript runner's own command)."""
+    line = (
         f"FrogFix verifies the fix by running `{_defang(' '.join(command.split()))}` in the repository, before and"
         " after your change; you can run it too."
     )
+    return f"{line} {_defang(one_file)}" if one_file else line
 
 
-def add_test_command(task: str, command: str | None) -> str:
+def add_test_command(task: str, command: str | None, one_file: str | None = None) -> str:
     """The task with the test command line after it (once: a recorded task that has it keeps one)."""
     if not command:
         return task
-    line = test_command_line(command)
+    line = test_command_line(command, one_file)
     return task if line in task else f"{task}\n\n{line}"
 
 
