@@ -315,6 +315,25 @@ def test_a_mocha_forgery_that_turns_failures_into_passes_meets_the_sentinels(tmp
     assert check.tampered == "FrogFix's sentinel test that must fail was reported passed", check
 
 
+def test_mocha_tests_cannot_take_or_rewrite_the_channel_in_process(tmp_path: Path, runners: Path) -> None:
+    forger = (
+        "const fs = require('fs');\n"
+        "const hook = Object.keys(require.cache).find((f) => f.endsWith('hook.cjs'));\n"
+        "const sender = require(hook).takeSender();\n"
+        "if (sender) sender.send('case', {id: 'test/a.test.js::forged', outcome: 'passed'});\n"
+        "const write = fs.writeSync;\n"
+        "fs.writeSync = function (fd, data, ...rest) {\n"
+        "  if (Buffer.isBuffer(data)) data = Buffer.from(data.toString().replace(/\"failed\"/g, '\"passed\"'));\n"
+        "  return write.call(this, fd, data, ...rest);\n"
+        "};\n"
+        "it('fails', () => { throw new Error('no'); });\n"
+    )
+    repo = make_repo(tmp_path, {"test/a.test.js": forger}, runners)
+    check, log, code = run(repo, "mocha")
+    assert code == 1, log
+    assert check.tests == {"test/a.test.js::fails": "failed"} and check.tampered == "", check
+
+
 def test_a_mocha_file_that_fails_to_load_is_its_one_result(tmp_path: Path, runners: Path) -> None:
     repo = make_repo(tmp_path, {"test/a.test.js": MOCHA_TESTS, "test/b.test.js": BROKEN}, runners)
     check, log, code = run(repo, "mocha")

@@ -17,6 +17,11 @@ const fs = require('fs');
 const path = require('path');
 const Module = require('module');
 
+// What sending uses, taken before any project code runs: a test that patches fs or JSON later changes nothing here.
+const writeSync = fs.writeSync;
+const fstatSync = fs.fstatSync;
+const stringify = JSON.stringify;
+const assign = Object.assign;
 const SENTINELS = {}; // name -> "pass" or "fail"; filled in per run by worker/attempts/evidence.py
 const REEXEC = 'FROGFIX_NODE_TEST_REEXEC';
 const state = { fd: null, n: 0, ended: false, started: false, root: process.cwd() };
@@ -27,7 +32,7 @@ function takeChannel() {
   const fd = Number(value);
   if (!value || !Number.isInteger(fd) || fd < 3) return null;
   try {
-    fs.fstatSync(fd);
+    fstatSync(fd);
   } catch (e) {
     return null;
   }
@@ -37,9 +42,9 @@ function takeChannel() {
 function send(kind, fields) {
   if (state.fd === null || state.ended) return;
   state.n += 1;
-  let data = Buffer.from(JSON.stringify(Object.assign({ k: kind, n: state.n }, fields)) + '\n');
+  let data = Buffer.from(stringify(assign({ k: kind, n: state.n }, fields)) + '\n');
   try {
-    while (data.length) data = data.subarray(fs.writeSync(state.fd, data));
+    while (data.length) data = data.subarray(writeSync(state.fd, data));
   } catch (e) {
     state.fd = null; // the channel is gone: the host sees the stream end early
   }
@@ -352,6 +357,7 @@ function main() {
   const runner = runnerOf(process.argv[1]);
   if (fd === null || !runner) return;
   state.fd = fd;
+  lent = runner !== 'vitest' && runner !== 'node-test'; // only their reporter modules take the channel
   if (runner === 'jest') hookJest();
   else if (runner === 'vitest') hookVitest(process.argv[1]);
   else if (runner === 'mocha') hookMocha();
