@@ -22,6 +22,8 @@ const writeSync = fs.writeSync;
 const fstatSync = fs.fstatSync;
 const stringify = JSON.stringify;
 const assign = Object.assign;
+const bufferFrom = Buffer.from.bind(Buffer);
+const subarray = Uint8Array.prototype.subarray;
 const SENTINELS = {}; // name -> "pass" or "fail"; filled in per run by worker/attempts/evidence.py
 const REEXEC = 'FROGFIX_NODE_TEST_REEXEC';
 const state = { fd: null, n: 0, ended: false, started: false, root: process.cwd() };
@@ -42,9 +44,9 @@ function takeChannel() {
 function send(kind, fields) {
   if (state.fd === null || state.ended) return;
   state.n += 1;
-  let data = Buffer.from(stringify(assign({ k: kind, n: state.n }, fields)) + '\n');
+  let data = bufferFrom(stringify(assign({ k: kind, n: state.n }, fields)) + '\n');
   try {
-    while (data.length) data = data.subarray(writeSync(state.fd, data));
+    while (data.length) data = subarray.call(data, writeSync(state.fd, data));
   } catch (e) {
     state.fd = null; // the channel is gone: the host sees the stream end early
   }
