@@ -66,6 +66,7 @@ def script(test: str, **others: str) -> str:
         ("vitest watch --coverage", {}, "vitest run --coverage"),
         ("jest --watchAll --ci", {}, "jest --ci"),
         ("mocha -w --recursive", {}, "mocha --recursive"),
+        ("node --test --watch test/", {}, "node --test test/"),
         ("cross-env NODE_ENV=test jest --ci", {}, "NODE_ENV=test jest --ci"),
         ("NODE_OPTIONS=--no-warnings jest", {}, 'NODE_OPTIONS="$NODE_OPTIONS --no-warnings" jest'),  # the preload stays
         ("npm run unit", {"unit": "mocha -r ts-node/register 'test/*.ts'"}, "mocha -r ts-node/register 'test/*.ts'"),

@@ -165,7 +165,7 @@ def _runner_words(words: list[str]) -> list[str] | None:
             return None
         return ["vitest", *(rest if rest[:1] == ["run"] else ["run", *rest])]
     if program == "node" and "--test" in words[1:]:
-        return ["node", *words[1:]]
+        return ["node", *(w for w in words[1:] if w != "--watch")]
     return None
 
 
