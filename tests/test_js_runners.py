@@ -168,9 +168,20 @@ def test_the_verification_run_writes_the_preload_with_its_sentinels() -> None:
 @pytest.fixture(scope="session")
 def runners() -> Path:
     """jest, vitest and mocha at pinned versions, installed once per machine outside the repository."""
+    return install(VERSIONS)
+
+
+@pytest.fixture(scope="session")
+def jest30() -> Path:
+    """Jest 30, whose @jest/core is one bundled file: FrogFix's reporter goes in through the configuration."""
+    return install({"jest": "30.2.0"})
+
+
+def install(versions: dict[str, str]) -> Path:
+    """The packages at these versions in a cache folder of their own (a file lock: xdist workers wait, not race)."""
     npm, node = shutil.which("npm"), shutil.which("node")
     assert npm and node, "node and npm are needed (the sandbox image and the local sandbox have them)"
-    key = hashlib.sha256(json.dumps(VERSIONS, sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps(versions, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frogfix-tests" / "js-runners"
     folder = cache / key
     cache.mkdir(parents=True, exist_ok=True)
@@ -180,10 +191,10 @@ def runners() -> Path:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
             (folder / "package.json").write_text('{"private": true}')
-            specs = [f"{name}@{version}" for name, version in VERSIONS.items()]
+            specs = [f"{name}@{version}" for name, version in versions.items()]
             subprocess.run([npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", *specs],
                            cwd=folder, check=True, capture_output=True, timeout=900)  # fmt: skip
-            (folder / "installed").write_text(json.dumps(VERSIONS))
+            (folder / "installed").write_text(json.dumps(versions))
     return folder / "node_modules"
 
 
@@ -273,6 +284,25 @@ def test_jest_per_test_without_a_word_added_to_argv(tmp_path: Path, runners: Pat
     assert check.tests == {**expected("tests/a.test.js", "sees no extra argv"),
                            "tests/b.test.js::<file failed to run>": "failed"}  # fmt: skip
     assert check.tampered == "" and any("jest has no way to add a test" in n for n in check.unavailable)
+
+
+def test_jest_keeps_the_projects_own_reporters(tmp_path: Path, runners: Path) -> None:
+    reporter = "module.exports = class { onRunComplete() { console.log('THE PROJECT REPORTER RAN'); } };\n"
+    files = {"tests/a.test.js": JEST_TESTS, "my-reporter.js": reporter}
+    jest = {"maxWorkers": 1, "reporters": ["default", "<rootDir>/my-reporter.js"]}
+    check, log, code = run(make_repo(tmp_path, files, runners, {"private": True, "jest": jest}), "jest")
+    assert code == 1 and "THE PROJECT REPORTER RAN" in log and "Tests:" in log, log
+    assert check.tests == expected("tests/a.test.js", "sees no extra argv") and check.tampered == ""
+
+
+def test_jest_30_per_test_without_a_word_added_to_argv(tmp_path: Path, jest30: Path) -> None:
+    files = {"tests/a.test.js": JEST_TESTS, "tests/b.test.js": BROKEN}
+    repo = make_repo(tmp_path, files, jest30, {"private": True, "jest": {"maxWorkers": 1}})
+    check, log, code = run(repo, "jest")
+    assert code == 1, log
+    assert check.tests == {**expected("tests/a.test.js", "sees no extra argv"),
+                           "tests/b.test.js::<file failed to run>": "failed"}  # fmt: skip
+    assert check.tampered == ""
 
 
 def test_vitest_per_test_with_its_default_reporter_kept(tmp_path: Path, runners: Path) -> None:
