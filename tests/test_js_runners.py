@@ -286,6 +286,21 @@ def test_jest_per_test_without_a_word_added_to_argv(tmp_path: Path, runners: Pat
     assert check.tampered == "" and any("jest has no way to add a test" in n for n in check.unavailable)
 
 
+@pytest.fixture(scope="session")
+def vitest2() -> Path:
+    """Vitest 2, whose reporter API gives every result at the end of the run."""
+    return install({"vitest": "2.1.9"})
+
+
+def test_vitest_2_per_test_at_the_end_of_its_run(tmp_path: Path, vitest2: Path) -> None:
+    files = {"test/a.test.js": VITEST_TESTS, "test/b.test.js": BROKEN}
+    repo = make_repo(tmp_path, files, vitest2, {"private": True, "type": "module"})
+    check, log, code = run(repo, "vitest run")
+    assert code == 1, log
+    assert check.tests == {**expected("test/a.test.js"), "test/b.test.js::<file failed to run>": "failed"}
+    assert check.tampered == ""
+
+
 def test_jest_keeps_the_projects_own_reporters(tmp_path: Path, runners: Path) -> None:
     reporter = "module.exports = class { onRunComplete() { console.log('THE PROJECT REPORTER RAN'); } };\n"
     files = {"tests/a.test.js": JEST_TESTS, "my-reporter.js": reporter}
