@@ -412,6 +412,14 @@ def test_a_mocha_esm_file_that_fails_to_link_is_its_one_result(tmp_path: Path, r
     assert check.tests == {"test/a.test.mjs::<file failed to run>": "failed"} and check.tampered == ""
 
 
+def test_ids_are_relative_to_the_checkouts_root(tmp_path: Path, runners: Path) -> None:
+    repo = make_repo(tmp_path, {"packages/lib/test/a.test.js": MOCHA_TESTS, ".git/HEAD": "ref: refs/heads/main\n"},
+                     runners)  # fmt: skip
+    (repo / "packages" / "lib" / "node_modules").symlink_to(runners, target_is_directory=True)
+    check, log, _ = run(repo, "cd packages/lib && mocha")
+    assert check.tests == expected("packages/lib/test/a.test.js", todo=False), log
+
+
 def test_a_runner_started_through_npx_gets_no_channel_and_says_so(tmp_path: Path, runners: Path) -> None:
     repo = make_repo(tmp_path, {"tests/a.test.js": JEST_TESTS}, runners)
     check, log, code = run(repo, "npx jest")

@@ -26,7 +26,16 @@ const bufferFrom = Buffer.from.bind(Buffer);
 const subarray = Uint8Array.prototype.subarray;
 const SENTINELS = {}; // name -> "pass" or "fail"; filled in per run by worker/attempts/evidence.py
 const REEXEC = 'FROGFIX_NODE_TEST_REEXEC';
-const state = { fd: null, n: 0, ended: false, started: false, root: process.cwd() };
+const state = { fd: null, n: 0, ended: false, started: false, root: '' };
+
+function repositoryRoot() {
+  /* Test ids are relative to the checkout's root (where .git is), also for `cd pkg && jest`; else the cwd. */
+  const cwd = process.cwd();
+  for (let folder = cwd; ; folder = path.dirname(folder)) {
+    if (fs.existsSync(path.join(folder, '.git'))) return folder;
+    if (path.dirname(folder) === folder) return cwd;
+  }
+}
 
 function takeChannel() {
   const value = process.env.FROGFIX_RESULTS_FD;
@@ -343,6 +352,7 @@ function main() {
   const runner = runnerOf(process.argv[1]);
   if (fd === null || !runner) return;
   state.fd = fd;
+  state.root = repositoryRoot();
   lent = runner === 'mocha'; // only jest's, vitest's and node's reporter modules take the channel
   if (runner === 'jest') hookJest();
   else if (runner === 'vitest') hookVitest(process.argv[1]);
