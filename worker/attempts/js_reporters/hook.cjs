@@ -24,7 +24,7 @@ const stringify = JSON.stringify;
 const assign = Object.assign;
 const bufferFrom = Buffer.from.bind(Buffer);
 const subarray = Uint8Array.prototype.subarray;
-const SENTINELS = {}; // name -> "pass" or "fail"; filled in per run by worker/attempts/evidence.py
+const SENTINELS = {}; // name -> "pass" or "fail"; filled in per run (worker/attempts/js_runners.py reporter_files)
 const REEXEC = 'FROGFIX_NODE_TEST_REEXEC';
 const state = { fd: null, n: 0, ended: false, started: false, root: '' };
 
