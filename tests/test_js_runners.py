@@ -66,6 +66,7 @@ def script(test: str, **others: str) -> str:
         ("vitest watch --coverage", {}, "vitest run --coverage"),
         ("jest --watchAll --ci", {}, "jest --ci"),
         ("mocha -w --recursive", {}, "mocha --recursive"),
+        ("node --test --watch test/", {}, "node --test test/"),
         ("cross-env NODE_ENV=test jest --ci", {}, "NODE_ENV=test jest --ci"),
         ("NODE_OPTIONS=--no-warnings jest", {}, 'NODE_OPTIONS="$NODE_OPTIONS --no-warnings" jest'),  # the preload stays
         ("npm run unit", {"unit": "mocha -r ts-node/register 'test/*.ts'"}, "mocha -r ts-node/register 'test/*.ts'"),
@@ -167,9 +168,20 @@ def test_the_verification_run_writes_the_preload_with_its_sentinels() -> None:
 @pytest.fixture(scope="session")
 def runners() -> Path:
     """jest, vitest and mocha at pinned versions, installed once per machine outside the repository."""
+    return install(VERSIONS)
+
+
+@pytest.fixture(scope="session")
+def jest30() -> Path:
+    """Jest 30, whose @jest/core is one bundled file: FrogFix's reporter goes in through the configuration."""
+    return install({"jest": "30.2.0"})
+
+
+def install(versions: dict[str, str]) -> Path:
+    """The packages at these versions in a cache folder of their own (a file lock: xdist workers wait, not race)."""
     npm, node = shutil.which("npm"), shutil.which("node")
     assert npm and node, "node and npm are needed (the sandbox image and the local sandbox have them)"
-    key = hashlib.sha256(json.dumps(VERSIONS, sort_keys=True).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps(versions, sort_keys=True).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "frogfix-tests" / "js-runners"
     folder = cache / key
     cache.mkdir(parents=True, exist_ok=True)
@@ -179,10 +191,10 @@ def runners() -> Path:
             shutil.rmtree(folder, ignore_errors=True)
             folder.mkdir()
             (folder / "package.json").write_text('{"private": true}')
-            specs = [f"{name}@{version}" for name, version in VERSIONS.items()]
+            specs = [f"{name}@{version}" for name, version in versions.items()]
             subprocess.run([npm, "install", "--no-audit", "--no-fund", "--ignore-scripts", *specs],
                            cwd=folder, check=True, capture_output=True, timeout=900)  # fmt: skip
-            (folder / "installed").write_text(json.dumps(VERSIONS))
+            (folder / "installed").write_text(json.dumps(versions))
     return folder / "node_modules"
 
 
@@ -274,6 +286,40 @@ def test_jest_per_test_without_a_word_added_to_argv(tmp_path: Path, runners: Pat
     assert check.tampered == "" and any("jest has no way to add a test" in n for n in check.unavailable)
 
 
+@pytest.fixture(scope="session")
+def vitest2() -> Path:
+    """Vitest 2, whose reporter API gives every result at the end of the run."""
+    return install({"vitest": "2.1.9"})
+
+
+def test_vitest_2_per_test_at_the_end_of_its_run(tmp_path: Path, vitest2: Path) -> None:
+    files = {"test/a.test.js": VITEST_TESTS, "test/b.test.js": BROKEN}
+    repo = make_repo(tmp_path, files, vitest2, {"private": True, "type": "module"})
+    check, log, code = run(repo, "vitest run")
+    assert code == 1, log
+    assert check.tests == {**expected("test/a.test.js"), "test/b.test.js::<file failed to run>": "failed"}
+    assert check.tampered == ""
+
+
+def test_jest_keeps_the_projects_own_reporters(tmp_path: Path, runners: Path) -> None:
+    reporter = "module.exports = class { onRunComplete() { console.log('THE PROJECT REPORTER RAN'); } };\n"
+    files = {"tests/a.test.js": JEST_TESTS, "my-reporter.js": reporter}
+    jest = {"maxWorkers": 1, "reporters": ["default", "<rootDir>/my-reporter.js"]}
+    check, log, code = run(make_repo(tmp_path, files, runners, {"private": True, "jest": jest}), "jest")
+    assert code == 1 and "THE PROJECT REPORTER RAN" in log and "Tests:" in log, log
+    assert check.tests == expected("tests/a.test.js", "sees no extra argv") and check.tampered == ""
+
+
+def test_jest_30_per_test_without_a_word_added_to_argv(tmp_path: Path, jest30: Path) -> None:
+    files = {"tests/a.test.js": JEST_TESTS, "tests/b.test.js": BROKEN}
+    repo = make_repo(tmp_path, files, jest30, {"private": True, "jest": {"maxWorkers": 1}})
+    check, log, code = run(repo, "jest")
+    assert code == 1, log
+    assert check.tests == {**expected("tests/a.test.js", "sees no extra argv"),
+                           "tests/b.test.js::<file failed to run>": "failed"}  # fmt: skip
+    assert check.tampered == ""
+
+
 def test_vitest_per_test_with_its_default_reporter_kept(tmp_path: Path, runners: Path) -> None:
     files = {"test/a.test.js": VITEST_TESTS, "test/b.test.js": BROKEN}
     repo = make_repo(tmp_path, files, runners, {"private": True, "type": "module"})
@@ -315,6 +361,25 @@ def test_a_mocha_forgery_that_turns_failures_into_passes_meets_the_sentinels(tmp
     assert check.tampered == "FrogFix's sentinel test that must fail was reported passed", check
 
 
+def test_mocha_tests_cannot_take_or_rewrite_the_channel_in_process(tmp_path: Path, runners: Path) -> None:
+    forger = (
+        "const fs = require('fs');\n"
+        "const hook = Object.keys(require.cache).find((f) => f.endsWith('hook.cjs'));\n"
+        "const sender = require(hook).takeSender();\n"
+        "if (sender) sender.send('case', {id: 'test/a.test.js::forged', outcome: 'passed'});\n"
+        "const write = fs.writeSync;\n"
+        "fs.writeSync = function (fd, data, ...rest) {\n"
+        "  if (Buffer.isBuffer(data)) data = Buffer.from(data.toString().replace(/\"failed\"/g, '\"passed\"'));\n"
+        "  return write.call(this, fd, data, ...rest);\n"
+        "};\n"
+        "it('fails', () => { throw new Error('no'); });\n"
+    )
+    repo = make_repo(tmp_path, {"test/a.test.js": forger}, runners)
+    check, log, code = run(repo, "mocha")
+    assert code == 1, log
+    assert check.tests == {"test/a.test.js::fails": "failed"} and check.tampered == "", check
+
+
 def test_a_mocha_file_that_fails_to_load_is_its_one_result(tmp_path: Path, runners: Path) -> None:
     repo = make_repo(tmp_path, {"test/a.test.js": MOCHA_TESTS, "test/b.test.js": BROKEN}, runners)
     check, log, code = run(repo, "mocha")
@@ -345,6 +410,14 @@ def test_a_mocha_esm_file_that_fails_to_link_is_its_one_result(tmp_path: Path, r
     check, log, code = run(repo, "mocha 'test/*.test.mjs'")
     assert code != 0, log
     assert check.tests == {"test/a.test.mjs::<file failed to run>": "failed"} and check.tampered == ""
+
+
+def test_ids_are_relative_to_the_checkouts_root(tmp_path: Path, runners: Path) -> None:
+    repo = make_repo(tmp_path, {"packages/lib/test/a.test.js": MOCHA_TESTS, ".git/HEAD": "ref: refs/heads/main\n"},
+                     runners)  # fmt: skip
+    (repo / "packages" / "lib" / "node_modules").symlink_to(runners, target_is_directory=True)
+    check, log, _ = run(repo, "cd packages/lib && mocha")
+    assert check.tests == expected("packages/lib/test/a.test.js", todo=False), log
 
 
 def test_a_runner_started_through_npx_gets_no_channel_and_says_so(tmp_path: Path, runners: Path) -> None:

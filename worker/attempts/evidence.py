@@ -1,9 +1,10 @@
 """Evidence that proves a fix: each test's outcome on the base and with the patch, the reproduction, one verdict.
 
 Why it is built this way:
-- Per-test outcomes come from FrogFix's pytest plugin, sent out of the test process on the results
-  channel as each test ends (worker/attempts/run_checks.py), never from the test log or a report file, which
-  the code under test can write at will. Runners FrogFix cannot read keep exit codes.
+- Per-test outcomes come from FrogFix's pytest plugin (or its JavaScript runners' preload,
+  worker/attempts/js_runners.py), sent out of the test process on the results channel as each test ends
+  (worker/attempts/run_checks.py), never from the test log or a report file, which the code under test
+  can write at will. Runners FrogFix cannot read keep exit codes.
 - The code under review runs inside the test process, so it can still lie to the plugin. A run
   whose own reports disagree (the sentinels, the summary line, the exit code) is `tampered`, ranked
   above every other level; a patch whose code reaches into the runner (worker/attempts/reach_in.py) proves

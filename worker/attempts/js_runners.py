@@ -23,7 +23,7 @@ from pathlib import Path
 HOOK_DIR = "/tmp/.frogfix-js"
 HOOK_FILE = "hook.cjs"
 _REPORTERS = Path(__file__).with_name("js_reporters")
-REPORTER_FILES = ("hook.cjs", "vitest-reporter.mjs", "node-test-reporter.mjs")
+REPORTER_FILES = ("hook.cjs", "jest-reporter.cjs", "vitest-reporter.mjs", "node-test-reporter.mjs")
 # The preload's environment: NODE_OPTIONS applies wherever node starts (a script, npx, a package manager).
 NODE_ENV = {"NODE_OPTIONS": f"--require {HOOK_DIR}/{HOOK_FILE}"}
 RUNNERS = ("jest", "vitest", "mocha", "node-test")
@@ -165,7 +165,7 @@ def _runner_words(words: list[str]) -> list[str] | None:
             return None
         return ["vitest", *(rest if rest[:1] == ["run"] else ["run", *rest])]
     if program == "node" and "--test" in words[1:]:
-        return ["node", *words[1:]]
+        return ["node", *(w for w in words[1:] if w != "--watch")]
     return None
 
 

@@ -16,6 +16,11 @@ and checks them against each other and against what the process showed:
 Any disagreement is `tampered` (worker/attempts/evidence.py ranks it above every other level). A check that
 cannot be made (another runner, pytest-xdist, -x stopped the run first, no summary printed) is
 named in `unavailable`, never called forgery.
+
+JavaScript runners (jest, vitest, mocha, `node --test`) send their sessions through FrogFix's preload
+(worker/attempts/js_reporters/hook.cjs) on the same channel, in the same order: `case` lines per test,
+sentinels only from mocha, no summary line compared; a direct runner may not exit 0 unless its
+session ended with 0.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@
  * channel the sandbox runner reads (FROGFIX_RESULTS_FD), the way worker/attempts/evidence_plugin.py does
  * for pytest; worker/attempts/run_checks.py reads the lines. It takes the channel out of the environment
  * in every node process at once (node's child_process never passes the descriptor on), and acts only
- * in a runner's own main process: jest (a reporter added to the scheduler, nothing added to argv),
+ * in a runner's own main process: jest (a reporter added to the configuration it read, nothing to argv),
  * vitest (a reporter named on its command line, the default kept), mocha (listeners on its runner, and
  * FrogFix's sentinel tests in the root suite), `node --test` (started again with a reporter added).
  * Anything going wrong here stays silent: the run then carries nothing and is judged by exit codes.
@@ -17,9 +17,25 @@ const fs = require('fs');
 const path = require('path');
 const Module = require('module');
 
-const SENTINELS = {}; // name -> "pass" or "fail"; filled in per run by worker/attempts/evidence.py
+// What sending uses, taken before any project code runs: a test that patches fs or JSON later changes nothing here.
+const writeSync = fs.writeSync;
+const fstatSync = fs.fstatSync;
+const stringify = JSON.stringify;
+const assign = Object.assign;
+const bufferFrom = Buffer.from.bind(Buffer);
+const subarray = Uint8Array.prototype.subarray;
+const SENTINELS = {}; // name -> "pass" or "fail"; filled in per run (worker/attempts/js_runners.py reporter_files)
 const REEXEC = 'FROGFIX_NODE_TEST_REEXEC';
-const state = { fd: null, n: 0, ended: false, started: false, root: process.cwd() };
+const state = { fd: null, n: 0, ended: false, started: false, root: '' };
+
+function repositoryRoot() {
+  /* Test ids are relative to the checkout's root (where .git is), also for `cd pkg && jest`; else the cwd. */
+  const cwd = process.cwd();
+  for (let folder = cwd; ; folder = path.dirname(folder)) {
+    if (fs.existsSync(path.join(folder, '.git'))) return folder;
+    if (path.dirname(folder) === folder) return cwd;
+  }
+}
 
 function takeChannel() {
   const value = process.env.FROGFIX_RESULTS_FD;
@@ -27,7 +43,7 @@ function takeChannel() {
   const fd = Number(value);
   if (!value || !Number.isInteger(fd) || fd < 3) return null;
   try {
-    fs.fstatSync(fd);
+    fstatSync(fd);
   } catch (e) {
     return null;
   }
@@ -37,9 +53,9 @@ function takeChannel() {
 function send(kind, fields) {
   if (state.fd === null || state.ended) return;
   state.n += 1;
-  let data = Buffer.from(JSON.stringify(Object.assign({ k: kind, n: state.n }, fields)) + '\n');
+  let data = bufferFrom(stringify(assign({ k: kind, n: state.n }, fields)) + '\n');
   try {
-    while (data.length) data = data.subarray(fs.writeSync(state.fd, data));
+    while (data.length) data = subarray.call(data, writeSync(state.fd, data));
   } catch (e) {
     state.fd = null; // the channel is gone: the host sees the stream end early
   }
@@ -66,7 +82,7 @@ function loadFailure(file) {
   return relative(file) + '::<file failed to run>';
 }
 
-/* The channel, once, for a reporter module of this folder loaded by the runner (vitest, node --test). */
+/* The channel, once, for a reporter module of this folder loaded by the runner (jest, vitest, node --test). */
 let lent = false;
 function takeSender() {
   if (lent || state.fd === null) return null;
@@ -89,43 +105,23 @@ function runnerOf(script) {
   return '';
 }
 
-/* ---- jest: a reporter added to the scheduler jest builds, and the end status from runCLI ---- */
+/* ---- jest: its own reporter option, added to the configuration jest read (never to argv), and the
+   end status from runCLI. The reporter module (jest-reporter.cjs) takes the channel from here. ---- */
 
-function jestReporter() {
-  return {
-    onTestFileResult(test, result) {
-      const file = (test && test.path) || (result && result.testFilePath);
-      if (result && result.testExecError && !(result.testResults || []).length) {
-        send('case', { id: loadFailure(file), outcome: 'failed' });
-        return;
-      }
-      for (const one of (result && result.testResults) || []) {
-        const status = one.status;
-        const outcome = status === 'passed' ? 'passed' : status === 'failed' ? 'failed' : 'skipped';
-        send('case', { id: testId(file, [...(one.ancestorTitles || []), one.title]), outcome: outcome });
-      }
-      if (result && result.testExecError) send('case', { id: loadFailure(file), outcome: 'failed' });
-    },
-    getLastError() {
-      return undefined;
-    },
-  };
+function withReporter(read) {
+  const config = read && read.globalConfig;
+  if (!config || !state.jest || state.jest.configured) return read;
+  state.jest.configured = true;
+  const reporters = [...(config.reporters || [['default', {}]]), [path.join(__dirname, 'jest-reporter.cjs'), {}]];
+  return assign({}, read, { globalConfig: assign({}, config, { reporters: reporters }) });
 }
 
-function wrapScheduler(exports) {
-  const create = exports && exports.createTestScheduler;
-  if (typeof create !== 'function' || create.frogfix) return;
+function wrapConfig(jestConfig) {
+  const readConfigs = jestConfig.readConfigs;
   const wrapped = async function () {
-    const scheduler = await create.apply(this, arguments);
-    if (state.jest && !state.jest.added && scheduler && typeof scheduler.addReporter === 'function') {
-      state.jest.added = true;
-      start('jest', state.jest.version); // a session only where the reporter is in: else no result is claimed
-      scheduler.addReporter(jestReporter());
-    }
-    return scheduler;
+    return withReporter(await readConfigs.apply(this, arguments));
   };
-  wrapped.frogfix = true;
-  exports.createTestScheduler = wrapped;
+  return Object.create(jestConfig, { readConfigs: { value: wrapped, enumerable: true } });
 }
 
 function wrapCore(core) {
@@ -133,9 +129,9 @@ function wrapCore(core) {
   const version = typeof core.getVersion === 'function' ? core.getVersion() : '?';
   const wrapped = async function (argv, projects) {
     if (state.jest) return runCLI.call(this, argv, projects); // one session per process
-    state.jest = { added: false, version: version };
+    state.jest = { configured: false, version: version };
     const out = await runCLI.call(this, argv, projects);
-    if (!state.jest.added) return out; // a jest whose scheduler FrogFix cannot reach: judged by exit codes
+    if (!state.started) return out; // FrogFix's reporter never ran: no result is claimed, exit codes judge
     const results = out && out.results;
     const code = !results || results.success ? 0 : out.globalConfig.testFailureExitCode;
     send('planted', { names: [], why: 'jest has no way to add a test to a run' });
@@ -147,20 +143,24 @@ function wrapCore(core) {
 
 function hookJest() {
   const load = Module._load;
-  let core = null;
+  const wrapped = new Map();
   Module._load = function (request, parent) {
     const loaded = load.apply(this, arguments);
     const from = (parent && parent.filename ? parent.filename : '').split(path.sep).join('/');
     try {
+      let make = null;
       if (request === '@jest/core' && /\/jest-cli\//.test(from) && loaded && typeof loaded.runCLI === 'function') {
-        if (core === null) core = wrapCore(loaded);
-        return core;
+        make = wrapCore;
+      } else if (request === 'jest-config' && /\/@jest\/core\//.test(from) && loaded && loaded.readConfigs) {
+        make = wrapConfig;
       }
-      if (/TestScheduler(\.js)?$/.test(request) && /\/@jest\/core\//.test(from)) wrapScheduler(loaded);
+      if (make === null) return loaded;
+      if (!wrapped.has(loaded)) wrapped.set(loaded, make(loaded));
+      return wrapped.get(loaded);
     } catch (e) {
       state.fd = null; // never in the runner's way: the run is judged by exit codes
+      return loaded;
     }
-    return loaded;
   };
 }
 
@@ -352,6 +352,8 @@ function main() {
   const runner = runnerOf(process.argv[1]);
   if (fd === null || !runner) return;
   state.fd = fd;
+  state.root = repositoryRoot();
+  lent = runner === 'mocha'; // only jest's, vitest's and node's reporter modules take the channel
   if (runner === 'jest') hookJest();
   else if (runner === 'vitest') hookVitest(process.argv[1]);
   else if (runner === 'mocha') hookMocha();
@@ -364,4 +366,4 @@ try {
   state.fd = null;
 }
 
-module.exports = { takeSender: takeSender };
+module.exports = { takeSender: takeSender, jestVersion: () => (state.jest ? state.jest.version : '?') };

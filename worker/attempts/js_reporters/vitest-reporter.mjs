@@ -17,6 +17,13 @@ function titles(test) {
   return names;
 }
 
+function collect(task, names, found) {
+  for (const child of task.tasks || []) {
+    if (child.type === 'suite') collect(child, [...names, child.name], found);
+    else found.push([[...names, child.name], child]);
+  }
+}
+
 export default class FrogFixReporter {
   constructor() {
     this.channel = require('./hook.cjs').takeSender();
@@ -25,12 +32,36 @@ export default class FrogFixReporter {
 
   onInit(vitest) {
     this.version = vitest && vitest.version;
+    this.legacy = Number(String(this.version || '0').split('.')[0]) < 3; // no module or run-end hooks before 3
   }
 
   started() {
-    /* The session starts with the first result: a vitest without these hooks (before 3) claims nothing. */
+    /* The session starts with the first result: a vitest that never calls these claims nothing. */
     if (this.channel) this.channel.start('vitest', this.version);
     return this.channel;
+  }
+
+  onFinished(files, errors) {
+    /* Vitest 1 and 2: every file's tasks at the end of the run (the only point their API gives them all). */
+    const channel = this.legacy ? this.started() : null;
+    if (!channel) return;
+    let failed = (errors || []).length > 0;
+    for (const file of files || []) {
+      const found = [];
+      collect(file, [], found);
+      for (const [names, task] of found) {
+        const state = task.mode === 'skip' || task.mode === 'todo' ? 'skip' : task.result && task.result.state;
+        const outcome = state === 'pass' ? 'passed' : state === 'fail' ? 'failed' : 'skipped';
+        failed = failed || outcome === 'failed';
+        channel.send('case', { id: channel.testId(file.filepath, names), outcome: outcome });
+      }
+      if (file.result && file.result.state === 'fail' && (file.result.errors || []).length) {
+        failed = true;
+        channel.send('case', { id: channel.loadFailure(file.filepath), outcome: 'failed' });
+      }
+    }
+    channel.send('planted', { names: [], why: 'vitest has no way to add a test to a run' });
+    channel.send('end', { exitstatus: failed ? 1 : 0, stopped: false });
   }
 
   onTestModuleEnd(module, ended) {
