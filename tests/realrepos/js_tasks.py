@@ -18,7 +18,12 @@ JS_FIXTURES = ROOT.parent / "shared" / "fixtures" / "realrepos-js"
 
 
 class JsTask(Task):
-    """A realrepos-js task: its task.json names `test_paths` and `fix_commit`."""
+    """A realrepos-js task: its task.json names `test_paths`, `base_commit` and `fix_commit`."""
+
+    @classmethod
+    def load(cls, folder: Path) -> JsTask:
+        data = json.loads((folder / "task.json").read_text())
+        return cls(folder.name, folder, {**data, "base": data["base_commit"], "fix": data["fix_commit"]})
 
     @property
     def test_files(self) -> list[str]:

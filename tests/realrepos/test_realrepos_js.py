@@ -106,6 +106,10 @@ def test_fix_installs_the_lockfile_from_the_npm_mirror_and_reproduces(
     assert out["status"] == "fixed" and evidence["level"] == "reproduced", shown
     assert set(task.fail_to_pass) <= set(evidence["fail_to_pass"]), evidence
     assert set(task.fail_to_pass) <= set(evidence["reproduction"]["tests"]), evidence
+    if not task.data["preexisting_failures"]:  # the whole suite passes with the fix, as upstream's CI did
+        after = out["tests"]["after"]
+        tails = [(run["exit_code"], run["log"][-1500:]) for run in after]
+        assert after and all(run["exit_code"] == 0 for run in after), tails
 
     # The mirror's password is nowhere FrogFix writes, nor in what the model saw.
     needles = secret_forms(npm_registry.password, npm_registry.user)

@@ -19,6 +19,9 @@ CACHE = "/workspace/.frogfix-cache"  # the package managers' download caches: in
 # Yarn Berry keeps its install state in .yarn/ and refuses to run scripts without it: FrogFix keeps it in
 # the root node_modules, which every sandbox of the job gets (layout.py sets the same path there).
 YARN_STATE = PACKAGE_MANAGER_VARIABLES["YARN_INSTALL_STATE_PATH"]
+# Files runners write inside their own package (vitest --typecheck: tsc's build info in vitest/dist), which is
+# read-only in a job's sandbox: each becomes a link into the sandbox's own /tmp.
+RUNNER_WRITES = (("vitest/dist", "tsconfig.tmp.tsbuildinfo"),)
 
 # .npmrc keys that shape the installed tree, kept; every other key (registries, credentials, proxies,
 # certificates, scripts, paths, pnpmfiles) is dropped, so no rc file sends the install elsewhere.
@@ -95,6 +98,12 @@ def install_script(plan: JavaScriptPlan) -> str:
     script.append(f'echo "frogfix: installing the packages {plan.lockfile} pins ({manager.shown()}, scripts off)"')
     script.append(_install_command(manager.kind, npm, reg))
     script.append(f"mkdir -p {' '.join(SCRATCH)}")
+    for package, name in RUNNER_WRITES:  # each install of the package (pnpm keeps one per peer set)
+        script.append(
+            f"find node_modules -type d -path '*/node_modules/{package}' 2>/dev/null | while read -r d; do "
+            f'ln -sfn "/tmp/.frogfix-{package.replace("/", "-")}-$(echo "$d" | cksum | cut -d" " -f1)-{name}" '
+            f'"$d/{name}"; done'
+        )
     for rel in (".", *plan.workspaces):
         source = "/workspace" if rel == "." else f"/workspace/{rel}"
         target = f"{ENV_DIR}/{CHECKOUT_FOLDER}" + ("" if rel == "." else f"/{rel}")
