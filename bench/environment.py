@@ -16,7 +16,12 @@ The figures are FrogFix's reported `environment.seconds`; the whole `fix` wall t
 beside them. (When worker.environment.builder.build_environment is exposed, the same loop can
 call it directly and drop the base-test run from the wall time.)
 
-Usage: python bench/environment.py [--tasks humanize-naturaldate-tz,rich-prompt-markup] [--warm 3] [--keep]
+JavaScript (../shared/fixtures/realrepos-js): the same loop against a real Verdaccio on loopback as the
+company's npm mirror (tests/npm_registry.py), for one task by default (--js-tasks picks others; `none` skips).
+A JavaScript environment has no per-job install of the project, so its warm cost is the cache's alone.
+
+Usage: python bench/environment.py [--tasks humanize-naturaldate-tz,rich-prompt-markup]
+       [--js-tasks d3-format-prefix-parens] [--warm 3] [--keep]
 """
 
 from __future__ import annotations
@@ -36,9 +41,11 @@ sys.path.insert(0, str(ROOT))
 from tests.doubles.openai_server import ScriptedOpenAIServer  # noqa: E402
 from tests.realrepos import FIXTURES, Task, load_tasks, run_fix  # noqa: E402
 from tests.realrepos.fix_double import no_patch_script  # noqa: E402
+from tests.realrepos.js_tasks import JS_FIXTURES, load_js_tasks  # noqa: E402
 from tests.realrepos.mirror import PackageMirror, filled_cache  # noqa: E402
 
 TARGET = 0.25  # warm environment seconds (the project's own install included) / cold environment seconds
+JS_DEFAULT = "d3-format-prefix-parens"
 PASSWORD = "bench-mirror-password-not-secret"
 
 
@@ -60,12 +67,12 @@ class Measured:
         return statistics.median(self.warm) if self.warm else None
 
 
-def environment_seconds(repo: Path, issue: Path, dirs: Path, mirror: PackageMirror) -> tuple[dict[str, Any], float]:
-    """One `fix` run; its `environment` object and the run's wall seconds."""
+def environment_seconds(repo: Path, issue: Path, dirs: Path, mirror: dict[str, str]) -> tuple[dict[str, Any], float]:
+    """One `fix` run; its `environment` object and the run's wall seconds. `mirror`: run_fix's mirror argument."""
     started = time.perf_counter()
     with ScriptedOpenAIServer(no_patch_script()) as model:
         proc, out = run_fix(repo, issue, data_dir=dirs / "data", workspace_dir=dirs / "workspaces",
-                            model_url=model.base_url, index_url=mirror.url_with_credentials)
+                            model_url=model.base_url, **mirror)
     wall = time.perf_counter() - started
     if out is None:
         raise RuntimeError(f"fix printed no JSON (exit {proc.returncode}): {proc.stderr[-1500:]}")
@@ -75,7 +82,7 @@ def environment_seconds(repo: Path, issue: Path, dirs: Path, mirror: PackageMirr
     return environment, wall
 
 
-def measure(task: Task, base: Path, mirror: PackageMirror, warm_runs: int) -> Measured:
+def measure(task: Task, base: Path, mirror: dict[str, str], warm_runs: int) -> Measured:
     """Cold once in fresh dirs, then warm `warm_runs` times in the same dirs."""
     result = Measured(task.name)
     dirs = base / task.name
@@ -92,7 +99,7 @@ def measure(task: Task, base: Path, mirror: PackageMirror, warm_runs: int) -> Me
         for _ in range(warm_runs):
             warm, wall = environment_seconds(repo, issue, dirs, mirror)
             result.warm.append(float(warm["seconds"]))
-            result.project.append(float(warm.get("project_seconds", 0.0)))
+            result.project.append(float(warm.get("project_seconds") or 0.0))
             result.warm_wall.append(wall)
             result.cached_flags.append(bool(warm.get("cached")))
     except (RuntimeError, KeyError, TypeError, ValueError) as exc:
@@ -125,30 +132,17 @@ def report(results: list[Measured]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--tasks", default="", help="comma-separated task names (default: all six)")
+    parser.add_argument("--tasks", default="", help="comma-separated Python task names (default: all six; none: skip)")
+    parser.add_argument("--js-tasks", default=JS_DEFAULT, help=f"JavaScript tasks (default: {JS_DEFAULT}; none: skip)")
     parser.add_argument("--warm", type=int, default=3, help="cached runs per task (the median is reported)")
     parser.add_argument("--keep", action="store_true", help="keep the run folders (printed)")
     args = parser.parse_args()
-    if not (FIXTURES / "MANIFEST.json").is_file():
-        sys.exit(f"realrepos fixtures not found at {FIXTURES}")
-    tasks = load_tasks()
-    wanted = [name.strip() for name in args.tasks.split(",") if name.strip()]
-    unknown = set(wanted) - {t.name for t in tasks}
-    if unknown:
-        sys.exit(f"unknown task(s): {', '.join(sorted(unknown))}; known: {', '.join(t.name for t in tasks)}")
-    chosen = [t for t in tasks if not wanted or t.name in wanted]
-
-    started = time.perf_counter()
-    packages = filled_cache(tasks)  # all six, like the tests: one cache folder whichever run
-    print(f"mirror: {packages} (ready in {time.perf_counter() - started:.1f} s)")
     base = Path(tempfile.mkdtemp(prefix="frogfix-bench-env-"))
     base.chmod(0o711)
     try:
-        with PackageMirror(packages, PASSWORD) as mirror:
-            results = []
-            for task in chosen:
-                results.append(measure(task, base, mirror, args.warm))
-                print(f"  measured {task.name}", flush=True)
+        results = [] if args.tasks == "none" else python_results(args.tasks, base, args.warm)
+        if args.js_tasks != "none":
+            results += javascript_results(args.js_tasks, base, args.warm)
         report(results)
     finally:
         if args.keep:
@@ -156,6 +150,49 @@ def main() -> None:
         else:
             shutil.rmtree(base, ignore_errors=True)
 
+
+def chosen_tasks(tasks: list[Task], names: str) -> list[Task]:
+    wanted = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = set(wanted) - {t.name for t in tasks}
+    if unknown:
+        sys.exit(f"unknown task(s): {', '.join(sorted(unknown))}; known: {', '.join(t.name for t in tasks)}")
+    return [t for t in tasks if not wanted or t.name in wanted]
+
+
+def python_results(names: str, base: Path, warm: int) -> list[Measured]:
+    if not (FIXTURES / "MANIFEST.json").is_file():
+        sys.exit(f"realrepos fixtures not found at {FIXTURES}")
+    tasks = load_tasks()
+    chosen = chosen_tasks(tasks, names)
+    started = time.perf_counter()
+    packages = filled_cache(tasks)  # all six, like the tests: one cache folder whichever run
+    print(f"mirror: {packages} (ready in {time.perf_counter() - started:.1f} s)")
+    results = []
+    with PackageMirror(packages, PASSWORD) as mirror:
+        for task in chosen:
+            results.append(measure(task, base, {"index_url": mirror.url_with_credentials}, warm))
+            print(f"  measured {task.name}", flush=True)
+    return results
+
+
+def javascript_results(names: str, base: Path, warm: int) -> list[Measured]:
+    from tests.npm_registry import Verdaccio
+
+    if not (JS_FIXTURES / "MANIFEST.json").is_file():
+        sys.exit(f"realrepos-js fixtures not found at {JS_FIXTURES}")
+    chosen = chosen_tasks(list(load_js_tasks()), names)
+    folder = base / "verdaccio"
+    folder.mkdir()
+    registry = Verdaccio(folder).start()
+    print(f"npm mirror: Verdaccio on {registry.plain_url}")
+    try:
+        results = []
+        for task in chosen:
+            results.append(measure(task, base, {"npm_registry_url": registry.url}, warm))
+            print(f"  measured {task.name}", flush=True)
+        return results
+    finally:
+        registry.stop()
 
 if __name__ == "__main__":
     main()
