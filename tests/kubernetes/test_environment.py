@@ -236,3 +236,31 @@ def test_the_pack_script_is_what_receive_reads(tmp_path: Path) -> None:
     assert (dest / "lib.py").read_text() == "X = 1\n" and os.readlink(dest / "bin" / "python") == "/usr/bin/python3"
     assert (dest / "bin" / "run").read_bytes() == (env / "bin" / "run").read_bytes()
     assert os.access(dest / "bin" / "run", os.X_OK)
+
+
+# Serial for the same reason as the test above: the setup pod's pump holds PUMP_PORT on the shared loopback.
+@pytest.mark.serial
+def test_a_setup_pod_installs_a_javascript_lockfile_from_the_npm_mirror_and_job_pods_get_node_modules(
+    roots: tuple[Path, Path], kube: KubernetesApiDouble, npm_registry: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.environment.test_javascript_environment import PACKAGE, SOURCES, js_repo
+
+    data, workspaces = roots
+    settings = Settings(data_dir=data, workspace_dir=workspaces, npm_registry_url=npm_registry.url,
+                        sandbox="kubernetes", sandbox_namespace=NAMESPACE)
+    wire_to_double(kube, monkeypatch, start_timeout_s=60.0)
+    checkout = js_repo(settings.resolved_workspace_dir() / "checkout", PACKAGE, SOURCES)
+    before = len(npm_registry.requests())
+    report = environments(settings).for_checkout(checkout, "node --test", None, None)
+    assert report.ok and report.built and not report.cached, (report.reason, report.log_tail)
+    assert ("is-number", "7.0.0") in npm_registry.served_tarballs(since=before)  # through tunnel and relay
+    setup_pods = [body for kind, body in kube.received if kind == "pods"]
+    assert len(setup_pods) == 1  # one install step; no project layer for JavaScript
+    assert [e for e in kube.execs if "--tunnel" in e.argv]
+
+    with closing(wiring.open_job_sandbox(checkout, settings, environment=report.path)) as box:
+        command = "node -e \"console.log(require('is-number')(7))\"; git -c safe.directory='*' status --porcelain"
+        run = box.run_command(command, timeout=120)
+    assert run.exit_code == 0 and run.log.strip() == "true", run.log  # node_modules there, and not in git status
+    texts = json.dumps([body for _, body in kube.received]) + json.dumps([e.argv for e in kube.execs])
+    assert npm_registry.password not in texts
