@@ -269,3 +269,16 @@ def test_a_yarn_berry_repository_is_installed_by_the_yarn_it_names_from_the_mirr
     served = npm_registry.served_tarballs(since=before)
     assert ("is-number", "7.0.0") in served and ("@yarnpkg/cli-dist", "4.5.3") in served, served
     assert door.accepted == 0
+
+
+def test_a_non_root_worker_installs_the_lockfile_and_its_sandboxes_use_it(nonroot: Any, npm_registry: Any) -> None:
+    """The shipped worker image runs as a plain user: the setup sandbox, the relay's npm mode and the binds work."""
+    base = nonroot.folder("javascript-")
+    out = nonroot.run_json(Path(__file__).with_name("nonroot_javascript.py"), str(base), npm_registry.url,
+                           timeout=600)
+    assert out["report"]["ok"] and out["report"]["built"], out["report"]
+    lines = out["used"].splitlines()
+    assert lines[0] == "true" and lines[-1] == "READ-ONLY", out["used"]  # installed, and never writable
+    leaked = [str(p) for p in base.rglob("*")
+              if p.is_file() and not p.is_symlink() and npm_registry.password.encode() in p.read_bytes()]
+    assert leaked == [] and npm_registry.password not in json.dumps(out)
