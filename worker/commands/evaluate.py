@@ -603,17 +603,25 @@ def candidate_models(settings: Settings) -> ModelFactory:
 
 def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFactory | None = None,
              progress: Progress | None = None, settings: Settings | None = None,
-             should_stop: Callable[[], bool] | None = None, poll_seconds: float = 1.0) -> tuple[int, str, list[str]]:
-    """Start or resume an evaluation and run it: (its id, its status, attempts that could not run)."""
+             should_stop: Callable[[], bool] | None = None, poll_seconds: float = 1.0,
+             check_model: bool = False) -> tuple[int, str, list[str]]:
+    """Start or resume an evaluation and run it: (its id, its status, attempts that could not run).
+
+    `check_model`: first ask the candidate's server for its model list (doctor's check), and refuse
+    before any evaluation row or attempt when it cannot answer."""
     base = settings or get_settings()
+    finished = False  # a finished evaluation resumed is only reported again: no model is asked
     if resume is not None:  # a resumed evaluation keeps its own model, server and K
         with session_scope() as session:
             row = ev_records.get_evaluation(session, resume)
+            finished = row.status == "finished"
             options = EvalOptions(row.model, row.base_url, row.selector, row.attempts, options.concurrency,
                                   options.who, options.api_key)
     key = candidate_api_key(options.base_url, options.api_key or None, base)
     s = base.model_copy(update={"model_name": options.model, "model_base_url": options.base_url, "model_api_key": key})
     say: Progress = progress or (lambda _m: None)
+    if check_model and models is None and not finished:
+        ask_model(s)
     evaluation_id = start_or_resume(options, s, resume, say)
     runner = ev_records.Runner.of(os.getpid())
     try:
@@ -641,6 +649,17 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
 
 
 # -- the command --------------------------------------------------------------------------------
+
+
+def ask_model(settings: Settings) -> None:
+    """The candidate's server answers its model list and serves the model (doctor's `model.listed`), else
+    EvalError in doctor's words, before anything is recorded or run."""
+    from worker.commands.doctor.model import model_listed
+
+    line = model_listed(settings).line
+    if line.outcome != "pass":
+        raise EvalError(f"the model server cannot be used: {line.detail}; fix: {line.fix} "
+                        "(nothing was run; --skip-model-check skips this check)")
 
 
 def ensure_schema(settings: Settings) -> None:
@@ -695,6 +714,7 @@ class CommandOptions:
     scripted: str | None = None
     model: str | None = None  # `--model` / `--base-url` as typed: a resumed evaluation must not get others
     base_url: str | None = None
+    check_model: bool = True  # ask a live candidate's server for its model list first (`--skip-model-check`)
 
 
 def resumed_models(command: CommandOptions, models: ModelFactory | None) -> ModelFactory | None:
@@ -740,7 +760,8 @@ def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Pr
         raise EvalError(str(exc)) from None
     try:
         evaluation_id, status, errors = evaluate(
-            options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
+            options, resume=command.resume, models=models, progress=progress, should_stop=should_stop,
+            check_model=command.check_model,
         )
     except ClaimLost as exc:
         progress(str(exc))
