@@ -76,6 +76,10 @@ def serve(
 
     from worker.embedded import EmbeddedWorker
 
+    if not 1 <= port <= 65535:
+        fail("serve", f"--port {port} is not a TCP port: give one from 1 to 65535 (e.g. --port 8000)", 2)
+    if workers < 1:
+        fail("serve", f"--workers {workers}: serve needs at least one web worker process (e.g. --workers 1)", 2)
     # The address first, as uvicorn will bind it: a port in use is one plain line, with nothing started.
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -236,17 +240,11 @@ def doctor(
     """
     import json
 
-    from pydantic import ValidationError
-
     from worker.commands.doctor import exit_code, render_text, run_doctor
-    from worker.commands.doctor.results import DoctorOptions, settings_invalid
+    from worker.commands.doctor.results import DoctorOptions
 
-    try:
-        settings = load_settings()
-    except ValidationError as exc:  # the first thing doctor is for: say which variable, not a traceback
-        results = [settings_invalid([dict(error) for error in exc.errors()])]
-    else:
-        results = run_doctor(settings, DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
+    # Settings that do not load never get here: the command line's first step says which, in one line (exit 2).
+    results = run_doctor(load_settings(), DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
     if json_out:
         typer.echo(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
     else:
