@@ -735,6 +735,13 @@ def replay_job(
         if status in ACTIVE_STATUSES:
             raise ReplayError(f"job {key} is {status}; a live run waits until it has finished")
     where = f"run {rec.run}, attempt {rec.number}" if rec.run is not None else "the local run"
+    if not live and rec.replies == 0:  # a replay of no reply would "reproduce" nothing and say REPRODUCED
+        ended = f" ({rec.exit_reason})" if rec.exit_reason else ""
+        refused = (f"job {key} has nothing to replay: {where} ended before the model's first reply{ended}; "
+                   "`replay --live` runs its task again with the live model")
+        if requested:
+            _note(key, "replay_failed", f"replay could not run: {refused}")
+        raise ReplayError(refused)
     say(f"{'live run of' if live else 'replaying'} {where} from {rec.path} ({rec.replies} recorded steps)")
     report = _replay_recording(rec, where, s, redactor, say, live=live, model=model, repo_dir=repo_dir)
     say(report.message)
