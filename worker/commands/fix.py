@@ -160,7 +160,8 @@ class LocalFix:
         deps = Deps.from_settings(self.settings)
         if self._model is not None:
             deps.model_for = lambda: self._model
-            self.say(f"running the agent with {type(self._model).__name__} (no model server)")
+            deps.model_label = getattr(self._model, "label", None) or f"{type(self._model).__name__} (no model ran)"
+            self.say(f"running the agent with {deps.model_label}")
         else:
             self.say(f"running the agent with {self.settings.model_name} at {shown_url(self.settings.model_base_url)}")
         pipeline = LocalPipeline(self.job_id, deps, progress=self.say, kind=self.kind)
