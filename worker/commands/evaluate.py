@@ -286,10 +286,19 @@ class EvalOptions:
     api_key: str | None = None  # `--api-key`; never stored (see `candidate_api_key`)
 
 
-def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None, progress: Progress) -> int:
-    """The evaluation to run: `resume`, else an unfinished one of the same command, else a new one."""
+def checked_selector(options: EvalOptions) -> TaskSelector:
+    """The options' own mistakes (counts, the task selector), refused before anything is asked or recorded."""
     if options.attempts < 1 or options.concurrency < 1:
         raise EvalError("--attempts and --concurrency must be at least 1")
+    try:
+        return parse_selector(options.selector)
+    except ev_records.SelectorError as exc:
+        raise EvalError(str(exc)) from exc
+
+
+def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None, progress: Progress) -> int:
+    """The evaluation to run: `resume`, else an unfinished one of the same command, else a new one."""
+    selector = checked_selector(options)
     with session_scope() as session:
         if resume is not None:
             ev_records.get_evaluation(session, resume)
@@ -304,10 +313,6 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
     if latest is not None:
         progress(f"evaluation {latest[0]} of the same command finished; starting a new one over the tasks "
                  f"selected now (`--resume {latest[0]}` reports it again)")
-    try:
-        selector = parse_selector(options.selector)
-    except ev_records.SelectorError as exc:
-        raise EvalError(str(exc)) from exc
     missing = unknown_ids(selector, settings)
     if missing:
         raise EvalError(f"no job {missing[0]}" if len(missing) == 1 else f"no jobs {', '.join(missing)}")
@@ -621,6 +626,7 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
     s = base.model_copy(update={"model_name": options.model, "model_base_url": options.base_url, "model_api_key": key})
     say: Progress = progress or (lambda _m: None)
     if check_model and models is None and not finished:
+        checked_selector(options)  # a mistyped option is said before the model server is asked
         ask_model(s)
     evaluation_id = start_or_resume(options, s, resume, say)
     runner = ev_records.Runner.of(os.getpid())
