@@ -1,4 +1,4 @@
-"""All configuration, read from `FROGFIX_*` environment variables (or a `.env` file).
+"""All configuration, read from `FROGFIX_*` environment variables (or `.env` files: `env_files`).
 
 The names are a contract (DESIGN.md): other parts, deploy/ and operators rely on them.
 """
@@ -404,9 +404,31 @@ def checked_settings() -> Settings:
         raise BadSettings(settings_problem(exc)) from None
 
 
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def env_files() -> tuple[Path, ...]:
+    """The `.env` files settings are read from, the later winning: the checkout's (FrogFix's own folder), the data
+    folder's (FROGFIX_DATA_DIR as the environment gives it, else ~/.frogfix), then the current folder's; the
+    environment itself wins over all. So `./manage.py` finds its `.env` from whatever folder it is run in."""
+    import os
+
+    data_dir = Path(os.environ.get("FROGFIX_DATA_DIR") or DEFAULT_DATA_DIR).expanduser()
+    try:
+        here = [Path.cwd() / ".env"]
+    except OSError:  # the current folder was removed
+        here = []
+    found: list[Path] = []
+    for candidate in (CHECKOUT / ".env", data_dir / ".env", *here):
+        resolved = candidate.resolve()
+        if resolved.is_file() and resolved not in found:
+            found.append(resolved)
+    return tuple(found)
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    return Settings(_env_file=env_files() or None)  # type: ignore[call-arg]
 
 
 def reset_settings_cache() -> None:
