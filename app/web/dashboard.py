@@ -25,6 +25,7 @@ from app.jobs.requeue import requeue_and_send
 from app.jobs.transitions import TOO_LATE, InvalidTransition, cancel_job
 from app.logs import get_logger
 from app.models import utcnow
+from app.patches import patch_size
 from app.queue import send_replay_job
 from app.settings import get_settings
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, RETRYABLE_STATUSES, STATUS_ORDER, JobStatus
@@ -55,6 +56,7 @@ templates.env.filters.update(
     http_url=views.http_url,
     short_sha=views.short_sha,
     mr_ref=views.mr_ref,
+    patch_size=patch_size,
 )
 templates.env.globals.update(STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES)
 log = get_logger("frogfix.dashboard")

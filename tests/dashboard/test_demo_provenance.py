@@ -41,6 +41,10 @@ def test_the_demo_names_its_scripted_replies_and_no_model_that_did_not_run(local
     assert page.status_code == 200
     assert configured not in page.text and "temperature" not in page.text and "top_p" not in page.text
     assert DEMO_MODEL_LABEL.replace("'", "&#39;") in page.text
+    # The Attempts card says which attempt was chosen once, and the patch's size in the one wording.
+    assert "Chosen: <strong>attempt 1 of 1: failed_before; 2 changed lines</strong>" in page.text
+    assert "of 1 attempt 1 of 1" not in page.text
+    assert '<span class="muted small" data-testid="patch-size">2 changed lines (+1 -1)</span>' in page.text
 
     api = signed_in.get(f"/api/jobs/{job_id}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert api.status_code == 200 and configured not in api.text, api.text[:300]

@@ -89,11 +89,13 @@ def print_replay(report: Any) -> None:
     if report.patch_identical is None:
         field("patch", "the recording holds no patch to compare")
     else:
-        replayed = f"{len(report.patch.splitlines())} lines" if report.patch else "empty"
+        from app.patches import patch_size
+
+        replayed = patch_size(report.patch)
         field(
             "patch",
             ("identical to the recording" if report.patch_identical else "differs from the recording")
-            + f" ({replayed})",
+            + f": {replayed}",
         )
     for note in report.notes:
         field("note", note)
