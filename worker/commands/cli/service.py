@@ -140,8 +140,10 @@ def worker(
             fail("worker", f"--lifeline-fd {lifeline_fd}: {exc.strerror}")
     import worker.tasks  # noqa: F401  (registers the tasks)
 
+    quiet_celery(concurrency, pool)
     celery_app.worker_main(
         [
+            "--quiet",  # no banner on stdout: the log is JSON lines (quiet_celery says the same, as one)
             "worker",
             "-l",
             loglevel,
@@ -157,6 +159,23 @@ def worker(
             f"frogfix@{os.uname().nodename}",
         ]
     )
+
+
+def quiet_celery(concurrency: int, pool: str) -> None:
+    """Celery's banner and its root warning (a Python warning, printed raw) kept out of the JSON log: the facts
+    they hold are one structured line each instead."""
+    import warnings
+
+    from celery.exceptions import SecurityWarning
+
+    from app.logs import get_logger
+
+    log = get_logger("frogfix.worker")
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    log.info("worker_starting", queue="frogfix", concurrency=concurrency, pool=pool)
+    if os.geteuid() == 0:
+        log.warning("worker_runs_as_root", detail="the worker runs as root; the shipped image runs it as uid 10001 "
+                    "(each sandbox drops to its own unprivileged uid either way)")
 
 
 @cli.command()
