@@ -57,6 +57,7 @@ templates.env.filters.update(
     short_sha=views.short_sha,
     mr_ref=views.mr_ref,
     patch_size=patch_size,
+    path_breaks=views.path_breaks,
 )
 templates.env.globals.update(STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES)
 log = get_logger("frogfix.dashboard")

@@ -615,3 +615,11 @@ def environment_log(events: list[Any]) -> dict[str, str] | None:
     if failed is None or data is None:
         return None
     return {"line": str(failed.message or ""), "log": str(data.get("log_tail") or "")}
+
+
+def path_breaks(path: str | None) -> Markup:
+    """A project's path whose lines may break only after a slash: each part unbreakable (`.seg`), a break
+    opportunity after each `/`; escaped, as every shown value is."""
+    parts = (path or "").split("/")
+    return Markup("/<wbr>").join(Markup('<span class="seg">{}</span>').format(part) if part else Markup("")
+                                 for part in parts)
