@@ -38,7 +38,8 @@ def test_the_job_list_shows_every_column_and_breaks_projects_at_slashes(browser_
     page.wait_for_selector("tr[data-job-id]")
     wrap = page.evaluate("""() => { const w = document.querySelector('.tablewrap');
         return {scroll: w.scrollWidth, client: w.clientWidth, right: w.getBoundingClientRect().right}; }""")
-    widths = page.evaluate("() => [...document.querySelectorAll('tr[data-job-id]:first-child td')].map(td => Math.round(td.getBoundingClientRect().width))")
+    widths = page.evaluate("() => [...document.querySelectorAll('tr[data-job-id]:first-child td')]"
+                           ".map(td => Math.round(td.getBoundingClientRect().width))")
     assert wrap["scroll"] <= wrap["client"] + 1, (wrap, str(widths))  # nothing hidden to the right
     for cell in page.locator("tr[data-job-id] td.when").all():
         box = cell.bounding_box()
