@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -48,14 +49,14 @@ class ModelDown(FixError):
     """The model server did not answer its model list (doctor's `model.listed`): refused before any row,
     build or test run, in doctor's words (its why, then its remedy)."""
 
-    def __init__(self, listed: Listed) -> None:
-        super().__init__(f"the model server cannot be used: {listed.line.detail}; fix: {listed.line.fix} "
-                         "(nothing was built or run; --skip-model-check skips this check)")
-        self.listed = listed
+    def __init__(self, listed: Listed, redact: Callable[[str], str]) -> None:
+        super().__init__(redact(f"the model server cannot be used: {listed.line.detail}; fix: {listed.line.fix} "
+                                "(nothing was built or run; --skip-model-check skips this check)"))
+        self.listed, self.redact = listed, redact
 
     def answer(self) -> dict[str, Any]:
         """`fix --json`'s object for it: failed, the model's ending, no job (none was made)."""
-        ending_ = self.listed.ending
+        ending_ = self.listed.ending.redacted(self.redact) if self.listed.ending else None
         return FixAnswer.model_validate({
             "status": FixStatus.failed, "exit_reason": ExitReason.llm_query_error, "job_id": None,
             "ending": ending_.to_dict() if ending_ else None, "error": str(self),
@@ -155,7 +156,7 @@ class LocalFix:
         if self.check_model:
             listed = model_listed(self.settings)
             if listed.kind is not None:
-                raise ModelDown(listed)
+                raise ModelDown(listed, self.redactor.redact)
         self.job_id = open_local_job(self.settings, self.repo_dir, self.title, self.body, self.kind)
         deps = Deps.from_settings(self.settings)
         if self._model is not None:
