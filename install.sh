@@ -11,9 +11,27 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
 apt_install() {
+  # apt waits up to two minutes for a dpkg lock another package manager holds (unattended-upgrades, often
+  # right after boot); a lock still held then, or any other failure, ends install.sh with apt's message
+  # and one line saying what to do, instead of apt's bare exit code.
   echo "install.sh: installing $*"
-  $SUDO apt-get update -qq
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  local said status=0 APT_LOCK_WAIT_S=120
+  said=$(mktemp)
+  { $SUDO apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT_S" update -qq &&
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout="$APT_LOCK_WAIT_S" \
+      install -y -qq "$@" >/dev/null; } 2>"$said" || status=$?
+  if [ "$status" -ne 0 ]; then
+    cat "$said" >&2
+    if grep -q -e "Could not get lock" -e "Unable to acquire the dpkg" -e "is held by process" "$said"; then
+      echo "install.sh: another package manager holds the dpkg lock (apt's message above names it); wait until it" \
+        "finishes, then run ./install.sh again" >&2
+    else
+      echo "install.sh: apt-get could not install $* (exit $status; apt's message is above)" >&2
+    fi
+    rm -f "$said"
+    exit "$status"
+  fi
+  rm -f "$said"
 }
 
 missing=()

@@ -426,7 +426,8 @@ class FixAnswer(Answer):
     tests: TestsAnswer = Field(default_factory=TestsAnswer)
     evidence: EvidenceAnswer | None = None
     trajectory: str = Field(default="", description="the saved trajectory file; empty when the agent did not run")
-    job_id: int = Field(description="the job's row (a local job is a job: `show`, `retry`, `cancel` take it)")
+    job_id: int | None = Field(description="the job's row (a local job is a job: `show`, `retry`, `cancel` take it); "
+                               "null when fix stopped before making one (the model server did not answer)")
     error: str | None = None
     flags: list[str] = Field(default_factory=list)
     summary: str = ""

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -131,6 +131,28 @@ def set_password(session: Session, username: str, password: str) -> None:
     )
     if not done.rowcount:
         raise ValueError(f"no operator named {username!r}")
+
+
+class LastOperator(ValueError):
+    """Removing this operator would leave nobody who can sign in to the dashboard."""
+
+
+def list_operators(session: Session) -> list[Operator]:
+    """Every operator account, by name."""
+    return list(session.execute(select(Operator).order_by(Operator.username)).scalars())
+
+
+def remove_operator(session: Session, username: str) -> None:
+    """Delete an operator (its sessions end with it: they carry its password's fingerprint); ValueError for an
+    unknown name, LastOperator for the last one. Every row is locked first (PostgreSQL), so two removals at
+    once cannot each leave the other as the last and remove it too."""
+    names = list(session.execute(select(Operator.username).with_for_update()).scalars())
+    if username not in names:
+        raise ValueError(f"no operator named {username!r}")
+    if len(names) == 1:
+        raise LastOperator(f"{username} is the last operator: create another first (create-admin), "
+                           "or nobody could sign in to the dashboard")
+    session.execute(delete(Operator).where(Operator.username == username))
 
 
 def get_operator(session: Session, username: str) -> Operator | None:

@@ -127,6 +127,10 @@ _LIMITS: Final[dict[str, str]] = {
     ExitReason.max_tokens_per_turn: "a model reply ran past FROGFIX_LEAF_MAX_COMPLETION_TOKENS",
 }
 CONFIG_FILE: Final = ".frogfix.yml"
+ENVIRONMENT_REMEDY: Final = (
+    "add what is missing to the company's package mirror, or declare what to install in the repository's "
+    f"{CONFIG_FILE} (environment:, setup_command; docs/ENVIRONMENTS.md)"
+)
 Worder = Callable[[Ending, "str | None", str], str]
 
 
@@ -173,7 +177,9 @@ _WORDS: Final[dict[EndingKind, Worder]] = {
     EndingKind.stopped: _stopped,
     EndingKind.rejected: lambda end, _e, _s: _with("the trigger was refused", end),
     EndingKind.config_error: lambda end, _e, _s: _with(f"the repository's {CONFIG_FILE} is not usable", end),
-    EndingKind.environment_error: lambda end, _e, _s: _with("the test environment could not be built", end),
+    EndingKind.environment_error: lambda end, _e, _s: (
+        f"{_with('the test environment could not be built', end).rstrip('.')}; {ENVIRONMENT_REMEDY}"
+    ),
     EndingKind.tests_unstartable: lambda end, _e, _s: _with("the test environment is not usable", end),
     EndingKind.sandbox_failure: lambda end, _e, _s: _with("the sandbox failed", end),
     EndingKind.git_error: lambda end, _e, _s: f"git failed: {one_line(end.detail)}" if end.detail else "git failed",

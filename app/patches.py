@@ -185,3 +185,21 @@ def shown_path(path: str) -> str:
     if not any(c in '"\\' or _hidden(c) for c in path):
         return path
     return '"' + escape_hidden(path.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+
+
+# -- a patch's size, in the one wording the CLI, the job page and the selection use ---------------------
+
+
+def changed_lines_words(count: int) -> str:
+    """`1 changed line`, `2 changed lines`: a patch's added plus removed lines."""
+    return f"{count} changed line{'' if count == 1 else 's'}"
+
+
+def patch_size(patch: str | None) -> str:
+    """A patch's size as every reader words it: `2 changed lines (+1 -1)`; `no change` for an empty one."""
+    added = removed = 0
+    for diff in file_diffs(patch or ""):
+        added, removed = added + len(diff.added), removed + diff.removed
+    if not added and not removed:
+        return "no change"
+    return f"{changed_lines_words(added + removed)} (+{added} -{removed})"

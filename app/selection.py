@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.patches import changed_lines_words
 from app.statuses import EvidenceLevel
 
 # Lower is better; levels absent here (tampered, regressed, unrunnable) never publish.
@@ -156,7 +157,7 @@ def _why(best: Ranked, rest: Sequence[Ranked], total: int) -> str:
     parts = [f"attempt {c.number} of {total}: {level}"]
     if best.checked:
         parts.append(f"agrees with {len(best.agrees_with)} of {len(best.checked)} other attempt(s)")
-    parts.append(f"{c.changed_lines} changed line(s)")
+    parts.append(changed_lines_words(c.changed_lines))
     if not rest:
         return "; ".join(parts) + ("; the only attempt that may be published" if total > 1 else "")
     runner_up = rest[0]

@@ -1,22 +1,27 @@
-"""All configuration, read from `FROGFIX_*` environment variables (or a `.env` file).
+"""All configuration, read from `FROGFIX_*` environment variables (or `.env` files: `env_files`).
 
 The names are a contract (DESIGN.md): other parts, deploy/ and operators rely on them.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 # The one import from sandbox/ (README, Architecture): its stdlib-only size syntax and rule, so a bad size is
 # refused when settings load instead of failing the first job.
 from sandbox.quantity import DEFAULT_MEMORY_BYTES, check_local_memory, parse_cpus, parse_quantity
 
 DEFAULT_DATA_DIR = Path.home() / ".frogfix"
+POSTGRES_SCHEME = "postgresql+psycopg"
 
 
 class ProjectLimits(BaseModel):
@@ -168,9 +173,39 @@ class Settings(BaseSettings):
     project_tokens_per_day: int = Field(default=0, ge=0)
     # Overrides, JSON: {"group/proj": {"max_running": 1, "tokens_per_day": 5000000}, "acme/*": {...}}.
     # An exact path wins over a glob pattern; patterns are tried in the order written.
-    project_limits: dict[str, ProjectLimits] = Field(default_factory=dict)
+    project_limits: Annotated[dict[str, ProjectLimits], NoDecode] = Field(default_factory=dict)
     sweep_interval_seconds: float = 30.0
     log_level: str = "INFO"
+
+    @field_validator("project_limits", mode="before")
+    @classmethod
+    def _limits_json(cls, value: Any) -> Any:
+        """The JSON text an environment variable holds, read here so a mistake is named, not a traceback."""
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc.msg} at character {exc.pos})") from None
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_driver(cls, value: str) -> str:
+        """PostgreSQL's common spellings mean the driver FrogFix ships (psycopg 3); any other driver is named."""
+        scheme, sep, rest = value.partition("://")
+        if not value or not sep:
+            if value:
+                raise ValueError("not a database URL (it has no scheme://)")
+            return value
+        if scheme in ("postgres", "postgresql"):
+            return f"{POSTGRES_SCHEME}://{rest}"
+        if scheme.startswith(("postgres", "postgresql+")) and scheme != POSTGRES_SCHEME:
+            raise ValueError(f"FrogFix talks to PostgreSQL with psycopg 3: use the scheme {POSTGRES_SCHEME}://, "
+                             f"not {scheme}://")
+        if scheme != POSTGRES_SCHEME and not scheme.startswith("sqlite"):
+            raise ValueError(f"FrogFix uses PostgreSQL ({POSTGRES_SCHEME}://) or SQLite (sqlite:///PATH), "
+                             f"not {scheme}://")
+        return value
 
     @field_validator("sandbox_workspace_size", "sandbox_tmp_size", "sandbox_ephemeral_storage", "environment_size")
     @classmethod
@@ -198,8 +233,9 @@ class Settings(BaseSettings):
                 parse_quantity(self.sandbox_tmp_size),
                 ("FROGFIX_SANDBOX_MEMORY", "FROGFIX_SANDBOX_WORKSPACE_SIZE", "FROGFIX_SANDBOX_TMP_SIZE"),
             )
-        except ValueError as exc:
-            raise ValueError(f"{exc}. {LOCAL_MEMORY_UPGRADE}") from exc
+        except ValueError as exc:  # named by the variable to raise (the sizes add up into it)
+            raise PydanticCustomError("local_memory", f"{exc}. {LOCAL_MEMORY_UPGRADE}",
+                                      {"variable": "FROGFIX_SANDBOX_MEMORY"}) from exc
         return self
 
     def sandbox_memory_bytes(self) -> int:
@@ -296,9 +332,103 @@ class Settings(BaseSettings):
         return found + self.index_secrets()
 
 
+# A good value, for the settings whose default is no example (empty, a secret, or a value that does not show the form).
+EXAMPLES: dict[str, str] = {
+    "database_url": f"{POSTGRES_SCHEME}://frogfix:PASSWORD@db.internal:5432/frogfix",
+    "broker_url": "redis://redis.internal:6379/0",
+    "project_limits": '{"group/project": {"max_running": 1, "tokens_per_day": 5000000}}',
+    "sandbox_memory": "4Gi",
+    "model_base_url": "http://gpu-1.internal:30000/v1",
+    "gitlab_url": "https://gitlab.example.com",
+    "gitea_url": "https://gitea.example.com",
+    "public_url": "https://frogfix.example.com",
+    "allowed_projects": "acme/*,tools/bot",
+    "trust_proxy_user_header": "X-Forwarded-User",
+    "pip_index_url": "https://devpi.internal/root/pypi/+simple/",
+    "npm_registry_url": "https://npm.internal/",
+    "workspace_dir": "/var/lib/frogfix/workspaces",
+    "environment_dir": "/var/lib/frogfix/environments",
+    "prompts_dir": "/etc/frogfix/prompts",
+}
+
+
+class BadSettings(Exception):
+    """Settings that do not load, said in one line (`settings_problem`): each variable, its problem and a good
+    value, never the value given (it may be a secret)."""
+
+
+def example_of(field: str) -> str:
+    """A good value of the setting `field`: its listed example, else its default when that shows the form."""
+    if field in EXAMPLES:
+        return EXAMPLES[field]
+    info = Settings.model_fields.get(field)
+    if info is None:
+        return ""
+    choices = get_args(info.annotation)
+    if choices and all(isinstance(c, str) for c in choices):
+        return str(choices[0])
+    if info.annotation is bool:
+        return "true"
+    default = info.default
+    if isinstance(default, SecretStr) or default in (None, "") or not isinstance(default, int | float | str | Path):
+        return ""
+    return str(default)
+
+
+def settings_problem(exc: ValidationError | SettingsError) -> str:
+    """One line for settings that do not load: `FROGFIX_X: the problem (e.g. FROGFIX_X=good)`, each variable once."""
+    if isinstance(exc, SettingsError):  # a value the environment source could not decode: it names the field
+        found = re.search(r'field "([a-z_]+)"', str(exc))
+        errors: list[dict[str, Any]] = [{"loc": (found.group(1) if found else "?",), "msg": "cannot be read"}]
+    else:
+        errors = [dict(error) for error in exc.errors()]
+    said: dict[str, str] = {}
+    for error in errors:
+        loc = [str(part) for part in error.get("loc", ())]
+        field = loc[0] if loc else ""
+        variable = (error.get("ctx") or {}).get("variable") or (f"FROGFIX_{field.upper()}" if field else "FROGFIX_?")
+        field = field or variable.removeprefix("FROGFIX_").lower()
+        problem = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        where = ".".join(loc[1:])
+        example = example_of(field)
+        text = f"{where}: {problem}" if where else problem
+        said.setdefault(variable, f"{variable}: {text}" + (f" (e.g. {variable}={example})" if example else ""))
+    return " ".join(" ".join(said.values()).split())
+
+
+def checked_settings() -> Settings:
+    """The settings, or BadSettings saying in one line what is wrong (never a traceback)."""
+    try:
+        return get_settings()
+    except (ValidationError, SettingsError) as exc:
+        raise BadSettings(settings_problem(exc)) from None
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def env_files() -> tuple[Path, ...]:
+    """The `.env` files settings are read from, the later winning: the checkout's (FrogFix's own folder), the data
+    folder's (FROGFIX_DATA_DIR as the environment gives it, else ~/.frogfix), then the current folder's; the
+    environment itself wins over all. So `./manage.py` finds its `.env` from whatever folder it is run in."""
+    import os
+
+    data_dir = Path(os.environ.get("FROGFIX_DATA_DIR") or DEFAULT_DATA_DIR).expanduser()
+    try:
+        here = [Path.cwd() / ".env"]
+    except OSError:  # the current folder was removed
+        here = []
+    found: list[Path] = []
+    for candidate in (CHECKOUT / ".env", data_dir / ".env", *here):
+        resolved = candidate.resolve()
+        if resolved.is_file() and resolved not in found:
+            found.append(resolved)
+    return tuple(found)
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    return Settings()
+    return Settings(_env_file=env_files() or None)  # type: ignore[call-arg]
 
 
 def reset_settings_cache() -> None:

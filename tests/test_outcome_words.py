@@ -68,7 +68,7 @@ GAVE_UP = "gave up after 5 attempts in 5.5s"
             K.environment_error, "...", cause="installing the declared dependencies failed (exit 1): error: No"
             " solution found when resolving dependencies"),
          "the test environment could not be built: installing the declared dependencies failed (exit 1): error: No"
-         " solution found when resolving dependencies"),
+         " solution found when resolving dependencies; " + outcome_words.ENVIRONMENT_REMEDY),
         ("failed", None, Ending(K.tests_unstartable, "environment error: ...", cause="the tests could not start on"
                                 " the base commit: pytest refused its command line or configuration (a usage"
                                 " error) (exit 4)"),

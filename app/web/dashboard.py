@@ -25,6 +25,7 @@ from app.jobs.requeue import requeue_and_send
 from app.jobs.transitions import TOO_LATE, InvalidTransition, cancel_job
 from app.logs import get_logger
 from app.models import utcnow
+from app.patches import patch_size
 from app.queue import send_replay_job
 from app.settings import get_settings
 from app.statuses import ACTIVE_STATUSES, FINAL_STATUSES, RETRYABLE_STATUSES, STATUS_ORDER, JobStatus
@@ -55,6 +56,8 @@ templates.env.filters.update(
     http_url=views.http_url,
     short_sha=views.short_sha,
     mr_ref=views.mr_ref,
+    patch_size=patch_size,
+    path_breaks=views.path_breaks,
 )
 templates.env.globals.update(STATUS_ORDER=STATUS_ORDER, ACTIVE=ACTIVE_STATUSES, FINAL=FINAL_STATUSES)
 log = get_logger("frogfix.dashboard")
@@ -328,14 +331,24 @@ def _attempt_view(attempt: Any, data_dir: Path) -> dict[str, Any]:
     command, runs, flaky = views.test_logs(attempt.tests)
     trajectory_meta: dict[str, Any] = {}
     problem = None
+    readable = bool(attempt.trajectory_path)
     if attempt.trajectory_path:
         try:
             trajectory_meta = views.load_trajectory(attempt.trajectory_path, data_dir).meta
         except (views.TrajectoryUnavailable, OSError) as exc:
-            # A running attempt writes its file after its first step; before that, nothing is wrong.
+            readable = False
+            # A running attempt writes its file after its first step; before that, nothing is wrong. A finished
+            # one with no step never reached the agent (its environment or tests stopped it): there is no file.
             missing = isinstance(exc, TrajectoryMissing | FileNotFoundError)
-            problem = "no step saved yet" if attempt.status == statuses.AttemptStatus.running and missing else str(exc)
+            running = attempt.status == statuses.AttemptStatus.running
+            if missing and running:
+                problem = "no step saved yet"
+            elif missing and not attempt.steps:
+                problem = "no trajectory: the attempt ended before the agent ran"
+            else:
+                problem = str(exc)
     return {
+        "trajectory": readable or attempt.status == statuses.AttemptStatus.running,
         "a": attempt,
         "diff": views.parse_diff(attempt.patch),
         "test_command": command,
@@ -370,7 +383,8 @@ def job_page(request: Request, job_ref: JobRef) -> Response:
         "thread": thread,
         "active": job.status in ACTIVE_STATUSES,
         "retryable": job.status in RETRYABLE_STATUSES,
-        "can_replay": job.status not in ACTIVE_STATUSES and any(a.trajectory_path for a in attempts),
+        # A recording with no step has nothing to replay (replay refuses it): an attempt the agent never reached.
+        "can_replay": job.status not in ACTIVE_STATUSES and any(a.trajectory_path and a.steps for a in attempts),
         "stages": _stages(job.status, [e.kind for e in current]),
         "live_state": live_state(job, attempts[-1] if attempts else None, len(attempts)),
         "usage_rows": [(f"attempt {a.number} of run {a.run}", UsageFigures.of(a)) for a in attempts],
@@ -396,6 +410,7 @@ def _job_context(job: Any, events: list[Any], views_: list[dict[str, Any]]) -> d
         "poll_ms": LIVE_POLL_MS,
         "last_event_id": events[-1].id if events else 0,
         "why": views.why_line(job),
+        "environment_log": views.environment_log(events),
         "thread": None,
         "active": False,
         "retryable": False,

@@ -17,6 +17,7 @@ from app.logs import configure_logging
 from app.settings import get_settings
 from app.sweep import SweepThread
 from app.web import api, dashboard, health, webhooks
+from app.web.api_docs import add_api_docs
 from app.web.security import DashboardSecurity
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -43,11 +44,14 @@ def create_app(run_sweep: bool | None = None) -> FastAPI:
         version="0.1.0",
         description="On-prem bug-fix bot: labelled issues become draft merge requests.",
         lifespan=lifespan,
+        docs_url=None,  # app/web/api_docs.py serves /docs and /redoc from local assets, not a CDN
+        redoc_url=None,
     )
     app.include_router(webhooks.router)
     app.include_router(api.router)
     app.include_router(health.router)
     app.include_router(dashboard.router)
+    add_api_docs(app)  # before /static: its assets live under /static/api-docs/
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
 
     # A person's browser that asks for a page that is not there gets the dashboard's not-found page;

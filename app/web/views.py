@@ -605,3 +605,21 @@ def why_line(job: Any) -> str | None:
         return None
     url = getattr(job, "model_url", None) or get_settings().model_base_url
     return why(job.status, job.exit_reason, job.ending, model_url=url)
+
+
+def environment_log(events: list[Any]) -> dict[str, str] | None:
+    """The test environment's build, when it failed: its one line and the tail of its log, from the job's latest
+    `environment_error` event (the job core records the report there); None when the environment did not fail."""
+    failed = next((e for e in reversed(events) if e.kind == "environment_error"), None)
+    data = failed.data if failed is not None and isinstance(failed.data, dict) else None
+    if failed is None or data is None:
+        return None
+    return {"line": str(failed.message or ""), "log": str(data.get("log_tail") or "")}
+
+
+def path_breaks(path: str | None) -> Markup:
+    """A project's path whose lines may break only after a slash: each part unbreakable (`.seg`), a break
+    opportunity after each `/`; escaped, as every shown value is."""
+    parts = (path or "").split("/")
+    return Markup("/<wbr>").join(Markup('<span class="seg">{}</span>').format(part) if part else Markup("")
+                                 for part in parts)

@@ -234,7 +234,8 @@ def test_install_fetches_python3_venv_when_venv_cannot_make_an_environment(tmp_p
     calls = log.read_text().splitlines()
     venv_calls = [i for i, line in enumerate(calls) if line == "python3 -m venv .venv"]
     assert len(venv_calls) == 2
-    installs = [i for i, line in enumerate(calls) if line.startswith("apt-get install") and "python3-venv" in line]
+    installs = [i for i, line in enumerate(calls)  # apt-get [-o DPkg::Lock::Timeout=...] install ... python3-venv
+                if line.startswith("apt-get ") and " install " in line and "python3-venv" in line]
     assert len(installs) == 1 and venv_calls[0] < installs[0] < venv_calls[1]
     assert calls[-1] == "venv-python -m pip install -q --disable-pip-version-check -e .[dev]"
 

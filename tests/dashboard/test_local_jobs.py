@@ -136,7 +136,8 @@ def test_retry_queues_a_local_job_and_the_worker_runs_it_from_its_folder(
     from worker.job.job_context import Deps
 
     repo = make_sample_repo(tmp_path)
-    down = _fix(repo, "http://127.0.0.1:9/v1", FROGFIX_MODEL_MAX_RETRIES="1")  # nothing listens on port 9
+    # Nothing listens on port 9: the model goes down after the check (skipped here).
+    down = _fix(repo, "http://127.0.0.1:9/v1", "--skip-model-check", FROGFIX_MODEL_MAX_RETRIES="1")
     down.communicate(timeout=300)
     [failed] = listed()
     assert failed["status"] == "failed" and failed["exit_reason"] == "llm_query_error", failed

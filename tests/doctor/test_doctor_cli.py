@@ -85,15 +85,15 @@ def test_doctor_text_fails_for_a_server_without_parsers(frogfix_env: dict[str, A
     assert out.splitlines()[-1].endswith("skipped")
 
 
-def test_settings_that_do_not_load_are_one_failed_line_not_a_traceback(frogfix_env: dict[str, Any]) -> None:
-    """A mistyped setting is the commonest day-one failure: doctor names the variable and never echoes a value."""
+def test_settings_that_do_not_load_are_one_line_not_a_traceback(frogfix_env: dict[str, Any]) -> None:
+    """A mistyped setting is the commonest day-one failure: doctor (as every command) names each variable in one
+    line on stderr, exit 2, and never echoes a value."""
     env = {"FROGFIX_DATA_DIR": str(frogfix_env["data_dir"]), "FROGFIX_SANDBOX": "kubernets-canary-7f3e",
            "FROGFIX_VERIFY_RUNS": "many"}
-    code, out, err = _doctor(env, "--json")
-    assert code == 1 and "Traceback" not in err, err
-    [line] = json.loads(out)
-    assert line["name"] == "settings" and line["outcome"] == "fail"
-    assert "FROGFIX_SANDBOX" in line["detail"] and "FROGFIX_VERIFY_RUNS" in line["detail"] and line["fix"]
-    assert "canary-7f3e" not in out + err
-    code, out, err = _doctor(env)
-    assert code == 1 and out.startswith("FAIL settings: ") and "Traceback" not in err
+    for extra in (("--json",), ()):
+        code, out, err = _doctor(env, *extra)
+        assert code == 2 and out == "", err
+        [line] = err.splitlines()
+        assert line.startswith("frogfix doctor: FROGFIX_SANDBOX: ") and "FROGFIX_VERIFY_RUNS: " in line, line
+        assert "(e.g. FROGFIX_SANDBOX=local)" in line and "(e.g. FROGFIX_VERIFY_RUNS=2)" in line
+        assert "canary-7f3e" not in out + err

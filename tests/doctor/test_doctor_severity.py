@@ -16,7 +16,7 @@ from typing import Any
 
 from tests.doctor.conftest import free_port
 from worker.commands.doctor.checks import run_doctor
-from worker.commands.doctor.results import failed, passed, settings_invalid, skipped, warned
+from worker.commands.doctor.results import failed, passed, skipped, warned
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,6 @@ def test_only_failed_and_warned_checks_carry_a_severity() -> None:
     assert failed("model.listed", "down", "start it").severity == "error"
     assert failed("sandbox.cgroups", "no", "delegate", severity="warning").severity == "warning"
     assert warned("metrics.token", "open", "set it").severity == "warning"
-    assert settings_invalid([{"loc": ("sandbox",), "msg": "bad"}]).severity == "error"
 
 
 def test_the_runner_keeps_no_severity_for_passed_and_skipped_lines(frogfix_env: dict[str, Any]) -> None:

@@ -331,3 +331,18 @@ def test_the_ingress_routes_what_the_app_serves_publicly_and_not_metrics(built: 
         assert _ingress_routes(built, path), f"the example Ingress does not route {path}"
     for path in ("/metrics", "/metrics/", "/healthz", "/readyz", "/openapi.json", "/docs"):
         assert not _ingress_routes(built, path), f"the example Ingress routes {path}"
+
+
+def test_operating_lists_the_paths_the_example_ingress_routes(built: list[dict[str, Any]]) -> None:
+    """docs/OPERATING.md names the dashboard's paths the example Ingress routes; the list is the Ingress's own."""
+    import re
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "OPERATING.md").read_text().split())
+    found = re.search(r"the example Ingress routes only `/webhooks`, `/api` and the dashboard's paths "
+                      r"\(([^)]*)\)", text)
+    assert found is not None
+    listed = set(re.findall(r"`(/[^`]*)`", found.group(1)))
+    routed = {route["path"] for doc in built if doc["kind"] == "Ingress" for rule in doc["spec"]["rules"]
+              for route in rule["http"]["paths"]}
+    assert listed == routed - {"/webhooks", "/api"}, (listed, routed)
+    assert "/evaluations" in listed

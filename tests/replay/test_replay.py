@@ -141,13 +141,15 @@ def test_an_altered_recording_reports_the_divergence_at_that_step(client: Any, w
     assert max(len(line) for line in proc.stdout.splitlines() if "/" not in line) <= 80
 
 
-def test_a_failed_job_replays_too_and_live_publish_runs_it_again(client: Any, world: World) -> None:
+def test_a_job_failed_at_its_first_call_has_nothing_to_replay_and_live_publish_runs_it(
+    client: Any, world: World
+) -> None:
     world.model._script[:] = [Status(400, {"error": "bad request"})]  # refused at once: the job fails
     job_id = _finished_job(client, world, expected="failed")
-    report = replay_job(job_id)
-    assert report.status == "reproduced", report.message
-    assert report.exit_reason == report.recorded_exit_reason == "llm_query_error" and report.exit_matches
-    assert report.steps_recorded == 0 and report.patch == report.recorded_patch == ""
+    # It failed before the model's first reply: a replay would compare nothing (issue 40: never REPRODUCED).
+    with pytest.raises(ReplayError, match=r"nothing to replay: run 1, attempt 1 ended before the model's first reply "
+                                          r"\(llm_query_error\)"):
+        replay_job(job_id)
 
     # --live --publish: a new run of the job through the normal pipeline, which opens the MR.
     queued = replay_job(job_id, live=True, publish=True, who="tester")

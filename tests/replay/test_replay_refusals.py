@@ -100,3 +100,21 @@ def test_nothing_to_replay_is_noted_only_for_the_dashboards_request(frogfix_env:
     proc = _manage("replay", str(job_id), "--json", "--who", "bob", "--requested")  # start_replay's command
     assert proc.returncode == 2
     assert [kind for kind, _ in _events(job_id)] == ["replay_failed", "replay_failed"]
+
+
+def test_a_job_that_failed_before_its_first_step_has_nothing_to_replay(frogfix_env: dict[str, Any]) -> None:
+    """Its attempt left a trajectory (the model was down at the first call), but no model reply: a replay would
+    compare nothing, so it is refused with the reason and a non-zero exit, never REPRODUCED."""
+    job_id = _job_with_one_attempt(frogfix_env["data_dir"])  # system and user messages, no reply
+    with session_scope() as s:
+        records.get_job(s, job_id).status = "failed"
+    before = _events(job_id)
+    proc = _manage("replay", str(job_id))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == "" and "REPRODUCED" not in proc.stderr
+    [line] = proc.stderr.splitlines()
+    assert line == (f"frogfix replay: job {job_id} has nothing to replay: run 1, attempt 1 ended before the "
+                    "model's first reply; `replay --live` runs its task again with the live model"), line
+    assert _events(job_id) == before  # refused before anything ran
+    proc = _manage("replay", str(job_id), "--json")
+    assert proc.returncode == 2 and proc.stdout == ""

@@ -158,3 +158,16 @@ def test_choice_to_dict_has_the_shape_the_job_page_and_fix_json_read() -> None:
     assert Choice(None).to_dict() == {"chosen": None, "attempts": 0, "why": "", "ranked": []}
     none = choose([regressed(1)]).to_dict()
     assert none == {"chosen": None, "attempts": 1, "why": "no attempt's patch may be published", "ranked": []}
+
+
+def test_one_patch_size_wording_in_every_reader() -> None:
+    """Issue 40: a patch was "13 lines" in replay, "2 changed line(s)" in the selection and "+1 -1" on the page;
+    now each says `N changed lines (+a -r)`, or the count alone where only the count is kept."""
+    from app.patches import changed_lines_words, patch_size
+
+    patch = ("diff --git a/calc.py b/calc.py\nindex 8124ccd..97eb2fc 100644\n--- a/calc.py\n+++ b/calc.py\n"
+             "@@ -2,7 +2,7 @@\n \n \n def add(a: int, b: int) -> int:\n-    return a - b\n+    return a + b\n")
+    assert patch_size(patch) == "2 changed lines (+1 -1)"
+    assert patch_size("") == patch_size(None) == "no change"
+    assert changed_lines_words(1) == "1 changed line"
+    assert "; 2 changed lines" in choose([right(1, 2)]).why and "line(s)" not in choose([right(1, 2)]).why

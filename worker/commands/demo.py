@@ -73,6 +73,9 @@ def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
 
 
+DEMO_MODEL_LABEL = "the demo's scripted replies (no model ran)"
+
+
 def demo_model() -> ReplayModel:
     """The assistant turns of a run that fixes the sample bug."""
     turns: list[tuple[str | None, str, list[dict[str, Any]]]] = [
@@ -97,4 +100,4 @@ def demo_model() -> ReplayModel:
         cached = 0 if i == 0 else prompts[i - 1] + completions[i - 1] - 14
         usage = Usage(prompts[i], completions[i], prompts[i] + completions[i], cached)
         replies.append(ModelReply(message=message, finish_reason="tool_calls" if calls else "stop", usage=usage))
-    return ReplayModel(replies)
+    return ReplayModel(replies, label=DEMO_MODEL_LABEL)

@@ -286,10 +286,19 @@ class EvalOptions:
     api_key: str | None = None  # `--api-key`; never stored (see `candidate_api_key`)
 
 
-def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None, progress: Progress) -> int:
-    """The evaluation to run: `resume`, else an unfinished one of the same command, else a new one."""
+def checked_selector(options: EvalOptions) -> TaskSelector:
+    """The options' own mistakes (counts, the task selector), refused before anything is asked or recorded."""
     if options.attempts < 1 or options.concurrency < 1:
         raise EvalError("--attempts and --concurrency must be at least 1")
+    try:
+        return parse_selector(options.selector)
+    except ev_records.SelectorError as exc:
+        raise EvalError(str(exc)) from exc
+
+
+def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None, progress: Progress) -> int:
+    """The evaluation to run: `resume`, else an unfinished one of the same command, else a new one."""
+    selector = checked_selector(options)
     with session_scope() as session:
         if resume is not None:
             ev_records.get_evaluation(session, resume)
@@ -304,10 +313,6 @@ def start_or_resume(options: EvalOptions, settings: Settings, resume: int | None
     if latest is not None:
         progress(f"evaluation {latest[0]} of the same command finished; starting a new one over the tasks "
                  f"selected now (`--resume {latest[0]}` reports it again)")
-    try:
-        selector = parse_selector(options.selector)
-    except ev_records.SelectorError as exc:
-        raise EvalError(str(exc)) from exc
     missing = unknown_ids(selector, settings)
     if missing:
         raise EvalError(f"no job {missing[0]}" if len(missing) == 1 else f"no jobs {', '.join(missing)}")
@@ -603,17 +608,26 @@ def candidate_models(settings: Settings) -> ModelFactory:
 
 def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFactory | None = None,
              progress: Progress | None = None, settings: Settings | None = None,
-             should_stop: Callable[[], bool] | None = None, poll_seconds: float = 1.0) -> tuple[int, str, list[str]]:
-    """Start or resume an evaluation and run it: (its id, its status, attempts that could not run)."""
+             should_stop: Callable[[], bool] | None = None, poll_seconds: float = 1.0,
+             check_model: bool = False) -> tuple[int, str, list[str]]:
+    """Start or resume an evaluation and run it: (its id, its status, attempts that could not run).
+
+    `check_model`: first ask the candidate's server for its model list (doctor's check), and refuse
+    before any evaluation row or attempt when it cannot answer."""
     base = settings or get_settings()
+    finished = False  # a finished evaluation resumed is only reported again: no model is asked
     if resume is not None:  # a resumed evaluation keeps its own model, server and K
         with session_scope() as session:
             row = ev_records.get_evaluation(session, resume)
+            finished = row.status == "finished"
             options = EvalOptions(row.model, row.base_url, row.selector, row.attempts, options.concurrency,
                                   options.who, options.api_key)
     key = candidate_api_key(options.base_url, options.api_key or None, base)
     s = base.model_copy(update={"model_name": options.model, "model_base_url": options.base_url, "model_api_key": key})
     say: Progress = progress or (lambda _m: None)
+    if check_model and models is None and not finished:
+        checked_selector(options)  # a mistyped option is said before the model server is asked
+        ask_model(s)
     evaluation_id = start_or_resume(options, s, resume, say)
     runner = ev_records.Runner.of(os.getpid())
     try:
@@ -641,6 +655,17 @@ def evaluate(options: EvalOptions, *, resume: int | None = None, models: ModelFa
 
 
 # -- the command --------------------------------------------------------------------------------
+
+
+def ask_model(settings: Settings) -> None:
+    """The candidate's server answers its model list and serves the model (doctor's `model.listed`), else
+    EvalError in doctor's words, before anything is recorded or run."""
+    from worker.commands.doctor.model import model_listed
+
+    line = model_listed(settings).line
+    if line.outcome != "pass":
+        raise EvalError(f"the model server cannot be used: {line.detail}; fix: {line.fix} "
+                        "(nothing was run; --skip-model-check skips this check)")
 
 
 def ensure_schema(settings: Settings) -> None:
@@ -695,6 +720,7 @@ class CommandOptions:
     scripted: str | None = None
     model: str | None = None  # `--model` / `--base-url` as typed: a resumed evaluation must not get others
     base_url: str | None = None
+    check_model: bool = True  # ask a live candidate's server for its model list first (`--skip-model-check`)
 
 
 def resumed_models(command: CommandOptions, models: ModelFactory | None) -> ModelFactory | None:
@@ -740,7 +766,8 @@ def run_eval_command(options: EvalOptions, command: CommandOptions, progress: Pr
         raise EvalError(str(exc)) from None
     try:
         evaluation_id, status, errors = evaluate(
-            options, resume=command.resume, models=models, progress=progress, should_stop=should_stop
+            options, resume=command.resume, models=models, progress=progress, should_stop=should_stop,
+            check_model=command.check_model,
         )
     except ClaimLost as exc:
         progress(str(exc))

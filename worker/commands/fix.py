@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,6 +33,7 @@ from worker.attempts.attempt import AttemptResult, AttemptRunner
 from worker.attempts.evidence import Evidence, evidence_line
 from worker.attempts.failures import environment_ending, stopped_ending
 from worker.attempts.verifier import TestRun
+from worker.commands.doctor.model import Listed, model_listed
 from worker.environment.report import EnvironmentReport
 from worker.git import gitcalls, mirrors
 from worker.job.heartbeat import Heartbeat, beat_interval
@@ -41,6 +43,24 @@ from worker.job.local_pipeline import LocalPipeline
 
 class FixError(Exception):
     """The job cannot even start (bad repository or issue file); the message says why."""
+
+
+class ModelDown(FixError):
+    """The model server did not answer its model list (doctor's `model.listed`): refused before any row,
+    build or test run, in doctor's words (its why, then its remedy)."""
+
+    def __init__(self, listed: Listed, redact: Callable[[str], str]) -> None:
+        super().__init__(redact(f"the model server cannot be used: {listed.line.detail}; fix: {listed.line.fix} "
+                                "(nothing was built or run; --skip-model-check skips this check)"))
+        self.listed, self.redact = listed, redact
+
+    def answer(self) -> dict[str, Any]:
+        """`fix --json`'s object for it: failed, the model's ending, no job (none was made)."""
+        ending_ = self.listed.ending.redacted(self.redact) if self.listed.ending else None
+        return FixAnswer.model_validate({
+            "status": FixStatus.failed, "exit_reason": ExitReason.llm_query_error, "job_id": None,
+            "ending": ending_.to_dict() if ending_ else None, "error": str(self),
+        }).as_json()
 
 
 @dataclass
@@ -114,6 +134,7 @@ class LocalFix:
         progress: TextIO | None = None,
         model: Any = None,
         kind: str = "fix",
+        check_model: bool = True,
     ) -> None:
         self.settings = settings or get_settings()
         self.repo_dir = repo_dir.resolve()
@@ -122,6 +143,7 @@ class LocalFix:
         self.redactor = SecretRedactor(self.settings.secret_values())
         self._model = model
         self.kind = kind
+        self.check_model = check_model and model is None  # a replayed model needs no server
         self.job_id = 0  # the row's id, once `run` made it
 
     def say(self, message: str) -> None:
@@ -131,11 +153,16 @@ class LocalFix:
     def run(self) -> FixOutcome:
         """The job, a row from its start (a refused call, e.g. no such folder, makes none)."""
         self.check_checkout()
+        if self.check_model:
+            listed = model_listed(self.settings)
+            if listed.kind is not None:
+                raise ModelDown(listed, self.redactor.redact)
         self.job_id = open_local_job(self.settings, self.repo_dir, self.title, self.body, self.kind)
         deps = Deps.from_settings(self.settings)
         if self._model is not None:
             deps.model_for = lambda: self._model
-            self.say(f"running the agent with {type(self._model).__name__} (no model server)")
+            deps.model_label = getattr(self._model, "label", None) or f"{type(self._model).__name__} (no model ran)"
+            self.say(f"running the agent with {deps.model_label}")
         else:
             self.say(f"running the agent with {self.settings.model_name} at {shown_url(self.settings.model_base_url)}")
         pipeline = LocalPipeline(self.job_id, deps, progress=self.say, kind=self.kind)
@@ -313,14 +340,14 @@ EXIT_CODES: dict[str, int] = {
 }
 
 
-def run_fix_command(repo_dir: Path, issue_file: Path, as_json: bool) -> int:
+def run_fix_command(repo_dir: Path, issue_file: Path, as_json: bool, check_model: bool = True) -> int:
     """The CLI entry: progress on stderr; the JSON object (or a summary) on stdout."""
     try:
         title, body = read_issue_file(issue_file)
     except FixError as exc:
         print(f"frogfix fix: {exc}", file=sys.stderr)
         return 2
-    return run_and_report(repo_dir, title, body, as_json)
+    return run_and_report(repo_dir, title, body, as_json, check_model=check_model)
 
 
 def run_demo_command(as_json: bool) -> int:
@@ -352,7 +379,8 @@ def stop_on_signals() -> None:
 
 
 def run_and_report(
-    repo_dir: Path, title: str, body: str, as_json: bool, model: Any = None, kind: str = "fix"
+    repo_dir: Path, title: str, body: str, as_json: bool, model: Any = None, kind: str = "fix",
+    check_model: bool = True,
 ) -> int:
     from app.logs import configure_logging
 
@@ -362,8 +390,14 @@ def run_and_report(
     stop_on_signals()
     try:
         outcome = LocalFix(
-            repo_dir, title, body, settings=settings, progress=sys.stderr, model=model, kind=kind
+            repo_dir, title, body, settings=settings, progress=sys.stderr, model=model, kind=kind,
+            check_model=check_model,
         ).run()
+    except ModelDown as exc:
+        print(f"frogfix fix: {exc}", file=sys.stderr)
+        if as_json:
+            print(json.dumps(exc.answer(), ensure_ascii=False))
+        return EXIT_CODES[FixStatus.failed]
     except FixError as exc:
         print(f"frogfix fix: {exc}", file=sys.stderr)
         return 2

@@ -57,6 +57,7 @@ from app.endings import Ending
 from app.jobs import records
 from app.jobs.requeue import requeue_and_send
 from app.logs import get_logger
+from app.patches import patch_size
 from app.redaction import SecretRedactor
 from app.settings import Settings, get_settings
 from app.statuses import ACTIVE_STATUSES, ExitReason, ReplayStatus
@@ -584,7 +585,7 @@ def _replay_verdict(
     report.tool_results_checked = checker.checked
     report.reached_recording_end = reached_end
     report.exit_matches = divergence is None and (leaf.exit_reason == rec.exit_reason or reached_end)
-    lines = f"{len(patch.splitlines())} lines" if patch else "empty"
+    lines = patch_size(patch)
     if divergence is not None:
         report.status = ReplayStatus.diverged
         report.message = divergence.reason if divergence.call_id is None else (
@@ -593,15 +594,15 @@ def _replay_verdict(
         )
     elif report.patch_identical is False:
         report.status = ReplayStatus.patch_differs
-        recorded_lines = f"{len((rec.patch or '').splitlines())} lines" if rec.patch else "empty"
+        recorded_lines = patch_size(rec.patch)
         report.message = (
-            f"every tool result matched, but the patch differs (recorded: {recorded_lines}, replayed: {lines})"
+            f"every tool result matched, but the patch differs (recorded: {recorded_lines}; replayed: {lines})"
         )
     else:
         report.status = ReplayStatus.reproduced
         report.message = (
             f"{all_matched(checker.checked)}; "
-            + (f"the same patch ({lines})" if report.patch_identical else "the recording holds no patch to compare")
+            + (f"the same patch, {lines}" if report.patch_identical else "the recording holds no patch to compare")
         )
     return report
 
@@ -735,6 +736,13 @@ def replay_job(
         if status in ACTIVE_STATUSES:
             raise ReplayError(f"job {key} is {status}; a live run waits until it has finished")
     where = f"run {rec.run}, attempt {rec.number}" if rec.run is not None else "the local run"
+    if not live and rec.replies == 0:  # a replay of no reply would "reproduce" nothing and say REPRODUCED
+        ended = f" ({rec.exit_reason})" if rec.exit_reason else ""
+        refused = (f"job {key} has nothing to replay: {where} ended before the model's first reply{ended}; "
+                   "`replay --live` runs its task again with the live model")
+        if requested:
+            _note(key, "replay_failed", f"replay could not run: {refused}")
+        raise ReplayError(refused)
     say(f"{'live run of' if live else 'replaying'} {where} from {rec.path} ({rec.replies} recorded steps)")
     report = _replay_recording(rec, where, s, redactor, say, live=live, model=model, repo_dir=repo_dir)
     say(report.message)

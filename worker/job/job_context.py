@@ -72,6 +72,10 @@ class Deps:
     redactor: SecretRedactor = field(default_factory=SecretRedactor)
     # What the runner raises when the job's time is up (Celery's soft limit); the pipeline stays Celery-free.
     time_limit_errors: tuple[type[BaseException], ...] = ()
+    # What answers in place of the configured model (the demo's scripted replies): named so in the attempt's
+    # provenance (trajectory, timeline, job page), with no sampling, since no model was sampled. None: the
+    # configured model ran, FROGFIX_MODEL_NAME with its sampling.
+    model_label: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Deps:

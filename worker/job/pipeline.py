@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -600,6 +601,8 @@ class Pipeline:
             task=task, seconds_left=self.deadline - time.monotonic(), resolution=self.resolution, fields=fields,
             trajectory=trajectory.attempt_path(self.job_id, self.run_number, number),
         )
+        if self.deps.model_label is not None:  # provenance names what answered, never a model that did not run
+            spec = replace(spec, model_label=self.deps.model_label, sampling={})
         result = runner.run(spec, self.deps.model_for(), ReviewPolicy.from_settings(self.s), observer)
         cancelled = result.outcome == AttemptOutcome.cancelled and self.cancel_asked()
         if result.outcome == AttemptOutcome.cancelled and not cancelled:  # stopped, not cancelled

@@ -535,7 +535,9 @@ class ReplayModel:
     of recording is a ModelQueryError, like a model that stopped answering.
     """
 
-    def __init__(self, replies: Iterable[ModelReply | Mapping[str, Any]]) -> None:
+    def __init__(self, replies: Iterable[ModelReply | Mapping[str, Any]], *, label: str = "") -> None:
+        # What a job's provenance calls it, when it answers a job in place of the model (the demo's replies).
+        self.label = label or "recorded replies, replayed (no model ran)"
         self._replies: list[ModelReply] = [
             r if isinstance(r, ModelReply) else ModelReply(message=dict(r), finish_reason=None)
             for r in replies

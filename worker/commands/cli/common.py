@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NoReturn
 
 import typer
@@ -23,6 +24,52 @@ def load_settings():  # type: ignore[no-untyped-def]
     from app.settings import get_settings
 
     return get_settings()
+
+
+@cli.callback()
+def settings_first(ctx: typer.Context) -> None:
+    """Every setting checked once, before any command runs: a bad value is one line and exit 2, never a traceback."""
+    import sys
+
+    from app.settings import BadSettings, checked_settings
+
+    if ctx.resilient_parsing or {"--help", "-h"} & set(sys.argv[1:]):  # help needs no settings
+        return
+    try:
+        settings = checked_settings()
+    except BadSettings as exc:
+        typer.echo(f"frogfix {ctx.invoked_subcommand}: {exc}", err=True)
+        raise typer.Exit(2) from None
+    problem = data_folder_problem(settings.data_dir)
+    if problem:
+        typer.echo(f"frogfix {ctx.invoked_subcommand}: {problem}", err=True)
+        raise typer.Exit(2)
+
+
+def data_folder_problem(folder: Path) -> str:
+    """Why the data folder (database, broker, trajectories, keys) cannot be used, or "" when it can, so the failure
+    names the folder rather than whatever first writes there. Nothing is made: the folder, or the nearest folder
+    above it that exists (where it would be made), must be one this user may write."""
+    import os
+
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        why = f"{existing} is not a folder" if existing is not None else "no folder above it exists"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        why = f"{existing} is not writable by this user ({_user(os.getuid())})"
+    else:
+        return ""
+    return (f"FROGFIX_DATA_DIR: the data folder {folder} cannot be made or written ({why}); point FROGFIX_DATA_DIR "
+            "at a folder this user may write (e.g. FROGFIX_DATA_DIR=~/.frogfix)")
+
+
+def _user(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 

@@ -20,11 +20,17 @@ def fix(
     repo_dir: Annotated[Path, typer.Argument(help="A local git checkout.")],
     issue: Annotated[Path, typer.Option("--issue", help="A file with the issue: first line title, rest body.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    skip_model_check: Annotated[
+        bool, typer.Option("--skip-model-check", help="Do not ask the model server for its model list first.")
+    ] = False,
 ) -> None:
-    """Run one job on a local checkout, without a forge (local sandbox, model from settings)."""
+    """Run one job on a local checkout, without a forge (local sandbox, model from settings).
+
+    The model server is asked for its model list first (doctor's check): when it cannot answer, fix
+    stops in seconds with doctor's why and remedy, before anything is built or run."""
     from worker.commands.fix import run_fix_command
 
-    raise typer.Exit(run_fix_command(repo_dir, issue, json_out))
+    raise typer.Exit(run_fix_command(repo_dir, issue, json_out, check_model=not skip_model_check))
 
 
 
@@ -83,11 +89,13 @@ def print_replay(report: Any) -> None:
     if report.patch_identical is None:
         field("patch", "the recording holds no patch to compare")
     else:
-        replayed = f"{len(report.patch.splitlines())} lines" if report.patch else "empty"
+        from app.patches import patch_size
+
+        replayed = patch_size(report.patch)
         field(
             "patch",
             ("identical to the recording" if report.patch_identical else "differs from the recording")
-            + f" ({replayed})",
+            + f": {replayed}",
         )
     for note in report.notes:
         field("note", note)
@@ -199,6 +207,9 @@ def eval_command(
     scripted_model: Annotated[
         str | None, typer.Option("--scripted-model", help="demo: the demo's recorded replies, no model server.")
     ] = None,
+    skip_model_check: Annotated[
+        bool, typer.Option("--skip-model-check", help="Do not ask the model server for its model list first.")
+    ] = False,
 ) -> None:
     """Re-run past jobs' tasks on a candidate model, verified like the pipeline, never published.
 
@@ -226,7 +237,8 @@ def eval_command(
         base_url=base_url or ("" if scripted_model else settings.model_base_url),
         selector=jobs, attempts=attempts, concurrency=concurrency, who=actor(), api_key=api_key,
     )
-    command = CommandOptions(json_out, out, fail_below, fail_if_lost, resume, scripted_model, model, base_url)
+    command = CommandOptions(json_out, out, fail_below, fail_if_lost, resume, scripted_model, model, base_url,
+                             check_model=not skip_model_check)
     with job_errors("eval"):
         try:
             ensure_schema(settings)

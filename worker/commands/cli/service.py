@@ -76,6 +76,10 @@ def serve(
 
     from worker.embedded import EmbeddedWorker
 
+    if not 1 <= port <= 65535:
+        fail("serve", f"--port {port} is not a TCP port: give one from 1 to 65535 (e.g. --port 8000)", 2)
+    if workers < 1:
+        fail("serve", f"--workers {workers}: serve needs at least one web worker process (e.g. --workers 1)", 2)
     # The address first, as uvicorn will bind it: a port in use is one plain line, with nothing started.
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -136,8 +140,10 @@ def worker(
             fail("worker", f"--lifeline-fd {lifeline_fd}: {exc.strerror}")
     import worker.tasks  # noqa: F401  (registers the tasks)
 
+    quiet_celery(concurrency, pool)
     celery_app.worker_main(
         [
+            "--quiet",  # no banner on stdout: the log is JSON lines (quiet_celery says the same, as one)
             "worker",
             "-l",
             loglevel,
@@ -153,6 +159,23 @@ def worker(
             f"frogfix@{os.uname().nodename}",
         ]
     )
+
+
+def quiet_celery(concurrency: int, pool: str) -> None:
+    """Celery's banner and its root warning (a Python warning, printed raw) kept out of the JSON log: the facts
+    they hold are one structured line each instead."""
+    import warnings
+
+    from celery.exceptions import SecurityWarning
+
+    from app.logs import get_logger
+
+    log = get_logger("frogfix.worker")
+    warnings.filterwarnings("ignore", category=SecurityWarning)
+    log.info("worker_starting", queue="frogfix", concurrency=concurrency, pool=pool)
+    if os.geteuid() == 0:
+        log.warning("worker_runs_as_root", detail="the worker runs as root; the shipped image runs it as uid 10001 "
+                    "(each sandbox drops to its own unprivileged uid either way)")
 
 
 @cli.command()
@@ -236,17 +259,11 @@ def doctor(
     """
     import json
 
-    from pydantic import ValidationError
-
     from worker.commands.doctor import exit_code, render_text, run_doctor
-    from worker.commands.doctor.results import DoctorOptions, settings_invalid
+    from worker.commands.doctor.results import DoctorOptions
 
-    try:
-        settings = load_settings()
-    except ValidationError as exc:  # the first thing doctor is for: say which variable, not a traceback
-        results = [settings_invalid([dict(error) for error in exc.errors()])]
-    else:
-        results = run_doctor(settings, DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
+    # Settings that do not load never get here: the command line's first step says which, in one line (exit 2).
+    results = run_doctor(load_settings(), DoctorOptions(min_free_bytes=int(min_free_gib * 1024**3)))
     if json_out:
         typer.echo(json.dumps([r.to_dict() for r in results], ensure_ascii=False, indent=2))
     else:

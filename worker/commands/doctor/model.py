@@ -9,10 +9,13 @@ tells all three apart; it asks for one Bash call and caps the answer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from app.endings import Ending, EndingKind
+from app.outcome_words import shown_url
 from app.settings import Settings
 from worker.commands.doctor.results import CheckResult, DoctorOptions, failed, passed, skipped
 
@@ -33,40 +36,60 @@ def _restart(flag: str) -> str:
 
 
 def check_model(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
-    listed = _listed_line(settings)
+    listed = model_listed(settings).line
     if listed.outcome != "pass":
         why = "not checked: the model is not served there"
         return [listed, *(skipped(n, why) for n in ("model.tool_calls", "model.reasoning", "model.cached_tokens"))]
     return [listed, *_probe_lines(settings)]
 
 
-def _listed_line(settings: Settings) -> CheckResult:
+@dataclass(frozen=True)
+class Listed:
+    """The model list's answer: doctor's line, and how a job would end for it (None when the model is served).
+
+    `fix` and `eval` ask this before they build or run anything: the cheap question, one home."""
+
+    line: CheckResult
+    kind: EndingKind | None = None
+
+    @property
+    def ending(self) -> Ending | None:
+        """The ending a job stopped by it has: its kind, doctor's detail as the cause."""
+        return None if self.kind is None else Ending(self.kind, f"{self.line.detail}; {self.line.fix}",
+                                                     cause=self.line.detail)
+
+
+def model_listed(settings: Settings) -> Listed:
     """`GET /v1/models` answers and names FROGFIX_MODEL_NAME."""
+    name = "model.listed"
     base = settings.model_base_url.rstrip("/")
     key = settings.model_api_key.get_secret_value() or "EMPTY"
     down_fix = f"start SGLang (python -m sglang.launch_server ... {FLAG_REASONING} {FLAG_TOOLS} {FLAG_CACHE}) " \
         "or correct FROGFIX_MODEL_BASE_URL (it ends in /v1)"
+    shown = shown_url(base) or "FROGFIX_MODEL_BASE_URL"
     try:
         response = httpx.get(f"{base}/models", headers={"Authorization": f"Bearer {key}"}, timeout=LIST_TIMEOUT_S)
     except httpx.HTTPError as exc:
-        return failed("model.listed", f"nothing answers at {base}: {type(exc).__name__}: {exc}"[:400], down_fix)
+        said = f"nothing answers at {shown}: {type(exc).__name__}: {exc}"[:400]
+        return Listed(failed(name, said, down_fix), EndingKind.model_unreachable)
     if response.status_code in (401, 403):
-        return failed("model.listed", f"{base}/models refused the API key (HTTP {response.status_code})",
-                      "set FROGFIX_MODEL_API_KEY to the server's --api-key")
+        said = f"{shown}/models refused the API key (HTTP {response.status_code})"
+        return Listed(failed(name, said, "set FROGFIX_MODEL_API_KEY to the server's --api-key"),
+                      EndingKind.model_refused)
     try:
         body = response.json()
     except ValueError:
         body = None
     data = body.get("data") if isinstance(body, dict) else None
     if response.status_code != 200 or not isinstance(data, list):
-        return failed("model.listed", f"{base}/models answered HTTP {response.status_code} without a model list",
-                      down_fix)
+        said = f"{shown}/models answered HTTP {response.status_code} without a model list"
+        return Listed(failed(name, said, down_fix), EndingKind.model_failing)
     served = [str(m.get("id")) for m in data if isinstance(m, dict)]
     if settings.model_name in served:
-        return passed("model.listed", f"{settings.model_name} is served at {base}")
-    return failed("model.listed", f"{base} serves {', '.join(served) or 'no model'}, not {settings.model_name}",
-                  f"set FROGFIX_MODEL_NAME to the served name, or start SGLang with --served-model-name "
-                  f"{settings.model_name}")
+        return Listed(passed(name, f"{settings.model_name} is served at {shown}"))
+    return Listed(failed(name, f"{shown} serves {', '.join(served) or 'no model'}, not {settings.model_name}",
+                         f"set FROGFIX_MODEL_NAME to the served name, or start SGLang with --served-model-name "
+                         f"{settings.model_name}"), EndingKind.model_refused)
 
 
 def _bash_schema() -> dict[str, Any]:

@@ -50,19 +50,6 @@ def skipped(name: str, detail: str) -> CheckResult:
     return CheckResult(name, "skip", detail)
 
 
-def settings_invalid(errors: list[dict[str, Any]]) -> CheckResult:
-    """Settings that do not load: one failed line naming each variable, never its value (it may be a secret)."""
-    names = []
-    for error in errors:
-        field = ".".join(str(part) for part in error.get("loc", ())) or "?"
-        names.append(f"FROGFIX_{field.upper()}: {error.get('msg', 'invalid')}")
-    return failed(
-        "settings",
-        "the settings do not load: " + "; ".join(names),
-        "correct these variables in the environment or the .env file (see README's Configuration)",
-    )
-
-
 @dataclass(frozen=True)
 class DoctorOptions:
     """What a run of doctor may tune: the free-disk threshold (`--min-free-gib`)."""
