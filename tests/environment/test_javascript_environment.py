@@ -13,7 +13,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 
 from tests.conftest import seeded
 from tests.doubles.openai_server import ScriptedOpenAIServer, assistant
+from tests.environment.test_setup_phase import Listener
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.bwrap
@@ -91,27 +91,6 @@ SOURCES = {
         "test('adds', () => { assert.ok(isNumber(add(1, 2))); assert.strictEqual(add(1, 2), 3); });\n"
     ),
 }
-
-
-class Listener:
-    """A TCP listener on the host's loopback that counts the connections it accepts (a closed door)."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(8)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
 
 
 def ends_before_the_model(proc: subprocess.CompletedProcess[str], out: Any, model: ScriptedOpenAIServer) -> str:

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from app.patches import file_diffs
-from tests.doubles.openai_server import ScriptedOpenAIServer, assistant, tool_call
+from tests.doubles.openai_server import ScriptedOpenAIServer
 from tests.realrepos import FIX_TIMEOUT, run_fix
 from tests.realrepos.conftest import RunDirs
-from tests.realrepos.fix_double import WORKSPACE, fixed_files
+from tests.realrepos.fix_double import fixing_script
 from tests.realrepos.js_tasks import JS_FIXTURES, JsTask, installed_packages, load_js_tasks, lockfile_pins
 from tests.realrepos.test_realrepos import SELECT, files_holding, secret_forms
 
@@ -46,17 +46,6 @@ def js_tasks() -> dict[str, JsTask]:
     if not (JS_FIXTURES / "MANIFEST.json").is_file():
         pytest.skip(NO_FIXTURES)
     return {task.name: task for task in load_js_tasks()}
-
-
-def fixing_script(task: JsTask) -> list[Any]:
-    """One Write per file the upstream fix changes, then the final answer."""
-    replies = [
-        assistant(None, reasoning=f"Apply the upstream change to {path}.",
-                  tool_calls=[tool_call("Write", {"file_path": str(WORKSPACE / path), "content": content})])
-        for path, content in fixed_files(task).items()
-    ]
-    replies.append(assistant(f"Applied the upstream fix ({task.data['fix_commit'][:12]}): {task.data['fix_subject']}."))
-    return replies
 
 
 def environment_checkout(workspaces: Path) -> Path:
