@@ -261,3 +261,35 @@ def test_a_non_root_worker_installs_the_lockfile_and_its_sandboxes_use_it(nonroo
     leaked = [str(p) for p in base.rglob("*")
               if p.is_file() and not p.is_symlink() and npm_registry.password.encode() in p.read_bytes()]
     assert leaked == [] and npm_registry.password not in json.dumps(out)
+
+
+def test_a_dependency_whose_install_script_downloads_ends_the_environment_naming_it(
+    roots: Path, npm_registry: Any
+) -> None:
+    """Its own postinstall fetches a binary from elsewhere: the setup sandbox reaches nothing but the mirror, so the
+    script fails and the environment says which dependency; the repository's own scripts never ran at all."""
+    from tests.npm_registry import publish
+
+    door = Listener()
+    fetch = (  # the same bytes every run: the mirror's storage keeps a published version for good
+        "require('https').get('https://downloads.example.com/binary', () => process.exit(0))"
+        ".on('error', (e) => { console.error('download failed: ' + e.code); process.exit(1); });\n"
+    )
+    manifest = {"name": "@company/needs-binary", "version": "1.0.1", "main": "index.js", "license": "MIT",
+                "scripts": {"postinstall": "node fetch.js"}}
+    integrity = publish(npm_registry, "@company/needs-binary", "1.0.1",
+                        {"package.json": json.dumps(manifest), "fetch.js": fetch, "index.js": "module.exports = 1;\n"})
+    lock = json.loads(LOCK)
+    lock["packages"][""]["dependencies"] = {"@company/needs-binary": "1.0.1"}
+    lock["packages"]["node_modules/@company/needs-binary"] = {
+        "version": "1.0.1", "hasInstallScript": True, "integrity": integrity, "license": "MIT",
+        "resolved": "https://registry.npmjs.org/@company/needs-binary/-/needs-binary-1.0.1.tgz",
+    }
+    own = {**PACKAGE, "dependencies": {"@company/needs-binary": "1.0.1"},
+           "scripts": {**PACKAGE["scripts"], "postinstall": f"node -e \"require('http').get('http://127.0.0.1:{door.port}/own')\""}}
+    repo = js_repo(roots / "repo", own, {**SOURCES, "package-lock.json": json.dumps(lock)})
+    report, _ = environment_run(repo, roots, npm_registry.url, "true")
+    assert not report.ok, report.to_dict()
+    assert "the install script of the dependency @company/needs-binary failed" in report.reason, report.reason
+    assert "download failed" in report.log_tail, report.log_tail
+    assert door.accepted == 0  # neither the dependency's download nor the repository's own postinstall got out

@@ -66,7 +66,7 @@ def test_fix_installs_the_lockfile_from_the_npm_mirror_and_reproduces(
     repo = task.unpack(run_dirs.work / "repo")
     issue = run_dirs.work / "issue.md"
     issue.write_text(task.issue_text)
-    seen = len(npm_registry.served_tarballs())
+    seen = len(npm_registry.requests())
     with ScriptedOpenAIServer(fixing_script(task)) as model:
         proc, out = run_fix(repo, issue, data_dir=run_dirs.data, workspace_dir=run_dirs.workspaces,
                             model_url=model.base_url, npm_registry_url=npm_registry.url)
@@ -78,7 +78,7 @@ def test_fix_installs_the_lockfile_from_the_npm_mirror_and_reproduces(
 
     # What the install fetched came from the mirror, and is what the lockfile pins; so is what is installed.
     pins = lockfile_pins(repo, task.lockfile)
-    served = set(npm_registry.served_tarballs()[seen:])
+    served = set(npm_registry.served_tarballs(since=seen))
     manager = {("pnpm", "10.28.0"), ("yarn", "1.22.22")}
     assert served and served - manager <= pins, sorted(served - manager - pins)[:20]
     installed = installed_packages(environment_checkout(run_dirs.workspaces))

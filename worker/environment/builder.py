@@ -62,8 +62,8 @@ from sandbox.quantity import parse_quantity
 from worker.environment import generated, javascript, javascript_declared
 from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
+from worker.environment.javascript_install import failed_install_script, install_error
 from worker.environment.javascript_install import install_env as javascript_install_env
-from worker.environment.javascript_install import install_error
 from worker.environment.relay import IndexRelay, MirrorURL
 from worker.environment.report import EnvironmentReport, StepFailed, failed
 from worker.environment.steps import (
@@ -411,6 +411,12 @@ class Environments:
                     if built.exit_code != 0:
                         first = install_error(log) if npm else _first_error(log)
                         reason = f"{what} failed (exit {built.exit_code}){first}"
+                        script_of = failed_install_script(log) if npm else ""
+                        if script_of:
+                            reason = (f"the install script of the dependency {script_of} failed (exit "
+                                      f"{built.exit_code}): one that downloads at install (a binary) cannot reach "
+                                      "anything but the package mirror; add what it fetches to the mirror, or "
+                                      "drop the dependency")
                         if index is not None and index.requests == 0:
                             reason += " (the package mirror was never reached)"
                         elif index is not None and index.errors:

@@ -48,13 +48,14 @@ from worker.environment.javascript_install import (
     clean_yarnrc_yml,
     install_script,
     rewrite_registry_urls,
+    strip_scripts,
 )
 from worker.environment.layout import CHECKOUT_FOLDER, PM_BIN, WASM_WITHOUT_TRAP_HANDLER, Layout, write_layout
 from worker.environment.relay import MirrorURL
 from worker.environment.report import EnvironmentReport, StepFailed, failed
 from worker.git import workspace_pool
 
-BUILDER_VERSION = "js-1"
+BUILDER_VERSION = "js-2"  # js-2: the dependencies' own install scripts run in the cached step
 class SetupHost(Protocol):
     """What the JavaScript install needs of the job's environments object (builder.Environments)."""
 
@@ -178,6 +179,8 @@ def _lay_install_files(request: JavaScriptRequest, files: Path, registry: str, m
             data = rewrite_registry_urls(
                 data.decode("utf-8"), registry, mirror.spellings, registry.removesuffix(mirror.path)
             ).encode()
+        elif name == "package.json":
+            data = strip_scripts(data.decode("utf-8", "replace")).encode()
         elif name == ".npmrc":
             data = clean_npmrc(data.decode("utf-8", "replace")).encode()
         elif name == ".yarnrc.yml":

@@ -6,6 +6,7 @@ variables without the JavaScript module, and each piece can be read and tested a
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -97,6 +98,8 @@ def install_script(plan: JavaScriptPlan) -> str:
         )
     script.append(f'echo "frogfix: installing the packages {plan.lockfile} pins ({manager.shown()}, scripts off)"')
     script.append(_install_command(manager.kind, npm, reg))
+    script.append('echo "frogfix: running the dependencies\' own install scripts (the mirror is the only way out)"')
+    script.append(_rebuild_command(manager.kind, npm))
     script.append(f"mkdir -p {' '.join(SCRATCH)}")
     for package, name in RUNNER_WRITES:  # each install of the package (pnpm keeps one per peer set)
         script.append(
@@ -114,6 +117,46 @@ def install_script(plan: JavaScriptPlan) -> str:
         )
     script.append('echo "frogfix: environment ready"')
     return "\n".join(script) + "\n"
+
+
+def _rebuild_command(kind: str, npm: str) -> str:
+    """The dependencies' own install scripts (esbuild's check, a native addon's prebuilt binary), after the
+    frozen install: the repository's own scripts are not in the install's view (strip_scripts), so only code
+    the mirror served runs, and a script that needs the internet (a binary download) fails, naming itself.
+    pnpm runs only the builds the repository allowed (onlyBuiltDependencies), as pnpm itself does."""
+    pm = f"{ENV_DIR}/pm/node_modules/.bin"
+    if kind == "pnpm":
+        return f"{pm}/pnpm rebuild --reporter=append-only --config.store-dir={CACHE}/pnpm"
+    if kind == "yarn-berry":
+        return f"YARN_ENABLE_SCRIPTS=true {pm}/yarn rebuild"
+    return f"{npm} rebuild --foreground-scripts"  # npm's own, and Yarn classic's tree (it has no rebuild)
+
+
+def strip_scripts(package_json: str) -> str:
+    """A package.json as the install sees it: without `scripts`, so no lifecycle script of the repository runs."""
+    try:
+        package = json.loads(package_json)
+    except ValueError:
+        return package_json  # the package manager says what is wrong with it
+    if isinstance(package, dict):
+        package.pop("scripts", None)
+    return json.dumps(package, indent=2) + "\n"
+
+
+_SCRIPT_FAILURE = (
+    re.compile(r"npm (?:error|ERR!) path \S*?/node_modules/((?:@[^/\s]+/)?[^/\s]+)\s*$", re.M),
+    re.compile(r"node_modules/(?:\.pnpm/[^/\s]+/node_modules/)?((?:@[^/\s]+/)?[^/\s]+) (?:pre|post)?install: ", re.M),
+    re.compile(r"YN0009: .*?((?:@[^/\s]+/)?[^@/\s]+)@npm:\S+ couldn't be built", re.M),
+)
+
+
+def failed_install_script(log: str) -> str:
+    """The dependency whose own install script failed, as the package manager named it ("" when none did)."""
+    for pattern in _SCRIPT_FAILURE:
+        found = pattern.search(log)
+        if found:
+            return found.group(1)
+    return ""
 
 
 def _install_command(kind: str, npm: str, reg: str) -> str:
