@@ -33,6 +33,7 @@ class Provenance:
     attempt: int
     attempts: int
     harness_version: str = HARNESS_VERSION
+    attestation: str = ""  # the signed statement's envelope digest (app/attestations); "" when unsigned
 
 
 def _tail(text: str, limit: int = LOG_EXCERPT) -> str:
@@ -310,9 +311,23 @@ def _provenance_section(p: Provenance, redact: Callable[[str], str]) -> list[str
         f"- base commit: `{p.base_commit}`",
         f"- sandbox: {inert(escape_hidden(redact(p.sandbox)))}",
         f"- attempt {p.attempt} of {p.attempts}",
+        attestation_line(p.attestation),
         "",
         "</details>",
     ]
+
+
+def attestation_line(digest: str) -> str:
+    """The MR names its signed statement (the job's bundle holds it), or says plainly that it has none."""
+    if not digest:
+        return "- attestation: unsigned (no FROGFIX_ATTESTATION_KEY could sign this change)"
+    return f"- attestation: signed, envelope sha256 `{digest}` (the job's `/api/jobs/<id>/attestations` bundle)"
+
+
+def assisted_by(message: str, model: str, version: str) -> str:
+    """`message` with the `Assisted-by: <model> (FrogFix <version>)` trailer as its last paragraph."""
+    name = " ".join(re.sub(r"[^\x20-\x7e]", " ", model).split())[:100] or "unknown model"
+    return f"{message.rstrip()}\n\nAssisted-by: {name} (FrogFix {version})"
 
 
 def comment_started(job_id: int, job_url: str | None) -> str:
