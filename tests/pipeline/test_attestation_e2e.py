@@ -114,3 +114,36 @@ def test_require_attestation_without_a_key_publishes_nothing(client: Any, world:
                               capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert branches.strip() == ""
     assert any("FROGFIX_REQUIRE_ATTESTATION" in n["body"] for n in world.gitlab.notes)
+
+
+def test_a_review_rounds_commit_is_signed_too(client: Any, world: World, tmp_path: Path) -> None:
+    """Round 0 and round 1 each get a statement; round 1's names its round and the head it built on, and
+    both commits verify against the forge's repository."""
+    from tests.pipeline.test_rounds_e2e import GitLabMr, newest_round, round_script, triage
+
+    private = tmp_path / "keys" / "frogfix.key"
+    configure(world.env["monkeypatch"], attestation_key=str(private))
+    from app.settings import get_settings
+
+    keys.keygen(private, get_settings().resolved_trusted_keys())
+    mr = GitLabMr(client, world)
+    before = mr.sync_head()
+    world.model.add(*round_script())
+    answer = mr.comment("/frogfix please document mul() too")
+    assert triage(answer["request_id"]) == "accepted"
+    round_job = newest_round(mr.thread_id)
+    assert run_job(round_job.id) == "done"
+
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    [first] = client.get(f"/api/jobs/{mr.thread_id}/attestations", headers=auth).json()["attestations"]
+    bundle = client.get(f"/api/jobs/{round_job.id}/attestations", headers=auth).json()
+    [second] = bundle["attestations"]
+    predicate = signing.read(second["envelope"])[1]["predicate"]
+    assert predicate["round"] == 1 and predicate["round_kind"] == "review" and predicate["base_commit"] == before
+    assert signing.read(first["envelope"])[1]["predicate"]["round"] == 0
+    assert "Assisted-by: scripted" in _commit_message(world.bare("gitlab"), mr.branch)
+    path = tmp_path / "round.json"
+    path.write_text(json.dumps(bundle))
+    out = CliRunner().invoke(cli, ["verify", str(path), "--checkout", str(world.bare("gitlab"))])
+    assert out.exit_code == 0, out.output
+    assert "makes the attested patch" in out.output
