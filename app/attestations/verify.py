@@ -127,3 +127,26 @@ def verify_log(log: dict[str, Any], digests: list[str]) -> list[Check]:
     else:
         checks.append(Check("log", "pass", f"all {len(digests)} attestation(s) are in the log"))
     return checks
+
+
+def verify_full_log(entries: list[dict[str, Any]], bundle: dict[str, Any]) -> list[Check]:
+    """The installation's whole log (`attestations/log.jsonl`, given to `verify --log`): linked from its
+    first entry on, and holding the bundle's stretch entry for entry (so a bundle cut from an altered log,
+    or a log rewritten after the bundle was taken, shows)."""
+    from app.attestations.statement import CHAIN_START
+
+    previous = CHAIN_START
+    for entry in entries:
+        if entry.get("prev") != previous:
+            return [Check("log file chain", "fail", f"entry {entry.get('seq')} does not follow the one before it "
+                          "(an entry was removed or altered)")]
+        previous = entry_digest(entry)
+    known = {entry_digest(entry) for entry in entries}
+    stretch = (bundle.get("log") or {}).get("entries") or []
+    missing = [e.get("seq") for e in stretch if entry_digest(e) not in known]
+    checks = [Check("log file chain", "pass", f"{len(entries)} entries link one to the next from the first")]
+    if missing:
+        checks.append(Check("log file", "fail", f"the bundle's log entries {missing[:5]} are not in the log file"))
+    else:
+        checks.append(Check("log file", "pass", f"the bundle's {len(stretch)} log entries are in the log file"))
+    return checks

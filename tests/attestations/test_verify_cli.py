@@ -92,3 +92,30 @@ def test_keygen_then_verify_with_and_without_a_checkout(frogfix_env: dict[str, A
 
     bad = runner.invoke(cli, ["verify", str(tmp_path / "missing.json")])
     assert bad.exit_code == 2
+
+
+def test_verify_with_the_installations_whole_log(frogfix_env: dict[str, Any], tmp_path: Path) -> None:
+    """--log checks the whole file from its first entry, and that the bundle's entries are in it: an entry
+    removed from the file (or a file rewritten after the bundle was taken) fails `log file`."""
+    private = tmp_path / "keys" / "frogfix.key"
+    configure(frogfix_env["monkeypatch"], attestation_key=str(private))
+    keys.keygen(private, Path(frogfix_env["data_dir"]) / "attestation-keys")
+    _repo, _base, commit, patch = repository(tmp_path)
+    data = Path(frogfix_env["data_dir"])
+    path = bundle_file(tmp_path, data, private, commit, patch)
+    log = data / "attestations" / "log.jsonl"
+    runner = CliRunner()
+    ok = runner.invoke(cli, ["verify", str(path), "--log", str(log)])
+    assert ok.exit_code == 0, ok.output
+    assert "PASS log file chain" in ok.output and "PASS log file:" in ok.output
+
+    first_bundle = json.loads(path.read_text())
+    bundle_file(tmp_path, data, private, commit, patch + "\n")  # a second statement appended to the log
+    rewritten = tmp_path / "rewritten.jsonl"
+    lines = log.read_text().splitlines()
+    rewritten.write_text(lines[1] + "\n")  # the first entry removed
+    path.write_text(json.dumps(first_bundle))
+    cut = runner.invoke(cli, ["verify", str(path), "--log", str(rewritten)])
+    assert cut.exit_code == 1 and "FAIL log file chain" in cut.output
+    bad = runner.invoke(cli, ["verify", str(path), "--log", str(tmp_path / "none.jsonl")])
+    assert bad.exit_code == 2

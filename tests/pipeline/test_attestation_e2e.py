@@ -17,7 +17,7 @@ from app.attestations import keys, signing
 from app.db import session_scope
 from app.jobs import records
 from tests.conftest import ADMIN_TOKEN, configure
-from tests.pipeline.conftest import PROJECT, TRIGGER, World
+from tests.pipeline.conftest import GITEA_TOKEN, GITLAB_TOKEN, MODEL_KEY, PROJECT, TRIGGER, World
 from worker.commands.cli import cli
 from worker.tasks import run_job
 
@@ -79,7 +79,9 @@ def test_a_published_change_is_signed_and_its_bundle_verifies(
     assert predicate["forge"] == forge and predicate["base_commit"] == base and predicate["trigger_user"] == trigger
     assert predicate["evidence"]["before"]["exit_code"] == 1 and predicate["model"]["name"] == "scripted"
     assert predicate["evidence"]["after"] and all(run["exit_code"] == 0 for run in predicate["evidence"]["after"])
-    assert private.read_text() not in json.dumps(bundle)  # the key never reaches what is kept or served
+    served = json.dumps(bundle)
+    for secret in (private.read_text(), GITLAB_TOKEN, GITEA_TOKEN, MODEL_KEY):  # never kept or served
+        assert secret not in served
     path = tmp_path / "bundle.json"
     path.write_text(json.dumps(bundle))
 

@@ -4,12 +4,13 @@ against the repository: the attested commit is there, and its change is the atte
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from app.attestations import keys as attestation_keys
 from app.attestations.statement import patch_bytes, subject_digest
-from app.attestations.verify import Check, statement_of, verify_bundle
+from app.attestations.verify import Check, statement_of, verify_bundle, verify_full_log
 from worker.git.gitcalls import LOCAL_TIMEOUT, git_dir_args, git_environment, run_git
 
 
@@ -54,9 +55,11 @@ def checkout_checks(bundle: dict[str, Any], checkout: Path) -> list[Check]:
     return checks
 
 
-def run_verify(bundle: dict[str, Any], trusted: Path, key: Path | None, checkout: Path | None) -> list[Check]:
+def run_verify(
+    bundle: dict[str, Any], trusted: Path, key: Path | None, checkout: Path | None, log: Path | None = None
+) -> list[Check]:
     """Every check: with `key` only that public key is trusted (an auditor's), else the trusted folder's
-    keys; revocations come from the trusted folder either way."""
+    keys; revocations come from the trusted folder either way. `log`: the installation's whole log file."""
     if key is not None:
         public = attestation_keys.load_public(key)
         keys = {public.keyid: public}
@@ -68,4 +71,7 @@ def run_verify(bundle: dict[str, Any], trusted: Path, key: Path | None, checkout
     checks = verify_bundle(bundle, keys, revoked)
     if checkout is not None:
         checks += checkout_checks(bundle, checkout)
+    if log is not None:
+        lines = log.read_text(encoding="utf-8").splitlines()
+        checks += verify_full_log([json.loads(line) for line in lines if line.strip()], bundle)
     return checks

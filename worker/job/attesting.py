@@ -15,6 +15,7 @@ from securesystemslib.signer import Signer
 from app import trajectory
 from app.attestations import keys, signing, statement, store
 from app.endings import Ending, EndingKind
+from app.redaction import redact_value
 from app.settings import Settings
 from app.statuses import JobStatus
 from worker.attempts.attempt import AttemptResult, AttemptRunner
@@ -47,6 +48,8 @@ class PublishingJob(Protocol):
     url: str | None
     selection: dict[str, Any]
     runner: AttemptRunner | None
+
+    def redact(self, text: str) -> str: ...
 
     def event(self, kind: str, message: str, data: dict[str, Any] | None = None) -> None: ...
 
@@ -106,7 +109,8 @@ def sign_change(
     change that cannot be signed is never pushed."""
     if signer is None:
         return None
-    document = statement.statement(commit, result.patch, predicate(job, base, result))
+    said = redact_value(predicate(job, base, result), job.redact, keys=False)  # no configured secret is signed
+    document = statement.statement(commit, result.patch, said)
     return signing.sign(document, signer)
 
 

@@ -59,9 +59,11 @@ def verify(
     bundle: Annotated[Path, typer.Argument(help="A bundle from /api/jobs/{id}/attestations.")],
     key: Annotated[Path | None, typer.Option("--key", help="The one public key (PEM) to trust.")] = None,
     checkout: Annotated[Path | None, typer.Option("--checkout", help="A clone to check the commits in.")] = None,
+    log: Annotated[Path | None, typer.Option("--log", help="The installation's attestations/log.jsonl.")] = None,
 ) -> None:
-    """Check a bundle: signature and key id, revocation, patch, trajectory, the log's chain, and with
-    --checkout the commits. One line a check; exit 1 exactly when one fails, 2 for unusable input."""
+    """Check a bundle: signature and key id, revocation, patch, trajectory, the log's chain, with
+    --checkout the commits, and with --log the installation's whole log. One line a check; exit 1 exactly
+    when one fails, 2 for unusable input."""
     from app.attestations.keys import AttestationKeyError
     from app.attestations.verify import exit_code
     from worker.commands.verify import run_verify
@@ -73,9 +75,11 @@ def verify(
     if not isinstance(data, dict):
         fail("verify", f"{bundle} is not a bundle", 2)
     try:
-        checks = run_verify(data, load_settings().resolved_trusted_keys(), key, checkout)
+        checks = run_verify(data, load_settings().resolved_trusted_keys(), key, checkout, log)
     except AttestationKeyError as exc:
         fail("verify", str(exc), 2)
+    except (OSError, ValueError) as exc:  # the log file
+        fail("verify", f"{log} is not a readable log: {exc}", 2)
     for check in checks:
         typer.echo(check.line())
     failed = sum(1 for c in checks if c.outcome == "fail")
