@@ -80,7 +80,11 @@ def with_trailer(message: str, settings: Settings) -> str:
 def predicate(job: PublishingJob, base: str, result: AttemptResult) -> dict[str, Any]:
     """What the statement says produced the change (app/attestations/statement.py lists it)."""
     s = job.s
-    document = trajectory.load(trajectory.existing(s.data_dir, result.trajectory))
+    try:
+        document: dict[str, Any] = trajectory.load(trajectory.existing(s.data_dir, result.trajectory))
+        chain: dict[str, Any] | None = statement.trajectory_chain(document)
+    except trajectory.TrajectoryError:  # not saved (a bug elsewhere): the statement says so, verify skips it
+        document, chain = {}, None
     environment = job.runner.environment if job.runner is not None else None
     return {
         "forge": job.forge_kind, "project": job.project,
@@ -98,7 +102,7 @@ def predicate(job: PublishingJob, base: str, result: AttemptResult) -> dict[str,
         "review_flags": list(result.flags),
         "attempts": {"chosen": result.number, "selection": job.selection},
         "usage": result.usage.to_dict(),
-        "trajectory": {"path": result.trajectory, "chain": statement.trajectory_chain(document)},
+        "trajectory": {"path": result.trajectory, "chain": chain},
     }  # fmt: skip
 
 
