@@ -3,7 +3,8 @@ FrogFix signs verifies. Without a key changes are published "unsigned": a failur
 
 from __future__ import annotations
 
-from app.attestations import keys
+from app.attestations import keys, store
+from app.attestations.verify import verify_full_log
 from app.settings import Settings
 from worker.commands.doctor.results import CheckResult, DoctorOptions, failed, passed
 
@@ -11,6 +12,23 @@ KEYGEN_FIX = "run `manage.py attest keygen` with FROGFIX_ATTESTATION_KEY set to 
 
 
 def check_attestation(settings: Settings, options: DoctorOptions) -> list[CheckResult]:
+    """The key, then the log's chain."""
+    return [*check_key(settings), check_log(settings)]
+
+
+def check_log(settings: Settings) -> CheckResult:
+    """The append-only log links entry to entry from its first: an entry removed or altered shows here."""
+    try:
+        entries = store.read_log(settings.data_dir)
+    except (OSError, ValueError) as exc:
+        return failed("attestation.log", f"the attestation log cannot be read: {exc}", "restore it from a backup")
+    chain = verify_full_log(entries, {})[0]  # its first line is the chain
+    if chain.outcome == "fail":
+        return failed("attestation.log", chain.detail, "restore the log from a backup; compare it with bundles")
+    return passed("attestation.log", f"{len(entries)} statement(s) in the log, each linked to the one before")
+
+
+def check_key(settings: Settings) -> list[CheckResult]:
     """Never prints the key: its path, its key id and the trusted folder only."""
     path = settings.attestation_key
     if path is None:
