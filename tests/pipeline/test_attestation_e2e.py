@@ -144,6 +144,8 @@ def test_a_review_rounds_commit_is_signed_too(client: Any, world: World, tmp_pat
     assert predicate["round"] == 1 and predicate["round_kind"] == "review" and predicate["base_commit"] == before
     assert signing.read(first["envelope"])[1]["predicate"]["round"] == 0
     assert "Assisted-by: scripted" in _commit_message(world.bare("gitlab"), mr.branch)
+    [reply] = mr.bot_notes()  # the round's reply on the MR names its statement
+    assert f"`{signing.envelope_digest(second['envelope'])}`" in reply["body"]
     path = tmp_path / "round.json"
     path.write_text(json.dumps(bundle))
     out = CliRunner().invoke(cli, ["verify", str(path), "--checkout", str(world.bare("gitlab"))])

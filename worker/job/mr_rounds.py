@@ -256,6 +256,7 @@ class RoundPipeline(Pipeline):
                 job_url=self.url,
                 redact=self.redact,
                 flags=result.flags,
+                attestation=self.attestation,
             )
         )
 

@@ -552,9 +552,11 @@ def round_reply_pushed(
     job_url: str | None,
     redact: Callable[[str], str],
     flags: Sequence[str] = (),
+    attestation: str | None = None,
 ) -> str:
     """The reply to a round's requests when it pushed a commit: the files changed, the round's review
-    flags (as round 0's description shows them) and the agent's summary.
+    flags (as round 0's description shows them), its signed statement's digest (or "unsigned") when
+    `attestation` is given, and the agent's summary.
 
     The summary is the model's text, which a hostile comment may have shaped: redacted, bounded and
     fenced (disarmed inside), as in the MR description.
@@ -569,6 +571,8 @@ def round_reply_pushed(
     if len(diffstat) > 50:
         files.append(f"and {len(diffstat) - 50} more")
     lines += ["**Files changed:** " + (", ".join(files) or "none"), ""]
+    if attestation is not None:
+        lines += [attestation_line(attestation).removeprefix("- "), ""]
     lines += flags_block(flags, redact)
     text = redact(summary.strip() or "(no summary)")[:REPLY_SUMMARY_LIMIT]
     lines += ["**What the agent says:**", "", _fence(text)]
