@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """FrogFix's one command line: serve, worker, migrate, sweep, fix, demo, doctor, reap-sandboxes, and the
-job commands: jobs, show, cancel, retry, replay; and eval (worker/commands/cli)."""
+job commands: jobs, show, cancel, retry, replay; eval; attest and verify (worker/commands/cli)."""
 
 import sys
 from pathlib import Path

@@ -35,6 +35,8 @@ Inside:
 - forge/: the Forge seam: webhook parsing (pure, no I/O), the GitLab and Gitea API clients, and
   reviews.py, the rounds' shared vocabulary (a review comment, a thread note, a CI result, the
   `/frogfix` commands) that the parsers, the clients and the worker's rounds all read.
+- attestations/: the signed record of every published change (issue 41): keys, the in-toto statement
+  in its DSSE envelope (securesystemslib), the append-only log, bundles and verify's checks.
 - web/: FastAPI: webhooks, the JSON API, health and metrics, the dashboard.
 
 What may import what:

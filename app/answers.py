@@ -435,3 +435,30 @@ class FixAnswer(Answer):
     environment: EnvironmentAnswer | None = None
     attempts: list[AttemptAnswer] = Field(default_factory=list)
     selection: SelectionAnswer | None = None
+
+
+class AttestationAnswer(Answer):
+    """One signed statement of a job (app/attestations): its DSSE envelope, and what verify and replay need
+    beside it: the patch as pushed and the trajectory its digest chain covers (null when gone)."""
+
+    kind: str
+    envelope: dict[str, Any]
+    patch: str = ""
+    trajectory: dict[str, Any] | None = None
+
+
+class AttestationLogAnswer(Answer):
+    """The stretch of the append-only log from the job's first statement to its last: `previous` is the
+    digest of the entry before it, each entry names the one before it (`prev`)."""
+
+    previous: str
+    entries: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class AttestationBundleAnswer(Answer):
+    """`/api/jobs/{id}/attestations`: what `manage.py verify BUNDLE` checks."""
+
+    format: str
+    job: int
+    attestations: list[AttestationAnswer] = Field(default_factory=list)
+    log: AttestationLogAnswer

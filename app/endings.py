@@ -45,6 +45,7 @@ class EndingKind(StrEnum):
     refused = "refused"  # a review rule refused the patch
     tampered = "tampered"  # the patch's test results were forged
     no_fix = "no_fix"  # the agent ended without a fix the tests prove
+    attestation_missing = "attestation_missing"  # FROGFIX_REQUIRE_ATTESTATION, and no key could sign
     internal_error = "internal_error"  # a bug in FrogFix
     worker_lost = "worker_lost"  # the worker running it stopped answering too often
     unknown = "unknown"  # a failure stored without a kind

@@ -189,6 +189,9 @@ _WORDS: Final[dict[EndingKind, Worder]] = {
     ),
     EndingKind.limits: _limits,
     EndingKind.refused: lambda end, _e, _s: _with("the patch was refused", end),
+    EndingKind.attestation_missing: lambda end, _e, _s: _with(
+        "FROGFIX_REQUIRE_ATTESTATION is on and no attestation key could sign, so nothing was published", end
+    ),
 }
 
 

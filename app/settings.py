@@ -176,6 +176,13 @@ class Settings(BaseSettings):
     project_limits: Annotated[dict[str, ProjectLimits], NoDecode] = Field(default_factory=dict)
     sweep_interval_seconds: float = 30.0
     log_level: str = "INFO"
+    # Attestations (app/attestations/): the Ed25519 private key that signs every change FrogFix publishes, a PEM
+    # file (`manage.py attest keygen` writes one, mode 0600); empty: changes are published "unsigned".
+    attestation_key: Path | None = None
+    # The public keys `verify` trusts, one `<key id>.pub` each, and `revoked.json` (key id: revocation time).
+    # Empty: `attestation-keys` in the data folder.
+    attestation_trusted_keys: Path | None = None
+    require_attestation: bool = False  # refuse to publish (a typed ending) when no key can sign
 
     @field_validator("project_limits", mode="before")
     @classmethod
@@ -298,6 +305,10 @@ class Settings(BaseSettings):
             if password:
                 found += [value for value in (url, password) if len(value) >= 4]
         return found
+
+    def resolved_trusted_keys(self) -> Path:
+        """The folder of trusted public keys (rotation keeps the old ones; `revoked.json` beside them)."""
+        return self.attestation_trusted_keys or self.data_dir / "attestation-keys"
 
     def resolved_broker_url(self) -> str:
         return self.broker_url or "filesystem://"

@@ -6,7 +6,8 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 
-from app.answers import JobAnswer, JobDetailAnswer, JobListAnswer
+from app.answers import AttestationBundleAnswer, JobAnswer, JobDetailAnswer, JobListAnswer
+from app.attestations import store as attestations
 from app.db import session_scope
 from app.jobs import read_model, records
 from app.settings import get_settings
@@ -55,3 +56,19 @@ def get_job(job_id: JobId) -> JobDetailAnswer:
             return read_model.job_detail(session, job_id)
         except records.UnknownJob as exc:
             raise HTTPException(404, str(exc)) from exc
+
+
+@router.get(
+    "/jobs/{job_id}/attestations", summary="The job's signed statements, with its patches and trajectories",
+    response_model=AttestationBundleAnswer,
+)
+def get_attestations(job_id: JobId) -> AttestationBundleAnswer:
+    """A bundle for `manage.py verify`: each change FrogFix published for the job in its DSSE envelope (an
+    in-toto statement), the patch and trajectory it covers, and the stretch of the append-only log that
+    holds them. Empty `attestations` when the job published nothing signed."""
+    with session_scope() as session:
+        try:
+            records.get_job(session, job_id)
+        except records.UnknownJob as exc:
+            raise HTTPException(404, str(exc)) from exc
+    return AttestationBundleAnswer.model_validate(attestations.bundle(get_settings().data_dir, job_id))

@@ -48,9 +48,11 @@ def cli_options() -> dict[str, frozenset[str]]:
     options: dict[str, frozenset[str]] = {}
     for name, command in getattr(group, "commands", {}).items():
         opts = {"--help"}
-        for param in command.params:
-            if param.param_type_name == "option":
-                opts.update(param.opts, param.secondary_opts)
+        # a command group (`attest keygen`, `attest revoke`): its subcommands' options count as its own
+        for part in [command, *getattr(command, "commands", {}).values()]:
+            for param in part.params:
+                if param.param_type_name == "option":
+                    opts.update(param.opts, param.secondary_opts)
         options[name] = frozenset(opts)
     assert options, "manage.py's app has no commands"
     return options

@@ -6,6 +6,7 @@
   (the attempt to run again, its repository, its start), shared by replay and eval.
 - `evaluate`: `manage.py eval`: a candidate model re-runs recorded tasks, giving way to production.
 - `doctor/`: `manage.py doctor`'s end-to-end checks of the configuration.
+- `verify`: `manage.py verify`'s checks of an attestation bundle, with a checkout's commits.
 - `cli/`: the command line itself (manage.py is a thin entry over it): the Typer app and its
   commands; an entry like the Celery tasks (it starts workers), so no room imports it.
 - `bootstrap`: which Python runs manage.py (standard library only, before anything else).

@@ -27,6 +27,7 @@ from worker.attempts.verifier import Verification
 from worker.environment.report import EnvironmentUnusable
 from worker.git import gitcalls, merging, mirrors, publishing
 from worker.git.workspace_sources import PoolSource
+from worker.job import attesting
 from worker.job.job_context import BOT_AUTHOR, BRANCH_MOVED, Deps, JobEnded, Prepared, job_url, project_allowed
 from worker.job.pipeline import JobObserver, Pipeline
 from worker.leaf.prompts import MAX_COMMENT_CHARS, MAX_DIFF_CHARS, render_round_task, render_update_task
@@ -129,6 +130,7 @@ class RoundPipeline(Pipeline):
         self.thread = self.forge.review_thread(self.project, self.mr_number)[-MAX_THREAD_NOTES:]
         self.title, self.body = issue.title, issue.body or ""
         self.issue_url = issue.web_url or self.issue_url
+        self.trigger_user = asker
         self.update(
             title=issue.title,
             body=issue.body,
@@ -214,11 +216,13 @@ class RoundPipeline(Pipeline):
         """One commit on the head the round started from, pushed as a fast-forward; then the MR and the replies."""
         assert self.forge is not None and prepared.start is not None and self.mr_number is not None
         self.still_asked()
+        signer = attesting.signer_or_end(self)
         self.begin_publishing()
         skip_ci = not self.s.allow_forge_ci
-        message = self.redact(
-            commit_message(self.issue, self.redact(self.title), self.job_id, skip_ci=skip_ci, round_number=self.round)
-        )
+        message = self.redact(attesting.with_trailer(
+            commit_message(self.issue, self.redact(self.title), self.job_id, skip_ci=skip_ci, round_number=self.round),
+            self.s,
+        ))  # fmt: skip
         assert result.changes is not None, "only a judged attempt is published"
         sha = publishing.commit_patch(
             prepared.mirror,
@@ -229,8 +233,10 @@ class RoundPipeline(Pipeline):
             self.root / "publish",
             expect_tree=result.changes.tree,
         )
+        envelope = attesting.sign_change(self, signer, prepared.start, sha, result)
         self.push_round(prepared, sha, skip_ci)
         self.event("pushed", f"pushed {sha[:12]} on {prepared.start[:12]} to {self.branch}", {"commit": sha})
+        self.attestation = attesting.keep(self, envelope, result)
         assert self.thread_id is not None
         lines = thread_round_lines(self.thread_id, self.s, pushed=(self.job_id, sha), flags=result.flags)
         mr = show_rounds(self.forge, self.project, self.mr_number, lines, self.redact)
@@ -238,7 +244,7 @@ class RoundPipeline(Pipeline):
             mr.web_url,
             f"round {self.round} pushed {sha[:12]} to {mr.web_url}",
             result.flags,
-            {"commit": sha, "round": self.round},
+            {"commit": sha, "round": self.round, "attestation": self.attestation},
         )
         self.reply_all(
             round_reply_pushed(
@@ -250,6 +256,7 @@ class RoundPipeline(Pipeline):
                 job_url=self.url,
                 redact=self.redact,
                 flags=result.flags,
+                attestation=self.attestation,
             )
         )
 

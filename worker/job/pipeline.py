@@ -52,6 +52,7 @@ from worker.git import gitcalls, mirrors, publishing, workspace_pool
 from worker.git.gitcalls import RepoError, RepoTransient
 from worker.git.merging import Resolution
 from worker.git.workspace_sources import PoolSource, WorkspaceSource
+from worker.job import attesting
 from worker.job.job_context import (
     BOT_AUTHOR,
     BRANCH_MOVED,
@@ -155,6 +156,7 @@ class Pipeline:
         self.resolution: Resolution | None = None  # an update round's conflicted merge, for its attempts
         self.runner: AttemptRunner | None = None  # the attempts' runner and their series, once they ran
         self.series: AttemptSeries | None = None
+        self.attestation = ""  # the published change's signed statement (its envelope digest); "" unsigned
 
     # -- timeline helpers --------------------------------------------------------------------
 
@@ -360,6 +362,7 @@ class Pipeline:
             )
         self.title, self.body = issue.title, issue.body or ""
         self.issue_url = issue.web_url or self.issue_url
+        self.trigger_user = adder  # who the job acts for from here on (its attestation names them)
         self.update(title=issue.title, body=issue.body, trigger_user=adder, issue_url=self.issue_url)
         self.event("admitted", f"{adder} may trigger; issue re-read from the API")
         if self.asked_at is not None:  # the comments since the question, up to the /frogfix that queued the run
@@ -651,16 +654,19 @@ class Pipeline:
         self.refuse_confidential(issue, "published nothing")
         if issue.state != "open" or self.s.trigger_label not in issue.labels:
             raise JobEnded(JobStatus.cancelled, "the issue was closed or the label removed while the job ran", None)
+        signer = attesting.signer_or_end(self)  # no key under FROGFIX_REQUIRE_ATTESTATION: nothing is pushed
         self.begin_publishing()
         branch = self.branch or gitcalls.branch_for_issue(self.issue)
         title = self.redact(self.title)  # before it is disarmed: a zero-width space could hide a secret
         skip_ci = not self.s.allow_forge_ci
-        message = self.redact(commit_message(self.issue, title, self.job_id, skip_ci=skip_ci))
+        message = self.redact(attesting.with_trailer(commit_message(self.issue, title, self.job_id, skip_ci=skip_ci),
+                                                     self.s))  # fmt: skip
         mirror, base = prepared.mirror, prepared.base
         assert result.changes is not None, "only a judged attempt is published"
         sha = publishing.commit_patch(
             mirror, base, result.patch, message, BOT_AUTHOR, self.root / "publish", expect_tree=result.changes.tree
         )
+        envelope = attesting.sign_change(self, signer, base, sha, result)
         if not self.push(prepared, sha, expect_old=prepared.replaces, fast_forward=False, skip_ci=skip_ci):
             raise JobEnded(
                 JobStatus.failed,
@@ -669,6 +675,7 @@ class Pipeline:
                 ending=Ending(EndingKind.branch_moved),
             )
         self.event("pushed", f"pushed {sha[:12]} to {branch}", {"commit": sha, "branch": branch})
+        self.attestation = attesting.keep(self, envelope, result)
         description = self.description(prepared, result)
         if prepared.replaces:  # an MR on the branch it replaced keeps its rounds section
             existing = self.forge.find_open_mr(self.project, branch)
@@ -686,7 +693,7 @@ class Pipeline:
             mr.web_url,
             f"{'opened' if created else 'updated'} draft {mr.web_url}",
             result.flags,
-            {"created": created},
+            {"created": created, "attestation": self.attestation},
             mr_number=mr.number,
         )
         self.comment(
@@ -701,6 +708,7 @@ class Pipeline:
             sandbox=f"{self.s.sandbox} ({result.config.image or 'default image'})",
             attempt=result.number,
             attempts=int(self.selection.get("attempts") or self.s.attempts),
+            attestation=self.attestation,
         )
         assert result.evidence is not None, "only a verified attempt is published"
         return mr_description(

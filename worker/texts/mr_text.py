@@ -33,6 +33,7 @@ class Provenance:
     attempt: int
     attempts: int
     harness_version: str = HARNESS_VERSION
+    attestation: str = ""  # the signed statement's envelope digest (app/attestations); "" when unsigned
 
 
 def _tail(text: str, limit: int = LOG_EXCERPT) -> str:
@@ -310,9 +311,23 @@ def _provenance_section(p: Provenance, redact: Callable[[str], str]) -> list[str
         f"- base commit: `{p.base_commit}`",
         f"- sandbox: {inert(escape_hidden(redact(p.sandbox)))}",
         f"- attempt {p.attempt} of {p.attempts}",
+        attestation_line(p.attestation),
         "",
         "</details>",
     ]
+
+
+def attestation_line(digest: str) -> str:
+    """The MR names its signed statement (the job's bundle holds it), or says plainly that it has none."""
+    if not digest:
+        return "- attestation: unsigned (no FROGFIX_ATTESTATION_KEY could sign this change)"
+    return f"- attestation: signed, envelope sha256 `{digest}` (the job's `/api/jobs/<id>/attestations` bundle)"
+
+
+def assisted_by(message: str, model: str, version: str) -> str:
+    """`message` with the `Assisted-by: <model> (FrogFix <version>)` trailer as its last paragraph."""
+    name = " ".join(re.sub(r"[^\x20-\x7e]", " ", model).split())[:100] or "unknown model"
+    return f"{message.rstrip()}\n\nAssisted-by: {name} (FrogFix {version})"
 
 
 def comment_started(job_id: int, job_url: str | None) -> str:
@@ -537,9 +552,11 @@ def round_reply_pushed(
     job_url: str | None,
     redact: Callable[[str], str],
     flags: Sequence[str] = (),
+    attestation: str | None = None,
 ) -> str:
     """The reply to a round's requests when it pushed a commit: the files changed, the round's review
-    flags (as round 0's description shows them) and the agent's summary.
+    flags (as round 0's description shows them), its signed statement's digest (or "unsigned") when
+    `attestation` is given, and the agent's summary.
 
     The summary is the model's text, which a hostile comment may have shaped: redacted, bounded and
     fenced (disarmed inside), as in the MR description.
@@ -554,6 +571,8 @@ def round_reply_pushed(
     if len(diffstat) > 50:
         files.append(f"and {len(diffstat) - 50} more")
     lines += ["**Files changed:** " + (", ".join(files) or "none"), ""]
+    if attestation is not None:
+        lines += [attestation_line(attestation).removeprefix("- "), ""]
     lines += flags_block(flags, redact)
     text = redact(summary.strip() or "(no summary)")[:REPLY_SUMMARY_LIMIT]
     lines += ["**What the agent says:**", "", _fence(text)]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from app.redaction import SecretRedactor
 from app.settings import Settings
-from worker.commands.doctor import forges, mirror, model, npm_mirror, sandboxes, system
+from worker.commands.doctor import attestation, forges, mirror, model, npm_mirror, sandboxes, system
 from worker.commands.doctor.results import CheckResult, DoctorOptions, failed
 
 GroupFn = Callable[[Settings, DoctorOptions], list[CheckResult]]
@@ -48,6 +48,7 @@ def default_groups(settings: Settings) -> list[Group]:
         Group("metrics", 5, system.check_metrics_token, "check FROGFIX_METRICS_TOKEN"),
         Group("evidence", 15, system.check_evidence_bound, "check that `prlimit --version` answers"),
         Group("git", 10, system.check_git, "check that `git --version` answers"),
+        Group("attestation", 10, attestation.check_attestation, "check FROGFIX_ATTESTATION_KEY's file"),
     ]
 
 
