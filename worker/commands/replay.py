@@ -231,9 +231,6 @@ class ReplayReport:
 
 
 # ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
 # Comparing as the loop goes
 # ---------------------------------------------------------------------------------------------
 
@@ -491,6 +488,11 @@ def _run(
         return _live_verdict(report, result)
     assert checker is not None and replaying is not None
     return _replay_verdict(report, rec, result, checker, replaying)
+
+
+def replay_recorded(rec: Recording, source: RepoSource, s: Settings, r: SecretRedactor, say: Progress) -> ReplayReport:
+    """A plain replay of a recording read elsewhere (`verify --replay`: a bundle's); no timeline note."""
+    return _run(rec, source, s, r, say, live=False, model=None)
 
 
 def _scope(rec: Recording) -> str:

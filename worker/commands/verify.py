@@ -59,7 +59,8 @@ def run_verify(
     bundle: dict[str, Any], trusted: Path, key: Path | None, checkout: Path | None, log: Path | None = None
 ) -> list[Check]:
     """Every check: with `key` only that public key is trusted (an auditor's), else the trusted folder's
-    keys; revocations come from the trusted folder either way. `log`: the installation's whole log file."""
+    keys; revocations come from the trusted folder either way. `log`: the installation's whole log file.
+    (`--replay`'s checks are worker/commands/bundle_replay.py's.)"""
     if key is not None:
         public = attestation_keys.load_public(key)
         keys = {public.keyid: public}

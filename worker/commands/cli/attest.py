@@ -60,10 +60,13 @@ def verify(
     key: Annotated[Path | None, typer.Option("--key", help="The one public key (PEM) to trust.")] = None,
     checkout: Annotated[Path | None, typer.Option("--checkout", help="A clone to check the commits in.")] = None,
     log: Annotated[Path | None, typer.Option("--log", help="The installation's attestations/log.jsonl.")] = None,
+    replay: Annotated[bool, typer.Option("--replay", help="Replay each change from the bundle, no model server.")]
+    = False,
 ) -> None:
     """Check a bundle: signature and key id, revocation, patch, trajectory, the log's chain, with
-    --checkout the commits, and with --log the installation's whole log. One line a check; exit 1 exactly
-    when one fails, 2 for unusable input."""
+    --checkout the commits, with --log the installation's whole log, and with --replay each change
+    replayed from its recorded replies (the base commit from --checkout, else from the repository).
+    One line a check; exit 1 exactly when one fails, 2 for unusable input."""
     from app.attestations.keys import AttestationKeyError
     from app.attestations.verify import exit_code
     from worker.commands.verify import run_verify
@@ -75,11 +78,16 @@ def verify(
     if not isinstance(data, dict):
         fail("verify", f"{bundle} is not a bundle", 2)
     try:
-        checks = run_verify(data, load_settings().resolved_trusted_keys(), key, checkout, log)
+        settings = load_settings()
+        checks = run_verify(data, settings.resolved_trusted_keys(), key, checkout, log)
     except AttestationKeyError as exc:
         fail("verify", str(exc), 2)
     except (OSError, ValueError) as exc:  # the log file
         fail("verify", f"{log} is not a readable log: {exc}", 2)
+    if replay:
+        from worker.commands.bundle_replay import replay_checks
+
+        checks += replay_checks(data, settings, checkout)
     for check in checks:
         typer.echo(check.line())
     failed = sum(1 for c in checks if c.outcome == "fail")

@@ -1,0 +1,70 @@
+"""`manage.py verify BUNDLE --replay` (issue 41): a signed pipeline job's bundle replays from its recorded
+replies with no model server (the scripted model has nothing left to say), at the base commit from
+--checkout or fetched from the repository; a trajectory whose tool result was changed fails the replay."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from app.attestations import keys
+from tests.conftest import ADMIN_TOKEN, configure
+from tests.pipeline.conftest import World
+from tests.pipeline.test_attestation_e2e import _start
+from worker.commands.cli import cli
+from worker.tasks import run_job
+
+
+def _signed_bundle(client: Any, world: World, tmp_path: Path) -> dict[str, Any]:
+    private = tmp_path / "keys" / "frogfix.key"
+    configure(world.env["monkeypatch"], attestation_key=str(private))
+    from app.settings import get_settings
+
+    keys.keygen(private, get_settings().resolved_trusted_keys())
+    job_id = _start(client, world, "gitlab")
+    assert run_job(job_id) == "done"
+    r = client.get(f"/api/jobs/{job_id}/attestations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_verify_replay_reproduces_the_signed_job_and_a_changed_trajectory_fails(
+    client: Any, world: World, tmp_path: Path
+) -> None:
+    bundle = _signed_bundle(client, world, tmp_path)
+    path = tmp_path / "bundle.json"
+    path.write_text(json.dumps(bundle))
+    replies = len(world.model.requests)
+
+    out = CliRunner().invoke(cli, ["verify", str(path), "--replay", "--checkout", str(world.bare("gitlab"))])
+
+    assert out.exit_code == 0, out.output
+    assert "PASS attestation 1 (change) replay: reproduced with no model server" in out.output
+    assert len(world.model.requests) == replies  # the model server was never asked
+    # Without --checkout the base commit comes from the repository the statement names.
+    fetched = CliRunner().invoke(cli, ["verify", str(path), "--replay"])
+    assert fetched.exit_code == 0, fetched.output
+    assert "PASS attestation 1 (change) replay" in fetched.output
+
+    [item] = bundle["attestations"]
+    tool = next(m for m in item["trajectory"]["messages"] if m.get("role") == "tool")
+    tool["content"] = str(tool["content"]) + "\nsomething the sandbox never printed"
+    path.write_text(json.dumps(bundle))
+    changed = CliRunner().invoke(cli, ["verify", str(path), "--replay", "--checkout", str(world.bare("gitlab"))])
+
+    assert changed.exit_code == 1, changed.output
+    assert "FAIL attestation 1 (change) replay: diverged" in changed.output
+    assert "FAIL attestation 1 (change) trajectory" in changed.output
+
+
+def test_verify_replay_says_why_it_cannot_replay(client: Any, world: World, tmp_path: Path) -> None:
+    bundle = _signed_bundle(client, world, tmp_path)
+    bundle["attestations"][0]["trajectory"] = None
+    path = tmp_path / "bundle.json"
+    path.write_text(json.dumps(bundle))
+    out = CliRunner().invoke(cli, ["verify", str(path), "--replay"])
+    assert out.exit_code == 1
+    assert "FAIL attestation 1 (change) replay: cannot replay: the bundle has no trajectory to replay" in out.output
