@@ -12,7 +12,13 @@ from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import Key, SSlibKey
 
 from app.attestations import signing
-from app.attestations.statement import patch_bytes, sha256, subject_digest, trajectory_chain
+from app.attestations.statement import (
+    MERGE_PREDICATE_TYPE,
+    patch_bytes,
+    sha256,
+    subject_digest,
+    trajectory_chain,
+)
 from app.attestations.store import entry_digest
 
 Outcome = Literal["pass", "fail", "skip"]
@@ -67,7 +73,33 @@ def verify_item(
         Check(f"{label} patch", "pass", f"sha256 {got[:16]}… is the attested patch's") if want == got
         else Check(f"{label} patch", "fail", f"the patch's sha256 {got[:16]}… is not the attested {str(want)[:16]}…")
     )
+    if document.get("predicateType") == MERGE_PREDICATE_TYPE:
+        return checks + merge_checks(label, document.get("predicate") or {})
     checks.append(_trajectory(label, item.get("trajectory"), document))
+    return checks
+
+
+def merge_checks(label: str, predicate: dict[str, Any]) -> list[Check]:
+    """A merge statement's: the merged change is the attested change (patch id), and every commit on the
+    MR was attested by FrogFix (one that was not fails, by name: someone pushed onto the branch)."""
+    who = f"{predicate.get('action', '?')} by {predicate.get('by') or '?'} at {predicate.get('at') or '?'}"
+    ids = predicate.get("patch_id") or {}
+    if predicate.get("action") != "merged":
+        checks = [Check(f"{label} merged change", "skip", f"{who}: nothing was merged")]
+    elif ids.get("matches") is True:
+        checks = [Check(f"{label} merged change", "pass",
+                        f"{who}: the merged change has the attested patch id {str(ids.get('merged'))[:12]}")]
+    else:
+        checks = [Check(f"{label} merged change", "fail", f"{who}: the merged change's patch id "
+                        f"{str(ids.get('merged'))[:12]} is not the attested {str(ids.get('attested'))[:12]}")]
+    unattested = [str(c) for c in predicate.get("unattested") or []]
+    commits = predicate.get("commits") or []
+    if unattested:
+        named = ", ".join(c[:12] for c in unattested)
+        checks.append(Check(f"{label} commits", "fail", f"{len(unattested)} commit(s) on the MR were not "
+                            f"attested by FrogFix (pushed onto its branch by someone else): {named}"))
+    else:
+        checks.append(Check(f"{label} commits", "pass", f"all {len(commits)} commit(s) on the MR were attested"))
     return checks
 
 

@@ -12,24 +12,18 @@ from app.attestations import keys as attestation_keys
 from app.attestations.statement import patch_bytes, subject_digest
 from app.attestations.verify import Check, statement_of, verify_bundle, verify_full_log
 from worker.git.gitcalls import LOCAL_TIMEOUT, git_dir_args, git_environment, run_git
+from worker.git.patch_ids import patch_id
 
 
-def patch_id(repo: Path, diff: bytes) -> str | None:
-    """git's stable patch id of a diff; None for a diff git finds no change in."""
-    done = run_git([*git_dir_args(repo), "patch-id", "--stable"], env=git_environment(), what="git patch-id",
-                   timeout=LOCAL_TIMEOUT, stdin=diff, check=False)  # fmt: skip
-    words = done.stdout.decode("ascii", "replace").split()
-    return words[0] if done.returncode == 0 and words else None
-
-
-def commit_change(repo: Path, commit: str) -> bytes | None:
-    """The diff `commit` makes to its first parent; None when the checkout does not have it."""
+def commit_change(repo: Path, commit: str, start: str | None = None) -> bytes | None:
+    """The diff `commit` makes to `start` (default its first parent); None when the checkout lacks either."""
     env, where = git_environment(), git_dir_args(repo)
-    have = run_git([*where, "cat-file", "-e", f"{commit}^{{commit}}"], env=env, what="git cat-file",
-                   timeout=LOCAL_TIMEOUT, check=False)  # fmt: skip
-    if have.returncode != 0:
-        return None
-    return run_git([*where, "diff-tree", "-p", "--binary", "--no-color", f"{commit}^", commit], env=env,
+    for needed in (commit, start) if start else (commit,):
+        have = run_git([*where, "cat-file", "-e", f"{needed}^{{commit}}"], env=env, what="git cat-file",
+                       timeout=LOCAL_TIMEOUT, check=False)  # fmt: skip
+        if have.returncode != 0:
+            return None
+    return run_git([*where, "diff-tree", "-p", "--binary", "--no-color", start or f"{commit}^", commit], env=env,
                    what="git diff-tree", timeout=LOCAL_TIMEOUT).stdout  # fmt: skip
 
 
@@ -40,10 +34,15 @@ def checkout_checks(bundle: dict[str, Any], checkout: Path) -> list[Check]:
         label = f"attestation {number} ({item.get('kind', '?')}) commit"
         document = statement_of(item)
         commit = subject_digest(document or {}, "gitCommit")
+        merged = ((document or {}).get("predicate") or {}).get("merged") if item.get("kind") == "merge" else None
+        if item.get("kind") == "merge" and not isinstance(merged, dict):
+            checks.append(Check(label, "skip", "the MR was closed without a merge"))
+            continue
+        start = str(merged.get("from") or "") or None if isinstance(merged, dict) else None
         if not commit:
             checks.append(Check(label, "fail", "the statement names no commit"))
             continue
-        change = commit_change(checkout, commit)
+        change = commit_change(checkout, commit, start)
         if change is None:
             checks.append(Check(label, "fail", f"{commit[:12]} is not in the checkout {checkout}"))
             continue
