@@ -18,6 +18,7 @@ RUN_JOB = "frogfix.run_job"
 REPLAY_JOB = "frogfix.replay_job"
 SWEEP = "frogfix.sweep_queued"
 TRIAGE = "frogfix.triage_request"
+ATTEST_MERGE = "frogfix.attest_merge"  # a person merged or closed a FrogFix MR: sign the merge statement
 CHECK_UPDATE = "frogfix.check_update"  # FROGFIX_AUTO_UPDATE: does a thread's MR conflict with its moved target?
 HARD_TIME_LIMIT_MARGIN_S = 600
 
@@ -109,6 +110,16 @@ def send_replay_job(job_id: int, who: str) -> bool:
         celery_app.send_task(REPLAY_JOB, args=[job_id, who], retry=False)
     except Exception as exc:
         log.warning("enqueue_failed", job_id=job_id, task=REPLAY_JOB, error=f"{type(exc).__name__}: {exc}"[:500])
+        return False
+    return True
+
+
+def send_attest_merge(thread_id: int, merge: dict[str, Any]) -> bool:
+    """Ask a worker (which holds the key and the mirrors) to sign the merge statement of the thread's MR."""
+    try:
+        celery_app.send_task(ATTEST_MERGE, args=[thread_id, merge], retry=False)
+    except Exception as exc:
+        log.warning("enqueue_failed", job_id=thread_id, task=ATTEST_MERGE, error=f"{type(exc).__name__}: {exc}"[:500])
         return False
     return True
 

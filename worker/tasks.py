@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 from datetime import datetime
+from typing import Any
 
 import structlog
 from celery.signals import worker_ready
@@ -15,7 +16,7 @@ from app.jobs import records, rounds, scheduler
 from app.jobs.requeue import send_and_stamp
 from app.logs import get_logger
 from app.models import utcnow
-from app.queue import CHECK_UPDATE, REPLAY_JOB, RUN_JOB, SWEEP, TRIAGE, celery_app
+from app.queue import ATTEST_MERGE, CHECK_UPDATE, REPLAY_JOB, RUN_JOB, SWEEP, TRIAGE, celery_app
 from app.settings import get_settings
 from app.sweep import sweep_once
 from sandbox.cgroups import CgroupSupport
@@ -176,6 +177,25 @@ def warn_about_cgroups(support: CgroupSupport) -> bool:
         return False
     log.warning("sandbox_cgroups_missing", detail=support.describe(), fix=DELEGATION_FIX)
     return True
+
+
+@celery_app.task(name=ATTEST_MERGE, acks_late=True)
+def attest_merge_task(thread_id: int, merge: dict[str, Any]) -> str:
+    """A person merged or closed a FrogFix MR: sign the merge statement (worker/job/merge_attesting.py)."""
+    from app.redaction import SecretRedactor
+    from worker.job.merge_attesting import attest_thread_merge
+    from worker.wiring import make_forge
+
+    settings = get_settings()
+    forge = make_forge(str(merge["forge"]), settings, SecretRedactor(settings.secret_values()).redact)
+    with structlog.contextvars.bound_contextvars(job_id=thread_id):
+        try:
+            return attest_thread_merge(settings, int(thread_id), merge, forge)
+        except Exception as exc:
+            log.warning("merge_attestation_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+            return "error"
+        finally:
+            forge.close()
 
 
 @celery_app.task(name=CHECK_UPDATE, acks_late=True)

@@ -15,6 +15,7 @@ from app.forge.webhook import (
     MAX_COMMENT_CHARS,
     HeaderView,
     Intent,
+    MergeReport,
     WebhookEvent,
     WebhookMalformed,
     WebhookUnauthorized,
@@ -127,6 +128,8 @@ def _interpret(
         return _review(payload, event, event_type, delivery_id)  # refuses a review event without a review
     if event == "status":
         return _status(payload, delivery_id)
+    if event == "pull_request":
+        return _pull_request(payload, delivery_id)
     if event != "issues":
         return ignore(f"event {event or '(missing X-Gitea-Event)'} is not an issue, comment, review or status event")
     if event_type and event_type not in ("issues", "issue_label"):
@@ -334,6 +337,32 @@ def _review(payload: dict[str, Any], event: str, event_type: str, delivery_id: s
     intent: Intent = asks
     reason = comment_reason(asks, f"a {kind} review on a pull request", "in a review")
     return WebhookEvent("gitea", delivery_id, event, intent, reason, action=action, comment=comment, **fields)
+
+
+def _pull_request(payload: dict[str, Any], delivery_id: str) -> WebhookEvent:
+    """A pull request closed (`action` closed; `merged` true when it was merged) is the human end of
+    FrogFix's record (intent `merge`); other pull request actions are not followed here."""
+    pr = obj(payload.get("pull_request"), "pull_request")
+    head = dict_or_empty(pr.get("head"))
+    state = _pr_state(pr.get("state"), pr.get("merged"))
+    fields = {
+        **_repo_fields(payload), "action": text_or_none(payload.get("action"), 64),
+        "mr": positive_int(pr.get("number", payload.get("number")), "pull_request.number"), "mr_state": state,
+        "source_branch": text_or_none(head.get("ref"), 255), "title": text_or_none(pr.get("title"), 1000),
+    }  # fmt: skip
+    if fields["action"] != "closed" or state not in ("merged", "closed"):
+        return WebhookEvent("gitea", delivery_id, "pull_request", "ignore",
+                            "only a merge or a close of a pull request is followed", **fields)  # fmt: skip
+    merged = pr.get("merge_commit_sha")
+    report = MergeReport(
+        "merged" if state == "merged" else "closed",
+        _login(pr.get("merged_by")) if state == "merged" and pr.get("merged_by") else fields["sender"],
+        text_or_none(pr.get("merged_at") or pr.get("closed_at"), 64),
+        commit_sha(head["sha"], "pull_request.head.sha") if head.get("sha") else None,
+        commit_sha(merged, "pull_request.merge_commit_sha") if merged and state == "merged" else None,
+    )
+    return WebhookEvent("gitea", delivery_id, "pull_request", "merge", f"the pull request was {report.action}",
+                        merge=report, **fields)  # fmt: skip
 
 
 def _status(payload: dict[str, Any], delivery_id: str) -> WebhookEvent:

@@ -24,6 +24,7 @@ from app.forge.webhook import (
     MAX_COMMENT_CHARS,
     HeaderView,
     Intent,
+    MergeReport,
     WebhookEvent,
     WebhookMalformed,
     WebhookUnauthorized,
@@ -46,6 +47,7 @@ CONFIDENTIAL_ISSUE_HOOK = "Confidential Issue Hook"
 NOTE_HOOK = "Note Hook"
 CONFIDENTIAL_NOTE_HOOK = "Confidential Note Hook"
 PIPELINE_HOOK = "Pipeline Hook"
+MERGE_REQUEST_HOOK = "Merge Request Hook"
 JOB_HOOK = "Job Hook"
 # merge_request.state, and state_id where an older hook sends only that (1 opened, 2 closed, 3 merged, 4 locked).
 MR_STATES = {"opened": "open", "locked": "open", "closed": "closed", "merged": "merged"}
@@ -138,6 +140,8 @@ def _interpret(
         return _note(payload, event, delivery_id, allow_confidential)
     if event == PIPELINE_HOOK:
         return _pipeline(payload, delivery_id)
+    if event == MERGE_REQUEST_HOOK:
+        return _merge_request(payload, delivery_id)
     if event == JOB_HOOK:
         return ignore("job events are not followed: FrogFix follows whole pipelines (Pipeline events)")
     if event not in (ISSUE_HOOK, CONFIDENTIAL_ISSUE_HOOK):
@@ -228,6 +232,30 @@ def _mr_fields(mr: dict[str, Any]) -> dict[str, Any]:
         "source_branch": text_or_none(mr.get("source_branch"), 255),
         "title": text_or_none(mr.get("title"), 1000),
     }
+
+
+def _merge_request(payload: dict[str, Any], delivery_id: str) -> WebhookEvent:
+    """A Merge Request Hook: a merge (`action` merge) or a close is the human end of FrogFix's record (intent
+    `merge`); anything else on an MR is not followed here. The merged commit is `merge_commit_sha` (the
+    squash's own commit where GitLab made no merge commit: `squash_commit_sha`)."""
+    attrs = obj(payload.get("object_attributes"), "object_attributes")
+    action, state = text_or_none(attrs.get("action"), 64), _mr_state(attrs)
+    if action not in ("merge", "close") or state not in ("merged", "closed") or not optional_positive_int(
+        attrs.get("iid")
+    ):
+        return WebhookEvent("gitlab", delivery_id, MERGE_REQUEST_HOOK, "ignore",
+                            "only a merge or a close of an MR (with its iid) is followed", action=action)  # fmt: skip
+    fields = {**_project_fields(payload), **_mr_fields(attrs), "action": action}
+    last = dict_or_empty(attrs.get("last_commit"))
+    merged = attrs.get("merge_commit_sha") or attrs.get("squash_commit_sha")
+    report = MergeReport(
+        "merged" if state == "merged" else "closed", fields["sender"],
+        text_or_none(attrs.get("merged_at") or attrs.get("updated_at"), 64),
+        commit_sha(last["id"], "object_attributes.last_commit.id") if last.get("id") else None,
+        commit_sha(merged, "object_attributes.merge_commit_sha") if merged and state == "merged" else None,
+    )  # fmt: skip
+    return WebhookEvent("gitlab", delivery_id, MERGE_REQUEST_HOOK, "merge", f"the MR was {report.action}",
+                        merge=report, **fields)  # fmt: skip
 
 
 def _confidential_note(payload: dict[str, Any], event: str, attrs: dict[str, Any]) -> bool:

@@ -43,9 +43,25 @@ class WebhookUnsupportedMedia(WebhookMalformed):
 # answer: a `/frogfix` comment on an issue (not an MR/PR): the reporter answered the question FrogFix
 #   asked instead of opening an MR, so the issue's job may run again (intake checks it asked; the
 #   worker checks the commenter's rights).
-Intent = Literal["start", "cancel", "recheck", "ignore", "review", "stop", "update", "ci", "answer"]
+Intent = Literal["start", "cancel", "recheck", "ignore", "review", "stop", "update", "ci", "answer", "merge"]
 # The intents that become a round request on an MR FrogFix opened (app/jobs/rounds.py).
 ROUND_INTENTS: tuple[Intent, ...] = ("review", "stop", "update", "ci")
+
+
+@dataclass(frozen=True)
+class MergeReport:
+    """An MR/PR merged or closed by a person (intent `merge`): who, when, the MR's head and, merged, the
+    target's new commit; the worker signs it (worker/job/merge_attesting.py)."""
+
+    action: Literal["merged", "closed"]
+    by: str | None
+    at: str | None
+    head: str | None
+    merged_commit: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"action": self.action, "by": self.by, "at": self.at, "head": self.head,
+                "merged_commit": self.merged_commit}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,7 @@ class WebhookEvent:
     source_branch: str | None = None
     comment: ReviewComment | None = None
     ci: CiReport | None = None
+    merge: MergeReport | None = None
 
 
 class HeaderView:

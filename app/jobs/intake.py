@@ -37,6 +37,7 @@ class IntakeResult:
     enqueue: bool = False
     request_id: int | None = None  # a round request whose triage is sent after the commit
     tell_refused: tuple[str, str, int, str] | None = None  # (forge, project, issue, author): reply after the commit
+    merge: dict[str, Any] | None = None  # a merged or closed FrogFix MR: the merge statement to sign after the commit
 
 
 # `record_delivery`'s `member` when the caller did not ask the forge before the transaction (then it asks here).
@@ -112,6 +113,8 @@ def record_malformed(session: Session, forge: str, delivery_id: str, event: str,
 
 
 def _act(session: Session, event: WebhookEvent, member: Membership = ASK_HERE) -> IntakeResult:
+    if event.intent == "merge" and event.project is not None:
+        return _merged(session, event)
     if event.intent in ROUND_INTENTS and event.project is not None:
         return _round_request(session, event)
     if event.intent == "ignore" or event.project is None or event.issue is None:
@@ -318,6 +321,16 @@ def _round_request(session: Session, event: WebhookEvent) -> IntakeResult:
     if event.comment is None:
         return IntakeResult("ignored", f"{event.reason}; no comment in the delivery", thread.id)
     return _new_request(session, thread, event)
+
+
+def _merged(session: Session, event: WebhookEvent) -> IntakeResult:
+    """A person merged or closed an MR: FrogFix's own MRs get a signed merge statement from the worker."""
+    assert event.project is not None and event.merge is not None
+    thread = rounds.find_thread(session, event.forge, event.project, mr=event.mr, branch=event.source_branch)
+    if thread is None:
+        return IntakeResult("ignored", "not an MR FrogFix opened")
+    facts = {**event.merge.to_dict(), "forge": event.forge, "project": event.project, "mr": event.mr}
+    return IntakeResult("merge_noted", event.reason, thread.id, merge=facts)
 
 
 def _ci_result(session: Session, thread: Job, event: WebhookEvent) -> IntakeResult:

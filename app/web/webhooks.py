@@ -23,7 +23,7 @@ from app.forge.webhook import WebhookError, WebhookEvent, WebhookMalformed
 from app.jobs.intake import IntakeResult, answer_member, record_delivery, record_malformed, tell_refused
 from app.jobs.transitions import enqueue_failed
 from app.logs import get_logger
-from app.queue import send_run_job, send_triage
+from app.queue import send_attest_merge, send_run_job, send_triage
 from app.settings import get_settings
 
 router = APIRouter(tags=["webhooks"])
@@ -119,6 +119,8 @@ def _send(result: IntakeResult) -> bool:
     enqueued = False
     if result.request_id is not None:  # pending until triaged: the sweep sends it again if this fails
         enqueued = send_triage(result.request_id)
+    if result.merge is not None and result.job_id is not None:  # not sent again if the broker is down
+        enqueued = send_attest_merge(result.job_id, result.merge)
     if result.enqueue and result.job_id is not None:
         enqueued = send_run_job(result.job_id)
         if not enqueued:

@@ -100,6 +100,7 @@ class GiteaDouble(JsonApiDouble):
         self.linked: dict[str, Path] = {}  # repository -> the bare git repository its pulls are computed from
         self.mergeable_unknown: set[tuple[str, int]] = set()  # pulls whose conflict check is still running
         self._review_template = load_fixture(fixtures, "gitea/jenkins-x_go-scm/api_responses/reviews.json")[0]
+        self._closed_hook = load_fixture(fixtures, "gitea/woodpecker/HookPullRequestClosed.json")
         self._status_template = load_fixture(fixtures, "gitea/go-scm/api_responses/statuses.json")[0]
         self._ids = itertools.count(100)
         super().__init__()
@@ -341,6 +342,25 @@ class GiteaDouble(JsonApiDouble):
         self.issues[(repo, number)]["pull_request"].update(merged=pull["merged"], merged_at=pull["merged_at"])
         self.issues[(repo, number)]["state"] = "closed"
         return pull
+
+    def merge_pull(self, repo: str, number: int, *, by: str, squash: bool = False) -> dict[str, Any]:
+        """A person merges a linked repository's pull: git merges it in the bare repository (a merge commit,
+        or a squash), the pull turns merged, and the `pull_request` delivery Gitea sends is returned (the
+        shape of gitea/woodpecker/HookPullRequestClosed.json: action closed, with merged true, merged_by,
+        merged_at and merge_commit_sha, the commit the merge made, as a merged pull reports them)."""
+        from tests.doubles.bare_merge import merge_in_bare
+
+        pull = self.pulls[(repo, number)]
+        head, merged = merge_in_bare(self.linked[repo], pull["head"]["ref"], pull["base"]["ref"], squash=squash, by=by)
+        pull["head"]["sha"] = head
+        self.set_pull_state(repo, number, "merged")
+        user = copy.deepcopy(self.users[by])
+        pull.update(merged_by=user, merge_commit_sha=merged)
+        hook = copy.deepcopy(self._closed_hook)
+        hook.update(action="closed", number=number, sender=copy.deepcopy(user), commit_id=head)
+        hook["repository"] = {**hook["repository"], "full_name": repo}
+        hook["pull_request"] = copy.deepcopy(pull)
+        return dict(hook)
 
     # -- review rounds ---------------------------------------------------------------------
 

@@ -411,6 +411,7 @@ class GitLabDouble(JsonApiDouble):
         self._issue_template = load_fixture(fixtures, "gitlab/go-gitlab/api_responses/issue_move.json")
         self._user_template = self._mr_template["author"]
         self._hook_project = load_fixture(fixtures, "gitlab/docs/issue_hook.json")["project"]
+        self._merge_hook = load_fixture(fixtures, "gitlab/docs/merge_request_hook.json")
         docs = "gitlab/docs/api_responses/"
         self._note_template = load_fixture(fixtures, docs + "list_merge_request_discussions.json")[0]["notes"][0]
         self._position_template = load_fixture(fixtures, docs + "list_merge_request_discussions_diff_note.json")[0][
@@ -597,6 +598,28 @@ class GitLabDouble(JsonApiDouble):
         else:
             raise ValueError(f"the double sets an MR merged or closed, not {state!r}")
         return mr
+
+    def merge_mr(self, project: str, iid: int, *, by: str, squash: bool = False) -> dict[str, Any]:
+        """A person presses Merge on a linked project's MR: git merges it in the bare repository (a merge
+        commit, or a squash), the MR turns merged, and the Merge Request Hook GitLab sends is returned (the
+        shape of gitlab/docs/merge_request_hook.json, with action `merge`, state `merged`, last_commit, and
+        merge_commit_sha or, for a squash without a merge commit, squash_commit_sha)."""
+        from tests.doubles.bare_merge import merge_in_bare
+
+        pid = self._project(project)["id"]
+        mr = next(m for m in self.mrs if m["project_id"] == pid and m["iid"] == iid)
+        head, merged = merge_in_bare(self.linked[pid], mr["source_branch"], mr["target_branch"], squash=squash, by=by)
+        self.set_mr_state(project, iid, "merged", by=by)
+        mr.update(sha=head, merge_commit_sha=None if squash else merged, squash_commit_sha=merged if squash else None)
+        hook = copy.deepcopy(self._merge_hook)
+        hook["user"] = self._user_ref(self.users[by])
+        hook["project"]["path_with_namespace"] = project
+        attrs = hook["object_attributes"]
+        attrs.update(iid=iid, action="merge", state="merged", source_branch=mr["source_branch"],
+                     target_branch=mr["target_branch"], merge_commit_sha=mr["merge_commit_sha"],
+                     squash_commit_sha=mr["squash_commit_sha"], squash=squash, updated_at=mr["merged_at"])
+        attrs["last_commit"] = {**attrs["last_commit"], "id": head}
+        return dict(hook)
 
     # -- review rounds: MR state, notes and threads, pipelines -------------------------------
 

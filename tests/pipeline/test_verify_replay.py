@@ -18,13 +18,13 @@ from worker.commands.cli import cli
 from worker.tasks import run_job
 
 
-def _signed_bundle(client: Any, world: World, tmp_path: Path) -> dict[str, Any]:
+def _signed_bundle(client: Any, world: World, tmp_path: Path, forge: str = "gitlab") -> dict[str, Any]:
     private = tmp_path / "keys" / "frogfix.key"
     configure(world.env["monkeypatch"], attestation_key=str(private))
     from app.settings import get_settings
 
     keys.keygen(private, get_settings().resolved_trusted_keys())
-    job_id = _start(client, world, "gitlab")
+    job_id = _start(client, world, forge)
     assert run_job(job_id) == "done"
     r = client.get(f"/api/jobs/{job_id}/attestations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert r.status_code == 200, r.text

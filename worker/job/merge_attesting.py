@@ -17,7 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from app.attestations import keys, signing, statement, store
+from app.db import session_scope
+from app.forge.api import Forge
+from app.jobs import rounds
+from app.jobs.records import add_event
 from app.settings import Settings
+from worker.git import gitcalls, mirrors
 from worker.git.patch_ids import change_between, first_parent_commits, parents, patch_id
 
 
@@ -118,3 +123,34 @@ def attest_merge(settings: Settings, repo: Path, facts: MergeFacts, thread_id: i
     envelope = signing.sign(document, signer)
     return store.save(settings.data_dir, thread_id, envelope, kind="merge",
                       patch=change.decode("utf-8", "surrogateescape"))  # fmt: skip
+
+
+def attest_thread_merge(settings: Settings, thread_id: int, merge: dict[str, Any], forge: Forge) -> str:
+    """The worker's half of a merge or close webhook (app/jobs/intake.py `_merged`): the mirror brought up to
+    date from the forge, the merge statement signed and kept, and the thread's timeline told; its outcome."""
+    with session_scope() as session:
+        job_ids = [job.id for job in rounds.thread_jobs(session, thread_id)]
+    attested = attested_changes(settings.data_dir, job_ids)
+    if not attested:
+        return "unsigned"
+    project = str(merge["project"])
+    facts = MergeFacts(
+        str(merge["forge"]), project, int(merge["mr"]), str(merge["action"]), merge.get("by"), merge.get("at"),
+        str(merge.get("head") or attested[-1].commit), merge.get("merged_commit"),
+    )  # fmt: skip
+    try:
+        info = forge.project_info(project)
+        cache = mirrors.RepoCache.in_data_dir(settings.data_dir)
+        mirror = cache.mirror(gitcalls.mirror_key(forge.kind, project), info.clone_url, forge.git_auth_header())
+        entry = attest_merge(settings, mirror, facts, thread_id, job_ids)
+    except (gitcalls.RepoError, keys.AttestationKeyError) as exc:
+        with session_scope() as session:
+            add_event(session, thread_id, "merge_unattested", f"the {facts.action} MR was not attested: {exc}"[:2000])
+        return "failed"
+    if entry is None:
+        return "unsigned"
+    with session_scope() as session:
+        add_event(session, thread_id, "merge_attested",
+                  f"signed the statement that {facts.by or 'someone'} {facts.action} the MR ({entry['envelope'][:12]})",
+                  {"attestation": entry["envelope"], "log_seq": entry["seq"]})  # fmt: skip
+    return "signed"
