@@ -6,6 +6,7 @@ merged change matching the attested patch by patch id; a close is signed without
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +94,36 @@ def test_a_merge_webhook_for_an_mr_frogfix_did_not_open_is_ignored(client: Any, 
     hook["object_attributes"].update(iid=1, action="merge", state="merged", source_branch="someone/else")
     answer = _deliver(client, world, "gitlab", hook)
     assert answer["outcome"] == "ignored" and "not an MR FrogFix opened" in answer["reason"]
+
+
+def test_a_closed_pull_is_signed_without_a_merged_change(
+    client: Any, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[int, dict[str, Any]]] = []
+    monkeypatch.setattr("app.web.webhooks.send_attest_merge", lambda job, merge: sent.append((job, merge)) or True)
+    bundle = _signed_bundle(client, world, tmp_path, "gitea")
+    job_id = int(bundle["job"])
+    with session_scope() as session:
+        number = int(records.get_job(session, job_id).mr_number or 0)
+    branch = world.gitea.pulls[(PROJECT, number)]["head"]["ref"]
+    head = subprocess.run(["git", "--git-dir", str(world.bare("gitea")), "rev-parse", branch],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    world.gitea.set_pull_head(PROJECT, number, head)
+    pull = world.gitea.set_pull_state(PROJECT, number, "closed")
+    hook = json.loads(json.dumps(world.gitea._closed_hook))
+    hook.update(number=number, pull_request=pull, sender={"login": "dev"})
+    hook["repository"]["full_name"] = PROJECT
+    assert _deliver(client, world, "gitea", hook)["outcome"] == "merge_noted"
+    [(thread, merge)] = sent
+    assert merge["action"] == "closed" and merge["merged_commit"] is None
+    assert attest_merge_task(thread, merge) == "signed"
+    bundle = client.get(f"/api/jobs/{job_id}/attestations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()
+    [_, closed] = bundle["attestations"]
+    predicate = signing.read(closed["envelope"])[1]["predicate"]
+    assert predicate["action"] == "closed" and predicate["by"] == "dev" and predicate["merged"] is None
+    path = tmp_path / "closed.json"
+    path.write_text(json.dumps(bundle))
+    out = CliRunner().invoke(cli, ["verify", str(path), "--checkout", str(world.bare("gitea"))])
+    assert out.exit_code == 0, out.output
+    assert "SKIP attestation 2 (merge) merged change: closed by dev" in out.output
+    assert "SKIP attestation 2 (merge) commit: the MR was closed without a merge" in out.output
