@@ -41,7 +41,15 @@ def _merge(bare: Path, tmp_path: Path, branch: str, how: str, extra: bool = Fals
         _git(work, "push", "-q", "origin", branch)
         _git(work, "checkout", "-q", "main")
     head = _git(work, "rev-parse", f"origin/{branch}")
-    if how == "squash":
+    if how == "rebase":  # the target moved; the MR's commits are rebased onto it and fast-forwarded
+        (work / "CHANGELOG.md").write_text("someone else's change on main\n")
+        _git(work, "add", "CHANGELOG.md")
+        _git(work, "commit", "-qm", "main moved")
+        _git(work, "checkout", "-q", "-b", "rebased", f"origin/{branch}")
+        _git(work, "rebase", "-q", "main")
+        _git(work, "checkout", "-q", "main")
+        _git(work, "merge", "-q", "--ff-only", "rebased")
+    elif how == "squash":
         _git(work, "merge", "-q", "--squash", f"origin/{branch}")
         _git(work, "commit", "-qm", "squashed")
     else:
@@ -66,7 +74,7 @@ def _merged_bundle(client: Any, world: World, tmp_path: Path, how: str, extra: b
     return path, job_id
 
 
-@pytest.mark.parametrize("how", ["merge", "squash"])
+@pytest.mark.parametrize("how", ["merge", "squash", "rebase"])
 def test_a_merge_is_signed_names_the_merger_and_matches_the_attested_patch(
     client: Any, world: World, tmp_path: Path, how: str
 ) -> None:
