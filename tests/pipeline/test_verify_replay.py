@@ -68,3 +68,32 @@ def test_verify_replay_says_why_it_cannot_replay(client: Any, world: World, tmp_
     out = CliRunner().invoke(cli, ["verify", str(path), "--replay"])
     assert out.exit_code == 1
     assert "FAIL attestation 1 (change) replay: cannot replay: the bundle has no trajectory to replay" in out.output
+
+
+def test_verify_replay_replays_a_review_round_from_the_head_it_built_on(
+    client: Any, world: World, tmp_path: Path
+) -> None:
+    from tests.pipeline.test_rounds_e2e import GitLabMr, newest_round, round_script, triage
+
+    private = tmp_path / "keys" / "frogfix.key"
+    configure(world.env["monkeypatch"], attestation_key=str(private))
+    from app.settings import get_settings
+
+    keys.keygen(private, get_settings().resolved_trusted_keys())
+    mr = GitLabMr(client, world)
+    mr.sync_head()
+    world.model.add(*round_script())
+    answer = mr.comment("/frogfix please document mul() too")
+    assert triage(answer["request_id"]) == "accepted"
+    round_job = newest_round(mr.thread_id)
+    assert run_job(round_job.id) == "done"
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    path = tmp_path / "round.json"
+    path.write_text(json.dumps(client.get(f"/api/jobs/{round_job.id}/attestations", headers=auth).json()))
+    asked = len(world.model.requests)
+
+    out = CliRunner().invoke(cli, ["verify", str(path), "--replay"])
+
+    assert out.exit_code == 0, out.output
+    assert "PASS attestation 1 (change) replay: reproduced with no model server" in out.output
+    assert len(world.model.requests) == asked
