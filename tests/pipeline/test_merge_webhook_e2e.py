@@ -127,3 +127,43 @@ def test_a_closed_pull_is_signed_without_a_merged_change(
     assert out.exit_code == 0, out.output
     assert "SKIP attestation 2 (merge) merged change: closed by dev" in out.output
     assert "SKIP attestation 2 (merge) commit: the MR was closed without a merge" in out.output
+
+
+def test_a_merge_after_a_review_round_names_the_rounds_head_and_every_commit_attested(
+    client: Any, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.attestations import keys
+    from app.settings import get_settings
+    from tests.conftest import configure
+    from tests.pipeline.test_rounds_e2e import GitLabMr, newest_round, round_script, triage
+    from worker.tasks import run_job
+
+    sent: list[tuple[int, dict[str, Any]]] = []
+    monkeypatch.setattr("app.web.webhooks.send_attest_merge", lambda job, merge: sent.append((job, merge)) or True)
+    private = tmp_path / "keys" / "frogfix.key"
+    configure(world.env["monkeypatch"], attestation_key=str(private))
+    keys.keygen(private, get_settings().resolved_trusted_keys())
+    mr = GitLabMr(client, world)
+    mr.sync_head()
+    world.model.add(*round_script())
+    assert triage(mr.comment("/frogfix please document mul() too")["request_id"]) == "accepted"
+    round_job = newest_round(mr.thread_id)
+    assert run_job(round_job.id) == "done"
+    world.gitlab.link_repository(PROJECT, world.bare("gitlab"))
+    hook = world.gitlab.merge_mr(PROJECT, mr.iid, by="dev")
+    assert _deliver(client, world, "gitlab", hook)["outcome"] == "merge_noted"
+    [(thread, merge)] = sent
+    assert thread == mr.thread_id and attest_merge_task(thread, merge) == "signed"
+
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    [round_item] = client.get(f"/api/jobs/{round_job.id}/attestations", headers=auth).json()["attestations"]
+    bundle = client.get(f"/api/jobs/{mr.thread_id}/attestations", headers=auth).json()
+    [_, merged] = bundle["attestations"]
+    predicate = signing.read(merged["envelope"])[1]["predicate"]
+    assert predicate["attested_head"]["statement"] == signing.envelope_digest(round_item["envelope"])
+    assert len(predicate["commits"]) == 2 and predicate["unattested"] == [] and predicate["patch_id"]["matches"]
+    path = tmp_path / "thread.json"
+    path.write_text(json.dumps(bundle))
+    out = CliRunner().invoke(cli, ["verify", str(path), "--checkout", str(world.bare("gitlab"))])
+    assert out.exit_code == 0, out.output
+    assert "PASS attestation 2 (merge) commits: all 2 commit(s) on the MR were attested" in out.output
