@@ -435,6 +435,8 @@ class FixAnswer(Answer):
     environment: EnvironmentAnswer | None = None
     attempts: list[AttemptAnswer] = Field(default_factory=list)
     selection: SelectionAnswer | None = None
+    attestation_bundle: str | None = Field(default=None, description="demo: the bundle file of its signed change")
+    verify: str | None = Field(default=None, description="demo: the command that verifies and replays that bundle")
 
 
 class AttestationAnswer(Answer):

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.concurrency import run_in_threadpool
 
 from app import auth, statuses
+from app.attestations import store as attestations
 from app.db import session_scope
 from app.jobs import evaluations, local, read_model, records
 from app.jobs.requeue import requeue_and_send
@@ -389,6 +390,7 @@ def job_page(request: Request, job_ref: JobRef) -> Response:
         "live_state": live_state(job, attempts[-1] if attempts else None, len(attempts)),
         "usage_rows": [(f"attempt {a.number} of run {a.run}", UsageFigures.of(a)) for a in attempts],
         "usage": job.usage,
+        "attested": bool(attestations.records(settings.data_dir, job_id)),  # a local job's signed patch too
     }
     return _render(request, "job.html", context)
 

@@ -3,7 +3,8 @@
 The bundle's trajectory is the recording (worker/commands/recorded.py's `Recording`): its recorded
 replies drive the Leaf loop again through replay.py's plain replay, in a fresh sandbox at the attested
 base commit (a round's start where the trajectory names one), taken from `--checkout` or else from the
-repository the statement names (the mirror on disk, updated from the forge when it lacks the commit).
+repository the statement names (the mirror on disk, updated from the forge when it lacks the commit; a
+local job's checkout where it still is, and the demo's sample made again, the same commit as its dates are fixed).
 It passes when every tool result matches the recording and the replayed patch is the attested one
 (the same git patch id: the replay has the sandbox's text of it, the statement git's regeneration).
 """
@@ -43,17 +44,20 @@ def recording_of(item: dict[str, Any], label: str) -> Recording:
     job_id: int = job["id"] if isinstance(job.get("id"), int) else 0
     recorded = data.get("output_patch")
     forge, project = predicate.get("forge"), predicate.get("project")
+    repository = data.get("repository") if forge == "local" else None  # a local job's checkout; a demo's is remade
     return Recording(
         job_id, Path(f"bundle-job-{job_id}-{re.sub(r'[^a-z0-9]+', '-', label.lower()).strip('-')}.json"), data,
         base, recorded if isinstance(recorded, str) else None, job.get("run"), None,
         forge=forge if isinstance(forge, str) else None, project=project if isinstance(project, str) else None,
-        start_commit=start_commit_of(data, None, base),
+        start_commit=start_commit_of(data, None, base), repository=repository if isinstance(repository, str) else None,
     )  # fmt: skip
 
 
 def _source(rec: Recording, settings: Settings, redactor: SecretRedactor, checkout: Path | None) -> RepoSource:
     if checkout is not None:
         return RepoSource("local", checkout)
+    if rec.forge == "local" and rec.repository:  # its checkout where it still is; the demo's sample made again
+        return repo_source(rec, settings, redactor.redact, lambda _m: None)
     if not rec.forge or not rec.project or rec.forge == "local":
         raise ReplayError("the statement names no forge repository to fetch the base commit from; use --checkout")
     return repo_source(rec, settings, redactor.redact, lambda _m: None)
@@ -66,7 +70,11 @@ def replay_item(item: dict[str, Any], label: str, settings: Settings, checkout: 
     source: RepoSource | None = None
     try:
         rec = recording_of(item, label)
+        attested_base = rec.base_commit
         source = _source(rec, settings, redactor, checkout)
+        if rec.base_commit != attested_base:  # a demo's sample made again must be the very commit it signed
+            raise ReplayError(f"the repository made again is at {rec.base_commit[:12]}, not the attested base "
+                              f"{attested_base[:12]}")  # fmt: skip
         report = replay_recorded(rec, source, settings, redactor, lambda _m: None)
         # The replay has the sandbox's text of the patch; the attested one is git's regeneration of it.
         ours = patch_id(source.repository(), patch_bytes(report.patch or ""))

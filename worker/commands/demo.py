@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from app.attestations import keys, store
 from worker.git.gitcalls import git_environment
 from worker.leaf.model import ModelReply, ReplayModel, Usage
 
@@ -101,3 +102,37 @@ def demo_model() -> ReplayModel:
         usage = Usage(prompts[i], completions[i], prompts[i] + completions[i], cached)
         replies.append(ModelReply(message=message, finish_reason="tool_calls" if calls else "stop", usage=usage))
     return ReplayModel(replies, label=DEMO_MODEL_LABEL)
+
+
+# -- the demo's signed statement (issue 41): a throwaway key pair of its own ---------------------------
+
+DEMO_KEYS = "demo-attestation"  # in the data folder; never the installation's key or its trusted folder
+
+
+def demo_key(data_dir: Path) -> tuple[Path, Path]:
+    """The demo's own key pair (made on first use), so a demo with no FROGFIX_ATTESTATION_KEY still signs
+    its change and shows `verify --replay`: the private key and its public key file. It proves only that
+    this demo run signed it; it is trusted by nothing but a `--key` that names it."""
+    folder = Path(data_dir) / DEMO_KEYS
+    private, public = folder / "demo-signing-key.pem", folder / "public"
+    if not private.is_file():
+        keys.keygen(private, public)
+    return private, public / f"{keys.load_signer(private).public_key.keyid}.pub"
+
+
+def write_bundle(data_dir: Path, job_id: int) -> Path | None:
+    """The job's bundle (what `/api/jobs/{id}/attestations` serves) as a file beside the demo's keys;
+    None when the job signed nothing."""
+    bundle = store.bundle(data_dir, job_id)
+    if not bundle["attestations"]:
+        return None
+    path = Path(data_dir) / DEMO_KEYS / f"job-{job_id}-attestations.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(bundle, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def verify_command(bundle: Path, public: Path | None) -> str:
+    """The one line that checks the demo's bundle and replays it with no model server."""
+    key = f" --key {public}" if public is not None else ""
+    return f"./manage.py verify {bundle}{key} --replay"

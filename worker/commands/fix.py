@@ -87,6 +87,8 @@ class FixOutcome:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     selection: dict[str, Any] | None = None
     ending: Ending | None = None  # how a run that did not fix ended, typed (app/endings.py); `error` is its text
+    attestation_bundle: str = ""  # the demo's bundle file, when its change was signed
+    verify: str = ""  # the command that verifies and replays that bundle
 
     def to_dict(self) -> dict[str, Any]:
         """`fix --json`'s object (app/answers.py `FixAnswer`): `tests` in the one shape, `after` every patched run."""
@@ -105,6 +107,7 @@ class FixOutcome:
             "summary": self.final_answer, "usage": UsageAnswer.of(self.usage),
             "environment": self.environment.to_dict() if self.environment else None,
             "attempts": self.attempts, "selection": self.selection,
+            "attestation_bundle": self.attestation_bundle or None, "verify": self.verify or None,
         }).as_json()
 
 
@@ -351,15 +354,27 @@ def run_fix_command(repo_dir: Path, issue_file: Path, as_json: bool, check_model
 
 
 def run_demo_command(as_json: bool) -> int:
-    """A whole job on a generated repository with a replayed model (see worker/commands/demo.py)."""
+    """A whole job on a generated repository with a replayed model (see worker/commands/demo.py), its patch
+    signed (with the demo's own throwaway key when no FROGFIX_ATTESTATION_KEY is set) and its bundle written."""
     import tempfile
 
-    from worker.commands.demo import ISSUE_BODY, ISSUE_TITLE, demo_model, make_sample_repo
+    from worker.commands import demo
+
+    settings, public = get_settings(), None
+    if settings.attestation_key is None:
+        private, public = demo.demo_key(settings.data_dir)
+        settings = settings.model_copy(update={"attestation_key": private})
+
+    def bundle(outcome: FixOutcome) -> None:
+        path = demo.write_bundle(settings.data_dir, outcome.job_id) if outcome.job_id else None
+        if path is not None:
+            outcome.attestation_bundle, outcome.verify = str(path), demo.verify_command(path, public)
 
     with tempfile.TemporaryDirectory(prefix="frogfix-demo-") as tmp:
-        repo = make_sample_repo(Path(tmp))
+        repo = demo.make_sample_repo(Path(tmp))
         print(f"demo: a repository with a bug in add(), at {repo}; the model is a replay", file=sys.stderr)
-        return run_and_report(repo, ISSUE_TITLE, ISSUE_BODY, as_json, model=demo_model(), kind="demo")
+        return run_and_report(repo, demo.ISSUE_TITLE, demo.ISSUE_BODY, as_json, model=demo.demo_model(), kind="demo",
+                              settings=settings, after=bundle)  # fmt: skip
 
 
 class Stopped(BaseException):
@@ -380,11 +395,12 @@ def stop_on_signals() -> None:
 
 def run_and_report(
     repo_dir: Path, title: str, body: str, as_json: bool, model: Any = None, kind: str = "fix",
-    check_model: bool = True,
+    check_model: bool = True, settings: Settings | None = None, after: Callable[[FixOutcome], None] | None = None,
 ) -> int:
+    """`after`: what the command adds to the finished outcome before it is printed (the demo's bundle)."""
     from app.logs import configure_logging
 
-    settings = get_settings()
+    settings = settings or get_settings()
     configure_logging("WARNING", settings.secret_values())
     started = time.monotonic()
     stop_on_signals()
@@ -401,6 +417,8 @@ def run_and_report(
     except FixError as exc:
         print(f"frogfix fix: {exc}", file=sys.stderr)
         return 2
+    if after is not None:
+        after(outcome)
     if as_json:
         print(json.dumps(outcome.to_dict(), ensure_ascii=False))
     else:  # plain words (app/outcome_words.py), as `show` and the job page word them
@@ -426,4 +444,6 @@ def run_and_report(
         print(f"trajectory: {outcome.trajectory or 'none (the job ended before the agent ran)'}")
         if outcome.patch:
             print(outcome.patch, end="" if outcome.patch.endswith("\n") else "\n")
+        if outcome.verify:
+            print(f"verify: {outcome.verify}")
     return EXIT_CODES.get(outcome.status, 2)

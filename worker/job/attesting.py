@@ -72,6 +72,18 @@ def signer_or_end(job: PublishingJob) -> Signer | None:
     return None
 
 
+def local_signer(job: PublishingJob) -> Signer | None:
+    """A local job's signer when a key is configured; a local job publishes nothing, so a missing or unusable
+    key (noted on the timeline) never ends it, FROGFIX_REQUIRE_ATTESTATION or not."""
+    if job.s.attestation_key is None:
+        return None
+    try:
+        return keys.load_signer(job.s.attestation_key)
+    except keys.AttestationKeyError as exc:
+        job.event("unsigned", f"the patch is kept unsigned: {exc}")
+        return None
+
+
 def with_trailer(message: str, settings: Settings) -> str:
     """The commit message with its `Assisted-by: <model> (FrogFix <version>)` trailer."""
     return assisted_by(message, settings.model_name, statement.frogfix_version())
@@ -106,14 +118,24 @@ def predicate(job: PublishingJob, base: str, result: AttemptResult) -> dict[str,
     }  # fmt: skip
 
 
+UNCOMMITTED = {
+    "made": False,
+    "subject": "base_commit",
+    "why": "a local job commits nothing: the commit subject is the base commit the patch applies to",
+}
+
+
 def sign_change(
-    job: PublishingJob, signer: Signer | None, base: str, commit: str, result: AttemptResult
+    job: PublishingJob, signer: Signer | None, base: str, commit: str | None, result: AttemptResult
 ) -> dict[str, Any] | None:
     """The change's statement signed in its envelope (None without a signer); made before the push, so a
-    change that cannot be signed is never pushed."""
+    change that cannot be signed is never pushed. `commit` None: no commit was made (a local job), so the
+    subjects are the base commit and the patch, and the predicate's `commit` says so."""
     if signer is None:
         return None
     said = redact_value(predicate(job, base, result), job.redact, keys=False)  # no configured secret is signed
+    if commit is None:
+        said["commit"], commit = dict(UNCOMMITTED), base
     document = statement.statement(commit, result.patch, said)
     return signing.sign(document, signer)
 

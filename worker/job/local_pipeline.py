@@ -32,6 +32,7 @@ from worker.environment.report import EnvironmentReport
 from worker.git import mirrors
 from worker.git.gitcalls import RepoError
 from worker.git.workspace_sources import CheckoutSource, WorkspaceSource
+from worker.job import attesting
 from worker.job.job_context import Deps, JobEnded, Prepared
 from worker.job.pipeline import JobObserver, Pipeline
 from worker.leaf.issue_text import sanitize_issue_text
@@ -220,8 +221,13 @@ class LocalPipeline(Pipeline):
     # -- the publisher: nothing leaves the machine ------------------------------------------------
 
     def publish(self, prepared: Prepared, result: AttemptResult) -> None:
-        """The chosen patch stays on its attempt row (`show`, the job page, `fix --json`); nothing is pushed."""
+        """The chosen patch stays on its attempt row (`show`, the job page, `fix --json`); nothing is pushed.
+        With a key configured it is signed as a forge job's change is (worker/job/attesting.py), the base
+        commit standing for the commit no local job makes."""
         self.check_cancel()
+        signer = attesting.local_signer(self) if result.patch else None
         self.begin_publishing()
+        envelope = attesting.sign_change(self, signer, prepared.base, None, result)
+        self.attestation = attesting.keep(self, envelope, result)
         self.finish(None, f"kept the patch of attempt {result.number}; a local job publishes nothing",
-                    result.flags, {"attempt": result.number})
+                    result.flags, {"attempt": result.number, "attestation": self.attestation})
