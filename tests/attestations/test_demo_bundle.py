@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from app.attestations.statement import sha256, subject_digest
+from worker.commands.demo import make_sample_repo
 
 pytestmark = pytest.mark.bwrap
 
@@ -32,7 +33,7 @@ def manage(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
-def test_verify_replay_reproduces_the_demos_bundle(local_env: dict[str, Any]) -> None:
+def test_verify_replay_reproduces_the_demos_bundle(local_env: dict[str, Any], tmp_path: Path) -> None:
     data_dir: Path = local_env["data_dir"]
     env = {**os.environ, "FROGFIX_MODEL_BASE_URL": NO_MODEL}
     assert "FROGFIX_ATTESTATION_KEY" not in env
@@ -60,6 +61,12 @@ def test_verify_replay_reproduces_the_demos_bundle(local_env: dict[str, Any]) ->
     lines = verified.stdout.splitlines()
     assert any(line.startswith("PASS attestation 1 (change) replay: reproduced with no model server") for line in lines)
     assert not [line for line in lines if line.startswith("FAIL")]
+
+    # With a checkout (the sample made again): the commit subject is the base, as no commit was made.
+    checkout = make_sample_repo(tmp_path / "again")
+    checked = manage("verify", str(bundle_path), "--key", str(key), "--checkout", str(checkout), env=env)
+    assert checked.returncode == 0, checked.stdout
+    assert "PASS attestation 1 (change) commit: no commit was made (a local job)" in checked.stdout
 
     # One changed byte in the trajectory's recorded answer: its digest chain no longer matches, and verify fails.
     text = bundle_path.read_text()

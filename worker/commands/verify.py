@@ -42,6 +42,9 @@ def checkout_checks(bundle: dict[str, Any], checkout: Path) -> list[Check]:
         if not commit:
             checks.append(Check(label, "fail", "the statement names no commit"))
             continue
+        if ((document or {}).get("predicate") or {}).get("commit", {}).get("made") is False:
+            checks.append(_base_only(label, checkout, commit))
+            continue
         change = commit_change(checkout, commit, start)
         if change is None:
             checks.append(Check(label, "fail", f"{commit[:12]} is not in the checkout {checkout}"))
@@ -52,6 +55,15 @@ def checkout_checks(bundle: dict[str, Any], checkout: Path) -> list[Check]:
         else:
             checks.append(Check(label, "fail", f"{commit[:12]}'s change in the checkout is not the bundle's patch"))
     return checks
+
+
+def _base_only(label: str, checkout: Path, base: str) -> Check:
+    """A local job's statement: no commit was made, so its commit subject is the base its patch applies to."""
+    have = run_git([*git_dir_args(checkout), "cat-file", "-e", f"{base}^{{commit}}"], env=git_environment(),
+                   what="git cat-file", timeout=LOCAL_TIMEOUT, check=False)  # fmt: skip
+    if have.returncode != 0:
+        return Check(label, "fail", f"the base commit {base[:12]} is not in the checkout {checkout}")
+    return Check(label, "pass", f"no commit was made (a local job); its base {base[:12]} is in the checkout")
 
 
 def run_verify(
