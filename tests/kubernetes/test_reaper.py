@@ -10,6 +10,7 @@ from sandbox.kubernetes_cluster import reap
 from sandbox.kubernetes_manifests import ANNOTATION_DEADLINE, LABEL_SANDBOX, rfc3339
 from tests.doubles.kubernetes_api import KubernetesApiDouble
 from tests.kubernetes.conftest import NAMESPACE, MakeSandbox
+from tests.servers import wait_until
 
 
 def pod(name: str, labels: dict[str, str], deadline: float | None = None) -> dict[str, Any]:
@@ -74,4 +75,5 @@ def test_reaper_cleans_up_after_a_worker_that_died(
     later = time.time() + sb.limits.wall_seconds + 120
     assert reap(NAMESPACE, None, kube.configuration(), now=later) == [f"pod/{sb.name}", f"networkpolicy/{sb.name}"]
     assert kube.objects("pods", NAMESPACE) == [] and kube.objects("networkpolicies", NAMESPACE) == []
-    assert kube.live_processes(NAMESPACE, sb.name) == 0
+    # The deleted pod's processes are killed, then exit: wait for it (a loaded machine takes its time), never assume.
+    wait_until(lambda: kube.live_processes(NAMESPACE, sb.name) == 0, timeout=60)
