@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from app.attestations import keys, signing
+from app.attestations import signing
 from app.db import session_scope
 from app.jobs import records
 from tests.conftest import ADMIN_TOKEN, configure
 from tests.pipeline.conftest import GITEA_TOKEN, GITLAB_TOKEN, MODEL_KEY, PROJECT, TRIGGER, World
+from tests.pipeline.signed import signed_round, signing_key
 from worker.commands.cli import cli
 from worker.tasks import run_job
 
@@ -53,11 +54,7 @@ def _description(world: World, forge: str) -> str:
 def test_a_published_change_is_signed_and_its_bundle_verifies(
     client: Any, world: World, tmp_path: Path, forge: str
 ) -> None:
-    private = tmp_path / "keys" / "frogfix.key"
-    configure(world.env["monkeypatch"], attestation_key=str(private))
-    from app.settings import get_settings
-
-    kid = keys.keygen(private, get_settings().resolved_trusted_keys())
+    private, kid = signing_key(world, tmp_path)
     job_id = _start(client, world, forge)
 
     assert run_job(job_id) == "done"
@@ -121,20 +118,7 @@ def test_require_attestation_without_a_key_publishes_nothing(client: Any, world:
 def test_a_review_rounds_commit_is_signed_too(client: Any, world: World, tmp_path: Path) -> None:
     """Round 0 and round 1 each get a statement; round 1's names its round and the head it built on, and
     both commits verify against the forge's repository."""
-    from tests.pipeline.test_rounds_e2e import GitLabMr, newest_round, round_script, triage
-
-    private = tmp_path / "keys" / "frogfix.key"
-    configure(world.env["monkeypatch"], attestation_key=str(private))
-    from app.settings import get_settings
-
-    keys.keygen(private, get_settings().resolved_trusted_keys())
-    mr = GitLabMr(client, world)
-    before = mr.sync_head()
-    world.model.add(*round_script())
-    answer = mr.comment("/frogfix please document mul() too")
-    assert triage(answer["request_id"]) == "accepted"
-    round_job = newest_round(mr.thread_id)
-    assert run_job(round_job.id) == "done"
+    mr, round_job, before = signed_round(client, world, tmp_path)
 
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     [first] = client.get(f"/api/jobs/{mr.thread_id}/attestations", headers=auth).json()["attestations"]

@@ -132,23 +132,11 @@ def test_a_closed_pull_is_signed_without_a_merged_change(
 def test_a_merge_after_a_review_round_names_the_rounds_head_and_every_commit_attested(
     client: Any, world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from app.attestations import keys
-    from app.settings import get_settings
-    from tests.conftest import configure
-    from tests.pipeline.test_rounds_e2e import GitLabMr, newest_round, round_script, triage
-    from worker.tasks import run_job
+    from tests.pipeline.signed import signed_round
 
     sent: list[tuple[int, dict[str, Any]]] = []
     monkeypatch.setattr("app.web.webhooks.send_attest_merge", lambda job, merge: sent.append((job, merge)) or True)
-    private = tmp_path / "keys" / "frogfix.key"
-    configure(world.env["monkeypatch"], attestation_key=str(private))
-    keys.keygen(private, get_settings().resolved_trusted_keys())
-    mr = GitLabMr(client, world)
-    mr.sync_head()
-    world.model.add(*round_script())
-    assert triage(mr.comment("/frogfix please document mul() too")["request_id"]) == "accepted"
-    round_job = newest_round(mr.thread_id)
-    assert run_job(round_job.id) == "done"
+    mr, round_job, _ = signed_round(client, world, tmp_path)
     world.gitlab.link_repository(PROJECT, world.bare("gitlab"))
     hook = world.gitlab.merge_mr(PROJECT, mr.iid, by="dev")
     assert _deliver(client, world, "gitlab", hook)["outcome"] == "merge_noted"

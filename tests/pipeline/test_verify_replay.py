@@ -10,20 +10,16 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from app.attestations import keys
-from tests.conftest import ADMIN_TOKEN, configure
+from tests.conftest import ADMIN_TOKEN
 from tests.pipeline.conftest import World
+from tests.pipeline.signed import signed_round, signing_key
 from tests.pipeline.test_attestation_e2e import _start
 from worker.commands.cli import cli
 from worker.tasks import run_job
 
 
 def _signed_bundle(client: Any, world: World, tmp_path: Path, forge: str = "gitlab") -> dict[str, Any]:
-    private = tmp_path / "keys" / "frogfix.key"
-    configure(world.env["monkeypatch"], attestation_key=str(private))
-    from app.settings import get_settings
-
-    keys.keygen(private, get_settings().resolved_trusted_keys())
+    signing_key(world, tmp_path)
     job_id = _start(client, world, forge)
     assert run_job(job_id) == "done"
     r = client.get(f"/api/jobs/{job_id}/attestations", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
@@ -73,20 +69,7 @@ def test_verify_replay_says_why_it_cannot_replay(client: Any, world: World, tmp_
 def test_verify_replay_replays_a_review_round_from_the_head_it_built_on(
     client: Any, world: World, tmp_path: Path
 ) -> None:
-    from tests.pipeline.test_rounds_e2e import GitLabMr, newest_round, round_script, triage
-
-    private = tmp_path / "keys" / "frogfix.key"
-    configure(world.env["monkeypatch"], attestation_key=str(private))
-    from app.settings import get_settings
-
-    keys.keygen(private, get_settings().resolved_trusted_keys())
-    mr = GitLabMr(client, world)
-    mr.sync_head()
-    world.model.add(*round_script())
-    answer = mr.comment("/frogfix please document mul() too")
-    assert triage(answer["request_id"]) == "accepted"
-    round_job = newest_round(mr.thread_id)
-    assert run_job(round_job.id) == "done"
+    _, round_job, _ = signed_round(client, world, tmp_path)
     auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     path = tmp_path / "round.json"
     path.write_text(json.dumps(client.get(f"/api/jobs/{round_job.id}/attestations", headers=auth).json()))
