@@ -12,18 +12,16 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import seeded
 from tests.doubles.openai_server import ScriptedOpenAIServer, assistant
 from tests.environment.test_setup_phase import Listener
+from tests.realrepos import run_fix as realrepos_fix
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.bwrap
 
 
@@ -50,20 +48,11 @@ def js_repo(path: Path, package: dict[str, Any], files: dict[str, str]) -> Path:
 
 
 def run_fix(repo: Path, base: Path, model_url: str, registry: str) -> tuple[subprocess.CompletedProcess[str], Any]:
-    data = base / "data"
-    seeded(data)
+    """`manage.py fix --json` on `repo` with `registry` as the only mirror (the realrepos tests' one runner)."""
     issue = base / "issue.md"
     issue.write_text("add() is wrong\n\nIt subtracts.\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FROGFIX_")}
-    env.update({"FROGFIX_DATA_DIR": str(data), "FROGFIX_WORKSPACE_DIR": str(base / "ws"),
-                "FROGFIX_MODEL_BASE_URL": model_url, "FROGFIX_MODEL_NAME": "scripted",
-                "FROGFIX_NPM_REGISTRY_URL": registry})
-    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "fix", str(repo), "--issue", str(issue), "--json"],
-                          env=env, capture_output=True, text=True, timeout=600)
-    try:
-        return proc, json.loads(proc.stdout)
-    except ValueError:
-        return proc, None
+    return realrepos_fix(repo, issue, data_dir=base / "data", workspace_dir=base / "ws", model_url=model_url,
+                         npm_registry_url=registry, timeout=600)
 
 
 IS_NUMBER_INTEGRITY = (
