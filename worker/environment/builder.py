@@ -62,9 +62,7 @@ from sandbox.quantity import parse_quantity
 from worker.environment import generated, javascript, javascript_declared
 from worker.environment.build_code import build_code_paths, read_from_folder, resolution_inputs
 from worker.environment.declared import DeclarationError, Overrides, Plan, is_python, plan_for
-from worker.environment.javascript_install import failed_install_script, install_error
-from worker.environment.javascript_install import install_env as javascript_install_env
-from worker.environment.relay import IndexRelay, MirrorURL
+from worker.environment.relay import IndexRelay, MirrorURL, RelayedInstall
 from worker.environment.report import EnvironmentReport, StepFailed, failed
 from worker.environment.steps import (
     RESOLVED,
@@ -375,11 +373,12 @@ class Environments:
     def run_setup(
         self, what: str, workspace: Path, staging: Path, script: str, *, relay: bool, size: int,
         image: str | None, environment: Path | None = None, target: str = ENV_DIR, save: bool = False,
-        npm: bool = False,
+        install: RelayedInstall | None = None,
     ) -> Path:
         """`script` in a setup sandbox over `workspace`; returns the host folder holding its `target`.
 
-        Raises StepFailed with the reason (the log redacted) when the step fails."""
+        `install`: another ecosystem's step (its mirror, variables and reading of a failure); else the PyPI
+        index's. Raises StepFailed with the reason (the log redacted) when the step fails."""
         s = self.settings
         files, relay_dir, out = staging / "files", staging / "relay", staging / "out"
         for folder in (files, relay_dir, out):
@@ -393,14 +392,11 @@ class Environments:
         with contextlib.ExitStack() as stack:
             index = None
             if relay:
-                mirror = self.npm_mirror if npm else self._mirror_url
-                assert mirror is not None
-                index = stack.enter_context(IndexRelay(mirror, relay_dir / RELAY_SOCKET, npm=npm))
+                mirror = install.mirror if install is not None else self._mirror_url
+                index = stack.enter_context(IndexRelay(mirror, relay_dir / RELAY_SOCKET, npm=install is not None))
                 index.inside_origin = f"http://127.0.0.1:{PUMP_PORT}"
-            env = setup_env(index.inside_index_url() if index and not npm else None)
-            if npm:
-                env.update(javascript_install_env(self.npm_relay_url(), javascript.node_options(
-                    javascript.sandbox_node(self.settings.sandbox))))
+            env = setup_env(index.inside_index_url() if index and install is None else None)
+            env.update(install.variables if install is not None else {})
             try:
                 with closing(self.open_setup(workspace, mounts, env, image, environment)) as box:
                     built = box.run_command(f"bash {SETUP_FILES_DIR}/{SCRIPT}", timeout=s.environment_timeout_seconds)
@@ -409,14 +405,8 @@ class Environments:
                         raise StepFailed(failed(f"{what} ran past FROGFIX_ENVIRONMENT_TIMEOUT_SECONDS "
                                                 f"({s.environment_timeout_seconds:g} s)", log))
                     if built.exit_code != 0:
-                        first = install_error(log) if npm else _first_error(log)
-                        reason = f"{what} failed (exit {built.exit_code}){first}"
-                        script_of = failed_install_script(log) if npm else ""
-                        if script_of:
-                            reason = (f"the install script of the dependency {script_of} failed (exit "
-                                      f"{built.exit_code}): one that downloads at install (a binary) cannot reach "
-                                      "anything but the package mirror; add what it fetches to the mirror, or "
-                                      "drop the dependency")
+                        reason = (install.reason(what, log, built.exit_code) if install is not None
+                                  else f"{what} failed (exit {built.exit_code}){_first_error(log)}")
                         if index is not None and index.requests == 0:
                             reason += " (the package mirror was never reached)"
                         elif index is not None and index.errors:

@@ -46,12 +46,14 @@ from worker.environment.javascript_install import (
     clean_npmrc,
     clean_pnpm_workspace,
     clean_yarnrc_yml,
+    failure_reason,
+    install_env,
     install_script,
     rewrite_registry_urls,
     strip_scripts,
 )
 from worker.environment.layout import CHECKOUT_FOLDER, PM_BIN, WASM_WITHOUT_TRAP_HANDLER, Layout, write_layout
-from worker.environment.relay import MirrorURL
+from worker.environment.relay import MirrorURL, RelayedInstall
 from worker.environment.report import EnvironmentReport, StepFailed, failed
 from worker.git import workspace_pool
 
@@ -72,7 +74,7 @@ class SetupHost(Protocol):
     def building(self) -> None: ...
     def staging(self, step: str, parent: Path | None = None) -> contextlib.AbstractContextManager[Path]: ...
     def run_setup(self, what: str, workspace: Path, staging: Path, script: str, *, relay: bool, size: int,
-                  image: str | None, npm: bool = False) -> Path: ...
+                  image: str | None, install: RelayedInstall | None = None) -> Path: ...
     def finish_entry(self, staging: Path, out: Path, key: str, scope: str, extra: dict[str, Any]) -> None: ...
     def prune_cache(self, root: Path, key: str) -> None: ...
     def npm_relay_url(self) -> str: ...
@@ -134,6 +136,8 @@ def _installed(
                 os.utime(entry)
             return entry / "env", True
         environments.building()
+        relayed = RelayedInstall(mirror, install_env(environments.npm_relay_url(), node_options(request.node)),
+                                 failure_reason)
         files = environments.private_folder() / f"install-{key[:12]}"
         try:
             _lay_install_files(request, files, environments.npm_relay_url(), mirror)
@@ -141,7 +145,7 @@ def _installed(
                 out = environments.run_setup(
                     "installing the lockfile's packages", files, staging, install_script(request.plan),
                     relay=True, size=parse_quantity(environments.settings.environment_size), image=request.image,
-                    npm=True,
+                    install=relayed,
                 )
                 links = tuple(rel for rel in (".", *request.plan.workspaces) if _real_folder(out, rel))
                 if "." not in links:

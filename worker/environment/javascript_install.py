@@ -150,6 +150,16 @@ _SCRIPT_FAILURE = (
 )
 
 
+def failure_reason(what: str, log: str, exit_code: int) -> str:
+    """Why the install failed, in one line: a dependency's own install script named, else the installer's error."""
+    script_of = failed_install_script(log)
+    if script_of:
+        return (f"the install script of the dependency {script_of} failed (exit {exit_code}): one that downloads "
+                "at install (a binary) cannot reach anything but the package mirror; add what it fetches to the "
+                "mirror, or drop the dependency")
+    return f"{what} failed (exit {exit_code}){install_error(log)}"
+
+
 def failed_install_script(log: str) -> str:
     """The dependency whose own install script failed, as the package manager named it ("" when none did)."""
     for pattern in _SCRIPT_FAILURE:

@@ -39,7 +39,8 @@ import os
 import re
 import socketserver
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,17 @@ class MirrorURL:
     def secrets(self) -> list[str]:
         """What a redactor must never let through: the password (and the URL that carries it)."""
         return [s for s in (self.password,) if len(s) >= 4]
+
+
+@dataclass(frozen=True)
+class RelayedInstall:
+    """A setup step of an ecosystem whose mirror is an npm registry: the mirror the relay serves (in npm mode),
+    the step's variables, and how the ecosystem words a failure from its installer's log
+    (what, log, exit code) -> reason. The PyPI steps need none: they are the builder's own."""
+
+    mirror: MirrorURL
+    variables: dict[str, str]
+    reason: Callable[[str, str, int], str]
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
